@@ -1,0 +1,229 @@
+"""What runs inside Ray workers, and the translation between fray and Ray: options, exceptions, registration.
+
+Tasks and actors are wrapped so that the first thing they do in a worker process is install a RayJobContext
+attached to the worker's Ray connection; nested create_task / get / create_actor then go to the same cluster.
+The wrappers reference only module-level functions of this (importable) module, so cloudpickle sends those by
+reference and the per-process state below is the real module state, not a pickled copy.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import ray
+import ray.exceptions as rex
+
+from fray import errors
+from fray.context import set_job_context
+from fray.errors import RemoteExceptionProxy, attach_remote_traceback
+from fray.serialization import capture_exception
+from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
+
+# --------------------------------------------------------------------------------------- inside a worker
+_worker_ctx: Any = None
+_worker_lock = threading.Lock()
+
+
+def enter_worker() -> None:
+    """Make a RayJobContext attached to this worker's Ray connection the current fray context (once)."""
+    global _worker_ctx
+    with _worker_lock:
+        if _worker_ctx is None:
+            from fray_ray.job import RayJobContext
+
+            _worker_ctx = RayJobContext(_attach_only=True)
+    set_job_context(_worker_ctx)
+
+
+def run_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if _worker_ctx is None:
+        enter_worker()
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        raise _portable(exc) from None
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """exc itself if it survives a pickle round trip, else a RemoteExceptionProxy naming its type and message
+    (Ray would otherwise hand back an opaque RayError / UnserializableException)."""
+    try:
+        pickle.loads(cloudpickle.dumps(exc))
+        return exc
+    except Exception:
+        remote = capture_exception(exc)
+        proxy = RemoteExceptionProxy(remote.type_name, remote.message)
+        return attach_remote_traceback(proxy, remote.traceback)
+
+
+def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def fray_task(*args: Any, **kwargs: Any) -> Any:
+        return run_task(fn, args, kwargs)
+
+    # Keeps fn's name (Ray's dashboard and task names) and signature (Ray checks arguments at submission).
+    try:
+        functools.update_wrapper(fray_task, fn)
+    except (AttributeError, TypeError):
+        fray_task.__wrapped__ = fn  # type: ignore[attr-defined]
+    return fray_task
+
+
+def _actor_class(klass: type) -> type:
+    """A subclass of klass whose __init__ first installs the worker's fray context. Methods are inherited
+    untouched, so Ray sees the same methods (sync, async, threaded) as for klass itself."""
+    base_init = klass.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if _worker_ctx is None:
+            enter_worker()
+        base_init(self, *args, **kwargs)
+
+    # __module__ is ours (so pickling by reference fails and cloudpickle sends the class by value), while the
+    # names stay the user's, as Ray shows them and as fray reports them.
+    return type(
+        klass.__name__,
+        (klass,),
+        {"__init__": __init__, "__module__": __name__, "__qualname__": klass.__qualname__, "__doc__": klass.__doc__},
+    )
+
+
+# --------------------------------------------------------------------------------------- registration cache
+class Registry:
+    """ray.remote(...) once per function or class, not per call. Weakly keyed where possible, so functions
+    created per call (lambdas) do not pile up; else keyed by id with an identity check."""
+
+    def __init__(self) -> None:
+        self._weak: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._by_id: dict[int, tuple[Any, Any]] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, obj: Any) -> Any:
+        try:
+            return self._weak.get(obj)
+        except TypeError:
+            entry = self._by_id.get(id(obj))
+            return entry[1] if entry is not None and entry[0] is obj else None
+
+    def remote_function(self, fn: Callable[..., Any]) -> Any:
+        found = self.lookup(fn)
+        if found is None:
+            found = self._store(fn, ray.remote(_task_function(fn)))
+        return found
+
+    def actor_class(self, klass: type) -> Any:
+        found = self.lookup(klass)
+        if found is None:
+            found = self._store(klass, ray.remote(_actor_class(klass)))
+        return found
+
+    def _store(self, key: Any, value: Any) -> Any:
+        with self._lock:
+            try:
+                return self._weak.setdefault(key, value)
+            except TypeError:
+                self._by_id[id(key)] = (key, value)
+                return value
+
+
+# --------------------------------------------------------------------------------------- options
+def _resource_options(resources: dict[str, float] | None, default_cpus: float) -> dict[str, Any]:
+    raw = dict(resources or {})
+    out: dict[str, Any] = {"num_cpus": float(raw.pop("CPU", default_cpus))}
+    if "GPU" in raw:
+        out["num_gpus"] = float(raw.pop("GPU"))
+    if "memory" in raw:
+        out["memory"] = int(raw.pop("memory"))
+    custom = {k: float(v) for k, v in raw.items() if v}
+    if custom:
+        out["resources"] = custom
+    return out
+
+
+def runtime_env_dict(env: RuntimeEnv | None) -> dict[str, Any] | None:
+    if env is None:
+        return None
+    out: dict[str, Any] = {}
+    if env.env:
+        out["env_vars"] = dict(env.env)
+    if env.package_requirements:
+        out["pip"] = list(env.package_requirements)
+    return out or None
+
+
+def is_default_task(options: TaskOptions) -> bool:
+    """True when Ray's defaults already say everything (1 CPU, 3 retries, no exception retries)."""
+    return (
+        options.resources is None
+        and options.runtime_env is None
+        and options.name is None
+        and options.max_calls is None
+        and options.max_retries == 3
+        and options.retry_exceptions is False
+    )
+
+
+def task_options(options: TaskOptions) -> dict[str, Any]:
+    out = _resource_options(dict(options.resources) if options.resources else None, 1.0)
+    env = runtime_env_dict(options.runtime_env)
+    if env:
+        out["runtime_env"] = env
+    if options.name:
+        out["name"] = options.name
+    if options.max_calls is not None:
+        out["max_calls"] = options.max_calls
+    out["max_retries"] = options.max_retries
+    retry = options.retry_exceptions
+    out["retry_exceptions"] = retry if isinstance(retry, bool) else list(retry)
+    return out
+
+
+def actor_options(options: ActorOptions, namespace: str | None) -> dict[str, Any]:
+    # Actors hold only what they ask for (0 CPU by default), as fray's contract and Ray's runtime default say.
+    out = _resource_options(dict(options.resources) if options.resources else None, 0.0)
+    if options.name is not None:
+        out["name"] = options.name
+        if namespace:
+            out["namespace"] = namespace
+        if options.get_if_exists:
+            out["get_if_exists"] = True
+    if options.lifetime is Lifetime.DETACHED:
+        out["lifetime"] = "detached"
+    out["max_restarts"] = options.max_restarts
+    out["max_concurrency"] = options.max_concurrency
+    return out
+
+
+# --------------------------------------------------------------------------------------- exceptions
+def translate(exc: BaseException) -> BaseException:
+    """The fray exception for a Ray exception (the user's original exception for a failed task)."""
+    if isinstance(exc, rex.RayTaskError):
+        cause = exc.cause
+        if isinstance(cause, rex.RayError) and not isinstance(cause, rex.RayTaskError):
+            if type(cause) is rex.RayError:  # Ray's stand-in for an exception that did not pickle
+                cause = RemoteExceptionProxy("exception", str(cause))
+            else:
+                cause = translate(cause)
+        if cause is None:
+            return exc
+        if getattr(cause, "remote_traceback", None) is None:
+            attach_remote_traceback(cause, exc.traceback_str or str(exc))
+        return cause
+    if isinstance(exc, rex.GetTimeoutError):
+        return errors.GetTimeoutError(str(exc) or "get timed out")
+    if isinstance(exc, rex.TaskCancelledError):
+        return errors.TaskCancelledError(str(exc) or "the task was cancelled")
+    if isinstance(exc, rex.ActorUnavailableError):
+        return errors.ActorUnavailableError(str(exc))
+    if isinstance(exc, rex.RayActorError):
+        return errors.ActorDiedError(str(exc))
+    if isinstance(exc, rex.WorkerCrashedError):
+        return errors.WorkerCrashedError(str(exc))
+    if isinstance(exc, rex.UnserializableException):
+        return RemoteExceptionProxy("exception", str(exc))
+    return exc

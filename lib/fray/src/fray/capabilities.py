@@ -1,0 +1,31 @@
+"""Capabilities: what a backend can do beyond the core semantics every backend gives.
+
+A backend declares the set it has (`JobContext.capabilities`, `ClusterContext.capabilities`). Using a feature
+whose capability is missing raises `UnsupportedFeatureError` naming it; conformance tests that need a missing
+capability are skipped with its name.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Capability(enum.Enum):
+    # Features with an API surface: using one the backend lacks raises UnsupportedFeatureError.
+    DETACHED_ACTORS = "detached_actors"  # ActorOptions(lifetime=Lifetime.DETACHED)
+    TASK_ENV_VARS = "task_env_vars"  # TaskOptions(runtime_env=RuntimeEnv(env={...}))
+    TASK_PACKAGES = "task_packages"  # TaskOptions(runtime_env=RuntimeEnv(package_requirements=[...]))
+    JOB_PACKAGES = "job_packages"  # ClusterContext.create_job(..., env=RuntimeEnv(package_requirements=[...]))
+    CANCEL_RUNNING = "cancel_running"  # cancel(ref) of a task that has started running
+    # Properties of the backend, with no call to refuse: tests that need them are skipped by name.
+    PROCESS_ISOLATION = "process_isolation"  # tasks/actors run in other processes; a crash is contained
+    MULTI_HOST = "multi_host"  # one context can span several machines
+    ZERO_COPY_OBJECTS = "zero_copy_objects"  # get of a large numpy array does not copy it
+
+    @property
+    def has_api(self) -> bool:
+        """True if the capability is a feature a caller can ask for (and so be refused)."""
+        return self not in _PROPERTIES
+
+
+_PROPERTIES = frozenset({Capability.PROCESS_ISOLATION, Capability.MULTI_HOST, Capability.ZERO_COPY_OBJECTS})

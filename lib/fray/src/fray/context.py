@@ -1,0 +1,404 @@
+"""The interface: JobContext (tasks, actors, objects) and ClusterContext (whole jobs), plus the current context.
+
+The public methods here validate input and enforce the shared semantics; backends implement the `_hooks`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from fray.capabilities import Capability
+from fray.errors import InfeasibleResourcesError, UnsupportedFeatureError
+from fray.refs import ActorHandle, ObjectRef
+from fray.types import ActorOptions, JobInfo, Lifetime, RuntimeEnv, TaskOptions, normalize_resources
+
+__all__ = [
+    "ClusterContext",
+    "JobContext",
+    "clear_job_context",
+    "get_job_context",
+    "set_job_context",
+]
+
+T = TypeVar("T")
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0, got {timeout}")
+    return float(timeout)
+
+
+def _check_call(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple or list, got {type(args).__name__} (did you mean args=(x,)?)")
+    if kwargs is None:
+        kwargs = {}
+    elif not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+    return tuple(args), dict(kwargs)
+
+
+def _check_options(options: Any, cls: type[T]) -> T:
+    if options is None:
+        return cls()
+    if not isinstance(options, cls):
+        raise TypeError(f"options must be a fray.{cls.__name__}, got {type(options).__name__}")
+    return options
+
+
+def task_resources(options: TaskOptions) -> dict[str, float]:
+    """What a task holds while it runs: 1 CPU unless it says otherwise (as in Ray)."""
+    requested = normalize_resources(options.resources)
+    if options.resources is None or "CPU" not in options.resources:
+        requested = {"CPU": 1.0, **requested}
+    return requested
+
+
+def actor_resources(options: ActorOptions) -> dict[str, float]:
+    """What an actor holds for its whole life: only what it asks for (as Ray actors hold 0 CPU by default)."""
+    return normalize_resources(options.resources)
+
+
+class JobContext(ABC):
+    """Submit tasks, create actors, put and get objects. One per backend connection.
+
+    Every blocking call takes a timeout; a task or actor method that raises makes `get` raise the original
+    exception type. Use as a context manager to shut down on exit.
+    """
+
+    backend: ClassVar[str] = "?"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+
+    # ----------------------------------------------------------------- public API
+    def create_task(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        options: TaskOptions | None = None,
+    ) -> ObjectRef:
+        """Run fn(*args, **kwargs) somewhere; return a ref to its result. ObjectRefs among the top-level args
+        arrive as their values (the task starts once they are ready); refs nested in containers arrive as refs."""
+        if not callable(fn):
+            raise TypeError(f"create_task needs a callable, got {type(fn).__name__}")
+        if isinstance(fn, type):
+            raise TypeError(f"create_task got the class {fn.__name__}; use create_actor for classes")
+        call_args, call_kwargs = _check_call(args, kwargs)
+        opts = _check_options(options, TaskOptions)
+        if opts.runtime_env is not None:
+            if opts.runtime_env.env:
+                self.require(Capability.TASK_ENV_VARS, "TaskOptions.runtime_env.env")
+            if opts.runtime_env.package_requirements:
+                self.require(Capability.TASK_PACKAGES, "TaskOptions.runtime_env.package_requirements")
+        self.check_feasible(task_resources(opts), f"task {opts.name or getattr(fn, '__name__', fn)!s}")
+        return self._create_task(fn, call_args, call_kwargs, opts)
+
+    def create_actor(
+        self,
+        klass: type,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        options: ActorOptions | None = None,
+    ) -> ActorHandle:
+        """Create an instance of klass that lives in one place; call its methods through the handle."""
+        if not isinstance(klass, type):
+            raise TypeError(f"create_actor needs a class, got {type(klass).__name__}")
+        call_args, call_kwargs = _check_call(args, kwargs)
+        opts = _check_options(options, ActorOptions)
+        if opts.lifetime is Lifetime.DETACHED:
+            self.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
+        self.check_feasible(actor_resources(opts), f"actor {opts.name or klass.__name__}")
+        return self._create_actor(klass, call_args, call_kwargs, opts)
+
+    def get(self, refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None) -> Any:
+        """The value of a ref, or the values of a list of refs in order. Raises the task's exception, or
+        GetTimeoutError (a TimeoutError) when `timeout` seconds pass first."""
+        deadline = _check_timeout(timeout)
+        if isinstance(refs, ObjectRef):
+            self._check_ref(refs)
+            return self._get([refs], deadline)[0]
+        if isinstance(refs, (list, tuple)):
+            for ref in refs:
+                self._check_ref(ref)
+            return self._get(list(refs), deadline) if refs else []
+        raise TypeError(f"get needs an ObjectRef or a list of them, got {type(refs).__name__}")
+
+    def wait(
+        self, refs: Sequence[ObjectRef], num_returns: int = 1, timeout: float | None = None
+    ) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """Block until `num_returns` of refs are complete (a failed task counts) or `timeout` passes.
+
+        Returns (done, not_done), the same ref objects given, each list in input order; `done` holds at most
+        num_returns refs (fewer after a timeout, which is not an error). Values are never fetched.
+        """
+        if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
+            raise TypeError(f"wait needs a list of ObjectRefs, got {type(refs).__name__}")
+        if isinstance(num_returns, bool) or not isinstance(num_returns, int):
+            raise TypeError(f"num_returns must be an int, got {num_returns!r}")
+        if num_returns < 1:
+            raise ValueError(f"num_returns must be >= 1, got {num_returns}")
+        deadline = _check_timeout(timeout)
+        seen: set[ObjectRef] = set()
+        for ref in refs:
+            self._check_ref(ref)
+            if ref in seen:
+                raise ValueError(f"wait got the same ref twice: {ref!r}")
+            seen.add(ref)
+        if not refs:
+            return [], []
+        want = min(num_returns, len(refs))
+        done_indices = self._wait(list(refs), want, deadline)
+        chosen = set(sorted(done_indices)[:want])
+        done = [ref for i, ref in enumerate(refs) if i in chosen]
+        not_done = [ref for i, ref in enumerate(refs) if i not in chosen]
+        return done, not_done
+
+    def put(self, obj: Any) -> ObjectRef:
+        """Store a copy of obj; later changes to obj do not change what get returns."""
+        if isinstance(obj, ObjectRef):
+            raise TypeError("put of an ObjectRef: pass the ref itself instead of putting it")
+        return self._put(obj)
+
+    def get_actor(self, name: str) -> ActorHandle:
+        """The live actor with this name; ActorNotFoundError if none."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"actor name must be a non-empty str, got {name!r}")
+        return self._get_actor(name)
+
+    def kill(self, actor: ActorHandle) -> None:
+        """Stop the actor now (no restart). Later calls raise ActorDiedError; its name is freed."""
+        if not isinstance(actor, ActorHandle):
+            raise TypeError(f"kill needs an ActorHandle, got {type(actor).__name__}")
+        self._check_handle(actor)
+        self._kill(actor)
+
+    def cancel(self, ref: ObjectRef) -> None:
+        """Cancel the task behind ref: a queued task never runs; `get` then raises TaskCancelledError.
+        A running task is interrupted where the backend can (capability cancel_running); a finished task is
+        left alone."""
+        self._check_ref(ref)
+        self._cancel(ref)
+
+    def shutdown(self) -> None:
+        """Release everything this context started. Idempotent."""
+        self._shutdown()
+
+    def __enter__(self) -> JobContext:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    # ----------------------------------------------------------------- helpers for backends
+    def require(self, capability: Capability, used: str = "") -> None:
+        if capability not in self.capabilities:
+            detail = f"{used} needs it" if used else ""
+            raise UnsupportedFeatureError(capability, self.backend, detail)
+
+    def check_feasible(self, request: Mapping[str, float], what: str) -> None:
+        """Refuse at submission a request that no node could ever satisfy (engines would wait forever)."""
+        if not request:
+            return
+        nodes = self.node_resources()
+        for node in nodes:
+            if all(node.get(key, 0.0) >= qty for key, qty in request.items()):
+                return
+        largest = max(nodes, key=lambda n: n.get("CPU", 0.0)) if nodes else {}
+        raise InfeasibleResourcesError(
+            f"{what} requests {dict(request)} but no node of this {self.backend} context has that much "
+            f"(largest node: {_format_resources(largest)}). Lower the request or add nodes with those resources."
+        )
+
+    def _check_ref(self, ref: Any) -> None:
+        if not isinstance(ref, ObjectRef):
+            raise TypeError(f"expected an ObjectRef, got {type(ref).__name__}")
+        if ref.backend != self.backend:
+            raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend, not to this {self.backend!r} context")
+
+    def _check_handle(self, handle: ActorHandle) -> None:
+        if handle.backend != self.backend:
+            raise ValueError(f"{handle!r} belongs to the {handle.backend!r} backend, not {self.backend!r}")
+
+    def _call_actor_checked(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRef:
+        self._check_handle(handle)
+        return self._call_actor(handle, method, args, kwargs)
+
+    # ----------------------------------------------------------------- backend hooks
+    @abstractmethod
+    def node_resources(self) -> list[dict[str, float]]:
+        """The total resources of each node (for feasibility checks)."""
+
+    @abstractmethod
+    def _create_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRef: ...
+
+    @abstractmethod
+    def _create_actor(
+        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
+    ) -> ActorHandle: ...
+
+    @abstractmethod
+    def _call_actor(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRef: ...
+
+    @abstractmethod
+    def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
+        """Values in order; raise the first failed ref's exception, GetTimeoutError after timeout (total)."""
+
+    @abstractmethod
+    def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
+        """Indices of refs that are complete: at least num_returns of them unless the timeout passed."""
+
+    @abstractmethod
+    def _put(self, obj: Any) -> ObjectRef: ...
+
+    @abstractmethod
+    def _get_actor(self, name: str) -> ActorHandle: ...
+
+    @abstractmethod
+    def _kill(self, handle: ActorHandle) -> None: ...
+
+    @abstractmethod
+    def _cancel(self, ref: ObjectRef) -> None: ...
+
+    @abstractmethod
+    def _shutdown(self) -> None: ...
+
+
+def _format_resources(resources: Mapping[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
+
+
+class ClusterContext(ABC):
+    """Run whole programs (jobs) as commands, watch their status and read their logs."""
+
+    backend: ClassVar[str] = "?"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+
+    def create_job(self, entrypoint: str | Sequence[str], env: RuntimeEnv | None = None) -> str:
+        """Start `entrypoint` (a shell command string, or an argv list run without a shell); return its id."""
+        if isinstance(entrypoint, str):
+            if not entrypoint.strip():
+                raise ValueError("entrypoint must not be empty")
+        elif isinstance(entrypoint, (list, tuple)):
+            if not entrypoint or not all(isinstance(a, str) for a in entrypoint):
+                raise TypeError("an argv entrypoint must be a non-empty list of strings")
+            entrypoint = list(entrypoint)
+        else:
+            raise TypeError(f"entrypoint must be a str or a list of str, got {type(entrypoint).__name__}")
+        if env is not None and not isinstance(env, RuntimeEnv):
+            raise TypeError(f"env must be a fray.RuntimeEnv, got {type(env).__name__}")
+        if env is not None and env.package_requirements and Capability.JOB_PACKAGES not in self.capabilities:
+            raise UnsupportedFeatureError(Capability.JOB_PACKAGES, self.backend, "RuntimeEnv.package_requirements")
+        return self._create_job(entrypoint, env or RuntimeEnv())
+
+    def list_jobs(self) -> list[JobInfo]:
+        return self._list_jobs()
+
+    def get_job(self, job_id: str) -> JobInfo:
+        """The current JobInfo of one job (JobNotFoundError if unknown)."""
+        return self._get_job(job_id)
+
+    def delete_job(self, job_id: str) -> None:
+        """Stop the job if it runs (its whole process group), then forget it."""
+        self._delete_job(job_id)
+
+    def get_job_logs(self, job_id: str) -> str:
+        """Everything the job wrote to stdout and stderr so far (readable while it runs and after)."""
+        return self._get_job_logs(job_id)
+
+    def wait_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
+        """Block until the job ends; GetTimeoutError after timeout."""
+        return self._wait_job(job_id, _check_timeout(timeout))
+
+    def shutdown(self) -> None:
+        self._shutdown()
+
+    def __enter__(self) -> ClusterContext:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    @abstractmethod
+    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv) -> str: ...
+
+    @abstractmethod
+    def _list_jobs(self) -> list[JobInfo]: ...
+
+    @abstractmethod
+    def _get_job(self, job_id: str) -> JobInfo: ...
+
+    @abstractmethod
+    def _delete_job(self, job_id: str) -> None: ...
+
+    @abstractmethod
+    def _get_job_logs(self, job_id: str) -> str: ...
+
+    @abstractmethod
+    def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo: ...
+
+    @abstractmethod
+    def _shutdown(self) -> None: ...
+
+
+# --------------------------------------------------------------------- the current job context
+_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_job_context", default=None)
+_default: JobContext | None = None
+_default_lock = threading.Lock()
+
+
+def get_job_context() -> JobContext:
+    """The job context of this task, actor, or thread; else the process default (set by fray.init).
+
+    With neither, the default is created from FRAY_BACKEND (in_memory when unset), as Ray auto-initializes.
+    """
+    ctx = _current.get()
+    if ctx is not None:
+        return ctx
+    if _default is not None:
+        return _default
+    from fray.registry import init
+
+    with _default_lock:
+        return _default if _default is not None else init()
+
+
+def set_job_context(ctx: JobContext) -> contextvars.Token[JobContext | None]:
+    """Make ctx current for this thread/task (and the process default if there is none yet)."""
+    global _default
+    if not isinstance(ctx, JobContext):
+        raise TypeError(f"set_job_context needs a JobContext, got {type(ctx).__name__}")
+    if _default is None:
+        _default = ctx
+    return _current.set(ctx)
+
+
+def clear_job_context() -> None:
+    """Forget the current context (and the process default)."""
+    global _default
+    _current.set(None)
+    _default = None
+
+
+def _set_default(ctx: JobContext | None) -> None:
+    global _default
+    _default = ctx
+
+
+def _current_default() -> JobContext | None:
+    return _default

@@ -1,0 +1,57 @@
+"""The in_memory backend: threads in this process, no server, starts in milliseconds.
+
+Spec options: cpus, gpus, memory (bytes), resources (JSON object of custom resources, e.g. {"disk": 4}),
+serialize (true|false; default true: values are pickled as on a cluster), namespace (for named/detached actors),
+and for the cluster context: root (directory for job logs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from fray.in_memory.cluster import InMemoryClusterContext
+from fray.in_memory.job import InMemoryJobContext
+from fray.registry import Backend, parse_options, to_bool
+
+__all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
+
+
+def _machine_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8.0 * 2**30
+
+
+def _custom(raw: str) -> dict[str, float]:
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError("resources must be a JSON object like {\"disk\": 4}")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+class InMemoryBackend(Backend):
+    name = "in_memory"
+    test_spec = "in_memory?cpus=4"
+
+    def job_context(self, **options: str) -> InMemoryJobContext:
+        opts: dict[str, Any] = parse_options(
+            self.name,
+            options,
+            {"cpus": float, "gpus": float, "memory": float, "resources": _custom, "serialize": to_bool,
+             "namespace": str},
+        )
+        totals = {
+            "CPU": opts.get("cpus", float(os.cpu_count() or 1)),
+            "GPU": opts.get("gpus", 0.0),
+            "memory": opts.get("memory", _machine_memory()),
+            **opts.get("resources", {}),
+        }
+        return InMemoryJobContext(totals, serialize=opts.get("serialize", True),
+                                  namespace=opts.get("namespace", "default"))
+
+    def cluster_context(self, **options: str) -> InMemoryClusterContext:
+        opts = parse_options(self.name, options, {"root": str})
+        return InMemoryClusterContext(opts.get("root"))

@@ -1,0 +1,116 @@
+"""The two handle types user code sees, identical for every backend.
+
+An `ObjectRef` names a value that is or will be available (a task result, an actor call result, a put value).
+An `ActorHandle` names a live actor; `handle.method(*args, **kwargs)` submits a call and returns an ObjectRef.
+Each carries a backend-specific `payload`; both pickle, so they can be passed into tasks and actors, where they
+bind to the job context current there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fray.context import JobContext
+
+__all__ = ["ActorHandle", "ActorMethod", "ObjectRef"]
+
+
+class ObjectRef:
+    """A reference to a (future) value. Read it with `ctx.get(ref)`; `ctx.wait` reports readiness."""
+
+    __slots__ = ("__weakref__", "backend", "payload")
+
+    def __init__(self, payload: Any, backend: str) -> None:
+        self.payload = payload
+        self.backend = backend
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ObjectRef, (self.payload, self.backend))
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({self.backend}:{self.payload!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectRef) and self.backend == other.backend and self.payload == other.payload
+
+    def __hash__(self) -> int:
+        return hash((self.backend, self.payload))
+
+
+class ActorMethod:
+    """`handle.method`: calling it submits the call and returns an ObjectRef."""
+
+    __slots__ = ("_handle", "_name")
+
+    def __init__(self, handle: ActorHandle, name: str) -> None:
+        self._handle = handle
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ObjectRef:
+        handle = self._handle
+        return handle._context()._call_actor_checked(handle, self._name, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<actor method {self._handle.class_name}.{self._name}>"
+
+
+class ActorHandle:
+    """A handle to one live actor. Call its methods directly: `handle.add(1)` -> ObjectRef."""
+
+    __slots__ = ("__weakref__", "_ctx", "backend", "class_name", "methods", "name", "payload")
+
+    def __init__(
+        self,
+        payload: Any,
+        backend: str,
+        class_name: str,
+        methods: frozenset[str],
+        name: str | None = None,
+        ctx: JobContext | None = None,
+    ) -> None:
+        self.payload = payload
+        self.backend = backend
+        self.class_name = class_name
+        self.methods = methods
+        self.name = name
+        self._ctx = ctx
+
+    def _context(self) -> JobContext:
+        if self._ctx is not None:
+            return self._ctx
+        from fray.context import get_job_context
+
+        return get_job_context()
+
+    def __getattr__(self, attr: str) -> ActorMethod:
+        if attr.startswith("__") or attr not in self.methods:
+            raise AttributeError(
+                f"actor {self.class_name} has no method {attr!r}; its methods are: {', '.join(sorted(self.methods))}"
+            )
+        return ActorMethod(self, attr)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The context does not travel: on arrival the handle binds to the job context current there.
+        return (ActorHandle, (self.payload, self.backend, self.class_name, self.methods, self.name))
+
+    def __repr__(self) -> str:
+        label = f" name={self.name!r}" if self.name else ""
+        return f"ActorHandle({self.backend}:{self.class_name}{label})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorHandle) and self.backend == other.backend and self.payload == other.payload
+
+    def __hash__(self) -> int:
+        return hash((self.backend, self.payload))
+
+
+def public_methods(klass: type) -> frozenset[str]:
+    """The methods of an actor class that callers may invoke (public callables, inherited ones included)."""
+    names = set()
+    for name in dir(klass):
+        if name.startswith("_"):
+            continue
+        if callable(getattr(klass, name, None)):
+            names.add(name)
+    return frozenset(names)
