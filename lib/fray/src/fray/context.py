@@ -131,7 +131,7 @@ class JobContext(ABC):
             for ref in refs:
                 self._check_ref(ref)
             return self._get(list(refs), deadline) if refs else []
-        raise TypeError(f"get needs an ObjectRef or a list of them, got {type(refs).__name__}")
+        raise ValueError(f"get needs an ObjectRef or a list of them, got {type(refs).__name__}")
 
     def wait(
         self, refs: Sequence[ObjectRef], num_returns: int = 1, timeout: float | None = None
@@ -142,7 +142,7 @@ class JobContext(ABC):
         num_returns refs (fewer after a timeout, which is not an error). Values are never fetched.
         """
         if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
-            raise TypeError(f"wait needs a list of ObjectRefs, got {type(refs).__name__}")
+            raise ValueError(f"wait needs a list of ObjectRefs, got {type(refs).__name__}")
         if isinstance(num_returns, bool) or not isinstance(num_returns, int):
             raise TypeError(f"num_returns must be an int, got {num_returns!r}")
         if num_returns < 1:
@@ -221,7 +221,7 @@ class JobContext(ABC):
 
     def _check_ref(self, ref: Any) -> None:
         if not isinstance(ref, ObjectRef):
-            raise TypeError(f"expected an ObjectRef, got {type(ref).__name__}")
+            raise ValueError(f"expected an ObjectRef, got {type(ref).__name__}")
         if ref.backend != self.backend:
             raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend, not to this {self.backend!r} context")
 

@@ -36,13 +36,12 @@ class InMemoryBackend(Backend):
     name = "in_memory"
     test_spec = "in_memory?cpus=4"
 
+    # One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option.
+    options_schema = {"cpus": float, "gpus": float, "memory": float, "resources": _custom, "serialize": to_bool,
+                      "namespace": str, "root": str}
+
     def job_context(self, **options: str) -> InMemoryJobContext:
-        opts: dict[str, Any] = parse_options(
-            self.name,
-            options,
-            {"cpus": float, "gpus": float, "memory": float, "resources": _custom, "serialize": to_bool,
-             "namespace": str},
-        )
+        opts: dict[str, Any] = parse_options(self.name, options, self.options_schema)
         totals = {
             "CPU": opts.get("cpus", float(os.cpu_count() or 1)),
             "GPU": opts.get("gpus", 0.0),
@@ -53,5 +52,5 @@ class InMemoryBackend(Backend):
                                   namespace=opts.get("namespace", "default"))
 
     def cluster_context(self, **options: str) -> InMemoryClusterContext:
-        opts = parse_options(self.name, options, {"root": str})
+        opts = parse_options(self.name, options, self.options_schema)
         return InMemoryClusterContext(opts.get("root"))

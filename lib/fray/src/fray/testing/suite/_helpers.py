@@ -1,0 +1,169 @@
+"""Functions and classes the conformance tests send to workers (module level, so every backend can import them)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from fray.context import get_job_context
+from fray.refs import ObjectRef
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def sleep_then(seconds: float, value: Any = None) -> Any:
+    time.sleep(seconds)
+    return value
+
+
+def spin(marker: str, seconds: float = 60.0) -> str:
+    """Busy in Python bytecode (so it can be interrupted), after announcing it has started."""
+    Path(marker).write_text("running")
+    end = time.time() + seconds
+    while time.time() < end:
+        time.sleep(0.01)
+    return "finished"
+
+
+def is_ref(x: Any) -> bool:
+    return isinstance(x, ObjectRef)
+
+
+def first_is_ref_then_value(items: list[Any]) -> tuple[bool, Any]:
+    return isinstance(items[0], ObjectRef), get_job_context().get(items[0], timeout=30)
+
+
+def array_sum(a: Any) -> float:
+    return float(a.sum())
+
+
+def nested_depth(n: int) -> int:
+    if n == 0:
+        return 0
+    ctx = get_job_context()
+    return 1 + ctx.get(ctx.create_task(nested_depth, args=(n - 1,)), timeout=120)
+
+
+def fan_out(n: int) -> list[int]:
+    ctx = get_job_context()
+    return ctx.get([ctx.create_task(add, args=(i, 0)) for i in range(n)], timeout=120)
+
+
+def backend_name() -> str:
+    return get_job_context().backend
+
+
+def getenv(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def fail_first(counter_path: str, failures: int) -> int:
+    """Raise ValueError on the first `failures` calls (counted in a file), then return the call count."""
+    path = Path(counter_path)
+    count = int(path.read_text()) + 1 if path.exists() else 1
+    path.write_text(str(count))
+    if count <= failures:
+        raise ValueError(f"planned failure {count}")
+    return count
+
+
+def crash() -> None:
+    os._exit(1)
+
+
+def crash_first(counter_path: str) -> str:
+    """Kill this worker process on the first call (counted in a file), succeed after."""
+    path = Path(counter_path)
+    count = int(path.read_text()) + 1 if path.exists() else 1
+    path.write_text(str(count))
+    if count == 1:
+        os._exit(1)
+    return f"ok after {count - 1} crash"
+
+
+def raise_value_error(message: str) -> None:
+    raise ValueError(message)
+
+
+class CustomError(Exception):
+    """A user-defined exception type, to check types survive the trip back."""
+
+
+def raise_custom(message: str) -> None:
+    raise CustomError(message)
+
+
+def named_counter_incr(name: str) -> int:
+    """Get-or-create the named Counter from inside a worker, then increment it."""
+    from fray.types import ActorOptions
+
+    ctx = get_job_context()
+    counter = ctx.create_actor(Counter, options=ActorOptions(name=name, get_if_exists=True))
+    return ctx.get(counter.incr(), timeout=60)
+
+
+def call_actor(handle: Any, value: int) -> int:
+    return get_job_context().get(handle.incr(value), timeout=60)
+
+
+class Counter:
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+        self.log: list[int] = []
+
+    def incr(self, by: int = 1) -> int:
+        self.value += by
+        return self.value
+
+    def get(self) -> int:
+        return self.value
+
+    def append(self, item: int) -> None:
+        self.log.append(item)
+
+    def items(self) -> list[int]:
+        return self.log
+
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    def fail_custom(self, message: str) -> None:
+        raise CustomError(message)
+
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    def submit_task(self, a: int, b: int) -> int:
+        ctx = get_job_context()
+        return ctx.get(ctx.create_task(add, args=(a, b)), timeout=60)
+
+    def crash(self) -> None:
+        os._exit(1)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class FailingInit:
+    def __init__(self) -> None:
+        raise RuntimeError("init exploded")
+
+    def ping(self) -> str:
+        return "pong"
+
+
+def wait_for_file(path: str, timeout: float = 30.0) -> None:
+    end = time.time() + timeout
+    while not os.path.exists(path):
+        if time.time() > end:
+            raise TimeoutError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.02)

@@ -1,0 +1,52 @@
+"""Every capability a backend lacks is refused with UnsupportedFeatureError naming it when used."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fray import ActorOptions, Capability, Lifetime, RuntimeEnv, TaskOptions, UnsupportedFeatureError
+from fray.context import ClusterContext, JobContext
+from fray.testing.suite import _helpers as h
+
+
+def test_capabilities_are_declared(fray_ctx: JobContext, fray_cluster: ClusterContext) -> None:
+    assert all(isinstance(c, Capability) for c in fray_ctx.capabilities)
+    assert all(isinstance(c, Capability) for c in fray_cluster.capabilities)
+
+
+def _use(capability: Capability, ctx: JobContext, cluster: ClusterContext, tmp_path: Path) -> None:
+    if capability is Capability.DETACHED_ACTORS:
+        options = ActorOptions(name=f"d-{uuid.uuid4().hex[:6]}", lifetime=Lifetime.DETACHED)
+        ctx.create_actor(h.Counter, options=options)
+    elif capability is Capability.TASK_ENV_VARS:
+        ctx.create_task(h.getenv, args=("X",), options=TaskOptions(runtime_env=RuntimeEnv(env={"X": "1"})))
+    elif capability is Capability.TASK_PACKAGES:
+        env = RuntimeEnv(package_requirements=["six"])
+        ctx.create_task(h.getenv, args=("X",), options=TaskOptions(runtime_env=env))
+    elif capability is Capability.JOB_PACKAGES:
+        cluster.create_job("true", env=RuntimeEnv(package_requirements=["six"]))
+    elif capability is Capability.CANCEL_RUNNING:
+        marker = str(tmp_path / "started")
+        ref = ctx.create_task(h.spin, args=(marker, 30))
+        h.wait_for_file(marker, 60)
+        try:
+            ctx.cancel(ref)
+        finally:
+            ctx.get(ref, timeout=60)
+    else:
+        raise AssertionError(f"no way to use {capability}")
+
+
+def test_missing_capabilities_are_refused_by_name(
+    fray_ctx: JobContext, fray_cluster: ClusterContext, tmp_path: Path
+) -> None:
+    have = fray_ctx.capabilities | fray_cluster.capabilities
+    for capability in Capability:
+        if not capability.has_api or capability in have:
+            continue
+        with pytest.raises(UnsupportedFeatureError, match=capability.value) as info:
+            _use(capability, fray_ctx, fray_cluster, tmp_path)
+        assert info.value.capability is capability

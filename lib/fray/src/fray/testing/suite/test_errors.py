@@ -1,0 +1,40 @@
+"""Errors keep their original type, message and remote traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from fray.context import JobContext
+from fray.testing.suite import _helpers as h
+
+
+def test_task_exception_keeps_type_message_and_traceback(fray_ctx: JobContext) -> None:
+    ref = fray_ctx.create_task(h.raise_value_error, args=("boom 42",))
+    with pytest.raises(ValueError, match="boom 42") as info:
+        fray_ctx.get(ref, timeout=60)
+    assert type(info.value) is ValueError or isinstance(info.value, ValueError)
+    assert "raise_value_error" in getattr(info.value, "remote_traceback", "")
+    with pytest.raises(ValueError, match="boom 42"):  # a failed ref can be read again
+        fray_ctx.get(ref, timeout=60)
+
+
+def test_user_defined_exception_type_survives(fray_ctx: JobContext) -> None:
+    with pytest.raises(h.CustomError, match="custom 7"):
+        fray_ctx.get(fray_ctx.create_task(h.raise_custom, args=("custom 7",)), timeout=60)
+
+
+def test_exception_in_list_get(fray_ctx: JobContext) -> None:
+    refs = [fray_ctx.create_task(h.add, args=(1, 1)), fray_ctx.create_task(h.raise_value_error, args=("second",))]
+    with pytest.raises(ValueError, match="second"):
+        fray_ctx.get(refs, timeout=60)
+
+
+def test_actor_method_exception_keeps_type_and_actor_survives(fray_ctx: JobContext) -> None:
+    counter = fray_ctx.create_actor(h.Counter)
+    assert fray_ctx.get(counter.incr(), timeout=60) == 1
+    with pytest.raises(ValueError, match="method failed") as info:
+        fray_ctx.get(counter.fail("method failed"), timeout=60)
+    assert "fail" in getattr(info.value, "remote_traceback", "")
+    with pytest.raises(h.CustomError):
+        fray_ctx.get(counter.fail_custom("x"), timeout=60)
+    assert fray_ctx.get(counter.incr(), timeout=60) == 2
