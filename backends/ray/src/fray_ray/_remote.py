@@ -47,7 +47,21 @@ def run_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     try:
         return fn(*args, **kwargs)
     except Exception as exc:
-        raise _portable(exc) from None
+        portable = _portable(exc)
+        if portable is exc:
+            raise
+        raise portable from None
+
+
+class _Proxy(RemoteExceptionProxy):
+    """A RemoteExceptionProxy that survives the trip back through Ray's pickle."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(type_name, message)
+        self._message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Proxy, (self.type_name, self._message), dict(self.__dict__))
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -58,7 +72,7 @@ def _portable(exc: BaseException) -> BaseException:
         return exc
     except Exception:
         remote = capture_exception(exc)
-        proxy = RemoteExceptionProxy(remote.type_name, remote.message)
+        proxy = _Proxy(remote.type_name, remote.message)
         return attach_remote_traceback(proxy, remote.traceback)
 
 
@@ -77,7 +91,7 @@ def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _actor_class(klass: type) -> type:
     """A subclass of klass whose __init__ first installs the worker's fray context. Methods are inherited
     untouched, so Ray sees the same methods (sync, async, threaded) as for klass itself."""
-    base_init = klass.__init__
+    base_init = klass.__init__  # type: ignore[misc]
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if _worker_ctx is None:
@@ -205,15 +219,13 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, rex.RayTaskError):
         cause = exc.cause
         if isinstance(cause, rex.RayError) and not isinstance(cause, rex.RayTaskError):
-            if type(cause) is rex.RayError:  # Ray's stand-in for an exception that did not pickle
-                cause = RemoteExceptionProxy("exception", str(cause))
-            else:
-                cause = translate(cause)
+            # a plain RayError is Ray's stand-in for an exception that did not pickle
+            cause = _Proxy("exception", str(cause)) if type(cause) is rex.RayError else translate(cause)
         if cause is None:
             return exc
         if getattr(cause, "remote_traceback", None) is None:
-            attach_remote_traceback(cause, exc.traceback_str or str(exc))
-        return cause
+            attach_remote_traceback(cause, exc.__dict__.get("traceback_str") or str(exc))
+        return cause  # type: ignore[no-any-return]
     if isinstance(exc, rex.GetTimeoutError):
         return errors.GetTimeoutError(str(exc) or "get timed out")
     if isinstance(exc, rex.TaskCancelledError):
@@ -225,5 +237,5 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, rex.WorkerCrashedError):
         return errors.WorkerCrashedError(str(exc))
     if isinstance(exc, rex.UnserializableException):
-        return RemoteExceptionProxy("exception", str(exc))
+        return _Proxy("exception", str(exc))
     return exc

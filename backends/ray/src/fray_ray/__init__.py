@@ -1,0 +1,65 @@
+"""Fray's Ray backend: `fray.init("ray")`, `fray.cluster("ray")`.
+
+fray.init("ray")                                   # private local Ray, stopped at shutdown
+fray.init("ray?num_cpus=4&object_store_memory=300000000")
+fray.init("ray?address=10.0.0.5:6379&namespace=prod")   # join a running cluster (or set RAY_ADDRESS)
+fray.cluster("ray")                                # private local head node with the Job Submission API
+fray.cluster("ray?address=http://10.0.0.5:8265")   # an existing cluster's Job API (dashboard address)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from fray.registry import Backend, parse_options, to_bool
+from fray_ray.job import RayJobContext
+
+__all__ = ["RayBackend", "RayClusterContext", "RayJobContext"]
+
+
+def _resources(raw: str) -> dict[str, float]:
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError('expected a JSON object like {"my_tag": 2}')
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def _number(raw: str) -> float:
+    value = float(raw)
+    return int(value) if value.is_integer() else value
+
+
+_SIZING = {
+    "num_cpus": _number,
+    "num_gpus": _number,
+    "object_store_memory": int,
+    "resources": _resources,
+}
+_JOB_OPTIONS: dict[str, Any] = {"address": str, "namespace": str, "log_to_driver": to_bool, **_SIZING}
+_CLUSTER_OPTIONS: dict[str, Any] = {"address": str, "working_dir": str, "num_cpus": _number, "resources": _resources}
+
+
+class RayBackend(Backend):
+    """The `ray` entry of the "fray.backends" entry-point group."""
+
+    name = "ray"
+    # A fast private local cluster for the conformance suite: 4 logical CPUs (even on a 2-core box, so that
+    # 100-concurrent-task tests do not queue), a small object store, and no late worker prints.
+    test_spec: ClassVar[str] = "ray?num_cpus=4&object_store_memory=300000000&log_to_driver=false"
+
+    def job_context(self, **options: str) -> RayJobContext:
+        return RayJobContext(**parse_options(self.name, options, _JOB_OPTIONS))
+
+    def cluster_context(self, **options: str) -> Any:
+        from fray_ray.cluster import RayClusterContext
+
+        return RayClusterContext(**parse_options(self.name, options, _CLUSTER_OPTIONS))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RayClusterContext":
+        from fray_ray.cluster import RayClusterContext
+
+        return RayClusterContext
+    raise AttributeError(name)

@@ -1,0 +1,226 @@
+"""RayClusterContext: fray's ClusterContext on Ray's Job Submission API.
+
+With an `address` (the dashboard URL, e.g. http://10.0.0.5:8265) it talks to that cluster. Without one it starts
+a private head node (`ray start --head --block` in its own process group, on loopback ports chosen here, with a
+private temp dir) and stops exactly that process group at shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, ClassVar
+
+from fray.capabilities import Capability
+from fray.context import ClusterContext
+from fray.errors import GetTimeoutError, JobNotFoundError
+from fray.types import JobInfo, JobStatus, RuntimeEnv
+from fray_ray._connect import _short_tmp, enable_token_auth
+from fray_ray._remote import runtime_env_dict
+
+_STATUS = {s.value: s for s in JobStatus}
+_START_TIMEOUT = 90.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalHead:
+    """A private Ray head node with the dashboard (and so the Job API), owned by this process."""
+
+    def __init__(self, num_cpus: float | None = None, resources: dict[str, float] | None = None) -> None:
+        self.temp_dir = tempfile.mkdtemp(prefix="fray-rayc-", dir=_short_tmp())
+        self.port = _free_port()
+        self.dashboard_port = _free_port()
+        cmd = [
+            os.path.join(os.path.dirname(sys.executable), "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--disable-usage-stats",
+            f"--port={self.port}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={self.dashboard_port}",
+            f"--temp-dir={self.temp_dir}",
+        ]
+        if num_cpus is not None:
+            cmd.append(f"--num-cpus={num_cpus}")
+        if resources:
+            import json
+
+            cmd.append(f"--resources={json.dumps(resources)}")
+        env = dict(os.environ)
+        # Jobs run `python ...` from the head's PATH: make that this interpreter, so fray and Ray are importable.
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        env.pop("RAY_ADDRESS", None)
+        self.log_path = os.path.join(self.temp_dir, "ray-start.log")
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=os.getcwd()
+            )
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        self.gcs_address = f"127.0.0.1:{self.port}"
+
+    def wait_ready(self, client_factory: Any) -> Any:
+        deadline = time.monotonic() + _START_TIMEOUT
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                client = client_factory(self.address)
+                client.list_jobs()
+                return client
+            except Exception as exc:  # dashboard not up yet
+                last = exc
+                time.sleep(0.5)
+        with open(self.log_path, errors="replace") as f:
+            tail = f.read()[-2000:]
+        self.stop()
+        raise RuntimeError(f"the private Ray head node did not start ({last}); ray start said:\n{tail}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # --block: Ray stops every process it started
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # whatever is left of exactly this process group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _strip_preamble(logs: str, job_id: str) -> str:
+    """Drop the lines Ray's job manager writes before the entrypoint's own output."""
+    marker = f"Running entrypoint for job {job_id}: "
+    at = logs.find(marker)
+    if at < 0 or at > 2000:
+        return logs
+    end = logs.find("\n", at)
+    return "" if end < 0 else logs[end + 1 :]
+
+
+class RayClusterContext(ClusterContext):
+    backend: ClassVar[str] = "ray"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.JOB_PACKAGES, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
+    )
+
+    def __init__(
+        self,
+        address: str | None = None,
+        working_dir: str | None = None,
+        num_cpus: float | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> None:
+        """address: a Ray dashboard URL (http://host:8265); else a private local head node is started.
+        working_dir: a local directory uploaded to the cluster as every job's working directory."""
+        from ray.job_submission import JobSubmissionClient
+
+        enable_token_auth()
+        self.working_dir = working_dir
+        self._head: LocalHead | None = None
+        self._closed = False
+        if address:
+            if "://" not in address:
+                address = f"http://{address}"
+            self.address = address
+            self._client = JobSubmissionClient(address)
+        else:
+            self._head = LocalHead(num_cpus=num_cpus, resources=resources)
+            self._client = self._head.wait_ready(JobSubmissionClient)
+            self.address = self._head.address
+
+    @property
+    def gcs_address(self) -> str | None:
+        """host:port for `fray.init("ray?address=...")` when this context started the head node."""
+        return self._head.gcs_address if self._head else None
+
+    # ------------------------------------------------------------------ jobs
+    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv) -> str:
+        command = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
+        runtime_env: dict[str, Any] = runtime_env_dict(env) or {}
+        # A job that calls fray.init() lands on this cluster's Ray (Ray sets RAY_ADDRESS for the job).
+        runtime_env["env_vars"] = {"FRAY_BACKEND": "ray", **runtime_env.get("env_vars", {})}
+        if self.working_dir:
+            runtime_env["working_dir"] = self.working_dir
+        return str(self._client.submit_job(entrypoint=command, runtime_env=runtime_env))
+
+    def _info(self, details: Any) -> JobInfo:
+        status = _STATUS[str(getattr(details.status, "value", details.status))]
+
+        def seconds(ms: Any) -> float | None:
+            return ms / 1000.0 if ms else None
+
+        return JobInfo(
+            id=details.submission_id,
+            status=status,
+            submission_time=seconds(details.start_time),
+            start_time=seconds(getattr(details, "driver_start_time", None) or details.start_time),
+            end_time=seconds(details.end_time),
+            entrypoint=details.entrypoint or "",
+            exit_code=getattr(details, "driver_exit_code", None),
+            message=details.message or "",
+        )
+
+    def _list_jobs(self) -> list[JobInfo]:
+        # Ray also lists plain drivers (type DRIVER, no submission id): those are not jobs of this context.
+        jobs = [d for d in self._client.list_jobs() if d.submission_id]
+        jobs.sort(key=lambda d: d.start_time or 0)
+        return [self._info(d) for d in jobs]
+
+    def _details(self, job_id: str) -> Any:
+        try:
+            return self._client.get_job_info(job_id)
+        except RuntimeError as exc:
+            if "does not exist" in str(exc) or "404" in str(exc) or "not found" in str(exc).lower():
+                raise JobNotFoundError(f"no job {job_id!r} on the Ray cluster at {self.address}") from None
+            raise
+
+    def _get_job(self, job_id: str) -> JobInfo:
+        return self._info(self._details(job_id))
+
+    def _delete_job(self, job_id: str) -> None:
+        info = self._get_job(job_id)
+        if not info.status.is_terminal:
+            self._client.stop_job(job_id)
+            self._wait_job(job_id, 60.0)  # Ray refuses to delete a job that has not ended
+        self._client.delete_job(job_id)
+
+    def _get_job_logs(self, job_id: str) -> str:
+        self._details(job_id)
+        return _strip_preamble(str(self._client.get_job_logs(job_id)), job_id)
+
+    def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            info = self._get_job(job_id)
+            if info.status.is_terminal:
+                return info
+            if deadline is not None and time.monotonic() >= deadline:
+                raise GetTimeoutError(f"job {job_id} did not end within {timeout} s (status {info.status.name})")
+            wait = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
+            time.sleep(wait)
+            pause = min(pause * 1.5, 0.5)
+
+    def _shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._head is not None:
+            self._head.stop()
