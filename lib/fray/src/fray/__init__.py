@@ -1,9 +1,9 @@
 """Fray: write a distributed pipeline once, run it on in_memory threads, Ray, or Monarch.
 
-    import fray
-    ctx = fray.init()                      # FRAY_BACKEND, else "in_memory"
-    ref = ctx.create_task(pow, args=(2, 10))
-    assert ctx.get(ref) == 1024
+import fray
+ctx = fray.init()                      # FRAY_BACKEND, else "in_memory"
+ref = ctx.create_task(pow, args=(2, 10))
+assert ctx.get(ref) == 1024
 """
 
 from fray.capabilities import Capability

@@ -191,6 +191,11 @@ class JobContext(ABC):
 
     def shutdown(self) -> None:
         """Release everything this context started. Idempotent."""
+        global _default
+        if _default is self:
+            _default = None
+        if _current.get() is self:
+            _current.set(None)
         self._shutdown()
 
     def __enter__(self) -> JobContext:

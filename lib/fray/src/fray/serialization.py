@@ -145,7 +145,7 @@ def capture_exception(exc: BaseException) -> RemoteError:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         pickled: bytes | None = cloudpickle.dumps(exc)
-        pickle.loads(pickled)  # exceptions with custom __init__ often pickle but fail to unpickle
+        pickle.loads(pickled)  # type: ignore[arg-type]  # exceptions with custom __init__ often pickle but fail to unpickle
     except Exception:
         pickled = None
     return RemoteError(pickled, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), text)

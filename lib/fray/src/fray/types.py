@@ -108,9 +108,7 @@ class RuntimeEnv:
         minimum = {r.name: r.quantity for r in self.minimum_resources}
         for res in self.maximum_resources:
             if res.name in minimum and minimum[res.name] > res.quantity:
-                raise ValueError(
-                    f"minimum {res.name} ({minimum[res.name]}) is greater than maximum ({res.quantity})"
-                )
+                raise ValueError(f"minimum {res.name} ({minimum[res.name]}) is greater than maximum ({res.quantity})")
 
     @property
     def is_empty(self) -> bool:

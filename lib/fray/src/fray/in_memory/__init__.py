@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from fray.in_memory.cluster import InMemoryClusterContext
@@ -28,7 +29,7 @@ def _machine_memory() -> float:
 def _custom(raw: str) -> dict[str, float]:
     value = json.loads(raw)
     if not isinstance(value, dict):
-        raise ValueError("resources must be a JSON object like {\"disk\": 4}")
+        raise ValueError('resources must be a JSON object like {"disk": 4}')
     return {str(k): float(v) for k, v in value.items()}
 
 
@@ -37,8 +38,15 @@ class InMemoryBackend(Backend):
     test_spec = "in_memory?cpus=4"
 
     # One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option.
-    options_schema = {"cpus": float, "gpus": float, "memory": float, "resources": _custom, "serialize": to_bool,
-                      "namespace": str, "root": str}
+    options_schema: dict[str, Callable[[str], Any]] = {
+        "cpus": float,
+        "gpus": float,
+        "memory": float,
+        "resources": _custom,
+        "serialize": to_bool,
+        "namespace": str,
+        "root": str,
+    }
 
     def job_context(self, **options: str) -> InMemoryJobContext:
         opts: dict[str, Any] = parse_options(self.name, options, self.options_schema)
@@ -48,8 +56,9 @@ class InMemoryBackend(Backend):
             "memory": opts.get("memory", _machine_memory()),
             **opts.get("resources", {}),
         }
-        return InMemoryJobContext(totals, serialize=opts.get("serialize", True),
-                                  namespace=opts.get("namespace", "default"))
+        return InMemoryJobContext(
+            totals, serialize=opts.get("serialize", True), namespace=opts.get("namespace", "default")
+        )
 
     def cluster_context(self, **options: str) -> InMemoryClusterContext:
         opts = parse_options(self.name, options, self.options_schema)

@@ -107,8 +107,16 @@ class _Interrupt(BaseException):
 class _Task:
     __slots__ = ("args", "attempts", "ctx", "entry", "fn", "kwargs", "options", "request", "state", "thread_id")
 
-    def __init__(self, ctx: InMemoryJobContext, fn: Callable[..., Any], args: Any, kwargs: Any,
-                 options: TaskOptions, request: Signature, entry: _Entry) -> None:
+    def __init__(
+        self,
+        ctx: InMemoryJobContext,
+        fn: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+        options: TaskOptions,
+        request: Signature,
+        entry: _Entry,
+    ) -> None:
         self.ctx, self.fn, self.args, self.kwargs = ctx, fn, args, kwargs
         self.options, self.request, self.entry = options, request, entry
         self.attempts = 0
@@ -152,7 +160,9 @@ def _lookup_actor(actor_id: int) -> _Actor:
 
 
 def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type else None)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type else None
+    )
 
 
 class InMemoryJobContext(JobContext):
@@ -198,13 +208,14 @@ class InMemoryJobContext(JobContext):
         return ObjectRef(entry, BACKEND)
 
     # ------------------------------------------------------------------ tasks
-    def _create_task(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                     options: TaskOptions) -> ObjectRef:
+    def _create_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRef:
         self._check_open()
-        name = options.name or getattr(fn, "__qualname__", repr(fn))
+        name = str(options.name or getattr(fn, "__qualname__", repr(fn)))
         if self.serialize:
             check_function(fn, self._checked_fns)
-            call = dumps_call(name, args, kwargs)
+            call: Any = dumps_call(name, args, kwargs)
         else:
             call = (args, kwargs)
         entry = _Entry()
@@ -341,7 +352,7 @@ class InMemoryJobContext(JobContext):
     # ------------------------------------------------------------------ get / wait
     def _blocking(self) -> Signature | None:
         """If this thread runs a task, hand its resources back while it blocks (returns what to take back)."""
-        task = getattr(_tls, "task", None)
+        task: _Task | None = getattr(_tls, "task", None)
         if task is None or task.ctx is not self or not task.request:
             return None
         self._ledger.release(task.request)
@@ -377,12 +388,13 @@ class InMemoryJobContext(JobContext):
                 self._ledger.reacquire(held)
 
     # ------------------------------------------------------------------ actors
-    def _create_actor(self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      options: ActorOptions) -> ActorHandle:
+    def _create_actor(
+        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
+    ) -> ActorHandle:
         self._check_open()
         if self.serialize:
             check_function(klass, self._checked_fns)
-            call = dumps_call(f"{klass.__name__}()", args, kwargs)
+            call: Any = dumps_call(f"{klass.__name__}()", args, kwargs)
         else:
             call = (args, kwargs)
         detached = options.lifetime is Lifetime.DETACHED
@@ -560,4 +572,3 @@ def _top_level_entries(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[_E
     deps = [a.payload for a in args if isinstance(a, ObjectRef) and a.backend == BACKEND]
     deps += [v.payload for v in kwargs.values() if isinstance(v, ObjectRef) and v.backend == BACKEND]
     return deps
-

@@ -49,12 +49,12 @@ def nested_depth(n: int) -> int:
     if n == 0:
         return 0
     ctx = get_job_context()
-    return 1 + ctx.get(ctx.create_task(nested_depth, args=(n - 1,)), timeout=120)
+    return 1 + int(ctx.get(ctx.create_task(nested_depth, args=(n - 1,)), timeout=120))
 
 
 def fan_out(n: int) -> list[int]:
     ctx = get_job_context()
-    return ctx.get([ctx.create_task(add, args=(i, 0)) for i in range(n)], timeout=120)
+    return list(ctx.get([ctx.create_task(add, args=(i, 0)) for i in range(n)], timeout=120))
 
 
 def backend_name() -> str:
@@ -107,11 +107,11 @@ def named_counter_incr(name: str) -> int:
 
     ctx = get_job_context()
     counter = ctx.create_actor(Counter, options=ActorOptions(name=name, get_if_exists=True))
-    return ctx.get(counter.incr(), timeout=60)
+    return int(ctx.get(counter.incr(), timeout=60))
 
 
 def call_actor(handle: Any, value: int) -> int:
-    return get_job_context().get(handle.incr(value), timeout=60)
+    return int(get_job_context().get(handle.incr(value), timeout=60))
 
 
 class Counter:
@@ -144,7 +144,7 @@ class Counter:
 
     def submit_task(self, a: int, b: int) -> int:
         ctx = get_job_context()
-        return ctx.get(ctx.create_task(add, args=(a, b)), timeout=60)
+        return int(ctx.get(ctx.create_task(add, args=(a, b)), timeout=60))
 
     def crash(self) -> None:
         os._exit(1)

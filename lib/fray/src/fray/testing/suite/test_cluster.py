@@ -100,7 +100,9 @@ def _probe_wheel(directory: Path, value: str) -> Path:
     files = {
         "frayprobe.py": f"VALUE = {value!r}\n",
         "frayprobe-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: frayprobe\nVersion: 0.1\n",
-        "frayprobe-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: fray\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "frayprobe-0.1.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: fray\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     record = []
     for name, text in files.items():

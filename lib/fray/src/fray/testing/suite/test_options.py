@@ -54,7 +54,10 @@ def test_retry_exceptions(fray_ctx: JobContext, tmp_path: Path) -> None:
 def test_runtime_env_vars_reach_the_task(fray_ctx: JobContext) -> None:
     value = f"v-{uuid.uuid4().hex[:6]}"
     options = TaskOptions(runtime_env=RuntimeEnv(env={"FRAY_CONFORMANCE_VAR": value}))
-    assert fray_ctx.get(fray_ctx.create_task(h.getenv, args=("FRAY_CONFORMANCE_VAR",), options=options), timeout=120) == value
+    assert (
+        fray_ctx.get(fray_ctx.create_task(h.getenv, args=("FRAY_CONFORMANCE_VAR",), options=options), timeout=120)
+        == value
+    )
     assert os.environ.get("FRAY_CONFORMANCE_VAR") is None
     assert fray_ctx.get(fray_ctx.create_task(h.getenv, args=("FRAY_CONFORMANCE_VAR",)), timeout=60) is None
 

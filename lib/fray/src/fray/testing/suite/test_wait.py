@@ -25,7 +25,7 @@ def test_wait_returns_same_objects_done_in_input_order(fray_ctx: JobContext) -> 
     refs = [fray_ctx.create_task(h.sleep_then, args=(0.3 - 0.1 * i, i)) for i in range(3)]
     done, not_done = fray_ctx.wait(refs, num_returns=3, timeout=60)
     assert not_done == []
-    assert all(a is b for a, b in zip(done, refs))
+    assert all(a is b for a, b in zip(done, refs, strict=True))
 
 
 def test_wait_without_timeout_does_not_return_early(fray_ctx: JobContext) -> None:

@@ -1,0 +1,39 @@
+# The two setup commands (see README):
+#   make demo  - a virtual environment with the core only, then the example pipeline on the in_memory default
+#   make test  - everything (Ray and Monarch included), then the whole test matrix
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# torch 2.13.0 is the one version served here as a local CPU build; it must be installed before torchmonarch.
+TORCH := torch==2.13.0
+
+.PHONY: demo test install-core install-all lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+install-core: $(PY)
+	$(PIP) -e lib/fray numpy
+
+install-all: $(PY)
+	$(PIP) $(TORCH)
+	$(PIP) -e 'lib/fray[test]' -e backends/ray -e backends/monarch ruff mypy
+
+demo: install-core
+	$(PY) examples/pipeline.py
+
+test: install-all
+	$(PY) -m pytest tests
+
+lint: install-all
+	$(VENV)/bin/ruff check lib backends tests examples benchmarks
+	$(VENV)/bin/mypy lib/fray/src
+
+bench: install-all
+	$(PY) benchmarks/bench_in_memory.py
+	$(PY) benchmarks/bench_ray.py
+	$(PY) benchmarks/bench_monarch.py
+
+clean:
+	rm -rf $(VENV)

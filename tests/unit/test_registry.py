@@ -1,0 +1,89 @@
+"""Backend selection: specs, FRAY_BACKEND, unknown and missing backends, current context."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import fray
+from fray.errors import BackendNotAvailableError
+from fray.registry import FIRST_PARTY, parse_spec
+
+
+def test_parse_spec() -> None:
+    assert parse_spec("ray") == ("ray", {})
+    assert parse_spec("ray?address=h:6379&namespace=x") == ("ray", {"address": "h:6379", "namespace": "x"})
+    with pytest.raises(ValueError, match="twice"):
+        parse_spec("ray?a=1&a=2")
+    with pytest.raises(ValueError):
+        parse_spec("")
+    with pytest.raises(ValueError):
+        parse_spec("ray?novalue")
+
+
+def test_unknown_backend_lists_the_known_ones() -> None:
+    with pytest.raises(BackendNotAvailableError, match=r"known backends: .*in_memory.*monarch.*ray"):
+        fray.init("nope")
+
+
+def test_missing_first_party_backend_says_how_to_install_it() -> None:
+    """Run in a child without the backends on sys.path: fray.init('ray') must say how to install fray-ray."""
+    code = (
+        "import sys, fray\n"
+        "sys.modules['fray_ray'] = None\n"  # behave as if fray-ray were not installed
+        "try:\n    fray.init('ray')\nexcept fray.BackendNotAvailableError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "pip install fray-ray" in out, out
+    assert FIRST_PARTY["monarch"][1].startswith("pip install fray-monarch")
+
+
+def test_unknown_option_is_named() -> None:
+    with pytest.raises(ValueError, match=r"unknown option .bogus.*known options"):
+        fray.init("in_memory?bogus=1")
+    with pytest.raises(ValueError, match="cpus"):
+        fray.init("in_memory?cpus=many")
+
+
+def test_env_var_selects_backend_and_init_makes_it_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRAY_BACKEND", "in_memory?cpus=3")
+    ctx = fray.init()
+    try:
+        assert ctx.backend == "in_memory"
+        assert ctx.node_resources()[0]["CPU"] == 3
+        assert fray.get_job_context() is ctx
+    finally:
+        fray.shutdown()
+    monkeypatch.setenv("FRAY_BACKEND", "nope")
+    with pytest.raises(BackendNotAvailableError):
+        fray.init()
+
+
+def test_set_and_clear_job_context() -> None:
+    ctx = fray.init("in_memory")
+    try:
+        fray.clear_job_context()
+        other = fray.init("in_memory")
+        assert fray.get_job_context() is other
+        fray.set_job_context(ctx)
+        assert fray.get_job_context() is ctx
+        with pytest.raises(TypeError):
+            fray.set_job_context("not a context")  # type: ignore[arg-type]
+        other.shutdown()
+    finally:
+        fray.shutdown()
+        ctx.shutdown()
+
+
+def test_cluster_accepts_the_same_spec_as_init() -> None:
+    with fray.cluster("in_memory?cpus=2") as cluster:
+        assert cluster.list_jobs() == []
+
+
+def test_shut_down_context_refuses_work() -> None:
+    ctx = fray.init("in_memory")
+    fray.shutdown()
+    with pytest.raises(fray.FrayError, match="shut down"):
+        ctx.create_task(print)

@@ -1,0 +1,48 @@
+"""Serialization: copies at put, out-of-band buffers, remote errors keep their type."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from fray import SerializationError
+from fray.errors import RemoteExceptionProxy
+from fray.serialization import capture_exception, dumps, dumps_call, loads
+
+
+def test_numpy_goes_out_of_band_and_reads_back_read_only() -> None:
+    array = np.arange(1000, dtype=np.float64)
+    blob = dumps(array)
+    assert len(blob.buffers) == 1 and len(blob.data) < 1000
+    array[:] = 0
+    restored = loads(blob)
+    assert restored.sum() == sum(range(1000))
+    assert not restored.flags.writeable
+
+
+def test_dumps_call_names_the_bad_argument() -> None:
+    with pytest.raises(SerializationError, match="argument 1 of f"):
+        dumps_call("f", (1, threading.Lock()), {})
+    with pytest.raises(SerializationError, match="keyword argument 'k' of f"):
+        dumps_call("f", (), {"k": threading.Lock()})
+
+
+class NeedsTwoArgs(Exception):
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"{a}/{b}")
+
+
+def test_remote_error_round_trip() -> None:
+    try:
+        raise KeyError("missing")
+    except KeyError as exc:
+        error = capture_exception(exc)
+    rebuilt = error.rebuild()
+    assert type(rebuilt) is KeyError and "test_remote_error_round_trip" in rebuilt.remote_traceback  # type: ignore[attr-defined]
+    try:
+        raise NeedsTwoArgs(1, 2)
+    except NeedsTwoArgs as exc:
+        proxy = capture_exception(exc).rebuild()
+    assert isinstance(proxy, RemoteExceptionProxy) and "NeedsTwoArgs" in str(proxy) and "1/2" in str(proxy)
