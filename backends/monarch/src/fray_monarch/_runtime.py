@@ -1,0 +1,95 @@
+"""Process-wide Monarch setup: environment defaults, fray's fault hook, and one background asyncio loop.
+
+Imported before anything else touches Monarch, so the environment it sets is what Monarch reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+# Defaults only: a user who sets these keeps their value.
+os.environ.setdefault("MONARCH_FILE_LOG", "error")  # the internal log file otherwise grows forever
+os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "200ms")  # crash detection in ~0.2 s, not 10 s
+os.environ.setdefault("RUST_LOG", "error")
+
+import monarch.actor as _monarch_actor
+
+log = logging.getLogger("fray_monarch")
+
+_fault_listeners: list[Callable[[Any], None]] = []
+
+
+def _fray_fault_hook(failure: Any) -> None:
+    """Replaces Monarch's default hook, which exits the client process on any unhandled mesh failure.
+
+    Fray learns about dead processes through its own watch calls (and tells the affected refs); here the
+    failure is only logged and offered to listeners."""
+    log.debug("monarch mesh failure: %s", failure)
+    for listener in list(_fault_listeners):
+        try:
+            listener(failure)
+        except Exception:  # a hook must never raise: that would count as unhandled and kill the process
+            log.exception("fray fault listener failed")
+
+
+def install_fault_hook() -> None:
+    _monarch_actor.unhandled_fault_hook = _fray_fault_hook  # type: ignore[attr-defined]
+
+
+install_fault_hook()
+
+
+class _Loop:
+    """One asyncio loop in a daemon thread, to turn Monarch futures into completion callbacks."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="fray-monarch-loop", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+
+_loop = _Loop()
+
+
+def loop() -> asyncio.AbstractEventLoop:
+    return _loop.get()
+
+
+def on_done(fut: Any, callback: Callable[[Any, BaseException | None], None]) -> concurrent.futures.Future[None]:
+    """Call callback(value, None) or callback(None, exc) when the Monarch future `fut` completes."""
+
+    async def watch() -> None:
+        try:
+            value = await fut.as_asyncio()
+        except BaseException as exc:
+            callback(None, exc)
+        else:
+            callback(value, None)
+
+    return asyncio.run_coroutine_threadsafe(watch(), loop())
+
+
+def call_later(delay: float, callback: Callable[[], None]) -> Callable[[], None]:
+    """Run callback on the loop after delay seconds; returns a function that cancels it."""
+    cancelled = threading.Event()
+
+    def fire() -> None:
+        if not cancelled.is_set():
+            callback()
+
+    lp = loop()
+    lp.call_soon_threadsafe(lp.call_later, delay, fire)
+    return cancelled.set

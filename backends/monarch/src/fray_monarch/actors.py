@@ -1,0 +1,194 @@
+"""The Monarch actors fray runs: a task runner per worker process, one host actor per fray actor, and the
+coordinator that lives in the controller process and serves requests from workers."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from monarch.actor import Actor, endpoint
+
+import fray.context as fray_context
+from fray.serialization import Blob, capture_exception, dumps, loads
+from fray_monarch import _runtime
+from fray_monarch.worker_runtime import WorkerRuntime, fill_deps, wire
+
+_runtime_lock = threading.Lock()
+_worker_runtime: WorkerRuntime | None = None
+
+
+def _ensure_runtime(*init: Any) -> WorkerRuntime:
+    global _worker_runtime
+    with _runtime_lock:
+        if _worker_runtime is None:
+            _worker_runtime = WorkerRuntime(*init)
+        return _worker_runtime
+
+
+class WorkerHost(Actor):
+    """Runs tasks in its process (one per worker process); a never-answered `watch` call reports its death."""
+
+    def __init__(self, ctl_key: str, proc_key: str, coord: Any, capacity: dict[str, float],
+                 nodes: list[dict[str, float]], sys_path: list[str]) -> None:
+        self.rt = _ensure_runtime(ctl_key, proc_key, coord, capacity, nodes, sys_path)
+        self.watchers: list[Any] = []
+
+    @endpoint
+    def run(self, batch: list[tuple[Any, ...]]) -> None:
+        self.rt.enqueue(batch)
+
+    @endpoint
+    def cancel(self, tid: str) -> None:
+        self.rt.cancel(tid)
+
+    @endpoint
+    def set_capacity(self, capacity: dict[str, float]) -> None:
+        self.rt.set_capacity(capacity)
+
+    @endpoint(explicit_response_port=True)
+    def watch(self, port: Any) -> None:
+        self.watchers.append(port)  # never answered: the caller's future fails when this process dies
+
+    @endpoint
+    def ping(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class FrayActorHost(Actor):
+    """Hosts one fray actor instance. `call` runs methods one at a time, in order; `call_concurrent` runs up to
+    max_concurrency at once on threads."""
+
+    def __init__(self, ctl_key: str, proc_key: str, coord: Any, capacity: dict[str, float],
+                 nodes: list[dict[str, float]], sys_path: list[str], max_concurrency: int) -> None:
+        self.rt = _ensure_runtime(ctl_key, proc_key, coord, capacity, nodes, sys_path)
+        self.obj: Any = None
+        self.init_error: str | None = None
+        self.pool = ThreadPoolExecutor(max_concurrency) if max_concurrency > 1 else None
+
+    def _args(self, args_wire: Any, deps: list[str]) -> tuple[Any, Any]:
+        args, kwargs = loads(Blob(args_wire[0], args_wire[1]))
+        if deps:
+            from fray.refs import ObjectRef
+            from fray_monarch.objects import RefPayload
+
+            values = self.rt.ctx.get([ObjectRef(RefPayload(d, arrived=True), "monarch") for d in deps])
+            args, kwargs = fill_deps(args, kwargs, values)
+        return args, kwargs
+
+    @endpoint
+    def init(self, cls_data: bytes, args_wire: Any, deps: list[str]) -> Any:
+        token = fray_context._current.set(self.rt.ctx)
+        try:
+            klass = loads(Blob(cls_data))
+            args, kwargs = self._args(args_wire, deps)
+            self.obj = klass(*args, **kwargs)
+            return ("ok",)
+        except BaseException as exc:
+            err = capture_exception(exc)
+            self.init_error = f"{err.type_name}: {err.message}"
+            return ("err", err)
+        finally:
+            fray_context._current.reset(token)
+
+    def _invoke(self, method: str, args_wire: Any, deps: list[str]) -> Any:
+        if self.obj is None:
+            return ("dead", f"the actor's __init__ raised {self.init_error}")
+        token = fray_context._current.set(self.rt.ctx)
+        try:
+            args, kwargs = self._args(args_wire, deps)
+            value = getattr(self.obj, method)(*args, **kwargs)
+            return ("ok", wire(dumps(value, f"the return value of {method}")))
+        except BaseException as exc:
+            return ("err", capture_exception(exc))
+        finally:
+            fray_context._current.reset(token)
+
+    @endpoint
+    def call(self, method: str, args_wire: Any, deps: list[str]) -> Any:
+        return self._invoke(method, args_wire, deps)
+
+    @endpoint(explicit_response_port=True)
+    def call_concurrent(self, port: Any, method: str, args_wire: Any, deps: list[str]) -> None:
+        assert self.pool is not None
+        self.pool.submit(lambda: port.send(self._invoke(method, args_wire, deps)))
+
+
+class Coordinator(Actor):
+    """Lives in the controller process; serves workers' create_task/create_actor/get/put... against the
+    controller's own tables (shared memory, same process)."""
+
+    def __init__(self, ctl_key: str) -> None:
+        self.ctl_key = ctl_key
+
+    def _ctl(self) -> Any:
+        from fray_monarch.controller import controller
+
+        return controller(self.ctl_key)
+
+    def _safe(self, fn: Any, *args: Any) -> Any:
+        try:
+            return ("ok", fn(*args))
+        except BaseException as exc:
+            return ("err", exc if _picklable(exc) else capture_exception(exc))
+
+    @endpoint
+    def done(self, proc_key: str, results: list[Any], holds: list[str], releases: list[str]) -> None:
+        try:
+            self._ctl().on_worker_report(proc_key, results, holds, releases)
+        except Exception:
+            _runtime.log.exception("fray coordinator: bad worker report")
+
+    @endpoint
+    def submit(self, proc_key: str, fn_data: bytes, args_wire: Any, deps: list[str], options: Any) -> Any:
+        return self._safe(self._ctl().submit_remote, proc_key, fn_data, args_wire, deps, options)
+
+    @endpoint
+    def create_actor(self, proc_key: str, cls_data: bytes, args_wire: Any, deps: list[str], options: Any) -> Any:
+        return self._safe(self._ctl().create_actor_remote, proc_key, cls_data, args_wire, deps, options)
+
+    @endpoint
+    def call_actor(self, proc_key: str, aid: str, method: str, args_wire: Any, deps: list[str]) -> Any:
+        return self._safe(self._ctl().call_actor_remote, proc_key, aid, method, args_wire, deps)
+
+    @endpoint
+    def put(self, proc_key: str, blob_wire: Any) -> Any:
+        return self._safe(self._ctl().put_remote, proc_key, blob_wire)
+
+    @endpoint
+    def get_actor(self, name: str) -> Any:
+        return self._safe(self._ctl().get_actor_info, name)
+
+    @endpoint
+    def kill(self, aid: str) -> Any:
+        return self._safe(self._ctl().kill_actor, aid)
+
+    @endpoint
+    def cancel(self, oid: str) -> Any:
+        return self._safe(self._ctl().cancel, oid)
+
+    @endpoint(explicit_response_port=True)
+    def get(self, port: Any, proc_key: str, oids: list[str], timeout: float | None) -> None:
+        try:
+            self._ctl().get_remote(port, proc_key, oids, timeout)
+        except BaseException as exc:
+            port.send(("err", exc if _picklable(exc) else capture_exception(exc)))
+
+    @endpoint(explicit_response_port=True)
+    def wait(self, port: Any, proc_key: str, oids: list[str], num_returns: int, timeout: float | None) -> None:
+        try:
+            self._ctl().wait_remote(port, proc_key, oids, num_returns, timeout)
+        except BaseException as exc:
+            port.send(("err", exc if _picklable(exc) else capture_exception(exc)))
+
+
+def _picklable(exc: BaseException) -> bool:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,115 @@
+"""MonarchJobContext: the JobContext of the client process, backed by a Controller."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fray.capabilities import Capability
+from fray.context import JobContext
+from fray.errors import FrayError, GetTimeoutError
+from fray.refs import ActorHandle, ObjectRef, public_methods
+from fray.serialization import dumps
+from fray.types import ActorOptions, TaskOptions
+from fray_monarch.controller import Controller
+from fray_monarch.worker_runtime import BACKEND, pack_call
+
+CAPABILITIES = frozenset({Capability.PROCESS_ISOLATION, Capability.MULTI_HOST})
+
+
+class MonarchJobContext(JobContext):
+    """Tasks and actors on a Monarch mesh of worker processes (this host, or hosts attached over TCP)."""
+
+    backend = BACKEND
+    capabilities = CAPABILITIES
+
+    def __init__(self, hosts: list[Any], procs_per_host: int, host_resources: dict[str, float],
+                 on_shutdown: Callable[[], None] | None = None) -> None:
+        self.ctl = Controller(hosts, procs_per_host, host_resources)
+        self._on_shutdown = on_shutdown
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    def node_resources(self) -> list[dict[str, float]]:
+        return self.ctl.node_resources()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FrayError("this fray-monarch context is shut down")
+
+    def _ref(self, payload: Any) -> ObjectRef:
+        return ObjectRef(payload, BACKEND)
+
+    def _create_task(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                     options: TaskOptions) -> ObjectRef:
+        self._check_open()
+        fn_key, fn_data = self.ctl.fn_blob(fn)
+        blob, deps = pack_call(getattr(fn, "__qualname__", "task"), args, kwargs)
+        keep = [*blob.contained, *deps]
+        return self._ref(self.ctl.submit(fn_key, fn_data, (blob.data, blob.buffers), [d.id for d in deps], options, keep))
+
+    def _create_actor(self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      options: ActorOptions) -> ActorHandle:
+        self._check_open()
+        cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
+        blob, deps = pack_call(klass.__qualname__, args, kwargs)
+        keep = [*blob.contained, *deps]
+        aid, class_name, methods, name = self.ctl.create_actor(
+            cls_data, klass.__name__, public_methods(klass), (blob.data, blob.buffers), [d.id for d in deps], keep,
+            options)
+        return ActorHandle(aid, BACKEND, class_name, methods, name, ctx=self)
+
+    def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
+        self._check_open()
+        blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
+        keep = [*blob.contained, *deps] if (blob.contained or deps) else []
+        return self._ref(self.ctl.call_actor(handle.payload, method, (blob.data, blob.buffers),
+                                             [d.id for d in deps], keep))
+
+    def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        entries = [self.ctl.entry(r.payload.id) for r in refs]
+        out = []
+        for ref, entry in zip(refs, entries):
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self.ctl.resolve(entry, remaining):
+                raise GetTimeoutError(f"get of {ref!r} did not finish within {timeout} s")
+            if entry.error is not None:
+                raise self.ctl.error_of(entry)
+            out.append(self.ctl.value_of(entry))
+        return out
+
+    def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
+        entries = [self.ctl.entry(r.payload.id) for r in refs]
+        ready = threading.Event()
+        remove = self.ctl.add_waiter(entries, num_returns, ready.set)
+        try:
+            ready.wait(timeout)
+        finally:
+            remove()
+        return {i for i, e in enumerate(entries) if e.done.is_set()}
+
+    def _put(self, obj: Any) -> ObjectRef:
+        self._check_open()
+        return self._ref(self.ctl.put_blob(dumps(obj, f"put value {type(obj).__name__}")))
+
+    def _get_actor(self, name: str) -> ActorHandle:
+        aid, class_name, methods, actor_name = self.ctl.get_actor_info(name)
+        return ActorHandle(aid, BACKEND, class_name, methods, actor_name, ctx=self)
+
+    def _kill(self, handle: ActorHandle) -> None:
+        self.ctl.kill_actor(handle.payload)
+
+    def _cancel(self, ref: ObjectRef) -> None:
+        self.ctl.cancel(ref.payload.id)
+
+    def _shutdown(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.ctl.shutdown()
+        if self._on_shutdown is not None:
+            self._on_shutdown()

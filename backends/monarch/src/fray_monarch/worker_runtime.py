@@ -1,0 +1,340 @@
+"""What runs inside each Monarch worker process: the task runner, the ref tracker, and a JobContext whose calls go
+to the controller's coordinator actor (so nested tasks and actors reach the same mesh)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import fray.context as fray_context
+from fray.capabilities import Capability
+from fray.context import JobContext
+from fray.errors import FrayError, GetTimeoutError
+from fray.refs import ActorHandle, ObjectRef
+from fray.serialization import Blob, RemoteError, capture_exception, dumps, find_unserializable_argument, loads
+from fray.types import ActorOptions, TaskOptions
+from fray_monarch.objects import DepMarker, RefPayload, Tracker, set_tracker
+
+BACKEND = "monarch"
+RELEASE_DELAY = 1.0  # releases wait this long before being sent, so they never overtake the hold they undo
+REPLY_MARGIN = 30.0  # a coordinator reply may take this long past the caller's own timeout before we give up
+
+_current_task = threading.local()
+
+
+def split_refs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], list[Any]]:
+    """Replace top-level ObjectRef arguments by DepMarkers; return the payloads they stood for."""
+    deps: list[Any] = []
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, ObjectRef):
+            deps.append(value.payload)
+            return DepMarker(len(deps) - 1)
+        return value
+
+    new_args = tuple(swap(a) for a in args)
+    new_kwargs = {k: swap(v) for k, v in kwargs.items()}
+    return new_args, new_kwargs, deps
+
+
+def fill_deps(args: tuple[Any, ...], kwargs: dict[str, Any], values: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def fill(value: Any) -> Any:
+        return values[value.index] if isinstance(value, DepMarker) else value
+
+    return tuple(fill(a) for a in args), {k: fill(v) for k, v in kwargs.items()}
+
+
+def pack_call(what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Blob, list[Any]]:
+    args, kwargs, deps = split_refs(args, kwargs)
+    try:
+        blob = dumps((args, kwargs), f"the arguments of {what}")
+    except FrayError as exc:
+        raise find_unserializable_argument(what, args, kwargs, exc) from exc
+    return blob, deps
+
+
+def wire(blob: Blob) -> tuple[bytes, list[bytes], list[str]]:
+    return blob.data, blob.buffers, [p.id for p in blob.contained if isinstance(p, RefPayload)]
+
+
+def rebuild_error(err: Any) -> BaseException:
+    return err.rebuild() if isinstance(err, RemoteError) else err
+
+
+class WorkerRuntime:
+    """One per worker process: runs tasks by local free resources, reports results and ref holds in batches."""
+
+    def __init__(self, ctl_key: str, proc_key: str, coord: Any, capacity: Mapping[str, float],
+                 nodes: list[dict[str, float]], sys_path: list[str]) -> None:
+        for entry in reversed(sys_path):  # the controller's import path, so user modules import here too
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        self.ctl_key, self.proc_key, self.coord = ctl_key, proc_key, coord
+        self.free = dict(capacity)
+        self.capacity = dict(capacity)
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self.running: dict[str, dict[str, float]] = {}
+        self.cancelled: set[str] = set()
+        self.fn_data: dict[str, bytes] = {}
+        self.fns: dict[str, Any] = {}
+        self.lock = threading.RLock()
+        self.pool = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="fray-task")
+        self.outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.ctx = WorkerJobContext(self, nodes)
+        set_tracker(Tracker(self._first, self._zero))
+        fray_context._set_default(self.ctx)
+        threading.Thread(target=self._sender, name="fray-sender", daemon=True).start()
+
+    # ------------------------------------------------------------ refs
+    def _first(self, oid: str, arrived: bool) -> None:
+        if arrived:
+            self.outbox.put(("hold", oid))
+
+    def _zero(self, oid: str) -> None:
+        self.outbox.put(("release", (time.monotonic() + RELEASE_DELAY, oid)))
+
+    def _sender(self) -> None:
+        releases: deque[tuple[float, str]] = deque()
+        while True:
+            timeout = max(0.0, releases[0][0] - time.monotonic()) if releases else None
+            try:
+                items = [self.outbox.get(timeout=timeout)]
+            except queue.Empty:
+                items = []
+            while True:
+                try:
+                    items.append(self.outbox.get_nowait())
+                except queue.Empty:
+                    break
+            results, holds = [], []
+            for kind, value in items:
+                if kind == "result":
+                    results.append(value)
+                elif kind == "hold":
+                    holds.append(value)
+                elif kind == "release":
+                    releases.append(value)
+                elif kind == "stop":
+                    return
+            now = time.monotonic()
+            due = []
+            while releases and releases[0][0] <= now:
+                due.append(releases.popleft()[1])
+            if results or holds or due:
+                try:
+                    self.coord.done.broadcast(self.proc_key, results, holds, due)
+                except Exception:
+                    pass
+
+    # ------------------------------------------------------------ tasks
+    def enqueue(self, batch: list[tuple[Any, ...]]) -> None:
+        with self.lock:
+            for item in batch:
+                key, data = item[1], item[2]
+                if data is not None:
+                    self.fn_data[key] = data
+                self.queue.append(item)
+            self._start_ready()
+
+    def set_capacity(self, capacity: dict[str, float]) -> None:
+        with self.lock:
+            for key in set(capacity) | set(self.capacity):
+                self.free[key] = self.free.get(key, 0.0) + capacity.get(key, 0.0) - self.capacity.get(key, 0.0)
+            self.capacity = dict(capacity)
+            self._start_ready()
+
+    def cancel(self, tid: str) -> None:
+        with self.lock:
+            for item in self.queue:
+                if item[0] == tid:
+                    self.queue.remove(item)
+                    self.outbox.put(("result", (tid, "cancelled", None, [])))
+                    return
+
+    def _fits(self, res: Mapping[str, float]) -> bool:
+        return all(self.free.get(k, 0.0) >= q - 1e-9 for k, q in res.items())
+
+    def _start_ready(self) -> None:
+        for _ in range(len(self.queue)):
+            item = self.queue[0]
+            res = item[6]
+            if not self._fits(res) and self.running:
+                return  # in order: wait for room (a task larger than the whole process still runs alone)
+            self.queue.popleft()
+            for k, q in res.items():
+                self.free[k] = self.free.get(k, 0.0) - q
+            self.running[item[0]] = res
+            self.pool.submit(self._execute, item)
+
+    def _done(self, tid: str) -> None:
+        with self.lock:
+            res = self.running.pop(tid, None)
+            if res is not None:
+                for k, q in res.items():
+                    self.free[k] = self.free.get(k, 0.0) + q
+            self._start_ready()
+
+    def block(self) -> str | None:
+        """The current task waits in get/wait: lend its resources to queued tasks."""
+        tid = getattr(_current_task, "id", None)
+        if tid is None:
+            return None
+        with self.lock:
+            res = self.running.get(tid, {})
+            for k, q in res.items():
+                self.free[k] = self.free.get(k, 0.0) + q
+            self._start_ready()
+        return tid
+
+    def unblock(self, tid: str | None) -> None:
+        if tid is None:
+            return
+        with self.lock:
+            for k, q in self.running.get(tid, {}).items():
+                self.free[k] = self.free.get(k, 0.0) - q  # may go below zero for a moment (oversubscribed)
+
+    def load_fn(self, key: str) -> Any:
+        fn = self.fns.get(key)
+        if fn is None:
+            fn = self.fns[key] = loads(Blob(self.fn_data[key]))
+        return fn
+
+    def _execute(self, item: tuple[Any, ...]) -> None:
+        tid, key, _, args_wire, deps, env, _res = item
+        _current_task.id = tid
+        token = fray_context._current.set(self.ctx)
+        try:
+            fn = self.load_fn(key)
+            args, kwargs = loads(Blob(args_wire[0], args_wire[1]))
+            if deps:
+                args, kwargs = fill_deps(args, kwargs, [loads(Blob(d[0], d[1])) for d in deps])
+            value = run_with_env(env, fn, args, kwargs)
+            name = getattr(fn, "__qualname__", "task")
+            result = (tid, "ok", wire(dumps(value, f"the return value of {name}")), None)
+        except BaseException as exc:
+            result = (tid, "err", capture_exception(exc), None)
+        finally:
+            fray_context._current.reset(token)
+            _current_task.id = None
+        self.outbox.put(("result", result))
+        self._done(tid)
+
+
+_env_lock = threading.Lock()
+
+
+def run_with_env(env: Mapping[str, str] | None, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    if not env:
+        return fn(*args, **kwargs)
+    # Tasks with env vars only ever run in a worker of their own (see the controller), so changing os.environ
+    # here cannot leak into another task.
+    with _env_lock:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _reply(fut: Any, timeout: float | None) -> Any:
+    try:
+        return fut.get(timeout=None if timeout is None else timeout + REPLY_MARGIN)
+    except TimeoutError as exc:
+        raise GetTimeoutError("the fray coordinator did not answer in time") from exc
+
+
+def _checked(reply: Any) -> Any:
+    if isinstance(reply, tuple) and reply and reply[0] == "err":
+        raise rebuild_error(reply[1])
+    return reply[1]
+
+
+class WorkerJobContext(JobContext):
+    """The JobContext inside workers and actors: everything goes through the controller's coordinator."""
+
+    backend = BACKEND
+    capabilities = frozenset(
+        {Capability.TASK_ENV_VARS, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
+    )
+
+    def __init__(self, runtime: WorkerRuntime, nodes: list[dict[str, float]]) -> None:
+        self.rt = runtime
+        self._nodes = nodes
+
+    def node_resources(self) -> list[dict[str, float]]:
+        return [dict(n) for n in self._nodes]
+
+    def _ref(self, oid: str) -> ObjectRef:
+        return ObjectRef(RefPayload(oid), BACKEND)
+
+    def _create_task(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                     options: TaskOptions) -> ObjectRef:
+        fn_blob = dumps(fn, f"task function {getattr(fn, '__qualname__', fn)}")
+        blob, deps = pack_call(getattr(fn, "__qualname__", "task"), args, kwargs)
+        oid = _checked(self.rt.coord.submit.call_one(
+            self.rt.proc_key, fn_blob.data, wire(blob), [d.id for d in deps], options).get(timeout=REPLY_MARGIN))
+        return self._ref(oid)
+
+    def _create_actor(self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      options: ActorOptions) -> ActorHandle:
+        cls_blob = dumps(klass, f"actor class {klass.__qualname__}")
+        blob, deps = pack_call(klass.__qualname__, args, kwargs)
+        info = _checked(self.rt.coord.create_actor.call_one(
+            self.rt.proc_key, cls_blob.data, wire(blob), [d.id for d in deps], options).get(timeout=REPLY_MARGIN))
+        return ActorHandle(info[0], BACKEND, info[1], info[2], info[3], ctx=self)
+
+    def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
+        blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
+        oid = _checked(self.rt.coord.call_actor.call_one(
+            self.rt.proc_key, handle.payload, method, wire(blob), [d.id for d in deps]).get(timeout=REPLY_MARGIN))
+        return self._ref(oid)
+
+    def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
+        tid = self.rt.block()
+        try:
+            reply = _reply(self.rt.coord.get.call_one(self.rt.proc_key, [r.payload.id for r in refs], timeout), timeout)
+        finally:
+            self.rt.unblock(tid)
+        if reply[0] == "timeout":
+            raise GetTimeoutError(f"get did not finish within {timeout} s")
+        values = _checked(reply)
+        return [loads(Blob(v[0], v[1])) for v in values]
+
+    def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
+        tid = self.rt.block()
+        try:
+            reply = _reply(self.rt.coord.wait.call_one(
+                self.rt.proc_key, [r.payload.id for r in refs], num_returns, timeout), timeout)
+        finally:
+            self.rt.unblock(tid)
+        return set(_checked(reply))
+
+    def _put(self, obj: Any) -> ObjectRef:
+        blob = dumps(obj, f"put value {type(obj).__name__}")
+        oid = _checked(self.rt.coord.put.call_one(self.rt.proc_key, wire(blob)).get(timeout=REPLY_MARGIN))
+        return self._ref(oid)
+
+    def _get_actor(self, name: str) -> ActorHandle:
+        info = _checked(self.rt.coord.get_actor.call_one(name).get(timeout=REPLY_MARGIN))
+        return ActorHandle(info[0], BACKEND, info[1], info[2], info[3], ctx=self)
+
+    def _kill(self, handle: ActorHandle) -> None:
+        _checked(self.rt.coord.kill.call_one(handle.payload).get(timeout=REPLY_MARGIN))
+
+    def _cancel(self, ref: ObjectRef) -> None:
+        _checked(self.rt.coord.cancel.call_one(ref.payload.id).get(timeout=REPLY_MARGIN))
+
+    def _shutdown(self) -> None:
+        """A worker's context belongs to the controller: shutting it down from inside does nothing."""
