@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextvars
 import math
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -48,9 +49,13 @@ def _check_call(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]
     return tuple(args), dict(kwargs)
 
 
+_DEFAULTS: dict[type, Any] = {TaskOptions: TaskOptions(), ActorOptions: ActorOptions()}  # frozen: safe to share
+_FEASIBLE_SECONDS = 5.0  # how long a "this request fits some node" answer is reused (nodes can come and go)
+
+
 def _check_options(options: Any, cls: type[T]) -> T:
     if options is None:
-        return cls()
+        return _DEFAULTS[cls]  # type: ignore[no-any-return]
     if not isinstance(options, cls):
         raise TypeError(f"options must be a fray.{cls.__name__}, got {type(options).__name__}")
     return options
@@ -58,6 +63,8 @@ def _check_options(options: Any, cls: type[T]) -> T:
 
 def task_resources(options: TaskOptions) -> dict[str, float]:
     """What a task holds while it runs: 1 CPU unless it says otherwise (as in Ray)."""
+    if options.resources is None:
+        return {"CPU": 1.0}
     requested = normalize_resources(options.resources)
     if options.resources is None or "CPU" not in options.resources:
         requested = {"CPU": 1.0, **requested}
@@ -214,9 +221,17 @@ class JobContext(ABC):
         """Refuse at submission a request that no node could ever satisfy (engines would wait forever)."""
         if not request:
             return
+        key = tuple(sorted(request.items()))
+        cache: dict[tuple[tuple[str, float], ...], float] = self.__dict__.setdefault("_fray_feasible", {})
+        now = time.monotonic()
+        if cache.get(key, 0.0) > now:
+            return
         nodes = self.node_resources()
         for node in nodes:
-            if all(node.get(key, 0.0) >= qty for key, qty in request.items()):
+            if all(node.get(name, 0.0) >= qty for name, qty in request.items()):
+                if len(cache) > 256:
+                    cache.clear()
+                cache[key] = now + _FEASIBLE_SECONDS
                 return
         largest = max(nodes, key=lambda n: n.get("CPU", 0.0)) if nodes else {}
         raise InfeasibleResourcesError(

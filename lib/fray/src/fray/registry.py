@@ -40,6 +40,7 @@ class Backend(ABC):
     """What an entry point in the "fray.backends" group resolves to (a class or an instance)."""
 
     name: str = "?"
+    capabilities: frozenset[Any] = frozenset()  # every Capability its contexts have (for listings and docs)
 
     @abstractmethod
     def job_context(self, **options: str) -> JobContext:

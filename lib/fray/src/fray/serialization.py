@@ -59,7 +59,12 @@ def dumps(obj: Any, what: str = "value") -> Blob:
         stack = _local.contained = []
     stack.append([])
     try:
-        data = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        try:  # the C pickler is ~6x faster; cloudpickle handles what it cannot (lambdas, local functions...)
+            data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        except Exception:
+            buffers.clear()
+            stack[-1].clear()
+            data = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     except Exception as exc:
         raise SerializationError(f"cannot serialize {what} of type {type(obj).__name__}: {exc}") from exc
     finally:

@@ -36,6 +36,7 @@ def _custom(raw: str) -> dict[str, float]:
 class InMemoryBackend(Backend):
     name = "in_memory"
     test_spec = "in_memory?cpus=4"
+    capabilities = InMemoryJobContext.capabilities | InMemoryClusterContext.capabilities
 
     # One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option.
     options_schema: dict[str, Callable[[str], Any]] = {

@@ -1,27 +1,101 @@
-"""Resource accounting for the in_memory backend: work waits until its resources are free, then runs on a pool
-thread. A task blocked in get/wait hands its resources back while it waits (as Ray releases a blocked task's
-CPU), so nested work cannot deadlock the pool."""
+"""Resource accounting and threads for the in_memory backend.
+
+Work waits until its resources are free, then runs on a worker thread. A worker that finishes a task and frees
+resources runs the next ready work itself (no queue hop, no thread wake-up), which is most of in_memory's
+throughput. A task blocked in get/wait hands its resources back while it waits (as Ray releases a blocked
+task's CPU), so nested work cannot deadlock: a new thread is started whenever work is ready and none is idle.
+"""
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Optional
 
 Signature = tuple[tuple[str, float], ...]
+# A unit of work returns the next unit to run on the same thread, if it freed resources that let one start.
+Work = Callable[[], Optional["Work"]]  # noqa: UP037
+
+_IDLE_SECONDS = 30.0  # an idle worker thread exits after this long
+
+
+class Workers:
+    """Threads pulling work from one queue. A new thread starts when queued work outnumbers the threads that are
+    idle or finishing (a worker says `finishing()` before it publishes a result, so the caller's next submit,
+    which that result wakes, does not start a thread the finishing one is about to free)."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._finishing = 0
+        self._queued = 0
+        self._name = name
+        self._local = threading.local()
+        self._closed = False
+
+    def submit(self, work: Work) -> None:
+        with self._lock:
+            self._queued += 1
+            spawn = self._queued > self._idle + self._finishing and not self._closed
+        self._queue.put(work)
+        if spawn:
+            self._spawn()
+
+    def _spawn(self) -> None:
+        threading.Thread(target=self._loop, name=self._name, daemon=True).start()
+
+    def finishing(self) -> None:
+        """Called on a worker thread whose work is done but for publishing its result."""
+        with self._lock:
+            if not getattr(self._local, "finishing", False):
+                self._local.finishing = True
+                self._finishing += 1
+
+    def _not_finishing(self) -> None:  # holds self._lock
+        if getattr(self._local, "finishing", False):
+            self._local.finishing = False
+            self._finishing -= 1
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                self._not_finishing()
+                self._idle += 1
+            try:
+                work = self._queue.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    self._idle -= 1
+                return
+            with self._lock:
+                self._idle -= 1
+                self._queued -= 1
+            while work is not None:
+                work = work()
+                if work is not None:  # this thread stays busy with the next work: it is not finishing after all
+                    with self._lock:
+                        self._not_finishing()
+                        spawn = self._queued > self._idle + self._finishing and not self._closed
+                    if spawn:
+                        self._spawn()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
 
 
 class Ledger:
     """Free resources, and FIFO queues of work waiting for them (one queue per distinct request)."""
 
-    def __init__(self, totals: Mapping[str, float], max_threads: int = 4096) -> None:
+    def __init__(self, totals: Mapping[str, float]) -> None:
         self.totals = dict(totals)
         self._free = dict(totals)
-        self._queues: dict[Signature, deque[Callable[[], Any]]] = {}
+        self._queues: dict[Signature, deque[Work]] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="fray-in-memory")
+        self.workers = Workers("fray-in-memory")
         self._closed = False
 
     def _fits(self, request: Signature) -> bool:
@@ -32,47 +106,52 @@ class Ledger:
         for key, qty in request:
             self._free[key] = self._free.get(key, 0.0) - qty
 
-    def submit(self, request: Signature, run: Callable[[], Any]) -> None:
-        """Run `run` on a pool thread once `request` fits; it must call release(request) when done."""
+    def submit(self, request: Signature, work: Work) -> None:
+        """Run `work` on a worker once `request` fits; the work must call release(request) when done."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("in_memory context is shut down")
-            queue = self._queues.get(request)
-            if not queue and self._fits(request):
+            if not self._queues.get(request) and self._fits(request):
                 self._take(request)
-                start = True
             else:
-                self._queues.setdefault(request, deque()).append(run)
-                start = False
-        if start:
-            self._pool.submit(run)
+                self._queues.setdefault(request, deque()).append(work)
+                return
+        self.workers.submit(work)
 
-    def release(self, request: Signature) -> None:
+    def release(self, request: Signature) -> Work | None:
+        """Give resources back; return one unit of work that can now start, for the caller to run itself."""
         with self._lock:
             for key, qty in request:
                 self._free[key] = self._free.get(key, 0.0) + qty
-            ready = self._drain()
-        for run in ready:
-            self._pool.submit(run)
+            ready = self._drain() if self._queues else []
+        for work in ready[1:]:
+            self.workers.submit(work)
+        return ready[0] if ready else None
+
+    def give_back(self, request: Signature) -> None:
+        """Release from a thread that will not run the next work itself (it is about to block, or is no worker)."""
+        work = self.release(request)
+        if work is not None:
+            self.workers.submit(work)
 
     def reacquire(self, request: Signature) -> None:
         """Take resources back after a blocking get, even past the total for a moment (no waiting, as in Ray)."""
         with self._lock:
             self._take(request)
 
-    def _drain(self) -> list[Callable[[], Any]]:
+    def _drain(self) -> list[Work]:
         ready = []
-        for request, queue in self._queues.items():
-            while queue and self._fits(request):
+        for request, waiting in self._queues.items():
+            while waiting and self._fits(request):
                 self._take(request)
-                ready.append(queue.popleft())
+                ready.append(waiting.popleft())
         return ready
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._queues.clear()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.workers.close()
 
 
 def signature(resources: Mapping[str, float]) -> Signature:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import ctypes
 import itertools
 import threading
+import time
 import weakref
+from functools import partial
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
@@ -27,7 +29,7 @@ from fray.errors import (
     attach_remote_traceback,
 )
 from fray.futures import wait_for_count
-from fray.in_memory._scheduler import Ledger, Signature, signature
+from fray.in_memory._scheduler import Ledger, Signature, Work, signature
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import (
     Blob,
@@ -56,14 +58,15 @@ _tls = threading.local()  # .task: the _Task running on this thread (to hand its
 class _Entry:
     """One object: a Future holding a Blob (serialized value), a raw value, or a failure."""
 
-    __slots__ = ("__weakref__", "future", "id")
+    __slots__ = ("__weakref__", "future", "id", "task")
 
     def __init__(self) -> None:
         self.id = next(_ids)
         self.future: Future[Any] = Future()
-        _entries[self.id] = self
+        self.task: _Task | None = None  # the task that will produce it, until it finishes
 
     def __reduce__(self) -> tuple[Any, ...]:
+        _entries[self.id] = self  # findable by id while any ref to it lives (only pickled entries need this)
         note_contained(self)  # the blob being written keeps this entry alive
         return (_lookup_entry, (self.id,))
 
@@ -105,23 +108,15 @@ class _Interrupt(BaseException):
 
 
 class _Task:
-    __slots__ = ("args", "attempts", "ctx", "entry", "fn", "kwargs", "options", "request", "state", "thread_id")
+    __slots__ = ("attempts", "call", "entry", "fn", "has_refs", "options", "request", "state", "thread_id")
 
-    def __init__(
-        self,
-        ctx: InMemoryJobContext,
-        fn: Callable[..., Any],
-        args: Any,
-        kwargs: Any,
-        options: TaskOptions,
-        request: Signature,
-        entry: _Entry,
-    ) -> None:
-        self.ctx, self.fn, self.args, self.kwargs = ctx, fn, args, kwargs
+    def __init__(self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions,
+                 request: Signature, entry: _Entry) -> None:
+        self.fn, self.call, self.has_refs = fn, call, has_refs
         self.options, self.request, self.entry = options, request, entry
         self.attempts = 0
-        self.state = "waiting"  # waiting -> queued -> running -> done | cancelled
-        self.thread_id: int | None = None
+        self.state = "waiting"  # waiting -> queued -> running [-> cancelling] -> finishing -> done | cancelled
+        self.thread_id = 0
 
 
 class _Actor:
@@ -183,7 +178,8 @@ class InMemoryJobContext(JobContext):
         self._lock = threading.Lock()
         self._names: dict[str, _Actor] = {}
         self._own_actors: dict[int, _Actor] = {}
-        self._tasks: dict[int, _Task] = {}  # entry id -> task, while not finished
+        self._tasks: dict[int, _Task] = {}  # entry id -> task, while not finished (for shutdown)
+        self._requests: dict[int, tuple[TaskOptions, Signature]] = {}  # id(options) -> its resource request
         self._checked_fns: dict[int, Any] = {}
         self._closed = False
 
@@ -211,26 +207,36 @@ class InMemoryJobContext(JobContext):
     def _create_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRef:
-        self._check_open()
-        name = str(options.name or getattr(fn, "__qualname__", repr(fn)))
+        if self._closed:
+            self._check_open()
+        deps = _top_level_entries(args, kwargs)
         if self.serialize:
             check_function(fn, self._checked_fns)
-            call: Any = dumps_call(name, args, kwargs)
+            call: Any = dumps_call(str(options.name or getattr(fn, "__qualname__", fn)), args, kwargs)
         else:
             call = (args, kwargs)
         entry = _Entry()
-        task = _Task(self, fn, call, None, options, signature(task_resources(options)), entry)
-        with self._lock:
-            self._tasks[entry.id] = task
-        self._when_ready(_top_level_entries(args, kwargs), lambda: self._enqueue(task))
+        request = self._requests.get(id(options))
+        if request is None or request[0] is not options:
+            request = self._remember_request(options)
+        task = _Task(fn, call, bool(deps), options, request[1], entry)
+        entry.task = task
+        self._tasks[entry.id] = task
+        if deps:
+            self._when_ready(deps, partial(self._enqueue, task))
+        else:
+            self._enqueue(task)
         return ObjectRef(entry, BACKEND)
+
+    def _remember_request(self, options: TaskOptions) -> tuple[TaskOptions, Signature]:
+        if len(self._requests) > 256:
+            self._requests.clear()
+        request = self._requests[id(options)] = (options, signature(task_resources(options)))
+        return request
 
     @staticmethod
     def _when_ready(deps: list[_Entry], then: Callable[[], None]) -> None:
         """Call `then` once every dependency is complete (so a waiting task holds no resources)."""
-        if not deps:
-            then()
-            return
         remaining = [len(deps)]
         lock = threading.Lock()
 
@@ -249,62 +255,73 @@ class InMemoryJobContext(JobContext):
             return
         task.state = "queued"
         try:
-            self._ledger.submit(task.request, lambda: self._run_task(task))
+            self._ledger.submit(task.request, partial(self._run_task, task))
         except RuntimeError:
             self._finish_task(task, error=TaskCancelledError("the context was shut down before the task ran"))
 
-    def _run_task(self, task: _Task) -> None:
-        with self._lock:
+    def _run_task(self, task: _Task) -> Work | None:
+        """Run one task on this worker thread; return the next work its freed resources let start."""
+        lock = self._lock
+        with lock:
             if task.state != "queued":  # cancelled while queued
-                self._ledger.release(task.request)
-                return
+                return self._ledger.release(task.request)
             task.state = "running"
             task.thread_id = threading.get_ident()
         _tls.task = task
         token = _current.set(self)
         retry = False
+        error: Any = None
+        value: Any = None
         try:
             try:
-                args, kwargs = self._resolve_call(task.args)
-                if task.options.runtime_env is not None and task.options.runtime_env.env:
+                call = task.call
+                args, kwargs = loads(call) if self.serialize else call
+                if task.has_refs:
+                    args, kwargs = self._resolve_refs(args, kwargs)
+                env = task.options.runtime_env
+                if env is not None and env.env:
                     from fray.in_memory._subprocess import run_in_child
 
-                    result = run_in_child(task.fn, args, kwargs, dict(task.options.runtime_env.env))
+                    value = run_in_child(task.fn, args, kwargs, dict(env.env))
                 else:
-                    result = task.fn(*args, **kwargs)
-                outcome: tuple[Any, Any] = (self._encode(result, "the return value"), None)
+                    value = task.fn(*args, **kwargs)
+                if self.serialize:
+                    value = dumps(value, "the return value")
             finally:
-                with self._lock:
+                with lock:
                     interrupted = task.state == "cancelling"
                     task.state = "finishing"
-                _async_raise(threading.get_ident(), None)  # drop an interrupt that arrived too late
+                if interrupted:
+                    _async_raise(threading.get_ident(), None)  # drop an interrupt that arrived too late
             if interrupted:
-                outcome = (None, TaskCancelledError("the task was cancelled while running"))
+                value, error = None, TaskCancelledError("the task was cancelled while running")
         except _Interrupt:
-            outcome = (None, TaskCancelledError("the task was cancelled while running"))
+            error = TaskCancelledError("the task was cancelled while running")
         except _Failure as failure:  # a top-level ref argument failed: the task fails with that error
-            outcome = (None, failure.error)
+            error = failure.error
         except BaseException as exc:
             task.attempts += 1
             budget = task.options.max_retries
             retry = task.options.should_retry(exc) and (budget < 0 or task.attempts <= budget)
-            outcome = (None, self._remote_error(exc))
+            error = self._remote_error(exc)
         finally:
             _current.reset(token)
             _tls.task = None
-            self._ledger.release(task.request)
+            next_work = self._ledger.release(task.request)
         if retry:
             task.state = "waiting"
             self._enqueue(task)
         else:
-            self._finish_task(task, *outcome)
+            self._ledger.workers.finishing()
+            self._finish_task(task, value, error)
+        return next_work
 
     def _finish_task(self, task: _Task, value: Any = None, error: Any = None) -> None:
-        with self._lock:
-            task.state = "done"
-            self._tasks.pop(task.entry.id, None)
+        task.state = "done"
+        self._tasks.pop(task.entry.id, None)
+        task.entry.task = None
+        task.call = None
         task.entry.settle(value, error)
-        task.args = task.kwargs = None
 
     def _remote_error(self, exc: BaseException) -> BaseException | RemoteError:
         if self.serialize:
@@ -315,6 +332,10 @@ class InMemoryJobContext(JobContext):
 
     def _resolve_call(self, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         args, kwargs = self._decode(call)
+        return self._resolve_refs(args, kwargs)
+
+    def _resolve_refs(self, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Top-level ObjectRef arguments arrive as their values (refs nested in containers stay refs)."""
         args = tuple(self._value_of(a) if isinstance(a, ObjectRef) else a for a in args)
         kwargs = {k: self._value_of(v) if isinstance(v, ObjectRef) else v for k, v in kwargs.items()}
         return args, kwargs
@@ -328,7 +349,7 @@ class InMemoryJobContext(JobContext):
     def _cancel(self, ref: ObjectRef) -> None:
         entry: _Entry = ref.payload
         with self._lock:
-            task = self._tasks.get(entry.id)
+            task = entry.task
             if task is None:
                 state = "done"
             else:
@@ -353,27 +374,34 @@ class InMemoryJobContext(JobContext):
     def _blocking(self) -> Signature | None:
         """If this thread runs a task, hand its resources back while it blocks (returns what to take back)."""
         task: _Task | None = getattr(_tls, "task", None)
-        if task is None or task.ctx is not self or not task.request:
+        if task is None or not task.request or self._tasks.get(task.entry.id) is not task:
             return None
-        self._ledger.release(task.request)
+        self._ledger.give_back(task.request)
         return task.request
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         futures = [ref.payload.future for ref in refs]
         if not all(f.done() for f in futures):
             held = self._blocking()
+            deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                done = wait_for_count(futures, len(futures), timeout)
+                for future in futures:
+                    if not future.done():
+                        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                        wait_for_count([future], 1, left)
+                        if not future.done():
+                            missing = sum(not f.done() for f in futures)
+                            raise GetTimeoutError(
+                                f"get timed out after {timeout} s: {missing} of {len(futures)} refs not ready"
+                            )
             finally:
                 if held:
                     self._ledger.reacquire(held)
-            if len(done) < len(futures):
-                missing = len(futures) - len(done)
-                raise GetTimeoutError(f"get timed out after {timeout} s: {missing} of {len(futures)} refs not ready")
         values = []
+        decode = self._decode
         for future in futures:
             try:
-                values.append(self._decode(future.result()))
+                values.append(decode(future.result()))
             except _Failure as failure:
                 failure.raise_it()
         return values
@@ -420,7 +448,7 @@ class InMemoryJobContext(JobContext):
         # waiting there for those resources, so calls sent meanwhile queue up behind it in order.
         granted = threading.Event()
         if actor.request:
-            self._ledger.submit(actor.request, granted.set)
+            self._ledger.submit(actor.request, lambda: granted.set())
         else:
             granted.set()
         actor.executor.submit(self._start_actor, actor, call, granted)
@@ -458,7 +486,7 @@ class InMemoryJobContext(JobContext):
     def _release_actor(self, actor: _Actor) -> None:
         if actor.holding:
             actor.holding = False
-            actor.ctx._ledger.release(actor.request)
+            actor.ctx._ledger.give_back(actor.request)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         actor: _Actor = handle.payload
@@ -546,7 +574,7 @@ class InMemoryJobContext(JobContext):
         for actor in list(self._own_actors.values()):
             self._kill_actor(actor, "its context was shut down")
         with self._lock:
-            tasks = [t for t in self._tasks.values() if t.state in ("waiting", "queued")]
+            tasks = [t for t in list(self._tasks.values()) if t.state in ("waiting", "queued")]
             for task in tasks:
                 task.state = "cancelled"
         for task in tasks:

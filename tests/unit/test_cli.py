@@ -1,0 +1,23 @@
+"""The fray command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _fray(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fray.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_backends_lists_in_memory_with_capabilities() -> None:
+    out = _fray("backends").stdout
+    assert "in_memory" in out and "installed" in out and "cancel_running" in out
+
+
+def test_run_follows_the_log_and_exits_with_the_job_status() -> None:
+    ok = _fray("run", "--backend", "in_memory", "--", sys.executable, "-c", "print('hello from the job')")
+    assert ok.returncode == 0 and "hello from the job" in ok.stdout, ok.stderr
+    failed = _fray("run", "--backend", "in_memory", "--", sys.executable, "-c", "raise SystemExit(4)")
+    assert failed.returncode == 1 and "FAILED" in failed.stderr
+    assert _fray("run", "--").returncode == 2
