@@ -46,32 +46,31 @@ class Blob:
 
 def note_contained(obj: Any) -> None:
     """Called from a payload's __reduce__ while `dumps` runs, so the Blob keeps that object alive."""
-    stack = getattr(_local, "contained", None)
-    if stack:
-        stack[-1].append(obj)
+    contained = getattr(_local, "contained", None)
+    if contained is not None:
+        contained.append(obj)
 
 
 def dumps(obj: Any, what: str = "value") -> Blob:
     """Serialize obj. Raises SerializationError (naming `what`) if it cannot be pickled."""
     buffers: list[pickle.PickleBuffer] = []
-    stack = getattr(_local, "contained", None)
-    if stack is None:
-        stack = _local.contained = []
-    stack.append([])
+    outer = getattr(_local, "contained", None)  # dumps may nest (a payload's __reduce__ pickling more)
+    contained: list[Any] = []
+    _local.contained = contained
     try:
         try:  # the C pickler is ~6x faster; cloudpickle handles what it cannot (lambdas, local functions...)
             data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
         except Exception:
             buffers.clear()
-            stack[-1].clear()
+            contained.clear()
             data = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     except Exception as exc:
         raise SerializationError(f"cannot serialize {what} of type {type(obj).__name__}: {exc}") from exc
     finally:
-        contained = stack.pop()
+        _local.contained = outer
     # Copy each buffer once (as an object store does), so later mutation of obj cannot change the stored value,
     # and readers get read-only views of this copy.
-    return Blob(data, [bytes(b.raw()) for b in buffers], contained)
+    return Blob(data, [bytes(b.raw()) for b in buffers] if buffers else [], contained)
 
 
 def loads(blob: Blob) -> Any:

@@ -26,9 +26,9 @@ class Workers:
     idle or finishing (a worker says `finishing()` before it publishes a result, so the caller's next submit,
     which that result wakes, does not start a thread the finishing one is about to free)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, lock: threading.Lock) -> None:
         self._queue: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._lock = lock  # shared with the Ledger: one lock per scheduling step, not two
         self._idle = 0
         self._finishing = 0
         self._queued = 0
@@ -38,8 +38,14 @@ class Workers:
 
     def submit(self, work: Work) -> None:
         with self._lock:
-            self._queued += 1
-            spawn = self._queued > self._idle + self._finishing and not self._closed
+            spawn = self._count_queued()
+        self._put(work, spawn)
+
+    def _count_queued(self) -> bool:  # holds the lock; True if a new thread is needed
+        self._queued += 1
+        return self._queued > self._idle + self._finishing and not self._closed
+
+    def _put(self, work: Work, spawn: bool) -> None:
         self._queue.put(work)
         if spawn:
             self._spawn()
@@ -47,12 +53,10 @@ class Workers:
     def _spawn(self) -> None:
         threading.Thread(target=self._loop, name=self._name, daemon=True).start()
 
-    def finishing(self) -> None:
-        """Called on a worker thread whose work is done but for publishing its result."""
-        with self._lock:
-            if not getattr(self._local, "finishing", False):
-                self._local.finishing = True
-                self._finishing += 1
+    def _mark_finishing(self) -> None:  # holds the lock: this worker's work is done but for publishing it
+        if not getattr(self._local, "finishing", False):
+            self._local.finishing = True
+            self._finishing += 1
 
     def _not_finishing(self) -> None:  # holds self._lock
         if getattr(self._local, "finishing", False):
@@ -95,7 +99,7 @@ class Ledger:
         self._free = dict(totals)
         self._queues: dict[Signature, deque[Work]] = {}
         self._lock = threading.Lock()
-        self.workers = Workers("fray-in-memory")
+        self.workers = Workers("fray-in-memory", self._lock)
         self._closed = False
 
     def _fits(self, request: Signature) -> bool:
@@ -111,21 +115,27 @@ class Ledger:
         with self._lock:
             if self._closed:
                 raise RuntimeError("in_memory context is shut down")
-            if not self._queues.get(request) and self._fits(request):
-                self._take(request)
-            else:
+            if self._queues.get(request) or not self._fits(request):
                 self._queues.setdefault(request, deque()).append(work)
                 return
-        self.workers.submit(work)
+            self._take(request)
+            spawn = self.workers._count_queued()
+        self.workers._put(work, spawn)
 
-    def release(self, request: Signature) -> Work | None:
-        """Give resources back; return one unit of work that can now start, for the caller to run itself."""
+    def release(self, request: Signature, finishing: bool = False) -> Work | None:
+        """Give resources back; return one unit of work that can now start, for the caller to run itself.
+        finishing=True also marks the calling worker as about to be free (see Workers)."""
         with self._lock:
             for key, qty in request:
                 self._free[key] = self._free.get(key, 0.0) + qty
-            ready = self._drain() if self._queues else []
-        for work in ready[1:]:
-            self.workers.submit(work)
+            if finishing:
+                self.workers._mark_finishing()
+            if not self._queues:
+                return None
+            ready = self._drain()
+            spawns = [self.workers._count_queued() for _ in ready[1:]]
+        for work, spawn in zip(ready[1:], spawns):
+            self.workers._put(work, spawn)
         return ready[0] if ready else None
 
     def give_back(self, request: Signature) -> None:
@@ -141,10 +151,12 @@ class Ledger:
 
     def _drain(self) -> list[Work]:
         ready = []
-        for request, waiting in self._queues.items():
+        for request, waiting in list(self._queues.items()):
             while waiting and self._fits(request):
                 self._take(request)
                 ready.append(waiting.popleft())
+            if not waiting:
+                del self._queues[request]
         return ready
 
     def close(self) -> None:

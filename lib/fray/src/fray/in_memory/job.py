@@ -15,6 +15,7 @@ import weakref
 from functools import partial
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
 from fray.capabilities import Capability
@@ -307,12 +308,11 @@ class InMemoryJobContext(JobContext):
         finally:
             _current.reset(token)
             _tls.task = None
-            next_work = self._ledger.release(task.request)
+            next_work = self._ledger.release(task.request, finishing=not retry)
         if retry:
             task.state = "waiting"
             self._enqueue(task)
         else:
-            self._ledger.workers.finishing()
             self._finish_task(task, value, error)
         return next_work
 
@@ -388,7 +388,10 @@ class InMemoryJobContext(JobContext):
                 for future in futures:
                     if not future.done():
                         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                        wait_for_count([future], 1, left)
+                        try:
+                            future.exception(left)  # waits on the future's own condition; never raises its error
+                        except FutureTimeoutError:
+                            pass
                         if not future.done():
                             missing = sum(not f.done() for f in futures)
                             raise GetTimeoutError(
