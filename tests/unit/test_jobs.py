@@ -1,0 +1,60 @@
+"""Local subprocess jobs: the whole process group stops, output never blocks the job."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from fray import JobStatus, RuntimeEnv
+from fray.jobs import LocalJobs
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it is dead for our purposes
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_delete_stops_grandchildren(tmp_path: Path) -> None:
+    jobs = LocalJobs(tmp_path, stop_grace=1.0)
+    pid_file = tmp_path / "grandchild.pid"
+    job = jobs.start(f"sleep 300 & echo $! > {pid_file}; wait", RuntimeEnv())
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    assert _alive(grandchild)
+    jobs.delete(job)
+    deadline = time.monotonic() + 10
+    while _alive(grandchild):
+        assert time.monotonic() < deadline, "the job's background child survived delete"
+        time.sleep(0.05)
+    with pytest.raises(KeyError):
+        jobs.info(job)
+
+
+def test_stopped_job_is_stopped_and_sigterm_ignoring_job_is_killed(tmp_path: Path) -> None:
+    jobs = LocalJobs(tmp_path, stop_grace=0.5)
+    job = jobs.start(["python3", "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      "print('up', flush=True); time.sleep(300)"], RuntimeEnv())
+    deadline = time.monotonic() + 10
+    while "up" not in jobs.logs(job):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    jobs.stop(job)
+    assert jobs.wait(job, timeout=10).status is JobStatus.STOPPED
+
+
+def test_unstartable_argv_fails_with_reason(tmp_path: Path) -> None:
+    jobs = LocalJobs(tmp_path)
+    job = jobs.start(["/nonexistent/binary"], RuntimeEnv())
+    assert jobs.wait(job, timeout=10).status is JobStatus.FAILED
+    assert "could not start" in jobs.logs(job)
