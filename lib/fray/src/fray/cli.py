@@ -1,6 +1,7 @@
 """The `fray` command.
 
     fray backends                          which backends are known, installed, and their capabilities
+    fray capabilities                      the capabilities table (markdown) of the installed backends
     fray run [--backend SPEC] -- CMD ...   run CMD as a job on SPEC's cluster, follow its log, exit with its status
 """
 
@@ -29,6 +30,23 @@ def _backends() -> int:
     return 0
 
 
+def capabilities_table() -> str:
+    """A markdown table: one row per capability, one column per installed backend."""
+    from fray.capabilities import Capability
+
+    backends = {}
+    for name in sorted(available_backends()):
+        try:
+            backends[name] = get_backend(name)
+        except BackendNotAvailableError:
+            continue
+    lines = ["| capability | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends)]
+    for cap in Capability:
+        cells = ["yes" if cap in getattr(b, "capabilities", ()) else "**no**" for b in backends.values()]
+        lines.append(f"| `{cap.value}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _run(spec: str | None, command: Sequence[str], poll: float = 0.2) -> int:
     if not command:
         print("fray run: give a command after --, e.g. fray run -- python train.py", file=sys.stderr)
@@ -53,12 +71,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fray", description="Fray: one interface, several distributed engines.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("backends", help="list known backends and whether they are installed")
+    sub.add_parser("capabilities", help="print the capabilities table of the installed backends (markdown)")
     run = sub.add_parser("run", help="run a command as a job and follow its log")
     run.add_argument("--backend", default=None, help="backend spec (default: FRAY_BACKEND, else in_memory)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args(argv)
     if args.command == "backends":
         return _backends()
+    if args.command == "capabilities":
+        print(capabilities_table())
+        return 0
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     return _run(args.backend, cmd)
 

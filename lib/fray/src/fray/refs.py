@@ -8,6 +8,7 @@ bind to the job context current there.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class ActorHandle:
         return hash((self.backend, self.payload))
 
 
+@functools.lru_cache(maxsize=1024)
 def public_methods(klass: type) -> frozenset[str]:
     """The methods of an actor class that callers may invoke (public callables, inherited ones included)."""
     names = set()
