@@ -1,8 +1,8 @@
 """The `fray` command.
 
-    fray backends                          which backends are known, installed, and their capabilities
-    fray capabilities                      the capabilities table (markdown) of the installed backends
-    fray run [--backend SPEC] -- CMD ...   run CMD as a job on SPEC's cluster, follow its log, exit with its status
+fray backends                          which backends are known, installed, and their capabilities
+fray capabilities                      the capabilities table (markdown) of the installed backends
+fray run [--backend SPEC] -- CMD ...   run CMD as a job on SPEC's cluster, follow its log, exit with its status
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Optional
 
 Signature = tuple[tuple[str, float], ...]
 # A unit of work returns the next unit to run on the same thread, if it freed resources that let one start.
-Work = Callable[[], Optional["Work"]]  # noqa: UP037
+Work = Callable[[], Optional["Work"]]
 
 _IDLE_SECONDS = 30.0  # an idle worker thread exits after this long
 
@@ -134,7 +134,7 @@ class Ledger:
                 return None
             ready = self._drain()
             spawns = [self.workers._count_queued() for _ in ready[1:]]
-        for work, spawn in zip(ready[1:], spawns):
+        for work, spawn in zip(ready[1:], spawns, strict=True):
             self.workers._put(work, spawn)
         return ready[0] if ready else None
 

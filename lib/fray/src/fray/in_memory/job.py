@@ -8,30 +8,27 @@ task raises its original exception type, refs passed as top-level arguments arri
 from __future__ import annotations
 
 import ctypes
-import itertools
 import threading
 import time
-import weakref
-from functools import partial
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from functools import partial
 from typing import Any
 
 from fray.capabilities import Capability
-from fray.context import JobContext, _current, actor_resources, task_resources
+from fray.context import JobContext, _current, task_resources
 from fray.errors import (
-    ActorAlreadyExistsError,
-    ActorDiedError,
-    ActorNotFoundError,
     FrayError,
     GetTimeoutError,
     TaskCancelledError,
     attach_remote_traceback,
 )
 from fray.futures import wait_for_count
+from fray.in_memory._objects import _Entry, _Failure
 from fray.in_memory._scheduler import Ledger, Signature, Work, signature
-from fray.refs import ActorHandle, ObjectRef, public_methods
+from fray.in_memory.actors import ActorsMixin, _Actor, _call_owner
+from fray.refs import ObjectRef
 from fray.serialization import (
     Blob,
     RemoteError,
@@ -40,68 +37,12 @@ from fray.serialization import (
     dumps,
     dumps_call,
     loads,
-    note_contained,
 )
-from fray.types import ActorOptions, Lifetime, TaskOptions
+from fray.types import TaskOptions
 
 BACKEND = "in_memory"
 
-# One process: refs and actor handles that were pickled are looked up again by id here.
-_entries: weakref.WeakValueDictionary[int, _Entry] = weakref.WeakValueDictionary()
-_actors: dict[int, _Actor] = {}
-_detached: dict[tuple[str, str], _Actor] = {}  # (namespace, name) -> actor; outlives the creating context
-_detached_lock = threading.Lock()
-_ids = itertools.count(1)
-_call_owner: weakref.WeakKeyDictionary[_Entry, _Actor] = weakref.WeakKeyDictionary()
 _tls = threading.local()  # .task: the _Task running on this thread (to hand its resources back while blocked)
-
-
-class _Entry:
-    """One object: a Future holding a Blob (serialized value), a raw value, or a failure."""
-
-    __slots__ = ("__weakref__", "future", "id", "task")
-
-    def __init__(self) -> None:
-        self.id = next(_ids)
-        self.future: Future[Any] = Future()
-        self.task: _Task | None = None  # the task that will produce it, until it finishes
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        _entries[self.id] = self  # findable by id while any ref to it lives (only pickled entries need this)
-        note_contained(self)  # the blob being written keeps this entry alive
-        return (_lookup_entry, (self.id,))
-
-    def __repr__(self) -> str:
-        return f"#{self.id}"
-
-    def settle(self, value: Any = None, error: BaseException | RemoteError | None = None) -> None:
-        try:
-            if error is not None:
-                self.future.set_exception(_Failure(error))
-            else:
-                self.future.set_result(value)
-        except InvalidStateError:  # already failed (killed actor, cancelled task): the first outcome stands
-            pass
-
-
-def _lookup_entry(entry_id: int) -> _Entry:
-    entry = _entries.get(entry_id)
-    if entry is None:
-        raise FrayError(f"object #{entry_id} is gone: no ref to it was kept")
-    return entry
-
-
-class _Failure(Exception):
-    """Carries a task's failure inside a Future; `raise_it` raises the original exception."""
-
-    def __init__(self, error: BaseException | RemoteError) -> None:
-        super().__init__()
-        self.error = error
-
-    def raise_it(self) -> None:
-        if isinstance(self.error, RemoteError):
-            raise self.error.rebuild() from None
-        raise self.error
 
 
 class _Interrupt(BaseException):
@@ -111,48 +52,14 @@ class _Interrupt(BaseException):
 class _Task:
     __slots__ = ("attempts", "call", "entry", "fn", "has_refs", "options", "request", "state", "thread_id")
 
-    def __init__(self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions,
-                 request: Signature, entry: _Entry) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions, request: Signature, entry: _Entry
+    ) -> None:
         self.fn, self.call, self.has_refs = fn, call, has_refs
         self.options, self.request, self.entry = options, request, entry
         self.attempts = 0
         self.state = "waiting"  # waiting -> queued -> running [-> cancelling] -> finishing -> done | cancelled
         self.thread_id = 0
-
-
-class _Actor:
-    """One actor: its instance lives on a private executor (max_concurrency threads) that runs calls in order."""
-
-    def __init__(self, ctx: InMemoryJobContext, klass: type, options: ActorOptions, namespace: str) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.id = next(_ids)
-        self.ctx = ctx
-        self.klass = klass
-        self.options = options
-        self.namespace = namespace
-        self.instance: Any = None
-        self.death: BaseException | None = None
-        self.pending: set[_Entry] = set()  # calls submitted, not started (cancel can still drop them)
-        self.running: set[_Entry] = set()
-        self.lock = threading.Lock()
-        self.executor = ThreadPoolExecutor(options.max_concurrency, thread_name_prefix=f"fray-actor-{klass.__name__}")
-        self.request = signature(actor_resources(options))
-        self.holding = False  # True while it holds its resources
-        _actors[self.id] = self
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_lookup_actor, (self.id,))
-
-    def __repr__(self) -> str:
-        return f"{self.klass.__name__}#{self.id}"
-
-
-def _lookup_actor(actor_id: int) -> _Actor:
-    actor = _actors.get(actor_id)
-    if actor is None:
-        raise ActorDiedError(f"actor #{actor_id} is dead")
-    return actor
 
 
 def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
@@ -161,7 +68,7 @@ def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
     )
 
 
-class InMemoryJobContext(JobContext):
+class InMemoryJobContext(ActorsMixin, JobContext):
     backend = BACKEND
     capabilities = frozenset(
         {
@@ -213,7 +120,7 @@ class InMemoryJobContext(JobContext):
         deps = _top_level_entries(args, kwargs)
         if self.serialize:
             check_function(fn, self._checked_fns)
-            call: Any = dumps_call(str(options.name or getattr(fn, "__qualname__", fn)), args, kwargs)
+            call: Any = dumps_call(str(options.name or getattr(fn, "__qualname__", None) or fn), args, kwargs)
         else:
             call = (args, kwargs)
         entry = _Entry()
@@ -418,153 +325,6 @@ class InMemoryJobContext(JobContext):
             if held:
                 self._ledger.reacquire(held)
 
-    # ------------------------------------------------------------------ actors
-    def _create_actor(
-        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
-    ) -> ActorHandle:
-        self._check_open()
-        if self.serialize:
-            check_function(klass, self._checked_fns)
-            call: Any = dumps_call(f"{klass.__name__}()", args, kwargs)
-        else:
-            call = (args, kwargs)
-        detached = options.lifetime is Lifetime.DETACHED
-        with _detached_lock, self._lock:
-            if options.name is not None:
-                existing = self._find_named(options.name)
-                if existing is not None:
-                    if options.get_if_exists:
-                        return self._handle(existing)
-                    raise ActorAlreadyExistsError(
-                        f"an actor named {options.name!r} exists already; pass ActorOptions(get_if_exists=True) "
-                        "to reuse it, or pick another name"
-                    )
-            actor = _Actor(self, klass, options, self.namespace)
-            if options.name is not None:
-                if detached:
-                    _detached[(self.namespace, options.name)] = actor
-                else:
-                    self._names[options.name] = actor
-            if not detached:
-                self._own_actors[actor.id] = actor
-        # The actor's resources are held from its start until it is killed; its __init__ runs first in its queue,
-        # waiting there for those resources, so calls sent meanwhile queue up behind it in order.
-        granted = threading.Event()
-        if actor.request:
-            self._ledger.submit(actor.request, lambda: granted.set())
-        else:
-            granted.set()
-        actor.executor.submit(self._start_actor, actor, call, granted)
-        return self._handle(actor)
-
-    def _find_named(self, name: str) -> _Actor | None:
-        actor = self._names.get(name) or _detached.get((self.namespace, name))
-        return actor if actor is not None and actor.death is None else None
-
-    def _handle(self, actor: _Actor) -> ActorHandle:
-        return ActorHandle(actor, BACKEND, actor.klass.__name__, public_methods(actor.klass), actor.options.name)
-
-    def _start_actor(self, actor: _Actor, call: Any, granted: threading.Event) -> None:
-        while not granted.wait(0.5):
-            if actor.death is not None:
-                return
-        with actor.lock:
-            actor.holding = bool(actor.request)
-            if actor.death is not None:  # killed while waiting for resources
-                self._release_actor(actor)
-                return
-        token = _current.set(self)
-        try:
-            args, kwargs = self._resolve_call(call)
-            actor.instance = actor.klass(*args, **kwargs)
-        except BaseException as exc:
-            error = exc.error.rebuild() if isinstance(exc, _Failure) and isinstance(exc.error, RemoteError) else exc
-            actor.death = ActorDiedError(
-                f"actor {actor.klass.__name__} died: its __init__ raised {type(error).__name__}: {error}"
-            )
-            attach_remote_traceback(actor.death, _format(exc))
-        finally:
-            _current.reset(token)
-
-    def _release_actor(self, actor: _Actor) -> None:
-        if actor.holding:
-            actor.holding = False
-            actor.ctx._ledger.give_back(actor.request)
-
-    def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
-        actor: _Actor = handle.payload
-        where = f"{actor.klass.__name__}.{method}"
-        call = dumps_call(where, args, kwargs) if self.serialize else (args, kwargs)
-        entry = _Entry()
-        with actor.lock:
-            if actor.death is not None:
-                entry.settle(error=_died(actor))
-                return ObjectRef(entry, BACKEND)
-            actor.pending.add(entry)
-            _call_owner[entry] = actor
-            try:
-                actor.executor.submit(self._run_method, actor, method, call, entry)
-            except RuntimeError:  # executor shut down: the actor was killed just now
-                actor.pending.discard(entry)
-                entry.settle(error=_died(actor))
-        return ObjectRef(entry, BACKEND)
-
-    def _run_method(self, actor: _Actor, method: str, call: Any, entry: _Entry) -> None:
-        with actor.lock:
-            if entry not in actor.pending:  # cancelled or the actor was killed
-                return
-            actor.pending.discard(entry)
-            actor.running.add(entry)
-        if actor.death is not None:
-            error: Any = _died(actor)
-        else:
-            token = _current.set(self)
-            try:
-                args, kwargs = self._resolve_call(call)
-                value = self._encode(getattr(actor.instance, method)(*args, **kwargs), f"the return value of {method}")
-                error = None
-            except _Failure as failure:
-                error = failure.error
-            except BaseException as exc:
-                error = self._remote_error(exc)
-            finally:
-                _current.reset(token)
-        with actor.lock:
-            actor.running.discard(entry)
-        entry.settle(None if error else value, error)
-
-    def _get_actor(self, name: str) -> ActorHandle:
-        with _detached_lock, self._lock:
-            actor = self._find_named(name)
-        if actor is None:
-            raise ActorNotFoundError(f"no live actor named {name!r} in namespace {self.namespace!r}")
-        return self._handle(actor)
-
-    def _kill(self, handle: ActorHandle) -> None:
-        self._kill_actor(handle.payload, "it was killed")
-
-    def _kill_actor(self, actor: _Actor, why: str) -> None:
-        with actor.lock:
-            if actor.death is not None and actor.id not in _actors:
-                return
-            if actor.death is None:
-                actor.death = ActorDiedError(f"actor {actor.klass.__name__} is dead: {why}")
-            pending = [*actor.pending, *actor.running]
-            actor.pending, actor.running = set(), set()
-        for entry in pending:
-            entry.settle(error=_died(actor))
-        actor.executor.shutdown(wait=False, cancel_futures=True)
-        _actors.pop(actor.id, None)
-        with _detached_lock, self._lock:
-            name = actor.options.name
-            if name is not None and self._names.get(name) is actor:
-                del self._names[name]
-            if name is not None and _detached.get((actor.namespace, name)) is actor:
-                del _detached[(actor.namespace, name)]
-            self._own_actors.pop(actor.id, None)
-        with actor.lock:
-            self._release_actor(actor)
-
     # ------------------------------------------------------------------ lifecycle
     def _check_open(self) -> None:
         if self._closed:
@@ -583,20 +343,6 @@ class InMemoryJobContext(JobContext):
         for task in tasks:
             self._finish_task(task, error=TaskCancelledError("the context was shut down before the task ran"))
         self._ledger.close()
-
-
-def _died(actor: _Actor) -> ActorDiedError:
-    assert actor.death is not None
-    error = ActorDiedError(str(actor.death))
-    if hasattr(actor.death, "remote_traceback"):
-        attach_remote_traceback(error, actor.death.remote_traceback)
-    return error
-
-
-def _format(exc: BaseException) -> str:
-    import traceback
-
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 def _top_level_entries(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[_Entry]:
