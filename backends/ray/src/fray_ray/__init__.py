@@ -37,7 +37,7 @@ _SIZING = {
     "resources": _resources,
 }
 _JOB_OPTIONS: dict[str, Any] = {"address": str, "namespace": str, "log_to_driver": to_bool, **_SIZING}
-_CLUSTER_OPTIONS: dict[str, Any] = {"address": str, "working_dir": str, "num_cpus": _number, "resources": _resources}
+_CLUSTER_OPTIONS: dict[str, Any] = {"address": str, "working_dir": str, **_SIZING}
 
 
 class RayBackend(Backend):
@@ -47,6 +47,8 @@ class RayBackend(Backend):
     # A fast private local cluster for the conformance suite: 4 logical CPUs (even on a 2-core box, so that
     # 100-concurrent-task tests do not queue), a small object store, and no late worker prints.
     test_spec: ClassVar[str] = "ray?num_cpus=4&object_store_memory=300000000&log_to_driver=false"
+    # A private head node with the Job API (its own process group and temp dir), stopped at shutdown.
+    cluster_test_spec: ClassVar[str] = "ray?num_cpus=2&object_store_memory=200000000"
 
     def job_context(self, **options: str) -> RayJobContext:
         return RayJobContext(**parse_options(self.name, options, _JOB_OPTIONS))

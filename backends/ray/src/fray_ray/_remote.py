@@ -94,8 +94,7 @@ def _actor_class(klass: type) -> type:
     base_init = klass.__init__  # type: ignore[misc]
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if _worker_ctx is None:
-            enter_worker()
+        enter_worker()  # referenced by name, so cloudpickle sends it by reference (not _worker_ctx by value)
         base_init(self, *args, **kwargs)
 
     # __module__ is ours (so pickling by reference fails and cloudpickle sends the class by value), while the
@@ -124,11 +123,17 @@ class Registry:
             entry = self._by_id.get(id(obj))
             return entry[1] if entry is not None and entry[0] is obj else None
 
-    def remote_function(self, fn: Callable[..., Any]) -> Any:
+    def remote_function(self, fn: Callable[..., Any], max_calls: int | None = None) -> Any:
         found = self.lookup(fn)
         if found is None:
             found = self._store(fn, ray.remote(_task_function(fn)))
-        return found
+        if max_calls is None:
+            return found
+        # Ray accepts max_calls only in ray.remote(), not in .options(): one registration per value.
+        variants = found.__dict__.setdefault("_fray_max_calls", {})
+        if max_calls not in variants:
+            variants[max_calls] = ray.remote(max_calls=max_calls)(_task_function(fn))
+        return variants[max_calls]
 
     def actor_class(self, klass: type) -> Any:
         found = self.lookup(klass)
@@ -189,23 +194,17 @@ def task_options(options: TaskOptions) -> dict[str, Any]:
         out["runtime_env"] = env
     if options.name:
         out["name"] = options.name
-    if options.max_calls is not None:
-        out["max_calls"] = options.max_calls
     out["max_retries"] = options.max_retries
     retry = options.retry_exceptions
     out["retry_exceptions"] = retry if isinstance(retry, bool) else list(retry)
     return out
 
 
-def actor_options(options: ActorOptions, namespace: str | None) -> dict[str, Any]:
+def actor_options(options: ActorOptions) -> dict[str, Any]:
     # Actors hold only what they ask for (0 CPU by default), as fray's contract and Ray's runtime default say.
     out = _resource_options(dict(options.resources) if options.resources else None, 0.0)
     if options.name is not None:
-        out["name"] = options.name
-        if namespace:
-            out["namespace"] = namespace
-        if options.get_if_exists:
-            out["get_if_exists"] = True
+        out["name"] = options.name  # get_if_exists is done by RayJobContext (Ray's is racy)
     if options.lifetime is Lifetime.DETACHED:
         out["lifetime"] = "detached"
     out["max_restarts"] = options.max_restarts

@@ -38,7 +38,13 @@ def _free_port() -> int:
 class LocalHead:
     """A private Ray head node with the dashboard (and so the Job API), owned by this process."""
 
-    def __init__(self, num_cpus: float | None = None, resources: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        num_cpus: float | None = None,
+        resources: dict[str, float] | None = None,
+        num_gpus: float | None = None,
+        object_store_memory: int | None = None,
+    ) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="fray-rayc-", dir=_short_tmp())
         self.port = _free_port()
         self.dashboard_port = _free_port()
@@ -53,8 +59,24 @@ class LocalHead:
             f"--dashboard-port={self.dashboard_port}",
             f"--temp-dir={self.temp_dir}",
         ]
+        # Every fixed default port (agent 52365, metrics, runtime env agent, ...) may be held by another Ray on
+        # this machine (a private ray.init in the same process, say); then the job agent never comes up.
+        for flag in (
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "metrics-export-port",
+            "runtime-env-agent-port",
+            "node-manager-port",
+            "object-manager-port",
+            "ray-client-server-port",
+        ):
+            cmd.append(f"--{flag}={_free_port()}")
         if num_cpus is not None:
             cmd.append(f"--num-cpus={num_cpus}")
+        if num_gpus is not None:
+            cmd.append(f"--num-gpus={num_gpus}")
+        if object_store_memory is not None:
+            cmd.append(f"--object-store-memory={object_store_memory}")
         if resources:
             import json
 
@@ -126,6 +148,8 @@ class RayClusterContext(ClusterContext):
         working_dir: str | None = None,
         num_cpus: float | None = None,
         resources: dict[str, float] | None = None,
+        num_gpus: float | None = None,
+        object_store_memory: int | None = None,
     ) -> None:
         """address: a Ray dashboard URL (http://host:8265); else a private local head node is started.
         working_dir: a local directory uploaded to the cluster as every job's working directory."""
@@ -141,7 +165,7 @@ class RayClusterContext(ClusterContext):
             self.address = address
             self._client = JobSubmissionClient(address)
         else:
-            self._head = LocalHead(num_cpus=num_cpus, resources=resources)
+            self._head = LocalHead(num_cpus, resources, num_gpus, object_store_memory)
             self._client = self._head.wait_ready(JobSubmissionClient)
             self.address = self._head.address
 
@@ -158,7 +182,14 @@ class RayClusterContext(ClusterContext):
         runtime_env["env_vars"] = {"FRAY_BACKEND": "ray", **runtime_env.get("env_vars", {})}
         if self.working_dir:
             runtime_env["working_dir"] = self.working_dir
-        return str(self._client.submit_job(entrypoint=command, runtime_env=runtime_env))
+        deadline = time.monotonic() + _START_TIMEOUT
+        while True:
+            try:
+                return str(self._client.submit_job(entrypoint=command, runtime_env=runtime_env))
+            except RuntimeError as exc:  # a fresh head node's job agent comes up after the dashboard
+                if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def _info(self, details: Any) -> JobInfo:
         status = _STATUS[str(getattr(details.status, "value", details.status))]

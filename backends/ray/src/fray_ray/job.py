@@ -6,6 +6,7 @@ pickle through Ray's own serializer (with its reference counting), so refs and h
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -20,10 +21,11 @@ from fray.errors import (
     ActorNotFoundError,
     InfeasibleResourcesError,
     SerializationError,
+    TaskCancelledError,
 )
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import check_function, find_unserializable_argument
-from fray.types import ActorOptions, TaskOptions
+from fray.types import ActorOptions, Lifetime, TaskOptions
 from fray_ray import _connect
 from fray_ray._remote import Registry, actor_options, is_default_task, task_options, translate
 
@@ -32,6 +34,8 @@ _registry = Registry()
 _checked_functions: dict[int, Any] = {}
 _methods_cache: dict[type, frozenset[str]] = {}
 _NODES_TTL = 5.0
+_DEPS_PRUNE_AT = 256
+_NAME_TIMEOUT = 10.0  # a named actor whose __init__ fails fast may never be seen by name
 
 
 def _unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -85,6 +89,10 @@ class RayJobContext(JobContext):
         self.namespace: str = ray.get_runtime_context().namespace
         self._nodes: list[dict[str, float]] = []
         self._nodes_at = -_NODES_TTL
+        self._named: dict[str, Any] = {}  # name -> Ray handle of the named actors created here
+        self._deps: dict[bytes, list[Any]] = {}  # task ref id -> its ray.ObjectRef arguments (see _cancel)
+        self._deps_lock = threading.Lock()
+        self._cancelled: set[bytes] = set()
 
     def __repr__(self) -> str:
         return f"RayJobContext(namespace={self.namespace!r})"
@@ -113,14 +121,19 @@ class RayJobContext(JobContext):
             check_function(fn, _checked_functions)
             remote = _registry.remote_function(fn)
         if not is_default_task(options):
+            if options.max_calls is not None:  # Ray takes max_calls only at registration
+                remote = _registry.remote_function(fn, options.max_calls)
             remote = remote.options(**task_options(options))
+        ray_args, ray_kwargs = _unwrap_args(args), _unwrap_kwargs(kwargs)
         try:
-            ref = remote.remote(*_unwrap_args(args), **_unwrap_kwargs(kwargs))
+            ref = remote.remote(*ray_args, **ray_kwargs)
         except TypeError as exc:
             if _is_serialization_error(exc):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
+        if ray_args is not args or ray_kwargs is not kwargs:
+            self._note_dependencies(ref, ray_args, ray_kwargs)
         return ObjectRef(ref, BACKEND)
 
     # ------------------------------------------------------------------ actors
@@ -131,33 +144,71 @@ class RayJobContext(JobContext):
         if actor_cls is None:
             check_function(klass, _checked_functions)
             actor_cls = _registry.actor_class(klass)
+        methods = _methods_cache.get(klass)
+        if methods is None:
+            methods = _methods_cache[klass] = public_methods(klass)
+        name = options.name
+        if name is not None and options.get_if_exists:
+            existing = self._lookup(name)
+            if existing is not None:
+                return ActorHandle(existing, BACKEND, klass.__name__, methods, name, self)
         try:
-            handle = actor_cls.options(**actor_options(options, None)).remote(
-                *_unwrap_args(args), **_unwrap_kwargs(kwargs)
-            )
+            handle = actor_cls.options(**actor_options(options)).remote(*_unwrap_args(args), **_unwrap_kwargs(kwargs))
         except TypeError as exc:
             if _is_serialization_error(exc):
                 raise find_unserializable_argument(klass.__qualname__, args, kwargs, exc) from None
             raise
         except ValueError as exc:
-            if "already taken" in str(exc) or isinstance(exc, rex.ActorAlreadyExistsError):
-                raise ActorAlreadyExistsError(
-                    f"an actor named {options.name!r} exists already in namespace {self.namespace!r}; "
-                    "pass get_if_exists=True to reuse it"
-                ) from None
-            raise
-        methods = _methods_cache.get(klass)
-        if methods is None:
-            methods = _methods_cache[klass] = public_methods(klass)
-        return ActorHandle(handle, BACKEND, klass.__name__, methods, options.name, self)
+            if not ("already taken" in str(exc) or isinstance(exc, rex.ActorAlreadyExistsError)):
+                raise
+            handle = None
+        if name is not None:
+            # Ray registers a name asynchronously and checks it with a racy lookup first. Wait until the name
+            # resolves: to our actor (we won), or to another one (we lost a race, and Ray drops ours).
+            winner = self._await_name(name, handle)
+            if winner is not None and (handle is None or winner._actor_id != handle._actor_id):
+                if not options.get_if_exists:
+                    raise ActorAlreadyExistsError(
+                        f"an actor named {name!r} exists already in namespace {self.namespace!r}; "
+                        "pass get_if_exists=True to reuse it"
+                    )
+                handle = winner
+            elif handle is None:
+                raise ActorAlreadyExistsError(f"an actor named {name!r} exists already (and just died)")
+            # Ray garbage-collects a non-detached actor once its creator drops its handles, even when named.
+            # A named actor must stay reachable by name: keep a handle for the life of this process.
+            if options.lifetime is not Lifetime.DETACHED:
+                self._named[name] = handle
+        return ActorHandle(handle, BACKEND, klass.__name__, methods, name, self)
+
+    def _lookup(self, name: str) -> Any:
+        try:
+            return ray.get_actor(name, namespace=self.namespace)
+        except ValueError:
+            return None
+
+    def _await_name(self, name: str, mine: Any) -> Any:
+        deadline = time.monotonic() + _NAME_TIMEOUT
+        pause = 0.001
+        while True:
+            found = self._lookup(name)
+            if found is not None or time.monotonic() > deadline:
+                return found
+            if mine is None and time.monotonic() > deadline - _NAME_TIMEOUT + 1.0:
+                return None  # the actor that held the name died meanwhile
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
+        ray_args, ray_kwargs = _unwrap_args(args), _unwrap_kwargs(kwargs)
         try:
-            ref = getattr(handle.payload, method).remote(*_unwrap_args(args), **_unwrap_kwargs(kwargs))
+            ref = getattr(handle.payload, method).remote(*ray_args, **ray_kwargs)
         except TypeError as exc:
             if _is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
+        if ray_args is not args or ray_kwargs is not kwargs:
+            self._note_dependencies(ref, ray_args, ray_kwargs)
         return ObjectRef(ref, BACKEND)
 
     def _get_actor(self, name: str) -> ActorHandle:
@@ -173,6 +224,9 @@ class RayJobContext(JobContext):
         ray.kill(handle.payload, no_restart=True)
         if handle.name is None:
             return
+        kept = self._named.get(handle.name)
+        if kept is not None and kept._actor_id == handle.payload._actor_id:
+            del self._named[handle.name]
         # ray.kill is asynchronous; wait (briefly) until the name is free, so it can be reused at once.
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
@@ -186,8 +240,11 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ objects
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
+        payloads = [r.payload for r in refs]
+        if self._cancelled:
+            self._raise_if_cancelled(payloads)
         try:
-            return ray.get([r.payload for r in refs], timeout=timeout)  # type: ignore[no-any-return]
+            return ray.get(payloads, timeout=timeout)  # type: ignore[no-any-return]
         except Exception as exc:
             new = translate(exc)
             if new is exc:
@@ -196,11 +253,19 @@ class RayJobContext(JobContext):
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         payloads = [r.payload for r in refs]
+        done: set[int] = set()
+        if self._cancelled:  # cancelled by fray before Ray could be told: complete (with TaskCancelledError)
+            done = {i for i, p in enumerate(payloads) if p.binary() in self._cancelled}
+            if len(done) >= num_returns:
+                return done
+            num_returns -= len(done)
+            payloads = [p for i, p in enumerate(payloads) if i not in done]
         ready, _ = ray.wait(payloads, num_returns=num_returns, timeout=timeout, fetch_local=False)
-        if len(ready) == len(payloads):
+        if not done and len(ready) == len(payloads):
             return set(range(len(payloads)))
-        index = {p: i for i, p in enumerate(payloads)}
-        return {index[p] for p in ready}
+        ready_set = set(ready)
+        rest = [i for i in range(len(refs)) if i not in done]
+        return done | {i for i, p in zip(rest, payloads, strict=True) if p in ready_set}
 
     def _put(self, obj: Any) -> ObjectRef:
         try:
@@ -210,9 +275,59 @@ class RayJobContext(JobContext):
                 raise SerializationError(f"cannot serialize the put value of type {type(obj).__name__}") from exc
             raise
 
+    # ------------------------------------------------------------------ cancel
+    # Ray 2.60 aborts the driver process (reference_counter.cc "Check failed: submitted_task_ref_count > 0")
+    # when a task is cancelled while it waits for its ObjectRef arguments and those arguments then arrive.
+    # So for such a task fray marks the ref cancelled at once (get raises TaskCancelledError, wait counts it
+    # done) and tells Ray only once the arguments are ready.
+    def _note_dependencies(self, ref: Any, ray_args: tuple[Any, ...], ray_kwargs: dict[str, Any]) -> None:
+        deps = [a for a in (*ray_args, *ray_kwargs.values()) if isinstance(a, ray.ObjectRef)]
+        if not deps:
+            return
+        with self._deps_lock:
+            if len(self._deps) >= _DEPS_PRUNE_AT:
+                self._prune_dependencies()
+            self._deps[ref.binary()] = deps
+
+    def _prune_dependencies(self) -> None:
+        for key, deps in list(self._deps.items()):
+            _, pending = ray.wait(deps, num_returns=len(deps), timeout=0, fetch_local=False)
+            if not pending:
+                del self._deps[key]
+
+    def _raise_if_cancelled(self, payloads: list[Any]) -> None:
+        for p in payloads:
+            if p.binary() in self._cancelled:
+                raise TaskCancelledError(f"task {p.hex()} was cancelled")
+
     def _cancel(self, ref: ObjectRef) -> None:
+        payload = ref.payload
+        key = payload.binary()
+        with self._deps_lock:
+            deps = self._deps.pop(key, None)
+        if deps:
+            _, pending = ray.wait(deps, num_returns=len(deps), timeout=0, fetch_local=False)
+            if pending:
+                self._cancelled.add(key)
+                threading.Thread(target=self._cancel_when_ready, args=(payload, deps), daemon=True).start()
+                return
+        self._ray_cancel(payload)
+
+    def _cancel_when_ready(self, payload: Any, deps: list[Any]) -> None:
         try:
-            ray.cancel(ref.payload, force=False, recursive=True)
+            while not self._closed:
+                _, pending = ray.wait(deps, num_returns=len(deps), timeout=1.0, fetch_local=False)
+                if not pending:
+                    time.sleep(0.2)  # let Ray's dependency resolver finish with the task first
+                    self._ray_cancel(payload)
+                    return
+        except Exception:  # the context shut down meanwhile
+            pass
+
+    @staticmethod
+    def _ray_cancel(payload: Any) -> None:
+        try:
+            ray.cancel(payload, force=False, recursive=True)
         except Exception:  # already finished, or an object made by put: nothing to cancel
             pass
 
@@ -220,5 +335,6 @@ class RayJobContext(JobContext):
         if self._closed:
             return
         self._closed = True
+        self._named.clear()
         if self._owns_connection:
             _connect.release()
