@@ -126,6 +126,15 @@ class LocalHead:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+def _use_job_python(command: str) -> str:
+    """Ray installs a job's pip packages into a virtualenv and activates it, so `python` finds them, but an
+    absolute path to this interpreter (sys.executable, as scripts often write) would bypass it: use `python`."""
+    for prefix in {sys.executable, shlex.quote(sys.executable)}:
+        if command == prefix or command.startswith(prefix + " "):
+            return "python" + command[len(prefix) :]
+    return command
+
+
 def _strip_preamble(logs: str, job_id: str) -> str:
     """Drop the lines Ray's job manager writes before the entrypoint's own output."""
     marker = f"Running entrypoint for job {job_id}: "
@@ -177,6 +186,8 @@ class RayClusterContext(ClusterContext):
     # ------------------------------------------------------------------ jobs
     def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv) -> str:
         command = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
+        if env.package_requirements:
+            command = _use_job_python(command)
         runtime_env: dict[str, Any] = runtime_env_dict(env) or {}
         # A job that calls fray.init() lands on this cluster's Ray (Ray sets RAY_ADDRESS for the job).
         runtime_env["env_vars"] = {"FRAY_BACKEND": "ray", **runtime_env.get("env_vars", {})}
