@@ -18,6 +18,22 @@ def median_seconds(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) 
     return statistics.median(samples)
 
 
+def paired_medians(
+    fray_fn: Callable[[], object], raw_fn: Callable[[], object], repeats: int = 7, warmup: int = 1
+) -> tuple[float, float]:
+    """Median seconds of each, measured interleaved (raw, fray, raw, fray...) so both see the same machine load."""
+    for _ in range(warmup):
+        raw_fn()
+        fray_fn()
+    fray_samples, raw_samples = [], []
+    for _ in range(repeats):
+        for fn, samples in ((raw_fn, raw_samples), (fray_fn, fray_samples)):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+    return statistics.median(fray_samples), statistics.median(raw_samples)
+
+
 def report(title: str, rows: list[tuple[str, str, float, float]]) -> None:
     """rows: (name, unit, fray_value, raw_value) where unit is 'us' (lower is better) or '/s' (higher is better)."""
     print(f"\n{title}")
