@@ -97,8 +97,9 @@ class Ledger:
     def __init__(self, totals: Mapping[str, float]) -> None:
         self.totals = dict(totals)
         self._free = dict(totals)
-        self._queues: dict[Signature, deque[Work]] = {}
-        self._lock = threading.Lock()
+        self._queues: dict[Signature, deque[tuple[Work, Callable[[], None] | None]]] = {}
+        self.lock = threading.Lock()  # also guards the state of the tasks it schedules (see InMemoryJobContext)
+        self._lock = self.lock
         self.workers = Workers("fray-in-memory", self._lock)
         self._closed = False
 
@@ -110,15 +111,18 @@ class Ledger:
         for key, qty in request:
             self._free[key] = self._free.get(key, 0.0) - qty
 
-    def submit(self, request: Signature, work: Work) -> None:
-        """Run `work` on a worker once `request` fits; the work must call release(request) when done."""
+    def submit(self, request: Signature, work: Work, on_dispatch: Callable[[], None] | None = None) -> None:
+        """Run `work` on a worker once `request` fits; the work must call release(request) when done.
+        `on_dispatch` runs under the ledger's lock at the moment the resources are taken for it."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("in_memory context is shut down")
             if self._queues.get(request) or not self._fits(request):
-                self._queues.setdefault(request, deque()).append(work)
+                self._queues.setdefault(request, deque()).append((work, on_dispatch))
                 return
             self._take(request)
+            if on_dispatch is not None:
+                on_dispatch()
             spawn = self.workers._count_queued()
         self.workers._put(work, spawn)
 
@@ -154,7 +158,10 @@ class Ledger:
         for request, waiting in list(self._queues.items()):
             while waiting and self._fits(request):
                 self._take(request)
-                ready.append(waiting.popleft())
+                work, on_dispatch = waiting.popleft()
+                if on_dispatch is not None:
+                    on_dispatch()
+                ready.append(work)
             if not waiting:
                 del self._queues[request]
         return ready

@@ -50,7 +50,7 @@ class _Interrupt(BaseException):
 
 
 class _Task:
-    __slots__ = ("attempts", "call", "entry", "fn", "has_refs", "options", "request", "state", "thread_id")
+    __slots__ = ("attempts", "call", "entry", "fn", "has_refs", "options", "request", "state", "stolen", "thread_id")
 
     def __init__(
         self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions, request: Signature, entry: _Entry
@@ -58,8 +58,16 @@ class _Task:
         self.fn, self.call, self.has_refs = fn, call, has_refs
         self.options, self.request, self.entry = options, request, entry
         self.attempts = 0
-        self.state = "waiting"  # waiting -> queued -> running [-> cancelling] -> finishing -> done | cancelled
+        # waiting (for its ref arguments) -> queued (for resources) -> dispatched (resources held, on the workers'
+        # queue) -> running [-> cancelling] -> finishing -> done; or -> cancelled before running.
+        self.state = "waiting"
+        self.stolen = False  # run by a thread blocked in get on it, rather than by the worker it was queued for
         self.thread_id = 0
+
+
+def _mark_dispatched(task: _Task) -> None:  # runs under the ledger's lock, when the task's resources are taken
+    if task.state == "queued":
+        task.state = "dispatched"
 
 
 def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
@@ -83,7 +91,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         self.serialize = serialize
         self.namespace = namespace
         self._ledger = Ledger(resources)
-        self._lock = threading.Lock()
+        self._lock = self._ledger.lock  # task states change together with the resources they hold
         self._names: dict[str, _Actor] = {}
         self._own_actors: dict[int, _Actor] = {}
         self._tasks: dict[int, _Task] = {}  # entry id -> task, while not finished (for shutdown)
@@ -159,22 +167,42 @@ class InMemoryJobContext(ActorsMixin, JobContext):
             dep.future.add_done_callback(one_done)
 
     def _enqueue(self, task: _Task) -> None:
-        if task.state != "waiting":
-            return
-        task.state = "queued"
+        with self._lock:
+            if task.state != "waiting":
+                return
+            task.state = "queued"
         try:
-            self._ledger.submit(task.request, partial(self._run_task, task))
+            self._ledger.submit(task.request, partial(self._run_task, task), partial(_mark_dispatched, task))
         except RuntimeError:
             self._finish_task(task, error=TaskCancelledError("the context was shut down before the task ran"))
 
     def _run_task(self, task: _Task) -> Work | None:
-        """Run one task on this worker thread; return the next work its freed resources let start."""
-        lock = self._lock
-        with lock:
-            if task.state != "queued":  # cancelled while queued
-                return self._ledger.release(task.request)
+        """A worker runs one task; returns the next work its freed resources let start, for this thread to run."""
+        with self._lock:
+            state = task.state
+            if state == "dispatched":
+                task.state = "running"
+                task.thread_id = threading.get_ident()
+        if state != "dispatched":  # cancelled: give its resources back; stolen: the thread that runs it will
+            return None if task.stolen else self._ledger.release(task.request)
+        return self._execute(task, on_worker=True)
+
+    def _run_inline(self, task: _Task) -> None:
+        """Run a dispatched task on this thread, which would otherwise just block in get waiting for it (saves
+        two thread switches; the worker that dequeues it later skips it)."""
+        with self._lock:
+            if task.state != "dispatched":
+                return
             task.state = "running"
+            task.stolen = True
             task.thread_id = threading.get_ident()
+        next_work = self._execute(task, on_worker=False)
+        if next_work is not None:
+            self._ledger.workers.submit(next_work)
+
+    def _execute(self, task: _Task, on_worker: bool) -> Work | None:
+        lock = self._lock
+        outer_task = getattr(_tls, "task", None)
         _tls.task = task
         token = _current.set(self)
         retry = False
@@ -214,10 +242,11 @@ class InMemoryJobContext(ActorsMixin, JobContext):
             error = self._remote_error(exc)
         finally:
             _current.reset(token)
-            _tls.task = None
-            next_work = self._ledger.release(task.request, finishing=not retry)
+            _tls.task = outer_task
+            next_work = self._ledger.release(task.request, finishing=on_worker and not retry)
         if retry:
             task.state = "waiting"
+            task.stolen = False
             self._enqueue(task)
         else:
             self._finish_task(task, value, error)
@@ -261,12 +290,12 @@ class InMemoryJobContext(ActorsMixin, JobContext):
                 state = "done"
             else:
                 state = task.state
-                if state in ("waiting", "queued"):
+                if state in ("waiting", "queued", "dispatched"):
                     task.state = "cancelled"
                 elif state == "running" and task.thread_id is not None:
                     task.state = "cancelling"
                     _async_raise(task.thread_id, _Interrupt)
-        if state in ("waiting", "queued"):
+        if state in ("waiting", "queued", "dispatched"):
             self._finish_task(task, error=TaskCancelledError("the task was cancelled before it ran"))  # type: ignore[arg-type]
             return
         actor = _call_owner.get(entry)
@@ -292,8 +321,14 @@ class InMemoryJobContext(ActorsMixin, JobContext):
             held = self._blocking()
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                for future in futures:
+                for ref, future in zip(refs, futures, strict=True):
                     if not future.done():
+                        task: _Task | None = ref.payload.task  # without a deadline, run a task not yet started here
+                        if deadline is None and task is not None and task.state == "dispatched":
+                            if self._tasks.get(task.entry.id) is task:
+                                self._run_inline(task)
+                            if future.done():
+                                continue
                         left = None if deadline is None else max(0.0, deadline - time.monotonic())
                         try:
                             future.exception(left)  # waits on the future's own condition; never raises its error
@@ -337,7 +372,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         for actor in list(self._own_actors.values()):
             self._kill_actor(actor, "its context was shut down")
         with self._lock:
-            tasks = [t for t in list(self._tasks.values()) if t.state in ("waiting", "queued")]
+            tasks = [t for t in list(self._tasks.values()) if t.state in ("waiting", "queued", "dispatched")]
             for task in tasks:
                 task.state = "cancelled"
         for task in tasks:
