@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ray.py [--repeats 5] [--quick]
 
-Each case runs raw then fray (alternating, to share any drift), `repeats` times; the table shows the median
+Each case runs raw and fray back to back (alternating which goes first, to share any drift), `repeats` times; the table shows the median
 time per operation of each and the ratio fray/raw. Put/get cases put a fresh object and get it back.
 """
 
@@ -42,7 +42,7 @@ def timed(fn: Callable[[], Any], ops: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="fewer operations per repeat (a smoke run)")
     parser.add_argument("--num-cpus", type=int, default=4)
     opts = parser.parse_args()
@@ -111,9 +111,13 @@ def main() -> None:
     rows = []
     for label, ops, raw_fn, fray_fn in cases:
         raw_times, fray_times = [], []
-        for _ in range(opts.repeats):
-            raw_times.append(timed(raw_fn, ops))
-            fray_times.append(timed(fray_fn, ops))
+        for i in range(opts.repeats):
+            if i % 2:  # alternate which goes first, so neither always inherits the other's leftovers
+                fray_times.append(timed(fray_fn, ops))
+                raw_times.append(timed(raw_fn, ops))
+            else:
+                raw_times.append(timed(raw_fn, ops))
+                fray_times.append(timed(fray_fn, ops))
         raw_med, fray_med = statistics.median(raw_times), statistics.median(fray_times)
         rows.append((label, raw_med, fray_med, fray_med / raw_med))
         print(f"  {label}: raw {raw_med * 1e3:.3f} ms, fray {fray_med * 1e3:.3f} ms", file=sys.stderr, flush=True)

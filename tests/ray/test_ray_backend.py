@@ -1,0 +1,128 @@
+"""Ray-specific behaviour beyond the conformance suite, on real Ray (no mocks)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("fray_ray")
+
+import fray
+from fray import ActorOptions, TaskOptions
+from fray.context import _current, get_job_context
+from fray.errors import RemoteExceptionProxy
+from fray.registry import parse_spec
+from fray_ray import RayBackend, RayJobContext
+from fray_ray.job import _registry
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Iterator[RayJobContext]:
+    context = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
+    token = _current.set(context)
+    yield context
+    _current.reset(token)
+    context.shutdown()
+
+
+def nest(depth: int) -> int:
+    if depth == 0:
+        return 0
+    c = get_job_context()
+    return 1 + int(c.get(c.create_task(nest, args=(depth - 1,)), timeout=120))
+
+
+def test_ten_levels_of_nesting_do_not_deadlock(ctx: RayJobContext) -> None:
+    assert ctx.get(ctx.create_task(nest, args=(10,)), timeout=240) == 10
+
+
+def context_type() -> str:
+    return type(get_job_context()).__name__
+
+
+class Probe:
+    def context_type(self) -> str:
+        return type(get_job_context()).__name__
+
+
+def test_context_is_set_in_tasks_and_actors(ctx: RayJobContext) -> None:
+    assert ctx.get(ctx.create_task(context_type), timeout=60) == "RayJobContext"
+    assert ctx.get(ctx.create_actor(Probe).context_type(), timeout=60) == "RayJobContext"
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def test_function_is_registered_once(ctx: RayJobContext) -> None:
+    ctx.get([ctx.create_task(square, args=(i,)) for i in range(5)], timeout=60)
+    first = _registry.lookup(square)
+    ctx.get(ctx.create_task(square, args=(3,)), timeout=60)
+    assert _registry.lookup(square) is first
+
+
+class Unpicklable(Exception):
+    def __init__(self, a: str, b: int) -> None:
+        super().__init__(a)
+        self.b = b
+
+
+def raise_unpicklable() -> None:
+    raise Unpicklable("custom message", 2)
+
+
+def test_exception_that_cannot_travel_becomes_a_named_proxy(ctx: RayJobContext) -> None:
+    with pytest.raises(RemoteExceptionProxy, match="Unpicklable: custom message"):
+        ctx.get(ctx.create_task(raise_unpicklable), timeout=60)
+
+
+def sleep_then(seconds: float, value: int) -> int:
+    time.sleep(seconds)
+    return value
+
+
+def identity(x: int) -> int:
+    return x
+
+
+def test_cancel_of_task_waiting_on_args_does_not_crash_the_driver(ctx: RayJobContext) -> None:
+    # Ray 2.60 aborts the driver here unless fray defers ray.cancel until the arguments are ready.
+    blocker = ctx.create_task(sleep_then, args=(1.0, 7))
+    waiting = ctx.create_task(identity, args=(blocker,))
+    ctx.cancel(waiting)
+    done, _ = ctx.wait([waiting], timeout=0)
+    assert done == [waiting]
+    with pytest.raises(fray.TaskCancelledError):
+        ctx.get(waiting, timeout=30)
+    assert ctx.get(blocker, timeout=30) == 7
+    time.sleep(1.5)  # past the point where the deferred cancel reaches Ray
+    assert ctx.get(ctx.create_task(identity, args=(blocker,)), timeout=30) == 7
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def incr(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def make_named(name: str) -> int:
+    c = get_job_context()
+    return int(c.get(c.create_actor(Counter, options=ActorOptions(name=name)).incr(), timeout=60))
+
+
+def test_named_actor_made_in_a_task_outlives_the_task(ctx: RayJobContext) -> None:
+    assert ctx.get(ctx.create_task(make_named, args=("made-in-task",)), timeout=60) == 1
+    time.sleep(1.0)
+    assert ctx.get(ctx.get_actor("made-in-task").incr(), timeout=60) == 2
+
+
+def test_options_map_to_ray(ctx: RayJobContext) -> None:
+    opts = TaskOptions(resources={"CPU": 0.5}, name="mapped", max_calls=2, max_retries=0, retry_exceptions=[KeyError])
+    assert ctx.get([ctx.create_task(square, args=(i,), options=opts) for i in range(4)], timeout=60) == [0, 1, 4, 9]
+    with pytest.raises(fray.InfeasibleResourcesError):
+        ctx.create_task(square, args=(1,), options=TaskOptions(resources={"no_such_resource": 1}))
