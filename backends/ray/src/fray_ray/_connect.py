@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -91,7 +92,14 @@ def acquire(
             return
         temp_dir = tempfile.mkdtemp(prefix="fray-ray-", dir=_short_tmp())
         try:
-            ray.init(address="local", include_dashboard=False, _temp_dir=temp_dir, **init_kwargs, **common)
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                _temp_dir=temp_dir,
+                runtime_env=_driver_path_env(),
+                **init_kwargs,
+                **common,
+            )
         except BaseException:
             shutil.rmtree(temp_dir, ignore_errors=True)
             raise
@@ -111,6 +119,23 @@ def release() -> None:
             ray.shutdown()
         if conn.temp_dir:
             shutil.rmtree(conn.temp_dir, ignore_errors=True)
+
+
+def _driver_path_env() -> dict[str, Any] | None:
+    """Workers of a private local Ray see the modules this driver sees: its sys.path entries outside the Python
+    installation (a script's directory, a test directory pytest inserted) go to the workers' PYTHONPATH.
+    Installed packages are left out, so a task's pip runtime_env is never shadowed."""
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    extra: list[str] = []
+    for entry in sys.path:
+        path = os.path.realpath(entry or os.getcwd())
+        if not os.path.isdir(path) or any(path == p or path.startswith(p + os.sep) for p in prefixes):
+            continue
+        if path not in extra:
+            extra.append(path)
+    if os.environ.get("PYTHONPATH"):
+        extra.append(os.environ["PYTHONPATH"])
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(extra)}} if extra else None
 
 
 def _short_tmp() -> str:
