@@ -327,6 +327,12 @@ class RayJobContext(JobContext):
     @staticmethod
     def _ray_cancel(payload: Any) -> None:
         try:
+            # A finished task keeps its result. Ray 2.60 can also abort the driver when cancel meets a task
+            # whose result is already there but whose completion it has not processed yet (task_manager.cc
+            # "Tried to complete task that was not pending"): never cancel a ref that is already ready.
+            ready, _ = ray.wait([payload], timeout=0, fetch_local=False)
+            if ready:
+                return
             ray.cancel(payload, force=False, recursive=True)
         except Exception:  # already finished, or an object made by put: nothing to cancel
             pass
