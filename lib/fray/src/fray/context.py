@@ -221,7 +221,7 @@ class JobContext(ABC):
         """Refuse at submission a request that no node could ever satisfy (engines would wait forever)."""
         if not request:
             return
-        key = tuple(sorted(request.items()))
+        key = tuple(request.items())  # the same request built the same way hits; another order just misses
         cache: dict[tuple[tuple[str, float], ...], float] = self.__dict__.setdefault("_fray_feasible", {})
         now = time.monotonic()
         if cache.get(key, 0.0) > now:

@@ -141,7 +141,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         if deps:
             self._when_ready(deps, partial(self._enqueue, task))
         else:
-            self._enqueue(task)
+            self._enqueue(task, fresh=True)
         return ObjectRef(entry, BACKEND)
 
     def _remember_request(self, options: TaskOptions) -> tuple[TaskOptions, Signature]:
@@ -166,11 +166,16 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         for dep in deps:
             dep.future.add_done_callback(one_done)
 
-    def _enqueue(self, task: _Task) -> None:
-        with self._lock:
-            if task.state != "waiting":
-                return
+    def _enqueue(self, task: _Task, fresh: bool = False) -> None:
+        """Queue a task for resources. `fresh`: called from create_task, before anyone holds its ref, so nothing
+        can race with this state change (later calls, from dependencies or retries, can race with cancel)."""
+        if fresh:
             task.state = "queued"
+        else:
+            with self._lock:
+                if task.state != "waiting":
+                    return
+                task.state = "queued"
         try:
             self._ledger.submit(task.request, partial(self._run_task, task), partial(_mark_dispatched, task))
         except RuntimeError:
