@@ -89,6 +89,7 @@ class RayJobContext(JobContext):
         self.namespace: str = ray.get_runtime_context().namespace
         self._nodes: list[dict[str, float]] = []
         self._nodes_at = -_NODES_TTL
+        self._last_feasible: dict[str, float] | None = None
         self._named: dict[str, Any] = {}  # name -> Ray handle of the named actors created here
         self._deps: dict[bytes, list[Any]] = {}  # task ref id -> its ray.ObjectRef arguments (see _cancel)
         self._deps_lock = threading.Lock()
@@ -106,11 +107,16 @@ class RayJobContext(JobContext):
         return self._nodes
 
     def check_feasible(self, request: Mapping[str, float], what: str) -> None:
+        # Hot path: most submissions repeat the previous request ({"CPU": 1.0}); skip the scan while the
+        # node view it was checked against is current.
+        if request == self._last_feasible and time.monotonic() - self._nodes_at <= _NODES_TTL:
+            return
         try:
             super().check_feasible(request, what)
         except InfeasibleResourcesError:
             self._nodes_at = -_NODES_TTL  # the cached view may predate a node that joined since: look again
             super().check_feasible(request, what)
+        self._last_feasible = dict(request)
 
     # ------------------------------------------------------------------ tasks
     def _create_task(
