@@ -67,10 +67,10 @@ class MonarchBackend(Backend):
                 except Exception:
                     pass
 
-        return MonarchJobContext(hosts, procs, resources, on_shutdown=None if host_mesh is None else None)
+        return MonarchJobContext(hosts, procs, resources, on_shutdown=stop_hosts)
 
     def cluster_context(self, **options: str) -> Any:
         from fray_monarch.cluster import MonarchClusterContext
 
-        hosts, _procs, _resources_, host_mesh = _topology(options)
+        hosts, _, _, host_mesh = _topology(options)
         return MonarchClusterContext(hosts, host_mesh)

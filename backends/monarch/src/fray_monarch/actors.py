@@ -3,6 +3,7 @@ coordinator that lives in the controller process and serves requests from worker
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -10,8 +11,9 @@ from typing import Any
 from monarch.actor import Actor, endpoint
 
 import fray.context as fray_context
-from fray.serialization import Blob, capture_exception, dumps, loads
+from fray.serialization import Blob, capture_exception, loads
 from fray_monarch import _runtime
+from fray_monarch.serial import dumps
 from fray_monarch.worker_runtime import WorkerRuntime, fill_deps, wire
 
 _runtime_lock = threading.Lock()
@@ -30,7 +32,8 @@ class WorkerHost(Actor):
     """Runs tasks in its process (one per worker process); a never-answered `watch` call reports its death."""
 
     def __init__(self, ctl_key: str, proc_key: str, coord: Any, capacity: dict[str, float],
-                 nodes: list[dict[str, float]], sys_path: list[str]) -> None:
+                 nodes: list[dict[str, float]], sys_path: list[str], env: dict[str, str]) -> None:
+        os.environ.update(env)  # a process started for tasks with these env vars (see Controller._env_procs)
         self.rt = _ensure_runtime(ctl_key, proc_key, coord, capacity, nodes, sys_path)
         self.watchers: list[Any] = []
 
@@ -39,8 +42,8 @@ class WorkerHost(Actor):
         self.rt.enqueue(batch)
 
     @endpoint
-    def cancel(self, tid: str) -> None:
-        self.rt.cancel(tid)
+    def cancel(self, tid: str) -> str:
+        return self.rt.cancel(tid)
 
     @endpoint
     def set_capacity(self, capacity: dict[str, float]) -> None:
@@ -51,22 +54,25 @@ class WorkerHost(Actor):
         self.watchers.append(port)  # never answered: the caller's future fails when this process dies
 
     @endpoint
-    def ping(self) -> int:
-        import os
+    def state(self) -> dict[str, Any]:
+        return self.rt.state()
 
+    @endpoint
+    def ping(self) -> int:
         return os.getpid()
 
 
 class FrayActorHost(Actor):
-    """Hosts one fray actor instance. `call` runs methods one at a time, in order; `call_concurrent` runs up to
-    max_concurrency at once on threads."""
+    """Hosts one fray actor instance. User code runs on the actor's own threads, never on Monarch's dispatch
+    thread (which every synchronous actor of the process shares): one thread keeps calls in order; with
+    max_concurrency > 1, up to that many run at once. Replies go through the response port."""
 
     def __init__(self, ctl_key: str, proc_key: str, coord: Any, capacity: dict[str, float],
                  nodes: list[dict[str, float]], sys_path: list[str], max_concurrency: int) -> None:
         self.rt = _ensure_runtime(ctl_key, proc_key, coord, capacity, nodes, sys_path)
         self.obj: Any = None
         self.init_error: str | None = None
-        self.pool = ThreadPoolExecutor(max_concurrency) if max_concurrency > 1 else None
+        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="fray-actor")
 
     def _args(self, args_wire: Any, deps: list[str]) -> tuple[Any, Any]:
         args, kwargs = loads(Blob(args_wire[0], args_wire[1]))
@@ -78,8 +84,7 @@ class FrayActorHost(Actor):
             args, kwargs = fill_deps(args, kwargs, values)
         return args, kwargs
 
-    @endpoint
-    def init(self, cls_data: bytes, args_wire: Any, deps: list[str]) -> Any:
+    def _init(self, cls_data: bytes, args_wire: Any, deps: list[str]) -> Any:
         token = fray_context._current.set(self.rt.ctx)
         try:
             klass = loads(Blob(cls_data))
@@ -106,14 +111,23 @@ class FrayActorHost(Actor):
         finally:
             fray_context._current.reset(token)
 
-    @endpoint
-    def call(self, method: str, args_wire: Any, deps: list[str]) -> Any:
-        return self._invoke(method, args_wire, deps)
+    def _submit(self, port: Any, fn: Any, *args: Any) -> None:
+        def run() -> None:
+            try:
+                reply = fn(*args)
+            except BaseException as exc:
+                reply = ("err", capture_exception(exc))
+            port.send(reply)
+
+        self.pool.submit(run)
 
     @endpoint(explicit_response_port=True)
-    def call_concurrent(self, port: Any, method: str, args_wire: Any, deps: list[str]) -> None:
-        assert self.pool is not None
-        self.pool.submit(lambda: port.send(self._invoke(method, args_wire, deps)))
+    def init(self, port: Any, cls_data: bytes, args_wire: Any, deps: list[str]) -> None:
+        self._submit(port, self._init, cls_data, args_wire, deps)
+
+    @endpoint(explicit_response_port=True)
+    def call(self, port: Any, method: str, args_wire: Any, deps: list[str]) -> None:
+        self._submit(port, self._invoke, method, args_wire, deps)
 
 
 class Coordinator(Actor):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -11,12 +13,12 @@ from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError
 from fray.refs import ActorHandle, ObjectRef, public_methods
-from fray.serialization import dumps
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.controller import Controller
+from fray_monarch.serial import dumps
 from fray_monarch.worker_runtime import BACKEND, pack_call
 
-CAPABILITIES = frozenset({Capability.PROCESS_ISOLATION, Capability.MULTI_HOST})
+CAPABILITIES = frozenset({Capability.CANCEL_RUNNING, Capability.TASK_ENV_VARS, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST})
 
 
 class MonarchJobContext(JobContext):
@@ -75,6 +77,8 @@ class MonarchJobContext(JobContext):
         for ref, entry in zip(refs, entries):
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self.ctl.resolve(entry, remaining):
+                if os.environ.get("FRAY_MONARCH_DEBUG"):
+                    print(self.ctl.debug_state(), file=sys.stderr)
                 raise GetTimeoutError(f"get of {ref!r} did not finish within {timeout} s")
             if entry.error is not None:
                 raise self.ctl.error_of(entry)

@@ -39,6 +39,7 @@ from fray_monarch.objects import RefPayload, Tracker, owner_key, set_tracker
 from fray_monarch.worker_runtime import rebuild_error
 
 FREE_GRACE = 2.0  # an unreferenced object is dropped this long after its last reference goes
+MAX_ENV_PROCS = 4  # processes kept for tasks with their own env vars
 PREFETCH = 4  # tasks sent to a process beyond its slots, queued there, to hide the round trip
 
 _controllers: dict[str, Controller] = {}
@@ -95,7 +96,9 @@ class Task:
     retries_left: int
     proc: Proc | None = None
     dep_values: list[Any] | None = None
+    env_key: tuple[tuple[str, str], ...] = ()
     state: str = "waiting"
+    cancelled: bool = False
 
 
 @dataclass
@@ -111,6 +114,7 @@ class Proc:
     actors: set[str] = field(default_factory=set)
     fns_sent: set[str] = field(default_factory=set)
     alive: bool = True
+    env_key: tuple[tuple[str, str], ...] = ()  # non-empty: a process that only runs tasks with exactly this env
 
     @property
     def free_capacity(self) -> dict[str, float]:
@@ -176,12 +180,13 @@ class Controller:
             proc.worker.ping.call_one().get(timeout=120)
 
     # ------------------------------------------------------------ processes
-    def _spawn_proc(self, host: int) -> Proc:
+    def _spawn_proc(self, host: int, env_key: tuple[tuple[str, str], ...] = ()) -> Proc:
         key = f"p{next(self.ids)}"
         mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.key}_{key}")
-        nodes = [dict(self.share) for _ in range(len(self.hosts) * self.procs_per_host)]
-        worker = mesh.spawn("fray_worker", WorkerHost, self.key, key, self.coord, dict(self.share), nodes, self.sys_path)
-        proc = Proc(key, host, mesh, worker, dict(self.share))
+        nodes = self.node_resources()
+        worker = mesh.spawn("fray_worker", WorkerHost, self.key, key, self.coord, dict(self.share), nodes,
+                            self.sys_path, dict(env_key))
+        proc = Proc(key, host, mesh, worker, dict(self.share), env_key=env_key)
         self.procs.append(proc)
         _runtime.on_done(worker.watch.call_one(), lambda _v, exc, p=proc: self._proc_died(p, exc))
         return proc
@@ -198,7 +203,8 @@ class Controller:
             reason = f"worker process {proc.key} died ({str(exc).splitlines()[0] if exc else 'stopped'})"
             for entry in self.entries.values():
                 entry.remote.pop(proc.key, None)
-            self._spawn_proc(proc.host)  # a fresh proc mesh: never spawn on one that lost a process
+            if not proc.env_key:  # env processes come back on demand
+                self._spawn_proc(proc.host)  # a fresh proc mesh: never spawn on one that lost a process
             for tid in list(proc.outstanding):
                 task = self.tasks.get(tid)
                 if task is None:
@@ -444,7 +450,7 @@ class Controller:
         cached = self.fn_cache.get(id(fn))
         if cached is not None and cached[0] is fn:
             return cached[1], cached[2]
-        from fray.serialization import dumps
+        from fray_monarch.serial import dumps
 
         data = dumps(fn, f"task function {getattr(fn, '__qualname__', fn)}").data
         if len(self.fn_cache) > 4096:
@@ -461,6 +467,8 @@ class Controller:
                 entry.remote[proc_key] = 1
             retries = options.max_retries
             task = Task(entry.id, fn_key, fn_data, args, deps, task_resources(options), options, keep, retries)
+            if options.runtime_env is not None and options.runtime_env.env:
+                task.env_key = tuple(sorted(options.runtime_env.env.items()))
             self.tasks[task.id] = task
             dep_entries = [self.entry(d) for d in deps]
             if not dep_entries:
@@ -491,10 +499,27 @@ class Controller:
             self.queue.append(task)
             self._pump()
 
+    def _env_procs(self, task: Task) -> None:
+        """Under the lock: a task with env vars runs only in a process started with exactly those vars set (so
+        they are real process environment, seen by C code and subprocesses, and leak into no other task)."""
+        if not task.env_key or any(p.env_key == task.env_key for p in self.procs):
+            return
+        env_procs = [p for p in self.procs if p.env_key]
+        if len(env_procs) >= MAX_ENV_PROCS:
+            idle = [p for p in env_procs if not p.outstanding]
+            if idle:
+                self._retire(idle[0])
+        self._spawn_proc(0, task.env_key)
+
+    def _retire(self, proc: Proc) -> None:
+        proc.alive = False
+        self.procs.remove(proc)
+        _runtime.on_done(proc.mesh.stop(), lambda _v, _e: None)
+
     def _pick_proc(self, task: Task) -> Proc | None:
         best, best_load = None, None
         for proc in self.procs:
-            if not proc.alive or not proc.fits_at_all(task.resources):
+            if not proc.alive or proc.env_key != task.env_key or not proc.fits_at_all(task.resources):
                 continue
             load = len(proc.outstanding) - proc.blocked
             if load >= proc.slots + PREFETCH:
@@ -511,9 +536,11 @@ class Controller:
         skipped: list[Task] = []
         while self.queue:
             task = self.queue[0]
+            self._env_procs(task)
             proc = self._pick_proc(task)
             if proc is None:
-                if any(p.fits_at_all(task.resources) for p in self.procs) or len(skipped) > 64:
+                fits = any(p.env_key == task.env_key and p.fits_at_all(task.resources) for p in self.procs)
+                if fits or len(skipped) > 64:
                     break  # everything is busy: wait for a completion
                 skipped.append(self.queue.popleft())  # fits nowhere right now (actors hold it): let others by
                 continue
@@ -541,7 +568,7 @@ class Controller:
         elif status == "cancelled":
             self._finish_task(task, None, TaskCancelledError(f"task {tid} was cancelled"))
         else:
-            if task.retries_left != 0 and isinstance(payload, RemoteError):
+            if task.retries_left != 0 and isinstance(payload, RemoteError) and not task.cancelled:
                 exc = payload.rebuild()
                 if task.options.should_retry(exc):
                     task.retries_left -= 1
@@ -570,7 +597,14 @@ class Controller:
                     self.queue.remove(task)
                 self._finish_task(task, None, TaskCancelledError(f"task {oid} was cancelled before it ran"))
             elif task.state == "sent" and task.proc is not None:
-                task.proc.worker.cancel.broadcast(oid)  # removed if still queued in the process; else runs
+                task.cancelled = True
+                worker = task.proc.worker
+            else:
+                return
+        try:  # not under the lock: the worker's answer must not wait for it
+            worker.cancel.call_one(oid).get(timeout=30)
+        except Exception:
+            pass
 
     # ------------------------------------------------------------ actors
     def create_actor(self, cls_data: bytes, class_name: str, methods: frozenset[str], args: tuple[bytes, list[bytes]],
@@ -601,9 +635,8 @@ class Controller:
 
     def _place_actor(self, rec: ActorRec) -> None:
         """Under the lock: spawn the actor on the least loaded live process that can hold its resources."""
-        candidates = [p for p in self.procs if p.alive and p.fits_at_all(rec.resources)] or [
-            p for p in self.procs if p.alive
-        ]
+        pool = [p for p in self.procs if p.alive and not p.env_key]
+        candidates = [p for p in pool if p.fits_at_all(rec.resources)] or pool
         proc = min(candidates, key=lambda p: (len(p.actors), len(p.outstanding)))
         rec.proc = proc
         proc.actors.add(rec.id)
@@ -649,8 +682,7 @@ class Controller:
             if rec.state == "dead":
                 self._complete(entry, None, ActorDiedError(f"actor {rec.class_name} {aid} is dead: {rec.reason}"))
                 return payload
-            endpoint = rec.mesh.call if rec.options.max_concurrency == 1 else rec.mesh.call_concurrent
-            entry.future = endpoint.call_one(method, args, deps)
+            entry.future = rec.mesh.call.call_one(method, args, deps)
             entry.keep = keep
             return payload
 
@@ -677,6 +709,18 @@ class Controller:
             _runtime.on_done(mesh.stop(), lambda _v, _e: None)
         except Exception:
             pass
+
+    def debug_state(self) -> str:
+        with self.lock:
+            procs = [(p.key, p.alive, len(p.outstanding), p.blocked, p.slots, p.env_key, len(p.actors)) for p in self.procs]
+            queued = [(t.id, t.state, t.resources, t.env_key) for t in list(self.queue)[:5]]
+            workers = []
+            for p in self.procs:
+                try:
+                    workers.append(p.worker.state.call_one().get(timeout=3))
+                except Exception as exc:
+                    workers.append(repr(exc))
+            return f"workers={workers} procs={procs} queue={len(self.queue)} {queued} tasks={len(self.tasks)} entries={len(self.entries)}"
 
     # ------------------------------------------------------------ shutdown
     def shutdown(self) -> None:

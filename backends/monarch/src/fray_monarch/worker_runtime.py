@@ -3,24 +3,24 @@ to the controller's coordinator actor (so nested tasks and actors reach the same
 
 from __future__ import annotations
 
-import os
+import ctypes
 import queue
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fray.context as fray_context
 from fray.capabilities import Capability
 from fray.context import JobContext
-from fray.errors import FrayError, GetTimeoutError
+from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
 from fray.refs import ActorHandle, ObjectRef
-from fray.serialization import Blob, RemoteError, capture_exception, dumps, find_unserializable_argument, loads
+from fray.serialization import Blob, RemoteError, capture_exception, find_unserializable_argument, loads
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.objects import DepMarker, RefPayload, Tracker, set_tracker
+from fray_monarch.serial import dumps
 
 BACKEND = "monarch"
 RELEASE_DELAY = 1.0  # releases wait this long before being sent, so they never overtake the hold they undo
@@ -81,11 +81,12 @@ class WorkerRuntime:
         self.capacity = dict(capacity)
         self.queue: deque[tuple[Any, ...]] = deque()
         self.running: dict[str, dict[str, float]] = {}
-        self.cancelled: set[str] = set()
+        self.threads: dict[str, int] = {}  # task id -> thread ident, while the user function runs
         self.fn_data: dict[str, bytes] = {}
         self.fns: dict[str, Any] = {}
         self.lock = threading.RLock()
-        self.pool = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="fray-task")
+        self.ready: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.idle = 0  # task threads waiting for work (they are never killed, even by a stray async exception)
         self.outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.ctx = WorkerJobContext(self, nodes)
         set_tracker(Tracker(self._first, self._zero))
@@ -103,35 +104,40 @@ class WorkerRuntime:
     def _sender(self) -> None:
         releases: deque[tuple[float, str]] = deque()
         while True:
-            timeout = max(0.0, releases[0][0] - time.monotonic()) if releases else None
             try:
-                items = [self.outbox.get(timeout=timeout)]
-            except queue.Empty:
-                items = []
-            while True:
-                try:
-                    items.append(self.outbox.get_nowait())
-                except queue.Empty:
-                    break
-            results, holds = [], []
-            for kind, value in items:
-                if kind == "result":
-                    results.append(value)
-                elif kind == "hold":
-                    holds.append(value)
-                elif kind == "release":
-                    releases.append(value)
-                elif kind == "stop":
+                if self._send_once(releases):
                     return
-            now = time.monotonic()
-            due = []
-            while releases and releases[0][0] <= now:
-                due.append(releases.popleft()[1])
-            if results or holds or due:
-                try:
-                    self.coord.done.broadcast(self.proc_key, results, holds, due)
-                except Exception:
-                    pass
+            except BaseException:
+                pass
+
+    def _send_once(self, releases: deque[tuple[float, str]]) -> bool:
+        timeout = max(0.0, releases[0][0] - time.monotonic()) if releases else None
+        try:
+            items = [self.outbox.get(timeout=timeout)]
+        except queue.Empty:
+            items = []
+        while True:
+            try:
+                items.append(self.outbox.get_nowait())
+            except queue.Empty:
+                break
+        results, holds = [], []
+        for kind, value in items:
+            if kind == "result":
+                results.append(value)
+            elif kind == "hold":
+                holds.append(value)
+            elif kind == "release":
+                releases.append(value)
+            elif kind == "stop":
+                return True
+        now = time.monotonic()
+        due = []
+        while releases and releases[0][0] <= now:
+            due.append(releases.popleft()[1])
+        if results or holds or due:
+            self.coord.done.broadcast(self.proc_key, results, holds, due)
+        return False
 
     # ------------------------------------------------------------ tasks
     def enqueue(self, batch: list[tuple[Any, ...]]) -> None:
@@ -150,13 +156,19 @@ class WorkerRuntime:
             self.capacity = dict(capacity)
             self._start_ready()
 
-    def cancel(self, tid: str) -> None:
+    def cancel(self, tid: str) -> str:
+        """Drop the task if queued here; interrupt it if it runs (TaskCancelledError raised in its thread)."""
         with self.lock:
             for item in self.queue:
                 if item[0] == tid:
                     self.queue.remove(item)
-                    self.outbox.put(("result", (tid, "cancelled", None, [])))
-                    return
+                    self.outbox.put(("result", (tid, "cancelled", None, None)))
+                    return "dropped"
+            thread = self.threads.get(tid)
+            if thread is None:
+                return "unknown"
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(TaskCancelledError))
+            return "interrupted"
 
     def _fits(self, res: Mapping[str, float]) -> bool:
         return all(self.free.get(k, 0.0) >= q - 1e-9 for k, q in res.items())
@@ -171,7 +183,26 @@ class WorkerRuntime:
             for k, q in res.items():
                 self.free[k] = self.free.get(k, 0.0) - q
             self.running[item[0]] = res
-            self.pool.submit(self._execute, item)
+            if self.idle > 0:
+                self.idle -= 1
+            else:
+                threading.Thread(target=self._task_thread, name="fray-task", daemon=True).start()
+            self.ready.put(item)
+
+    def _task_thread(self) -> None:
+        while True:
+            try:
+                item = self.ready.get()
+                self._execute(item)
+                with self.lock:
+                    self.idle += 1
+            except BaseException:  # e.g. a cancel's TaskCancelledError arriving after its task ended
+                pass
+
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            return {"free": dict(self.free), "running": list(self.running), "queued": len(self.queue),
+                    "idle": self.idle, "threads": threading.active_count()}
 
     def _done(self, tid: str) -> None:
         with self.lock:
@@ -207,7 +238,7 @@ class WorkerRuntime:
         return fn
 
     def _execute(self, item: tuple[Any, ...]) -> None:
-        tid, key, _, args_wire, deps, env, _res = item
+        tid, key, _, args_wire, deps, _env, _res = item
         _current_task.id = tid
         token = fray_context._current.set(self.ctx)
         try:
@@ -215,7 +246,13 @@ class WorkerRuntime:
             args, kwargs = loads(Blob(args_wire[0], args_wire[1]))
             if deps:
                 args, kwargs = fill_deps(args, kwargs, [loads(Blob(d[0], d[1])) for d in deps])
-            value = run_with_env(env, fn, args, kwargs)
+            with self.lock:
+                self.threads[tid] = threading.get_ident()
+            try:
+                value = fn(*args, **kwargs)
+            finally:
+                with self.lock:
+                    del self.threads[tid]
             name = getattr(fn, "__qualname__", "task")
             result = (tid, "ok", wire(dumps(value, f"the return value of {name}")), None)
         except BaseException as exc:
@@ -225,27 +262,6 @@ class WorkerRuntime:
             _current_task.id = None
         self.outbox.put(("result", result))
         self._done(tid)
-
-
-_env_lock = threading.Lock()
-
-
-def run_with_env(env: Mapping[str, str] | None, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    if not env:
-        return fn(*args, **kwargs)
-    # Tasks with env vars only ever run in a worker of their own (see the controller), so changing os.environ
-    # here cannot leak into another task.
-    with _env_lock:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 def _reply(fut: Any, timeout: float | None) -> Any:
@@ -266,7 +282,7 @@ class WorkerJobContext(JobContext):
 
     backend = BACKEND
     capabilities = frozenset(
-        {Capability.TASK_ENV_VARS, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
+        {Capability.CANCEL_RUNNING, Capability.TASK_ENV_VARS, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
     )
 
     def __init__(self, runtime: WorkerRuntime, nodes: list[dict[str, float]]) -> None:

@@ -1,0 +1,156 @@
+"""MonarchClusterContext: jobs are subprocesses started on the mesh's hosts by a job-runner actor there
+(fray.jobs.LocalJobs: own process group, log file readable while running, status from a waiter thread)."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from monarch.actor import Actor, endpoint
+
+from fray.capabilities import Capability
+from fray.context import ClusterContext
+from fray.errors import GetTimeoutError, JobNotFoundError
+from fray.jobs import LocalJobs
+from fray.types import JobInfo, RuntimeEnv
+from fray_monarch import _runtime  # noqa: F401 - environment and fault hook first
+
+MARGIN = 30.0
+
+
+class JobRunner(Actor):
+    """Runs jobs on its host. Each endpoint returns ("ok", value) or ("err", exception)."""
+
+    def __init__(self, root: str) -> None:
+        self.jobs = LocalJobs(Path(root))
+
+    def _safe(self, fn: Any, *args: Any) -> Any:
+        try:
+            return ("ok", fn(*args))
+        except Exception as exc:
+            return ("err", exc)
+
+    @endpoint
+    def start(self, entrypoint: Any, env: RuntimeEnv, job_id: str) -> Any:
+        return self._safe(self.jobs.start, entrypoint, env, job_id)
+
+    @endpoint
+    def info(self, job_id: str) -> Any:
+        return self._safe(self.jobs.info, job_id)
+
+    @endpoint
+    def list(self) -> Any:
+        return self._safe(self.jobs.list)
+
+    @endpoint
+    def logs(self, job_id: str) -> Any:
+        return self._safe(self.jobs.logs, job_id)
+
+    @endpoint
+    def delete(self, job_id: str) -> Any:
+        return self._safe(self.jobs.delete, job_id)
+
+    @endpoint(explicit_response_port=True)
+    def wait(self, port: Any, job_id: str, timeout: float | None) -> None:
+        def run() -> None:
+            try:
+                port.send(("ok", self.jobs.wait(job_id, timeout)))
+            except Exception as exc:
+                port.send(("err", exc))
+
+        threading.Thread(target=run, daemon=True).start()
+
+    @endpoint
+    def close(self) -> Any:
+        root = self.jobs.root
+        result = self._safe(self.jobs.close)
+        shutil.rmtree(root, ignore_errors=True)
+        return result
+
+
+def _unwrap(reply: Any) -> Any:
+    if reply[0] == "err":
+        raise reply[1]
+    return reply[1]
+
+
+class MonarchClusterContext(ClusterContext):
+    backend = "monarch"
+    capabilities = frozenset({Capability.JOB_PACKAGES, Capability.MULTI_HOST, Capability.PROCESS_ISOLATION})
+
+    def __init__(self, hosts: list[Any], host_mesh: Any = None) -> None:
+        self._host_mesh = host_mesh
+        self._procs = [host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}")
+                       for host in hosts]
+        self._runners = [
+            procs.spawn("fray_job_runner", JobRunner, tempfile.mkdtemp(prefix="fray-monarch-jobs-"))
+            for procs in self._procs
+        ]
+        self._where: dict[str, int] = {}
+        self._next = itertools.cycle(range(len(self._runners)))
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _runner(self, job_id: str) -> Any:
+        with self._lock:
+            index = self._where.get(job_id)
+        if index is None:
+            raise JobNotFoundError(f"no job {job_id!r} here (it never existed or was deleted)")
+        return self._runners[index]
+
+    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv) -> str:
+        with self._lock:
+            index = next(self._next)
+            job_id = f"monarch-job-{uuid.uuid4().hex[:12]}"
+            self._where[job_id] = index
+        return str(_unwrap(self._runners[index].start.call_one(entrypoint, env, job_id).get(timeout=MARGIN)))
+
+    def _list_jobs(self) -> list[JobInfo]:
+        futures = [runner.list.call_one() for runner in self._runners]
+        return [info for fut in futures for info in _unwrap(fut.get(timeout=MARGIN))]
+
+    def _get_job(self, job_id: str) -> JobInfo:
+        info: JobInfo = _unwrap(self._runner(job_id).info.call_one(job_id).get(timeout=MARGIN))
+        return info
+
+    def _delete_job(self, job_id: str) -> None:
+        _unwrap(self._runner(job_id).delete.call_one(job_id).get(timeout=MARGIN))
+        with self._lock:
+            self._where.pop(job_id, None)
+
+    def _get_job_logs(self, job_id: str) -> str:
+        return str(_unwrap(self._runner(job_id).logs.call_one(job_id).get(timeout=MARGIN)))
+
+    def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
+        fut = self._runner(job_id).wait.call_one(job_id, timeout)
+        try:
+            info: JobInfo = _unwrap(fut.get(timeout=None if timeout is None else timeout + MARGIN))
+        except TimeoutError as exc:
+            raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from exc
+        return info
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for runner in self._runners:
+            try:
+                runner.close.call_one().get(timeout=MARGIN)
+            except Exception:
+                pass
+        for procs in self._procs:
+            try:
+                procs.stop().get(timeout=20)
+            except Exception:
+                pass
+        if self._host_mesh is not None:
+            try:
+                self._host_mesh.shutdown().get(timeout=20)
+            except Exception:
+                pass

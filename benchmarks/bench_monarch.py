@@ -1,0 +1,111 @@
+"""fray-on-Monarch against raw Monarch endpoints (and Ray's task throughput, if installed), in one run.
+
+    python benchmarks/bench_monarch.py [--procs 2] [--tasks 10000] [--repeats 5]
+
+Prints medians and ratios: actor round trip vs raw `call_one`, 10k tiny tasks per second (fray vs Ray), and the
+time from a worker process dying to the caller's WorkerCrashedError.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import fray
+from fray import TaskOptions, WorkerCrashedError
+from fray_monarch import _runtime  # noqa: F401 - environment and fault hook
+from monarch.actor import Actor, endpoint, this_host
+
+
+class RawEcho(Actor):
+    @endpoint
+    def echo(self, x: int) -> int:
+        return x
+
+
+class Echo:
+    def echo(self, x: int) -> int:
+        return x
+
+
+def tiny(x: int) -> int:
+    return x
+
+
+def crash() -> None:
+    os._exit(1)
+
+
+def round_trip(call: object, n: int) -> float:
+    start = time.perf_counter()
+    for i in range(n):
+        call(i)  # type: ignore[operator]
+    return (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    raw = procs.spawn("raw_echo", RawEcho)
+    raw.echo.call_one(0).get()
+    ctx = fray.init(f"monarch?procs={args.procs}")
+    actor = ctx.create_actor(Echo)
+    ctx.get(actor.echo(0))
+
+    raw_rt, fray_rt = [], []
+    for _ in range(args.repeats):  # interleaved, so both see the same machine load
+        raw_rt.append(round_trip(lambda i: raw.echo.call_one(i).get(), args.calls))
+        fray_rt.append(round_trip(lambda i: ctx.get(actor.echo(i)), args.calls))
+    raw_med, fray_med = statistics.median(raw_rt), statistics.median(fray_rt)
+    print(f"actor round trip: raw call_one {raw_med * 1e3:.3f} ms, fray {fray_med * 1e3:.3f} ms, "
+          f"ratio {fray_med / raw_med:.3f} (target <= 1.15)")
+
+    rates = []
+    for _ in range(max(1, args.repeats // 2)):
+        start = time.perf_counter()
+        ctx.get([ctx.create_task(tiny, args=(i,)) for i in range(args.tasks)], timeout=600)
+        rates.append(args.tasks / (time.perf_counter() - start))
+    fray_rate = statistics.median(rates)
+    print(f"{args.tasks} tiny tasks: fray-on-monarch {fray_rate:,.0f} tasks/s")
+
+    crash_times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        try:
+            ctx.get(ctx.create_task(crash, options=TaskOptions(max_retries=0)), timeout=60)
+        except WorkerCrashedError:
+            crash_times.append(time.perf_counter() - start)
+        ctx.get(ctx.create_task(tiny, args=(0,)), timeout=60)
+    print(f"killed worker reported after {statistics.median(crash_times):.3f} s (median of 3; target <= 2 s)")
+    fray.shutdown()
+    procs.stop().get(timeout=30)
+
+    try:
+        import ray
+    except ImportError:
+        print("ray not installed: no Ray comparison")
+        return
+    ray.init(num_cpus=args.procs, include_dashboard=False, log_to_driver=False)
+    remote_tiny = ray.remote(tiny)
+    ray.get([remote_tiny.remote(i) for i in range(200)])
+    ray_rates = []
+    for _ in range(max(1, args.repeats // 2)):
+        start = time.perf_counter()
+        ray.get([remote_tiny.remote(i) for i in range(args.tasks)])
+        ray_rates.append(args.tasks / (time.perf_counter() - start))
+    ray.shutdown()
+    ray_rate = statistics.median(ray_rates)
+    print(f"{args.tasks} tiny tasks: ray {ray_rate:,.0f} tasks/s; fray-on-monarch / ray = {fray_rate / ray_rate:.2f} "
+          "(target >= 1)")
+
+
+if __name__ == "__main__":
+    main()

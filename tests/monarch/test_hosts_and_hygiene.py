@@ -1,0 +1,110 @@
+"""Multi-host over loopback TCP, crash reporting time, and leaving nothing behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import fray
+import pytest
+from fray import TaskOptions, WorkerCrashedError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_and_ppid() -> tuple[int, int]:
+    return os.getpid(), os.getppid()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_two_hosts_over_loopback_tcp() -> None:
+    addresses = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "fray_monarch.worker", "--address", addr], start_new_session=True)
+        for addr in addresses
+    ]
+    try:
+        time.sleep(2)
+        ctx = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
+        try:
+            assert len(ctx.node_resources()) == 2
+            seen = set(ctx.get([ctx.create_task(pid_and_ppid) for _ in range(20)], timeout=120))
+            parents = {ppid for _, ppid in seen}
+            assert parents == {w.pid for w in workers}, (seen, [w.pid for w in workers])
+        finally:
+            fray.shutdown()
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait(10)
+
+
+def crash() -> None:
+    os._exit(1)
+
+
+def test_killed_worker_is_reported_within_two_seconds() -> None:
+    ctx = fray.init("monarch?procs=2")
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerCrashedError):
+            ctx.get(ctx.create_task(crash, options=TaskOptions(max_retries=0)), timeout=30)
+        assert time.monotonic() - start < 2.0
+        assert ctx.get(ctx.create_task(pow, args=(2, 5)), timeout=60) == 32
+    finally:
+        fray.shutdown()
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, fray
+    ctx = fray.init("monarch?procs=2")
+    pids = set(ctx.get([ctx.create_task(os.getpid) for _ in range(20)], timeout=120))
+    class A:
+        def pid(self):
+            return os.getpid()
+    a = ctx.create_actor(A)
+    pids.add(ctx.get(a.pid(), timeout=60))
+    print("PIDS", " ".join(map(str, sorted(pids))), flush=True)
+    fray.shutdown()
+    """
+)
+
+
+def test_shutdown_leaves_no_process_socket_or_shm(tmp_path: Path) -> None:
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("PIDS"))
+    pids = [int(p) for p in line.split()[1:]]
+    assert pids
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], "worker processes outlived shutdown"
+    leftovers = [p for p in tmpdir.rglob("*") if p.is_socket()]
+    assert not leftovers, leftovers
+    shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert not (shm_after - shm_before), shm_after - shm_before
