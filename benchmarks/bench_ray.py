@@ -66,7 +66,7 @@ def main() -> None:
         "torch 100 MB": torch.rand(100 * 2**18),
     }
 
-    n_rt, n_many, n_big = 1500 // scale, 10_000 // scale, 9
+    n_rt, n_many, n_big = 1500 // scale, 10_000 // scale, 15
     # Latency cases: one operation at a time, raw and fray interleaved op by op (alternating which goes first),
     # median of the per-operation times. Batch cases: the whole batch, alternated, median over repeats.
     latency: list[tuple[str, int, Callable[[], Any], Callable[[], Any]]] = [
