@@ -13,10 +13,11 @@ import os
 import statistics
 import time
 
+from monarch.actor import Actor, endpoint, this_host
+
 import fray
 from fray import TaskOptions, WorkerCrashedError
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook
-from monarch.actor import Actor, endpoint, this_host
 
 
 class RawEcho(Actor):

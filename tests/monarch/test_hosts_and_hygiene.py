@@ -10,8 +10,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import fray
 import pytest
+
+import fray
 from fray import TaskOptions, WorkerCrashedError
 
 

@@ -62,6 +62,14 @@ def _on_zero(oid: str) -> None:
         ctl.maybe_free(oid)
 
 
+def _send(port: Any, message: Any) -> None:
+    """Reply to a worker; it may have died meanwhile (nothing to tell then)."""
+    try:
+        port.send(message)
+    except Exception:
+        _runtime.log.debug("fray: reply to a gone worker dropped", exc_info=True)
+
+
 TRACKER = Tracker(_on_first, _on_zero)
 set_tracker(TRACKER)
 
@@ -247,7 +255,10 @@ class Controller:
         entry.done.set()
         callbacks, entry.callbacks = entry.callbacks, []
         for cb in callbacks:
-            cb(entry)
+            try:
+                cb(entry)
+            except Exception:  # e.g. replying to a worker that died meanwhile: must not stop the others
+                _runtime.log.exception("fray: completion callback failed")
 
     def _keep_ids(self, ids: list[str] | None) -> list[RefPayload]:
         return [RefPayload(i) for i in ids or ()]
@@ -293,7 +304,10 @@ class Controller:
                 if entry is not None:
                     entry.remote[proc_key] = entry.remote.get(proc_key, 0) + 1
             for tid, status, payload, _ in results:
-                self._task_result(proc_key, tid, status, payload)
+                try:
+                    self._task_result(proc_key, tid, status, payload)
+                except Exception:
+                    _runtime.log.exception("fray: bad task result %s", tid)
             for oid in releases:
                 entry = self.entries.get(oid)
                 if entry is not None and entry.remote.get(proc_key, 0) > 0:
@@ -406,11 +420,11 @@ class Controller:
             replied.set()
             with self.lock:
                 self._blocked(proc_key, -1)
-            for entry in entries:
-                if entry.error is not None:
-                    port.send(("err", entry.error))
-                    return
-            port.send(("ok", [(e.value[0], e.value[1]) for e in entries if e.value is not None]))
+            errors = [e.error for e in entries if e.error is not None]
+            if errors:
+                _send(port, ("err", errors[0]))
+            else:
+                _send(port, ("ok", [(e.value[0], e.value[1]) for e in entries if e.value is not None]))
 
         def timed_out() -> None:
             if not replied.is_set():
@@ -418,7 +432,7 @@ class Controller:
                 remove()
                 with self.lock:
                     self._blocked(proc_key, -1)
-                port.send(("timeout",))
+                _send(port, ("timeout",))
 
         with self.lock:
             self._blocked(proc_key, +1)
@@ -436,7 +450,7 @@ class Controller:
                 replied.set()
                 with self.lock:
                     self._blocked(proc_key, -1)
-                port.send(("ok", [i for i, e in enumerate(entries) if e.done.is_set()]))
+                _send(port, ("ok", [i for i, e in enumerate(entries) if e.done.is_set()]))
 
         with self.lock:
             self._blocked(proc_key, +1)
