@@ -43,8 +43,15 @@ def test_delete_stops_grandchildren(tmp_path: Path) -> None:
 
 def test_stopped_job_is_stopped_and_sigterm_ignoring_job_is_killed(tmp_path: Path) -> None:
     jobs = LocalJobs(tmp_path, stop_grace=0.5)
-    job = jobs.start(["python3", "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                      "print('up', flush=True); time.sleep(300)"], RuntimeEnv())
+    job = jobs.start(
+        [
+            "python3",
+            "-c",
+            "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', flush=True); time.sleep(300)",
+        ],
+        RuntimeEnv(),
+    )
     deadline = time.monotonic() + 10
     while "up" not in jobs.logs(job):
         assert time.monotonic() < deadline
@@ -58,3 +65,23 @@ def test_unstartable_argv_fails_with_reason(tmp_path: Path) -> None:
     job = jobs.start(["/nonexistent/binary"], RuntimeEnv())
     assert jobs.wait(job, timeout=10).status is JobStatus.FAILED
     assert "could not start" in jobs.logs(job)
+
+
+def test_minimum_resources_queue_jobs_and_infeasible_is_refused(tmp_path: Path) -> None:
+    from fray import InfeasibleResourcesError, Resource
+
+    jobs = LocalJobs(tmp_path, stop_grace=1.0, totals={"CPU": 1})
+    one_cpu = RuntimeEnv(minimum_resources=[Resource("CPU", 1)])
+    with pytest.raises(InfeasibleResourcesError):
+        jobs.start("true", RuntimeEnv(minimum_resources=[Resource("CPU", 2)]))
+    first = jobs.start("sleep 1", one_cpu)
+    second = jobs.start("echo second ran", one_cpu)
+    third = jobs.start("echo never", one_cpu)
+    time.sleep(0.3)
+    assert jobs.info(first).status is JobStatus.RUNNING
+    assert jobs.info(second).status is JobStatus.PENDING  # waits for the CPU the first job holds
+    jobs.stop(third)
+    assert jobs.wait(third, timeout=10).status is JobStatus.STOPPED
+    assert jobs.wait(second, timeout=10).status is JobStatus.SUCCEEDED
+    assert jobs.info(second).start_time >= jobs.info(first).end_time  # type: ignore[operator]
+    assert "second ran" in jobs.logs(second)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 
 import numpy as np
@@ -46,3 +47,21 @@ def test_remote_error_round_trip() -> None:
     except NeedsTwoArgs as exc:
         proxy = capture_exception(exc).rebuild()
     assert isinstance(proxy, RemoteExceptionProxy) and "NeedsTwoArgs" in str(proxy) and "1/2" in str(proxy)
+    again = pickle.loads(pickle.dumps(proxy))  # the proxy itself must travel (through Ray, for one)
+    assert str(again) == str(proxy) and again.remote_traceback == proxy.remote_traceback  # type: ignore[attr-defined]
+
+
+def test_main_module_objects_travel_by_value() -> None:
+    """A class defined in __main__ must be pickled by value, or a worker process could not load it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import pickle, sys\n"
+        "from fray.serialization import dumps\n"
+        "class Point:\n    def __init__(self, x): self.x = x\n"
+        "blob = dumps(Point(3))\n"
+        "sys.stdout.buffer.write(blob.data)\n"
+    )
+    data = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True).stdout
+    assert pickle.loads(data).x == 3  # loads here, where __main__ has no Point

@@ -36,8 +36,10 @@ _SIZING = {
     "object_store_memory": int,
     "resources": _resources,
 }
-_JOB_OPTIONS: dict[str, Any] = {"address": str, "namespace": str, "log_to_driver": to_bool, **_SIZING}
-_CLUSTER_OPTIONS: dict[str, Any] = {"address": str, "working_dir": str, **_SIZING}
+# One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option and use their own.
+_OPTIONS: dict[str, Any] = {"address": str, "namespace": str, "log_to_driver": to_bool, "working_dir": str, **_SIZING}
+_JOB_ONLY = ("namespace", "log_to_driver")
+_CLUSTER_ONLY = ("working_dir",)
 
 
 class RayBackend(Backend):
@@ -50,13 +52,21 @@ class RayBackend(Backend):
     # A private head node with the Job API (its own process group and temp dir), stopped at shutdown.
     cluster_test_spec: ClassVar[str] = "ray?num_cpus=2&object_store_memory=200000000"
 
+    @property
+    def capabilities(self) -> frozenset[Any]:  # type: ignore[override]
+        from fray_ray.cluster import RayClusterContext
+
+        return RayJobContext.capabilities | RayClusterContext.capabilities
+
     def job_context(self, **options: str) -> RayJobContext:
-        return RayJobContext(**parse_options(self.name, options, _JOB_OPTIONS))
+        parsed = parse_options(self.name, options, _OPTIONS)
+        return RayJobContext(**{k: v for k, v in parsed.items() if k not in _CLUSTER_ONLY})
 
     def cluster_context(self, **options: str) -> Any:
         from fray_ray.cluster import RayClusterContext
 
-        return RayClusterContext(**parse_options(self.name, options, _CLUSTER_OPTIONS))
+        parsed = parse_options(self.name, options, _OPTIONS)
+        return RayClusterContext(**{k: v for k, v in parsed.items() if k not in _JOB_ONLY})
 
 
 def __getattr__(name: str) -> Any:

@@ -20,7 +20,7 @@ import ray
 import ray.exceptions as rex
 
 from fray import errors
-from fray.context import set_job_context
+from fray.context import set_job_context, task_resources
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
 from fray.serialization import capture_exception
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
@@ -53,17 +53,6 @@ def run_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         raise portable from None
 
 
-class _Proxy(RemoteExceptionProxy):
-    """A RemoteExceptionProxy that survives the trip back through Ray's pickle."""
-
-    def __init__(self, type_name: str, message: str) -> None:
-        super().__init__(type_name, message)
-        self._message = message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Proxy, (self.type_name, self._message), dict(self.__dict__))
-
-
 def _portable(exc: BaseException) -> BaseException:
     """exc itself if it survives a pickle round trip, else a RemoteExceptionProxy naming its type and message
     (Ray would otherwise hand back an opaque RayError / UnserializableException)."""
@@ -72,7 +61,7 @@ def _portable(exc: BaseException) -> BaseException:
         return exc
     except Exception:
         remote = capture_exception(exc)
-        proxy = _Proxy(remote.type_name, remote.message)
+        proxy = RemoteExceptionProxy(remote.type_name, remote.message)
         return attach_remote_traceback(proxy, remote.traceback)
 
 
@@ -164,6 +153,19 @@ def _resource_options(resources: dict[str, float] | None, default_cpus: float) -
     return out
 
 
+def entrypoint_options(env: RuntimeEnv) -> dict[str, Any]:
+    """A job's RuntimeEnv.minimum_resources, reserved for its entrypoint by Ray's Job API."""
+    out = _resource_options({r.name: float(r.quantity) for r in env.minimum_resources}, 0.0)
+    mapped = {"entrypoint_num_cpus": out["num_cpus"]}
+    if "num_gpus" in out:
+        mapped["entrypoint_num_gpus"] = out["num_gpus"]
+    if "memory" in out:
+        mapped["entrypoint_memory"] = out["memory"]
+    if "resources" in out:
+        mapped["entrypoint_resources"] = out["resources"]
+    return mapped
+
+
 def runtime_env_dict(env: RuntimeEnv | None) -> dict[str, Any] | None:
     if env is None:
         return None
@@ -188,7 +190,7 @@ def is_default_task(options: TaskOptions) -> bool:
 
 
 def task_options(options: TaskOptions) -> dict[str, Any]:
-    out = _resource_options(dict(options.resources) if options.resources else None, 1.0)
+    out = _resource_options(task_resources(options), 1.0)  # includes the runtime_env's minimum_resources
     env = runtime_env_dict(options.runtime_env)
     if env:
         out["runtime_env"] = env
@@ -219,7 +221,7 @@ def translate(exc: BaseException) -> BaseException:
         cause = exc.cause
         if isinstance(cause, rex.RayError) and not isinstance(cause, rex.RayTaskError):
             # a plain RayError is Ray's stand-in for an exception that did not pickle
-            cause = _Proxy("exception", str(cause)) if type(cause) is rex.RayError else translate(cause)
+            cause = RemoteExceptionProxy("exception", str(cause)) if type(cause) is rex.RayError else translate(cause)
         if cause is None:
             return exc
         if getattr(cause, "remote_traceback", None) is None:
@@ -236,5 +238,5 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, rex.WorkerCrashedError):
         return errors.WorkerCrashedError(str(exc))
     if isinstance(exc, rex.UnserializableException):
-        return _Proxy("exception", str(exc))
+        return RemoteExceptionProxy("exception", str(exc))
     return exc

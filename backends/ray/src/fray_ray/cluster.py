@@ -23,7 +23,7 @@ from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 from fray_ray._connect import _short_tmp, enable_token_auth
-from fray_ray._remote import runtime_env_dict
+from fray_ray._remote import entrypoint_options, runtime_env_dict
 
 _STATUS = {s.value: s for s in JobStatus}
 _START_TIMEOUT = 90.0
@@ -126,15 +126,6 @@ class LocalHead:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def _use_job_python(command: str) -> str:
-    """Ray installs a job's pip packages into a virtualenv and activates it, so `python` finds them, but an
-    absolute path to this interpreter (sys.executable, as scripts often write) would bypass it: use `python`."""
-    for prefix in {sys.executable, shlex.quote(sys.executable)}:
-        if command == prefix or command.startswith(prefix + " "):
-            return "python" + command[len(prefix) :]
-    return command
-
-
 def _strip_preamble(logs: str, job_id: str) -> str:
     """Drop the lines Ray's job manager writes before the entrypoint's own output."""
     marker = f"Running entrypoint for job {job_id}: "
@@ -148,7 +139,7 @@ def _strip_preamble(logs: str, job_id: str) -> str:
 class RayClusterContext(ClusterContext):
     backend: ClassVar[str] = "ray"
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.JOB_PACKAGES, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
+        {Capability.JOB_PACKAGES, Capability.JOB_RESOURCES, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
     )
 
     def __init__(
@@ -186,17 +177,16 @@ class RayClusterContext(ClusterContext):
     # ------------------------------------------------------------------ jobs
     def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv) -> str:
         command = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
-        if env.package_requirements:
-            command = _use_job_python(command)
         runtime_env: dict[str, Any] = runtime_env_dict(env) or {}
         # A job that calls fray.init() lands on this cluster's Ray (Ray sets RAY_ADDRESS for the job).
         runtime_env["env_vars"] = {"FRAY_BACKEND": "ray", **runtime_env.get("env_vars", {})}
         if self.working_dir:
             runtime_env["working_dir"] = self.working_dir
+        reserved = entrypoint_options(env) if env.minimum_resources else {}
         deadline = time.monotonic() + _START_TIMEOUT
         while True:
             try:
-                return str(self._client.submit_job(entrypoint=command, runtime_env=runtime_env))
+                return str(self._client.submit_job(entrypoint=command, runtime_env=runtime_env, **reserved))
             except RuntimeError as exc:  # a fresh head node's job agent comes up after the dashboard
                 if "No available agent" not in str(exc) or time.monotonic() > deadline:
                     raise

@@ -16,6 +16,7 @@ class Capability(enum.Enum):
     TASK_ENV_VARS = "task_env_vars"  # TaskOptions(runtime_env=RuntimeEnv(env={...}))
     TASK_PACKAGES = "task_packages"  # TaskOptions(runtime_env=RuntimeEnv(package_requirements=[...]))
     JOB_PACKAGES = "job_packages"  # ClusterContext.create_job(..., env=RuntimeEnv(package_requirements=[...]))
+    JOB_RESOURCES = "job_resources"  # create_job(env=RuntimeEnv(minimum_resources=[...])): reserved for the job
     CANCEL_RUNNING = "cancel_running"  # cancel(ref) of a task that has started running
     # Properties of the backend, with no call to refuse: tests that need them are skipped by name.
     PROCESS_ISOLATION = "process_isolation"  # tasks/actors run in other processes; a crash is contained

@@ -62,12 +62,23 @@ def _check_options(options: Any, cls: type[T]) -> T:
 
 
 def task_resources(options: TaskOptions) -> dict[str, float]:
-    """What a task holds while it runs: 1 CPU unless it says otherwise (as in Ray)."""
-    if options.resources is None:
+    """What a task holds while it runs: 1 CPU unless it says otherwise (as in Ray), raised to its runtime_env's
+    minimum_resources; a request above its maximum_resources is a ValueError."""
+    env = options.runtime_env
+    if options.resources is None and (env is None or not (env.minimum_resources or env.maximum_resources)):
         return {"CPU": 1.0}
     requested = normalize_resources(options.resources)
     if options.resources is None or "CPU" not in options.resources:
         requested = {"CPU": 1.0, **requested}
+    if env is not None:
+        for res in env.minimum_resources:
+            requested[res.name] = max(requested.get(res.name, 0.0), float(res.quantity))
+        for res in env.maximum_resources:
+            if requested.get(res.name, 0.0) > res.quantity:
+                raise ValueError(
+                    f"the task requests {res.name}={requested[res.name]:g}, above its runtime_env's maximum "
+                    f"{res.name}={res.quantity:g}"
+                )
     return requested
 
 
@@ -324,6 +335,13 @@ class ClusterContext(ABC):
             raise TypeError(f"env must be a fray.RuntimeEnv, got {type(env).__name__}")
         if env is not None and env.package_requirements and Capability.JOB_PACKAGES not in self.capabilities:
             raise UnsupportedFeatureError(Capability.JOB_PACKAGES, self.backend, "RuntimeEnv.package_requirements")
+        if env is not None and env.maximum_resources:
+            raise ValueError(
+                "RuntimeEnv.maximum_resources bounds a task's request; no backend can cap a whole job's usage. "
+                "Use minimum_resources to reserve resources for the job."
+            )
+        if env is not None and env.minimum_resources and Capability.JOB_RESOURCES not in self.capabilities:
+            raise UnsupportedFeatureError(Capability.JOB_RESOURCES, self.backend, "RuntimeEnv.minimum_resources")
         return self._create_job(entrypoint, env or RuntimeEnv())
 
     def list_jobs(self) -> list[JobInfo]:

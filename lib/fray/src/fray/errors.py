@@ -80,7 +80,11 @@ class RemoteExceptionProxy(FrayError):
 
     def __init__(self, type_name: str, message: str) -> None:
         self.type_name = type_name
+        self.message = message
         super().__init__(f"{type_name}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:  # the default would call __init__ with one argument
+        return (type(self), (self.type_name, self.message), dict(self.__dict__))
 
 
 def attach_remote_traceback(exc: BaseException, traceback_text: str) -> BaseException:

@@ -12,10 +12,11 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fray.errors import GetTimeoutError, JobNotFoundError
+from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
 __all__ = ["LocalJobs"]
@@ -28,6 +29,16 @@ class _Job:
     proc: subprocess.Popen[bytes] | None = None
     stop_requested: bool = False
     ended: threading.Event = field(default_factory=threading.Event)
+    need: dict[str, float] = field(default_factory=dict)  # resources it holds (or waits for)
+
+
+def host_resources() -> dict[str, float]:
+    """This host's CPU count and memory (bytes)."""
+    try:
+        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        memory = 8.0 * 2**30
+    return {"CPU": float(os.cpu_count() or 1), "memory": memory}
 
 
 def _command(entrypoint: str | list[str], env: RuntimeEnv, site_dir: Path) -> tuple[list[str], bool]:
@@ -43,29 +54,62 @@ def _command(entrypoint: str | list[str], env: RuntimeEnv, site_dir: Path) -> tu
 
 
 class LocalJobs:
-    """A table of jobs run as subprocesses on this host."""
+    """A table of jobs run as subprocesses on this host.
 
-    def __init__(self, root: Path, stop_grace: float = 3.0) -> None:
+    A job whose RuntimeEnv has minimum_resources holds them while it runs and stays PENDING until this host's
+    free resources (`totals`, default: CPU count and memory) cover them; one that could never fit is refused."""
+
+    def __init__(self, root: Path, stop_grace: float = 3.0, totals: Mapping[str, float] | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.stop_grace = stop_grace
+        self.totals = dict(totals) if totals is not None else host_resources()
+        self._free = dict(self.totals)
         self._jobs: dict[str, _Job] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
     def start(self, entrypoint: str | list[str], env: RuntimeEnv, job_id: str | None = None) -> str:
+        need = {r.name: float(r.quantity) for r in env.minimum_resources}
+        short = {k: v for k, v in need.items() if self.totals.get(k, 0.0) < v}
+        if short:
+            raise InfeasibleResourcesError(
+                f"the job needs {need} but this host has {self.totals}; lower its minimum_resources"
+            )
         job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
         job_dir = self.root / job_id
         job_dir.mkdir(parents=True)
         text = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
         job = _Job(JobInfo(job_id, JobStatus.PENDING, submission_time=time.time(), entrypoint=text), job_dir / "log")
+        job.log_path.touch()
+        job.need = need
         with self._lock:
             self._jobs[job_id] = job
-        site_dir = job_dir / "site-packages"
+        if need:
+            threading.Thread(target=self._launch, args=(job, entrypoint, env), daemon=True).start()
+        else:
+            self._launch(job, entrypoint, env)
+        return job_id
+
+    def _launch(self, job: _Job, entrypoint: str | list[str], env: RuntimeEnv) -> None:
+        with self._lock:  # wait (PENDING) until the job's resources are free, unless it is stopped first
+            while not job.stop_requested and any(self._free.get(k, 0.0) < v for k, v in job.need.items()):
+                self._lock.wait()
+            if job.stop_requested:
+                job.need = {}
+            for key, qty in job.need.items():
+                self._free[key] -= qty
+        if job.stop_requested:
+            self._finish(job, JobStatus.STOPPED, None, "stopped before it started")
+            return
+        site_dir = job.log_path.parent / "site-packages"
         argv, shell = _command(entrypoint, env, site_dir)
-        child_env = {**os.environ, **env.env}
+        # `python` in a job is the interpreter (virtual environment) of the program that started it, as in an
+        # activated environment; the job's own env vars still win.
+        path = os.pathsep.join(filter(None, [os.path.dirname(sys.executable), os.environ.get("PATH")]))
+        child_env = {**os.environ, "PATH": path, **env.env}
         if env.package_requirements:
             child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site_dir), child_env.get("PYTHONPATH")]))
-        with open(job.log_path, "wb") as log:
+        with open(job.log_path, "ab") as log:
             try:
                 proc = subprocess.Popen(
                     argv[0] if shell else argv,
@@ -74,18 +118,17 @@ class LocalJobs:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=child_env,
-                    cwd=job_dir,
+                    cwd=job.log_path.parent,
                     start_new_session=True,  # its own process group, so stop reaches every child
                 )
             except OSError as exc:  # e.g. argv[0] not found: the job fails, with the reason in its log
-                log.write(f"fray: could not start {text!r}: {exc}\n".encode())
+                log.write(f"fray: could not start {job.info.entrypoint!r}: {exc}\n".encode())
                 self._finish(job, JobStatus.FAILED, None, str(exc))
-                return job_id
+                return
         with self._lock:
             job.proc = proc
             job.info = replace(job.info, status=JobStatus.RUNNING, start_time=time.time())
-        threading.Thread(target=self._wait_for, args=(job,), name=f"fray-job-{job_id}", daemon=True).start()
-        return job_id
+        threading.Thread(target=self._wait_for, args=(job,), name=f"fray-job-{job.info.id}", daemon=True).start()
 
     def _wait_for(self, job: _Job) -> None:
         assert job.proc is not None
@@ -100,6 +143,10 @@ class LocalJobs:
     def _finish(self, job: _Job, status: JobStatus, code: int | None, message: str) -> None:
         with self._lock:
             job.info = replace(job.info, status=status, end_time=time.time(), exit_code=code, message=message)
+            for key, qty in job.need.items():
+                self._free[key] += qty
+            job.need = {}
+            self._lock.notify_all()
         job.ended.set()
 
     def _job(self, job_id: str) -> _Job:
@@ -122,10 +169,13 @@ class LocalJobs:
     def stop(self, job_id: str) -> None:
         """SIGTERM the job's process group; SIGKILL it if it is still there after stop_grace seconds."""
         job = self._job(job_id)
-        proc = job.proc
+        with self._lock:
+            job.stop_requested = True
+            self._lock.notify_all()  # a PENDING job stops without starting
+            proc = job.proc
         if proc is None or job.ended.is_set():
+            job.ended.wait(self.stop_grace)
             return
-        job.stop_requested = True
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(proc.pid, sig)

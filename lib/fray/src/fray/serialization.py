@@ -60,6 +60,8 @@ def dumps(obj: Any, what: str = "value") -> Blob:
     try:
         try:  # the C pickler is ~6x faster; cloudpickle handles what it cannot (lambdas, local functions...)
             data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+            if b"__main__" in data:  # pickled by reference to __main__: another process could not load it
+                raise pickle.PicklingError("refers to __main__")
         except Exception:
             buffers.clear()
             contained.clear()

@@ -14,16 +14,10 @@ from typing import Any
 
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.in_memory.job import InMemoryJobContext
+from fray.jobs import host_resources
 from fray.registry import Backend, parse_options, to_bool
 
 __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
-
-
-def _machine_memory() -> float:
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 8.0 * 2**30
 
 
 def _custom(raw: str) -> dict[str, float]:
@@ -54,7 +48,7 @@ class InMemoryBackend(Backend):
         totals = {
             "CPU": opts.get("cpus", float(os.cpu_count() or 1)),
             "GPU": opts.get("gpus", 0.0),
-            "memory": opts.get("memory", _machine_memory()),
+            "memory": opts.get("memory", host_resources()["memory"]),
             **opts.get("resources", {}),
         }
         return InMemoryJobContext(

@@ -14,7 +14,8 @@ from fray.types import JobInfo, RuntimeEnv
 
 class InMemoryClusterContext(ClusterContext):
     backend = "in_memory"
-    capabilities = frozenset({Capability.JOB_PACKAGES})  # pip install --target into the job's own directory
+    # packages: pip install --target into the job's own directory; resources: held against this host's totals
+    capabilities = frozenset({Capability.JOB_PACKAGES, Capability.JOB_RESOURCES})
 
     def __init__(self, root: str | None = None) -> None:
         self._own_root = root is None

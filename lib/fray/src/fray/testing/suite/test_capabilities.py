@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fray import ActorOptions, Capability, Lifetime, RuntimeEnv, TaskOptions, UnsupportedFeatureError
+from fray import ActorOptions, Capability, Lifetime, Resource, RuntimeEnv, TaskOptions, UnsupportedFeatureError
 from fray.context import ClusterContext, JobContext
 from fray.testing.suite import _helpers as h
 
@@ -28,6 +28,8 @@ def _use(capability: Capability, ctx: JobContext, cluster: ClusterContext, tmp_p
         ctx.create_task(h.getenv, args=("X",), options=TaskOptions(runtime_env=env))
     elif capability is Capability.JOB_PACKAGES:
         cluster.create_job("true", env=RuntimeEnv(package_requirements=["six"]))
+    elif capability is Capability.JOB_RESOURCES:
+        cluster.create_job("true", env=RuntimeEnv(minimum_resources=[Resource("CPU", 1)]))
     elif capability is Capability.CANCEL_RUNNING:
         marker = str(tmp_path / "started")
         ref = ctx.create_task(h.spin, args=(marker, 30))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fray import GetTimeoutError, JobNotFoundError, JobStatus, RuntimeEnv
+from fray import GetTimeoutError, JobNotFoundError, JobStatus, Resource, RuntimeEnv
 from fray.context import ClusterContext
 from fray.testing import requires_capability
 
@@ -120,11 +120,25 @@ def _probe_wheel(directory: Path, value: str) -> Path:
 @requires_capability("job_packages")
 def test_job_package_requirements_are_installed(fray_cluster: ClusterContext, tmp_path: Path) -> None:
     wheel = _probe_wheel(tmp_path, "probe-ok")
+    # Plain `python`, not this interpreter's absolute path: a backend may install packages into an environment
+    # of the job's own (Ray builds a virtualenv) that only the job's `python` sees.
     job = fray_cluster.create_job(
-        _python("import frayprobe; print('probe says', frayprobe.VALUE)"),
+        "python -c " + shlex.quote("import frayprobe; print('probe says', frayprobe.VALUE)"),
         env=RuntimeEnv(package_requirements=[str(wheel)]),
     )
     info = fray_cluster.wait_job(job, timeout=300)
     logs = fray_cluster.get_job_logs(job)
     assert info.status is JobStatus.SUCCEEDED, logs
     assert "probe says probe-ok" in logs
+
+
+@requires_capability("job_resources")
+def test_job_minimum_resources_are_reserved(fray_cluster: ClusterContext) -> None:
+    job = fray_cluster.create_job(_python("print('reserved')"), env=RuntimeEnv(minimum_resources=[Resource("CPU", 1)]))
+    assert fray_cluster.wait_job(job, timeout=120).status is JobStatus.SUCCEEDED
+    assert "reserved" in fray_cluster.get_job_logs(job)
+
+
+def test_job_maximum_resources_are_refused(fray_cluster: ClusterContext) -> None:
+    with pytest.raises(ValueError, match="maximum_resources"):
+        fray_cluster.create_job("true", env=RuntimeEnv(maximum_resources=[Resource("CPU", 1)]))

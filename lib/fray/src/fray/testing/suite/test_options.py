@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fray import ActorOptions, InfeasibleResourcesError, Lifetime, RuntimeEnv, TaskOptions
+from fray import ActorOptions, InfeasibleResourcesError, Lifetime, Resource, RuntimeEnv, TaskOptions
 from fray.context import JobContext
 from fray.testing import requires_capability
 from fray.testing.suite import _helpers as h
@@ -69,6 +69,19 @@ def test_detached_actor_is_found_by_name(fray_ctx: JobContext) -> None:
     fray_ctx.get(actor.incr(3), timeout=60)
     assert fray_ctx.get(fray_ctx.get_actor(name).get(), timeout=60) == 3
     fray_ctx.kill(actor)
+
+
+def test_runtime_env_resource_bounds_apply_to_tasks(fray_ctx: JobContext) -> None:
+    """minimum_resources raises a task's request (so an impossible minimum is infeasible); a request above
+    maximum_resources is refused at submission."""
+    at_least = TaskOptions(runtime_env=RuntimeEnv(minimum_resources=[Resource("CPU", 100_000)]))
+    with pytest.raises(InfeasibleResourcesError):
+        fray_ctx.create_task(h.add, args=(1, 1), options=at_least)
+    at_most = TaskOptions(resources={"CPU": 2}, runtime_env=RuntimeEnv(maximum_resources=[Resource("CPU", 1)]))
+    with pytest.raises(ValueError, match="maximum"):
+        fray_ctx.create_task(h.add, args=(1, 1), options=at_most)
+    fits = TaskOptions(runtime_env=RuntimeEnv(minimum_resources=[Resource("CPU", 1)]))
+    assert fray_ctx.get(fray_ctx.create_task(h.add, args=(1, 1), options=fits), timeout=60) == 2
 
 
 def test_option_validation() -> None:
