@@ -11,9 +11,8 @@ from typing import Any
 from monarch.actor import Actor, endpoint
 
 import fray.context as fray_context
-from fray.serialization import Blob, capture_exception, loads
+from fray.serialization import Blob, capture_exception, dumps, loads
 from fray_monarch import _runtime
-from fray_monarch.serial import dumps
 from fray_monarch.worker_runtime import WorkerRuntime, fill_deps, wire
 
 _runtime_lock = threading.Lock()
@@ -141,6 +140,13 @@ class Coordinator(Actor):
         from fray_monarch.controller import controller
 
         return controller(self.ctl_key)
+
+    def __supervise__(self, failure: Any) -> bool:
+        """Meshes spawned while serving a worker's request (nested actors, replacement and env processes) are
+        owned by this actor. Unhandled, one such process dying would kill the coordinator itself, and with it
+        every later worker report. Deaths are detected and handled by the controller's watch calls."""
+        _runtime.log.debug("fray coordinator: child mesh failed: %s", failure)
+        return True
 
     def _safe(self, fn: Any, *args: Any) -> Any:
         try:

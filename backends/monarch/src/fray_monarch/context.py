@@ -13,12 +13,14 @@ from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError
 from fray.refs import ActorHandle, ObjectRef, public_methods
+from fray.serialization import dumps
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.controller import Controller
-from fray_monarch.serial import dumps
 from fray_monarch.worker_runtime import BACKEND, pack_call
 
-CAPABILITIES = frozenset({Capability.CANCEL_RUNNING, Capability.TASK_ENV_VARS, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST})
+CAPABILITIES = frozenset(
+    {Capability.CANCEL_RUNNING, Capability.TASK_ENV_VARS, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
+)
 
 
 class MonarchJobContext(JobContext):
@@ -50,7 +52,8 @@ class MonarchJobContext(JobContext):
         fn_key, fn_data = self.ctl.fn_blob(fn)
         blob, deps = pack_call(getattr(fn, "__qualname__", "task"), args, kwargs)
         keep = [*blob.contained, *deps]
-        return self._ref(self.ctl.submit(fn_key, fn_data, (blob.data, blob.buffers), [d.id for d in deps], options, keep))
+        payload = self.ctl.submit(fn_key, fn_data, (blob.data, blob.buffers), [d.id for d in deps], options, keep)
+        return self._ref(payload)
 
     def _create_actor(self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any],
                       options: ActorOptions) -> ActorHandle:
@@ -74,7 +77,7 @@ class MonarchJobContext(JobContext):
         deadline = None if timeout is None else time.monotonic() + timeout
         entries = [self.ctl.entry(r.payload.id) for r in refs]
         out = []
-        for ref, entry in zip(refs, entries):
+        for ref, entry in zip(refs, entries, strict=True):
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self.ctl.resolve(entry, remaining):
                 if os.environ.get("FRAY_MONARCH_DEBUG"):

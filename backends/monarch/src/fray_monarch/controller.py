@@ -341,7 +341,8 @@ class Controller:
                 self._complete(entry, (reply[1][0], reply[1][1]), None)
                 entry.keep = self._keep_ids(reply[1][2])
             elif reply[0] == "dead":
-                self._complete(entry, None, ActorDiedError(f"actor {rec.class_name if rec else ''} is dead: {reply[1]}"))
+                name = rec.class_name if rec else ""
+                self._complete(entry, None, ActorDiedError(f"actor {name} is dead: {reply[1]}"))
             else:
                 self._complete(entry, None, reply[1])
 
@@ -464,7 +465,7 @@ class Controller:
         cached = self.fn_cache.get(id(fn))
         if cached is not None and cached[0] is fn:
             return cached[1], cached[2]
-        from fray_monarch.serial import dumps
+        from fray.serialization import dumps
 
         data = dumps(fn, f"task function {getattr(fn, '__qualname__', fn)}").data
         if len(self.fn_cache) > 4096:
@@ -622,7 +623,8 @@ class Controller:
 
     # ------------------------------------------------------------ actors
     def create_actor(self, cls_data: bytes, class_name: str, methods: frozenset[str], args: tuple[bytes, list[bytes]],
-                     deps: list[str], keep: list[Any], options: ActorOptions) -> tuple[str, str, frozenset[str], str | None]:
+                     deps: list[str], keep: list[Any],
+                     options: ActorOptions) -> tuple[str, str, frozenset[str], str | None]:
         with self.lock:
             if options.name is not None:
                 existing = self.names.get(options.name)
@@ -726,7 +728,8 @@ class Controller:
 
     def debug_state(self) -> str:
         with self.lock:
-            procs = [(p.key, p.alive, len(p.outstanding), p.blocked, p.slots, p.env_key, len(p.actors)) for p in self.procs]
+            procs = [(p.key, p.alive, len(p.outstanding), p.blocked, p.slots, p.env_key, len(p.actors))
+                     for p in self.procs]
             queued = [(t.id, t.state, t.resources, t.env_key) for t in list(self.queue)[:5]]
             workers = []
             for p in self.procs:
@@ -734,7 +737,8 @@ class Controller:
                     workers.append(p.worker.state.call_one().get(timeout=3))
                 except Exception as exc:
                     workers.append(repr(exc))
-            return f"workers={workers} procs={procs} queue={len(self.queue)} {queued} tasks={len(self.tasks)} entries={len(self.entries)}"
+            return (f"workers={workers} procs={procs} queue={len(self.queue)} {queued} tasks={len(self.tasks)} "
+                    f"entries={len(self.entries)}")
 
     # ------------------------------------------------------------ shutdown
     def shutdown(self) -> None:

@@ -17,10 +17,9 @@ from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
 from fray.refs import ActorHandle, ObjectRef
-from fray.serialization import Blob, RemoteError, capture_exception, find_unserializable_argument, loads
+from fray.serialization import Blob, RemoteError, capture_exception, dumps, find_unserializable_argument, loads
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.objects import DepMarker, RefPayload, Tracker, set_tracker
-from fray_monarch.serial import dumps
 
 BACKEND = "monarch"
 RELEASE_DELAY = 1.0  # releases wait this long before being sent, so they never overtake the hold they undo
@@ -44,7 +43,8 @@ def split_refs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any
     return new_args, new_kwargs, deps
 
 
-def fill_deps(args: tuple[Any, ...], kwargs: dict[str, Any], values: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def fill_deps(args: tuple[Any, ...], kwargs: dict[str, Any],
+              values: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     def fill(value: Any) -> Any:
         return values[value.index] if isinstance(value, DepMarker) else value
 
