@@ -81,7 +81,9 @@ def _unwrap(reply: Any) -> Any:
 
 class MonarchClusterContext(ClusterContext):
     backend = "monarch"
-    capabilities = frozenset({Capability.JOB_PACKAGES, Capability.MULTI_HOST, Capability.PROCESS_ISOLATION})
+    capabilities = frozenset(
+        {Capability.JOB_PACKAGES, Capability.JOB_RESOURCES, Capability.MULTI_HOST, Capability.PROCESS_ISOLATION}
+    )
 
     def __init__(self, hosts: list[Any], host_mesh: Any = None) -> None:
         self._host_mesh = host_mesh
