@@ -176,6 +176,8 @@ class Controller:
         self.share = {k: v / procs_per_host for k, v in host_resources.items()}
         self.fn_cache: dict[int, tuple[Any, str, bytes]] = {}
         self.closed = False
+        self.free_due: deque[tuple[float, str]] = deque()  # (when, object id), in deadline order
+        self.sweep_armed = False
         self.sys_path = [p for p in sys.path if p]
         if os.getcwd() not in self.sys_path:
             self.sys_path.insert(0, os.getcwd())
@@ -284,7 +286,23 @@ class Controller:
             if entry is None or entry.free_armed or self.closed:
                 return
             entry.free_armed = True
-        _runtime.call_later(FREE_GRACE, lambda: self._free_if_unreferenced(oid))
+            self.free_due.append((time.monotonic() + FREE_GRACE, oid))
+            if self.sweep_armed:
+                return
+            self.sweep_armed = True
+        _runtime.call_later(FREE_GRACE, self._sweep)
+
+    def _sweep(self) -> None:
+        """One timer for all pending frees (a timer per object cost ~0.1 ms of every actor call)."""
+        with self.lock:
+            now = time.monotonic()
+            while self.free_due and self.free_due[0][0] <= now:
+                self._free_if_unreferenced(self.free_due.popleft()[1])
+            if not self.free_due or self.closed:
+                self.sweep_armed = False
+                return
+            delay = max(0.05, self.free_due[0][0] - now)
+        _runtime.call_later(delay, self._sweep)
 
     def _free_if_unreferenced(self, oid: str) -> None:
         with self.lock:
