@@ -66,3 +66,12 @@ class _Failure(Exception):
 
 def format_exception(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+# Values of these types cannot be mutated and always pickle: copying them through pickle would change nothing
+# a program can observe, so they are passed as they are even when serializing.
+_IMMUTABLE = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
+def _immutable_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return all(type(a) in _IMMUTABLE for a in args) and all(type(v) in _IMMUTABLE for v in kwargs.values())

@@ -14,7 +14,7 @@ from fray.errors import (
     ActorNotFoundError,
     attach_remote_traceback,
 )
-from fray.in_memory._objects import _Entry, _Failure, _ids, format_exception
+from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call, format_exception
 from fray.in_memory._scheduler import Ledger, signature
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import RemoteError, check_function, dumps_call
@@ -158,7 +158,9 @@ class ActorsMixin:
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         actor: _Actor = handle.payload
         where = f"{actor.klass.__name__}.{method}"
-        call = dumps_call(where, args, kwargs) if self.serialize else (args, kwargs)
+        call = (
+            dumps_call(where, args, kwargs) if self.serialize and not _immutable_call(args, kwargs) else (args, kwargs)
+        )
         entry = _Entry()
         with actor.lock:
             if actor.death is not None:

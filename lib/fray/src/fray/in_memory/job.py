@@ -25,7 +25,7 @@ from fray.errors import (
     attach_remote_traceback,
 )
 from fray.futures import wait_for_count
-from fray.in_memory._objects import _Entry, _Failure
+from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_call
 from fray.in_memory._scheduler import Ledger, Signature, Work, signature
 from fray.in_memory.actors import ActorsMixin, _Actor, _call_owner
 from fray.refs import ObjectRef
@@ -107,7 +107,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
 
     # ------------------------------------------------------------------ values
     def _encode(self, value: Any, what: str) -> Any:
-        return dumps(value, what) if self.serialize else value
+        return dumps(value, what) if self.serialize and type(value) not in _IMMUTABLE else value
 
     @staticmethod
     def _decode(stored: Any) -> Any:
@@ -128,6 +128,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         deps = _top_level_entries(args, kwargs)
         if self.serialize:
             check_function(fn, self._checked_fns)
+        if self.serialize and not _immutable_call(args, kwargs):
             call: Any = dumps_call(str(options.name or getattr(fn, "__qualname__", None) or fn), args, kwargs)
         else:
             call = (args, kwargs)
@@ -216,7 +217,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         try:
             try:
                 call = task.call
-                args, kwargs = loads(call) if self.serialize else call
+                args, kwargs = loads(call) if isinstance(call, Blob) else call
                 if task.has_refs:
                     args, kwargs = self._resolve_refs(args, kwargs)
                 env = task.options.runtime_env
@@ -226,7 +227,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
                     value = run_in_child(task.fn, args, kwargs, dict(env.env))
                 else:
                     value = task.fn(*args, **kwargs)
-                if self.serialize:
+                if self.serialize and type(value) not in _IMMUTABLE:
                     value = dumps(value, "the return value")
             finally:
                 with lock:
@@ -329,7 +330,9 @@ class InMemoryJobContext(ActorsMixin, JobContext):
                 for ref, future in zip(refs, futures, strict=True):
                     if not future.done():
                         task: _Task | None = ref.payload.task  # without a deadline, run a task not yet started here
-                        if deadline is None and task is not None and task.state == "dispatched":
+                        # (only for a lone ref: inlining a list's tasks makes this thread compete with the
+                        # workers for the GIL and costs more than it saves)
+                        if deadline is None and len(refs) == 1 and task is not None and task.state == "dispatched":
                             if self._tasks.get(task.entry.id) is task:
                                 self._run_inline(task)
                             if future.done():
