@@ -17,6 +17,9 @@ from typing import Any
 os.environ.setdefault("MONARCH_FILE_LOG", "error")  # the internal log file otherwise grows forever
 os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "200ms")  # crash detection in ~0.2 s, not 10 s
 os.environ.setdefault("RUST_LOG", "error")
+# A supervision poll in flight when a process dies otherwise waits this long (default 30 s) before the death is
+# reported: seen as a rare 30 s crash detection. 5 s bounds that race and is far above any live process's reply.
+os.environ.setdefault("HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE", "5s")
 
 import monarch.actor as _monarch_actor
 
@@ -93,3 +96,81 @@ def call_later(delay: float, callback: Callable[[], None]) -> Callable[[], None]
     lp = loop()
     lp.call_soon_threadsafe(lp.call_later, delay, fire)
     return cancelled.set
+
+
+def machine_id() -> str:
+    """Identifies this machine's boot (same value = same kernel, so the same PIDs)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{os.uname().nodename}/{boot}" if boot else ""
+
+
+class _PidWatch:
+    """Calls back when a process on this machine exits, via pidfds (readable at exit; no polling, no need to be
+    its parent). A second, faster death signal beside Monarch's supervision, whose poll can take up to
+    HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE when it races the death."""
+
+    def __init__(self) -> None:
+        import selectors
+
+        self._sel = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pending: list[tuple[int, Callable[[], None]]] = []
+        threading.Thread(target=self._run, name="fray-monarch-pidwatch", daemon=True).start()
+
+    def add(self, pid: int, callback: Callable[[], None]) -> bool:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            callback()
+            return True
+        except (OSError, AttributeError):
+            return False
+        with self._lock:
+            self._pending.append((fd, callback))
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        return True
+
+    def _run(self) -> None:
+        import selectors
+
+        while True:
+            try:
+                for key, _ in self._sel.select():
+                    if key.data is None:
+                        os.read(self._wake_r, 4096)
+                        with self._lock:
+                            pending, self._pending = self._pending, []
+                        for fd, cb in pending:
+                            self._sel.register(fd, selectors.EVENT_READ, cb)
+                        continue
+                    self._sel.unregister(key.fd)
+                    os.close(key.fd)
+                    try:
+                        key.data()
+                    except Exception:
+                        log.exception("fray: process-exit callback failed")
+            except Exception:
+                log.exception("fray: pid watch loop error")
+
+
+_pidwatch: _PidWatch | None = None
+_pidwatch_lock = threading.Lock()
+
+
+def watch_pid(pid: int, callback: Callable[[], None]) -> bool:
+    """Call callback (on a fray thread) when local process pid exits. False if it cannot be watched."""
+    global _pidwatch
+    with _pidwatch_lock:
+        if _pidwatch is None:
+            _pidwatch = _PidWatch()
+    return _pidwatch.add(pid, callback)

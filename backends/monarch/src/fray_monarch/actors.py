@@ -57,8 +57,8 @@ class WorkerHost(Actor):
         return self.rt.state()
 
     @endpoint
-    def ping(self) -> int:
-        return os.getpid()
+    def ping(self) -> tuple[int, str]:
+        return os.getpid(), _runtime.machine_id()
 
 
 class FrayActorHost(Actor):

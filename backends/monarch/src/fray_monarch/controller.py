@@ -199,7 +199,16 @@ class Controller:
         proc = Proc(key, host, mesh, worker, dict(self.share), env_key=env_key)
         self.procs.append(proc)
         _runtime.on_done(worker.watch.call_one(), lambda _v, exc, p=proc: self._proc_died(p, exc))
+        _runtime.on_done(worker.ping.call_one(), lambda v, exc, p=proc: self._watch_pid(p, v, exc))
         return proc
+
+    def _watch_pid(self, proc: Proc, reply: Any, exc: BaseException | None) -> None:
+        """A process on this machine is also watched by its pid: its exit is seen at once, even when Monarch's
+        supervision poll raced the death (that path can take HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE)."""
+        if exc is not None or not isinstance(reply, tuple) or not reply[1] or reply[1] != _runtime.machine_id():
+            return
+        pid = reply[0]
+        _runtime.watch_pid(pid, lambda: self._proc_died(proc, RuntimeError(f"its process (pid {pid}) exited")))
 
     def node_resources(self) -> list[dict[str, float]]:
         return [dict(self.share) for _ in range(len(self.hosts) * self.procs_per_host)]
