@@ -36,6 +36,9 @@ class WorkerHost(Actor):
         self.rt = _ensure_runtime(ctl_key, proc_key, coord, capacity, nodes, sys_path)
         self.watchers: list[Any] = []
 
+    def __cleanup__(self, exc: Any) -> None:
+        self.rt.stop()  # no more reports: this process is being stopped
+
     @endpoint
     def run(self, batch: list[tuple[Any, ...]]) -> None:
         self.rt.enqueue(batch)
@@ -62,9 +65,9 @@ class WorkerHost(Actor):
 
 
 class FrayActorHost(Actor):
-    """Hosts one fray actor instance. User code runs on the actor's own threads, never on Monarch's dispatch
-    thread (which every synchronous actor of the process shares): one thread keeps calls in order; with
-    max_concurrency > 1, up to that many run at once. Replies go through the response port."""
+    """Hosts one fray actor instance. With max_concurrency 1, methods run in order on this Monarch actor's own
+    driver thread (Monarch 0.7 gives each synchronous actor one, so blocking here stalls no other actor); with
+    more, on up to max_concurrency threads of this actor. Replies go through the response port."""
 
     def __init__(self, ctl_key: str, proc_key: str, coord: Any, capacity: dict[str, float],
                  nodes: list[dict[str, float]], sys_path: list[str], max_concurrency: int) -> None:

@@ -88,6 +88,7 @@ class WorkerRuntime:
         self.ready: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.idle = 0  # task threads waiting for work (they are never killed, even by a stray async exception)
         self.outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.stopped = False
         self.ctx = WorkerJobContext(self, nodes)
         set_tracker(Tracker(self._first, self._zero))
         fray_context._set_default(self.ctx)
@@ -135,9 +136,15 @@ class WorkerRuntime:
         due = []
         while releases and releases[0][0] <= now:
             due.append(releases.popleft()[1])
+        if self.stopped:  # the process is being stopped: sending now would panic inside Monarch (closed mailbox)
+            return True
         if results or holds or due:
             self.coord.done.broadcast(self.proc_key, results, holds, due)
         return False
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.outbox.put(("stop", None))
 
     # ------------------------------------------------------------ tasks
     def enqueue(self, batch: list[tuple[Any, ...]]) -> None:
