@@ -66,8 +66,10 @@ def main() -> None:
         raw_rt.append(round_trip(lambda i: raw.echo.call_one(i).get(), args.calls))
         fray_rt.append(round_trip(lambda i: ctx.get(actor.echo(i)), args.calls))
     raw_med, fray_med = statistics.median(raw_rt), statistics.median(fray_rt)
-    print(f"actor round trip: raw call_one {raw_med * 1e3:.3f} ms, fray {fray_med * 1e3:.3f} ms, "
-          f"ratio {fray_med / raw_med:.3f} (target <= 1.15)")
+    print(
+        f"actor round trip: raw call_one {raw_med * 1e3:.3f} ms, fray {fray_med * 1e3:.3f} ms, "
+        f"ratio {fray_med / raw_med:.3f} (target <= 1.15)"
+    )
 
     rates = []
     for _ in range(max(1, args.repeats // 2)):
@@ -104,8 +106,10 @@ def main() -> None:
         ray_rates.append(args.tasks / (time.perf_counter() - start))
     ray.shutdown()
     ray_rate = statistics.median(ray_rates)
-    print(f"{args.tasks} tiny tasks: ray {ray_rate:,.0f} tasks/s; fray-on-monarch / ray = {fray_rate / ray_rate:.2f} "
-          "(target >= 1)")
+    print(
+        f"{args.tasks} tiny tasks: ray {ray_rate:,.0f} tasks/s; fray-on-monarch / ray = {fray_rate / ray_rate:.2f} "
+        "(target >= 1)"
+    )
 
 
 if __name__ == "__main__":

@@ -55,6 +55,13 @@ class MonarchBackend(Backend):
     name = "monarch"
     test_spec: str = "monarch?procs=2"
 
+    @property
+    def capabilities(self) -> frozenset[Any]:  # type: ignore[override]
+        from fray_monarch.cluster import MonarchClusterContext
+        from fray_monarch.context import MonarchJobContext
+
+        return MonarchJobContext.capabilities | MonarchClusterContext.capabilities
+
     def job_context(self, **options: str) -> Any:
         from fray_monarch.context import MonarchJobContext
 

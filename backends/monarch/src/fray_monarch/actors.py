@@ -30,8 +30,16 @@ def _ensure_runtime(*init: Any) -> WorkerRuntime:
 class WorkerHost(Actor):
     """Runs tasks in its process (one per worker process); a never-answered `watch` call reports its death."""
 
-    def __init__(self, ctl_key: str, proc_key: str, coord: Any, capacity: dict[str, float],
-                 nodes: list[dict[str, float]], sys_path: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        ctl_key: str,
+        proc_key: str,
+        coord: Any,
+        capacity: dict[str, float],
+        nodes: list[dict[str, float]],
+        sys_path: list[str],
+        env: dict[str, str],
+    ) -> None:
         os.environ.update(env)  # a process started for tasks with these env vars (see Controller._env_procs)
         self.rt = _ensure_runtime(ctl_key, proc_key, coord, capacity, nodes, sys_path)
         self.watchers: list[Any] = []
@@ -69,8 +77,16 @@ class FrayActorHost(Actor):
     driver thread (Monarch 0.7 gives each synchronous actor one, so blocking here stalls no other actor); with
     more, on up to max_concurrency threads of this actor. Replies go through the response port."""
 
-    def __init__(self, ctl_key: str, proc_key: str, coord: Any, capacity: dict[str, float],
-                 nodes: list[dict[str, float]], sys_path: list[str], max_concurrency: int) -> None:
+    def __init__(
+        self,
+        ctl_key: str,
+        proc_key: str,
+        coord: Any,
+        capacity: dict[str, float],
+        nodes: list[dict[str, float]],
+        sys_path: list[str],
+        max_concurrency: int,
+    ) -> None:
         self.rt = _ensure_runtime(ctl_key, proc_key, coord, capacity, nodes, sys_path)
         self.obj: Any = None
         self.init_error: str | None = None

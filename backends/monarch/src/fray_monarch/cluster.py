@@ -87,8 +87,9 @@ class MonarchClusterContext(ClusterContext):
 
     def __init__(self, hosts: list[Any], host_mesh: Any = None) -> None:
         self._host_mesh = host_mesh
-        self._procs = [host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}")
-                       for host in hosts]
+        self._procs = [
+            host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}") for host in hosts
+        ]
         self._runners = [
             procs.spawn("fray_job_runner", JobRunner, tempfile.mkdtemp(prefix="fray-monarch-jobs-"))
             for procs in self._procs

@@ -29,8 +29,13 @@ class MonarchJobContext(JobContext):
     backend = BACKEND
     capabilities = CAPABILITIES
 
-    def __init__(self, hosts: list[Any], procs_per_host: int, host_resources: dict[str, float],
-                 on_shutdown: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        hosts: list[Any],
+        procs_per_host: int,
+        host_resources: dict[str, float],
+        on_shutdown: Callable[[], None] | None = None,
+    ) -> None:
         self.ctl = Controller(hosts, procs_per_host, host_resources)
         self._on_shutdown = on_shutdown
         self._closed = False
@@ -46,8 +51,9 @@ class MonarchJobContext(JobContext):
     def _ref(self, payload: Any) -> ObjectRef:
         return ObjectRef(payload, BACKEND)
 
-    def _create_task(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                     options: TaskOptions) -> ObjectRef:
+    def _create_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRef:
         self._check_open()
         fn_key, fn_data = self.ctl.fn_blob(fn)
         blob, deps = pack_call(getattr(fn, "__qualname__", "task"), args, kwargs)
@@ -55,23 +61,31 @@ class MonarchJobContext(JobContext):
         payload = self.ctl.submit(fn_key, fn_data, (blob.data, blob.buffers), [d.id for d in deps], options, keep)
         return self._ref(payload)
 
-    def _create_actor(self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      options: ActorOptions) -> ActorHandle:
+    def _create_actor(
+        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
+    ) -> ActorHandle:
         self._check_open()
         cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
         keep = [*blob.contained, *deps]
         aid, class_name, methods, name = self.ctl.create_actor(
-            cls_data, klass.__name__, public_methods(klass), (blob.data, blob.buffers), [d.id for d in deps], keep,
-            options)
+            cls_data,
+            klass.__name__,
+            public_methods(klass),
+            (blob.data, blob.buffers),
+            [d.id for d in deps],
+            keep,
+            options,
+        )
         return ActorHandle(aid, BACKEND, class_name, methods, name, ctx=self)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         self._check_open()
         blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
         keep = [*blob.contained, *deps] if (blob.contained or deps) else []
-        return self._ref(self.ctl.call_actor(handle.payload, method, (blob.data, blob.buffers),
-                                             [d.id for d in deps], keep))
+        return self._ref(
+            self.ctl.call_actor(handle.payload, method, (blob.data, blob.buffers), [d.id for d in deps], keep)
+        )
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -194,8 +194,9 @@ class Controller:
         key = f"p{next(self.ids)}"
         mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.key}_{key}")
         nodes = self.node_resources()
-        worker = mesh.spawn("fray_worker", WorkerHost, self.key, key, self.coord, dict(self.share), nodes,
-                            self.sys_path, dict(env_key))
+        worker = mesh.spawn(
+            "fray_worker", WorkerHost, self.key, key, self.coord, dict(self.share), nodes, self.sys_path, dict(env_key)
+        )
         proc = Proc(key, host, mesh, worker, dict(self.share), env_key=env_key)
         self.procs.append(proc)
         _runtime.on_done(worker.watch.call_one(), lambda _v, exc, p=proc: self._proc_died(p, exc))
@@ -362,8 +363,11 @@ class Controller:
                     self._complete(entry, None, ActorDiedError(f"actor {rec.class_name} {rec.id} died: {why}"))
                 else:
                     name = rec.class_name if rec else "?"
-                    self._complete(entry, None, ActorUnavailableError(
-                        f"actor {name}'s process crashed during this call; it is restarting"))
+                    self._complete(
+                        entry,
+                        None,
+                        ActorUnavailableError(f"actor {name}'s process crashed during this call; it is restarting"),
+                    )
             elif reply[0] == "ok":
                 self._complete(entry, (reply[1][0], reply[1][1]), None)
                 entry.keep = self._keep_ids(reply[1][2])
@@ -501,8 +505,16 @@ class Controller:
         self.fn_cache[id(fn)] = (fn, key, data)
         return key, data
 
-    def submit(self, fn_key: str, fn_data: bytes, args: tuple[bytes, list[bytes]], deps: list[str],
-               options: TaskOptions, keep: list[Any], proc_key: str | None = None) -> RefPayload:
+    def submit(
+        self,
+        fn_key: str,
+        fn_data: bytes,
+        args: tuple[bytes, list[bytes]],
+        deps: list[str],
+        options: TaskOptions,
+        keep: list[Any],
+        proc_key: str | None = None,
+    ) -> RefPayload:
         with self.lock:
             entry, payload = self.new_entry()
             if proc_key is not None:
@@ -649,9 +661,16 @@ class Controller:
             pass
 
     # ------------------------------------------------------------ actors
-    def create_actor(self, cls_data: bytes, class_name: str, methods: frozenset[str], args: tuple[bytes, list[bytes]],
-                     deps: list[str], keep: list[Any],
-                     options: ActorOptions) -> tuple[str, str, frozenset[str], str | None]:
+    def create_actor(
+        self,
+        cls_data: bytes,
+        class_name: str,
+        methods: frozenset[str],
+        args: tuple[bytes, list[bytes]],
+        deps: list[str],
+        keep: list[Any],
+        options: ActorOptions,
+    ) -> tuple[str, str, frozenset[str], str | None]:
         with self.lock:
             if options.name is not None:
                 existing = self.names.get(options.name)
@@ -661,20 +680,32 @@ class Controller:
                         return rec.id, rec.class_name, rec.methods, rec.name
                     raise ActorAlreadyExistsError(f"an actor named {options.name!r} exists already")
             aid = f"{self.key}-a{next(self.ids)}"
-            rec = ActorRec(aid, options.name, class_name, methods, cls_data, args, deps, keep, options,
-                           normalize_resources(options.resources))
+            rec = ActorRec(
+                aid,
+                options.name,
+                class_name,
+                methods,
+                cls_data,
+                args,
+                deps,
+                keep,
+                options,
+                normalize_resources(options.resources),
+            )
             self.actors[aid] = rec
             if options.name is not None:
                 self.names[options.name] = aid
             self._place_actor(rec)
             return aid, class_name, methods, options.name
 
-    def create_actor_remote(self, proc_key: str, cls_data: bytes, args_wire: Any, deps: list[str],
-                            options: ActorOptions) -> tuple[str, str, frozenset[str], str | None]:
+    def create_actor_remote(
+        self, proc_key: str, cls_data: bytes, args_wire: Any, deps: list[str], options: ActorOptions
+    ) -> tuple[str, str, frozenset[str], str | None]:
         klass = loads(Blob(cls_data))
         keep = self._keep_ids(args_wire[2]) + self._keep_ids(deps)
-        return self.create_actor(cls_data, klass.__name__, public_methods(klass), (args_wire[0], args_wire[1]),
-                                 deps, keep, options)
+        return self.create_actor(
+            cls_data, klass.__name__, public_methods(klass), (args_wire[0], args_wire[1]), deps, keep, options
+        )
 
     def _place_actor(self, rec: ActorRec) -> None:
         """Under the lock: spawn the actor on the least loaded live process that can hold its resources."""
@@ -688,8 +719,17 @@ class Controller:
                 proc.claims[k] = proc.claims.get(k, 0.0) + q
             proc.worker.set_capacity.broadcast(proc.free_capacity)
         nodes = self.node_resources()
-        rec.mesh = proc.mesh.spawn(f"fray_actor_{rec.id}_{rec.restarts}", FrayActorHost, self.key, proc.key,
-                                   self.coord, dict(self.share), nodes, self.sys_path, rec.options.max_concurrency)
+        rec.mesh = proc.mesh.spawn(
+            f"fray_actor_{rec.id}_{rec.restarts}",
+            FrayActorHost,
+            self.key,
+            proc.key,
+            self.coord,
+            dict(self.share),
+            nodes,
+            self.sys_path,
+            rec.options.max_concurrency,
+        )
         init = rec.mesh.init.call_one(rec.cls_data, rec.args, rec.deps)
         _runtime.on_done(init, lambda _v, _e: None)
 
@@ -714,8 +754,15 @@ class Controller:
             raise ActorDiedError(f"unknown actor {aid}")
         return rec
 
-    def call_actor(self, aid: str, method: str, args: tuple[bytes, list[bytes]], deps: list[str],
-                   keep: list[Any], proc_key: str | None = None) -> RefPayload:
+    def call_actor(
+        self,
+        aid: str,
+        method: str,
+        args: tuple[bytes, list[bytes]],
+        deps: list[str],
+        keep: list[Any],
+        proc_key: str | None = None,
+    ) -> RefPayload:
         with self.lock:
             rec = self.actor(aid)
             entry, payload = self.new_entry()
@@ -755,8 +802,9 @@ class Controller:
 
     def debug_state(self) -> str:
         with self.lock:
-            procs = [(p.key, p.alive, len(p.outstanding), p.blocked, p.slots, p.env_key, len(p.actors))
-                     for p in self.procs]
+            procs = [
+                (p.key, p.alive, len(p.outstanding), p.blocked, p.slots, p.env_key, len(p.actors)) for p in self.procs
+            ]
             queued = [(t.id, t.state, t.resources, t.env_key) for t in list(self.queue)[:5]]
             workers = []
             for p in self.procs:
@@ -764,8 +812,10 @@ class Controller:
                     workers.append(p.worker.state.call_one().get(timeout=3))
                 except Exception as exc:
                     workers.append(repr(exc))
-            return (f"workers={workers} procs={procs} queue={len(self.queue)} {queued} tasks={len(self.tasks)} "
-                    f"entries={len(self.entries)}")
+            return (
+                f"workers={workers} procs={procs} queue={len(self.queue)} {queued} tasks={len(self.tasks)} "
+                f"entries={len(self.entries)}"
+            )
 
     # ------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
@@ -799,4 +849,3 @@ class Controller:
             self.tasks.clear()
             self.queue.clear()
         _controllers.pop(self.key, None)
-

@@ -22,10 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     address: str = args.address
     if not address.startswith("tcp://"):
         parser.error("--address must look like tcp://HOST:PORT")
-    host = address[len("tcp://"):].rsplit(":", 1)[0]
+    host = address[len("tcp://") :].rsplit(":", 1)[0]
     if host in ("*", "0.0.0.0", "[::]", "::"):
-        print(f"fray_monarch.worker: WARNING: {address} accepts unauthenticated connections that run code on "
-              "every interface", file=sys.stderr)
+        print(
+            f"fray_monarch.worker: WARNING: {address} accepts unauthenticated connections that run code on "
+            "every interface",
+            file=sys.stderr,
+        )
     from monarch.actor import run_worker_loop_forever
 
     print(f"fray_monarch.worker: serving on {address}", flush=True)

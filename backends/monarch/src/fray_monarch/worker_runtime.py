@@ -43,8 +43,9 @@ def split_refs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any
     return new_args, new_kwargs, deps
 
 
-def fill_deps(args: tuple[Any, ...], kwargs: dict[str, Any],
-              values: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def fill_deps(
+    args: tuple[Any, ...], kwargs: dict[str, Any], values: list[Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     def fill(value: Any) -> Any:
         return values[value.index] if isinstance(value, DepMarker) else value
 
@@ -71,8 +72,15 @@ def rebuild_error(err: Any) -> BaseException:
 class WorkerRuntime:
     """One per worker process: runs tasks by local free resources, reports results and ref holds in batches."""
 
-    def __init__(self, ctl_key: str, proc_key: str, coord: Any, capacity: Mapping[str, float],
-                 nodes: list[dict[str, float]], sys_path: list[str]) -> None:
+    def __init__(
+        self,
+        ctl_key: str,
+        proc_key: str,
+        coord: Any,
+        capacity: Mapping[str, float],
+        nodes: list[dict[str, float]],
+        sys_path: list[str],
+    ) -> None:
         for entry in reversed(sys_path):  # the controller's import path, so user modules import here too
             if entry not in sys.path:
                 sys.path.insert(0, entry)
@@ -208,8 +216,13 @@ class WorkerRuntime:
 
     def state(self) -> dict[str, Any]:
         with self.lock:
-            return {"free": dict(self.free), "running": list(self.running), "queued": len(self.queue),
-                    "idle": self.idle, "threads": threading.active_count()}
+            return {
+                "free": dict(self.free),
+                "running": list(self.running),
+                "queued": len(self.queue),
+                "idle": self.idle,
+                "threads": threading.active_count(),
+            }
 
     def _done(self, tid: str) -> None:
         with self.lock:
@@ -302,26 +315,37 @@ class WorkerJobContext(JobContext):
     def _ref(self, oid: str) -> ObjectRef:
         return ObjectRef(RefPayload(oid), BACKEND)
 
-    def _create_task(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                     options: TaskOptions) -> ObjectRef:
+    def _create_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRef:
         fn_blob = dumps(fn, f"task function {getattr(fn, '__qualname__', fn)}")
         blob, deps = pack_call(getattr(fn, "__qualname__", "task"), args, kwargs)
-        oid = _checked(self.rt.coord.submit.call_one(
-            self.rt.proc_key, fn_blob.data, wire(blob), [d.id for d in deps], options).get(timeout=REPLY_MARGIN))
+        oid = _checked(
+            self.rt.coord.submit.call_one(
+                self.rt.proc_key, fn_blob.data, wire(blob), [d.id for d in deps], options
+            ).get(timeout=REPLY_MARGIN)
+        )
         return self._ref(oid)
 
-    def _create_actor(self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      options: ActorOptions) -> ActorHandle:
+    def _create_actor(
+        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
+    ) -> ActorHandle:
         cls_blob = dumps(klass, f"actor class {klass.__qualname__}")
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
-        info = _checked(self.rt.coord.create_actor.call_one(
-            self.rt.proc_key, cls_blob.data, wire(blob), [d.id for d in deps], options).get(timeout=REPLY_MARGIN))
+        info = _checked(
+            self.rt.coord.create_actor.call_one(
+                self.rt.proc_key, cls_blob.data, wire(blob), [d.id for d in deps], options
+            ).get(timeout=REPLY_MARGIN)
+        )
         return ActorHandle(info[0], BACKEND, info[1], info[2], info[3], ctx=self)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
-        oid = _checked(self.rt.coord.call_actor.call_one(
-            self.rt.proc_key, handle.payload, method, wire(blob), [d.id for d in deps]).get(timeout=REPLY_MARGIN))
+        oid = _checked(
+            self.rt.coord.call_actor.call_one(
+                self.rt.proc_key, handle.payload, method, wire(blob), [d.id for d in deps]
+            ).get(timeout=REPLY_MARGIN)
+        )
         return self._ref(oid)
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
@@ -338,8 +362,10 @@ class WorkerJobContext(JobContext):
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         tid = self.rt.block()
         try:
-            reply = _reply(self.rt.coord.wait.call_one(
-                self.rt.proc_key, [r.payload.id for r in refs], num_returns, timeout), timeout)
+            reply = _reply(
+                self.rt.coord.wait.call_one(self.rt.proc_key, [r.payload.id for r in refs], num_returns, timeout),
+                timeout,
+            )
         finally:
             self.rt.unblock(tid)
         return set(_checked(reply))
