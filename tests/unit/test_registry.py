@@ -87,3 +87,14 @@ def test_shut_down_context_refuses_work() -> None:
     fray.shutdown()
     with pytest.raises(fray.FrayError, match="shut down"):
         ctx.create_task(print)
+
+
+def test_resources_option_accepts_json_or_pairs() -> None:
+    from fray.registry import parse_resources
+
+    assert parse_resources('{"disk": 4, "tag": 1}') == {"disk": 4.0, "tag": 1.0}
+    assert parse_resources("disk:4, tag") == {"disk": 4.0, "tag": 1.0}
+    with pytest.raises(ValueError):
+        parse_resources("disk:-1")
+    with fray.init("in_memory?resources=disk:4") as ctx:
+        assert ctx.node_resources()[0]["disk"] == 4.0

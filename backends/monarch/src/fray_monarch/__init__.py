@@ -10,25 +10,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fray.registry import Backend, parse_options
+from fray.registry import Backend, parse_options, parse_resources
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
 
 __all__ = ["MonarchBackend"]
-
-
-def _resources(raw: str) -> dict[str, float]:
-    out = {}
-    for part in filter(None, (p.strip() for p in raw.split(","))):
-        name, _, qty = part.partition(":")
-        out[name.strip()] = float(qty) if qty else 1.0
-    return out
 
 
 def _hosts(raw: str) -> list[str]:
     return [h.strip() for h in raw.split(",") if h.strip()]
 
 
-SCHEMA = {"procs": int, "cpus": float, "gpus": float, "resources": _resources, "hosts": _hosts}
+SCHEMA = {"procs": int, "cpus": float, "gpus": float, "resources": parse_resources, "hosts": _hosts}
 
 
 def _topology(options: dict[str, str]) -> tuple[list[Any], int, dict[str, float], Any]:

@@ -9,20 +9,12 @@ fray.cluster("ray?address=http://10.0.0.5:8265")   # an existing cluster's Job A
 
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
 
-from fray.registry import Backend, parse_options, to_bool
+from fray.registry import Backend, parse_options, parse_resources, to_bool
 from fray_ray.job import RayJobContext
 
 __all__ = ["RayBackend", "RayClusterContext", "RayJobContext"]
-
-
-def _resources(raw: str) -> dict[str, float]:
-    value = json.loads(raw)
-    if not isinstance(value, dict):
-        raise ValueError('expected a JSON object like {"my_tag": 2}')
-    return {str(k): float(v) for k, v in value.items()}
 
 
 def _number(raw: str) -> float:
@@ -34,7 +26,7 @@ _SIZING = {
     "num_cpus": _number,
     "num_gpus": _number,
     "object_store_memory": int,
-    "resources": _resources,
+    "resources": parse_resources,
 }
 # One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option and use their own.
 _OPTIONS: dict[str, Any] = {"address": str, "namespace": str, "log_to_driver": to_bool, "working_dir": str, **_SIZING}

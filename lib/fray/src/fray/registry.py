@@ -7,6 +7,7 @@ missing one says how to install it.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -18,6 +19,7 @@ from urllib.parse import parse_qsl
 
 from fray.context import ClusterContext, JobContext, _current, _current_default, _set_default
 from fray.errors import BackendNotAvailableError
+from fray.types import normalize_resources
 
 __all__ = ["Backend", "available_backends", "cluster", "get_backend", "init", "parse_spec", "shutdown"]
 
@@ -150,6 +152,22 @@ def parse_options(
         except (TypeError, ValueError) as exc:
             raise ValueError(f"option {key}={raw!r} for the {backend!r} backend is not valid: {exc}") from exc
     return out
+
+
+def parse_resources(raw: str) -> dict[str, float]:
+    """A spec's custom resources: JSON (`{"disk": 4, "tag": 1}`) or `disk:4,tag` (a bare name means 1)."""
+    raw = raw.strip()
+    if raw.startswith("{"):
+        value = json.loads(raw)
+        if not isinstance(value, dict):
+            raise ValueError('expected a JSON object like {"disk": 4}')
+        pairs = [(str(k), v) for k, v in value.items()]
+    else:
+        pairs = []
+        for part in filter(None, (p.strip() for p in raw.split(","))):
+            name, _, qty = part.partition(":")
+            pairs.append((name.strip(), qty.strip() or 1.0))
+    return normalize_resources({name: float(qty) for name, qty in pairs}, "resources")
 
 
 def to_bool(raw: str) -> bool:

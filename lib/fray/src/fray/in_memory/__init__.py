@@ -7,7 +7,6 @@ and for the cluster context: root (directory for job logs).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -15,16 +14,9 @@ from typing import Any
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.in_memory.job import InMemoryJobContext
 from fray.jobs import host_resources
-from fray.registry import Backend, parse_options, to_bool
+from fray.registry import Backend, parse_options, parse_resources, to_bool
 
 __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
-
-
-def _custom(raw: str) -> dict[str, float]:
-    value = json.loads(raw)
-    if not isinstance(value, dict):
-        raise ValueError('resources must be a JSON object like {"disk": 4}')
-    return {str(k): float(v) for k, v in value.items()}
 
 
 class InMemoryBackend(Backend):
@@ -37,7 +29,7 @@ class InMemoryBackend(Backend):
         "cpus": float,
         "gpus": float,
         "memory": float,
-        "resources": _custom,
+        "resources": parse_resources,
         "serialize": to_bool,
         "namespace": str,
         "root": str,
