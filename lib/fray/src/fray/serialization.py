@@ -147,8 +147,13 @@ class RemoteError:
         return attach_remote_traceback(exc, self.traceback)
 
 
+def format_exception(exc: BaseException) -> str:
+    """The traceback text of exc, as Python would print it."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
 def capture_exception(exc: BaseException) -> RemoteError:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = format_exception(exc)
     try:
         pickled: bytes | None = cloudpickle.dumps(exc)
         pickle.loads(pickled)  # type: ignore[arg-type]  # exceptions with custom __init__ often pickle but fail to unpickle

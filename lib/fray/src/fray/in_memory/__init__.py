@@ -7,7 +7,6 @@ and for the cluster context: root (directory for job logs).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -37,10 +36,11 @@ class InMemoryBackend(Backend):
 
     def job_context(self, **options: str) -> InMemoryJobContext:
         opts: dict[str, Any] = parse_options(self.name, options, self.options_schema)
+        host = host_resources()
         totals = {
-            "CPU": opts.get("cpus", float(os.cpu_count() or 1)),
+            "CPU": opts.get("cpus", host["CPU"]),
             "GPU": opts.get("gpus", 0.0),
-            "memory": opts.get("memory", host_resources()["memory"]),
+            "memory": opts.get("memory", host["memory"]),
             **opts.get("resources", {}),
         }
         return InMemoryJobContext(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import traceback
 import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
@@ -62,10 +61,6 @@ class _Failure(Exception):
         if isinstance(self.error, RemoteError):
             raise self.error.rebuild() from None
         raise self.error
-
-
-def format_exception(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 # Values of these types cannot be mutated and always pickle: copying them through pickle would change nothing

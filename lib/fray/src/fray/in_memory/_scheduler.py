@@ -23,8 +23,8 @@ _IDLE_SECONDS = 30.0  # an idle worker thread exits after this long
 
 class Workers:
     """Threads pulling work from one queue. A new thread starts when queued work outnumbers the threads that are
-    idle or finishing (a worker says `finishing()` before it publishes a result, so the caller's next submit,
-    which that result wakes, does not start a thread the finishing one is about to free)."""
+    idle or finishing (a worker is marked finishing, in Ledger.release, before it publishes a result, so the
+    caller's next submit, which that result wakes, does not start a thread the finishing one is about to free)."""
 
     def __init__(self, name: str, lock: threading.Lock) -> None:
         self._queue: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
@@ -43,6 +43,9 @@ class Workers:
 
     def _count_queued(self) -> bool:  # holds the lock; True if a new thread is needed
         self._queued += 1
+        return self._needs_thread()
+
+    def _needs_thread(self) -> bool:  # holds the lock
         return self._queued > self._idle + self._finishing and not self._closed
 
     def _put(self, work: Work, spawn: bool) -> None:
@@ -82,7 +85,7 @@ class Workers:
                 if work is not None:  # this thread stays busy with the next work: it is not finishing after all
                     with self._lock:
                         self._not_finishing()
-                        spawn = self._queued > self._idle + self._finishing and not self._closed
+                        spawn = self._needs_thread()
                     if spawn:
                         self._spawn()
 

@@ -14,10 +14,10 @@ from fray.errors import (
     ActorNotFoundError,
     attach_remote_traceback,
 )
-from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call, format_exception
+from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call
 from fray.in_memory._scheduler import Ledger, signature
 from fray.refs import ActorHandle, ObjectRef, public_methods
-from fray.serialization import RemoteError, check_function, dumps_call
+from fray.serialization import RemoteError, check_function, dumps_call, format_exception
 from fray.types import ActorOptions, Lifetime
 
 if TYPE_CHECKING:

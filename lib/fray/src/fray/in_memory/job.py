@@ -36,6 +36,7 @@ from fray.serialization import (
     check_function,
     dumps,
     dumps_call,
+    format_exception,
     loads,
 )
 from fray.types import TaskOptions
@@ -216,8 +217,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         value: Any = None
         try:
             try:
-                call = task.call
-                args, kwargs = loads(call) if isinstance(call, Blob) else call
+                args, kwargs = self._decode(task.call)
                 if task.has_refs:
                     args, kwargs = self._resolve_refs(args, kwargs)
                 env = task.options.runtime_env
@@ -227,8 +227,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
                     value = run_in_child(task.fn, args, kwargs, dict(env.env))
                 else:
                     value = task.fn(*args, **kwargs)
-                if self.serialize and type(value) not in _IMMUTABLE:
-                    value = dumps(value, "the return value")
+                value = self._encode(value, "the return value")
             finally:
                 with lock:
                     interrupted = task.state == "cancelling"
@@ -268,9 +267,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
     def _remote_error(self, exc: BaseException) -> BaseException | RemoteError:
         if self.serialize:
             return capture_exception(exc)
-        import traceback
-
-        return attach_remote_traceback(exc, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return attach_remote_traceback(exc, format_exception(exc))
 
     def _resolve_call(self, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         args, kwargs = self._decode(call)
