@@ -24,12 +24,15 @@ from fray.errors import (
     GetTimeoutError,
     InfeasibleResourcesError,
     JobNotFoundError,
+    ObjectLostError,
+    ObjectStoreFullError,
     SerializationError,
     TaskCancelledError,
     UnsupportedFeatureError,
     WorkerCrashedError,
 )
 from fray.refs import ActorHandle, ObjectRef
+from fray.transfers import PathStats
 from fray.registry import available_backends, cluster, init, shutdown
 from fray.types import ActorOptions, JobInfo, JobStatus, Lifetime, Resource, RuntimeEnv, TaskOptions
 
@@ -53,7 +56,10 @@ __all__ = [
     "JobNotFoundError",
     "JobStatus",
     "Lifetime",
+    "ObjectLostError",
     "ObjectRef",
+    "ObjectStoreFullError",
+    "PathStats",
     "Resource",
     "RuntimeEnv",
     "SerializationError",

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 from fray.capabilities import Capability
 from fray.errors import InfeasibleResourcesError, UnsupportedFeatureError
 from fray.refs import ActorHandle, ObjectRef
+from fray.transfers import PathStats
 from fray.types import ActorOptions, JobInfo, Lifetime, RuntimeEnv, TaskOptions, normalize_resources
 
 __all__ = [
@@ -207,6 +208,11 @@ class JobContext(ABC):
         self._check_ref(ref)
         self._cancel(ref)
 
+    def transfer_stats(self) -> dict[str, PathStats]:
+        """How the values read so far reached their readers, by path (see fray.transfers): how many transfers,
+        their bytes and seconds, summed over every process of this context that the backend can ask."""
+        return self._transfer_stats()
+
     def shutdown(self) -> None:
         """Release everything this context started. Idempotent."""
         global _default
@@ -308,6 +314,9 @@ class JobContext(ABC):
 
     @abstractmethod
     def _shutdown(self) -> None: ...
+
+    def _transfer_stats(self) -> dict[str, PathStats]:
+        return {}
 
 
 def _format_resources(resources: Mapping[str, float]) -> str:

@@ -41,6 +41,15 @@ class WorkerCrashedError(FrayError):
     """The process running a task died (and no retries were left)."""
 
 
+class ObjectStoreFullError(FrayError, MemoryError):
+    """The object store of a host has no room for this value (its size is the spec option object_store_memory).
+    Free references to values you no longer need, or raise object_store_memory."""
+
+
+class ObjectLostError(FrayError):
+    """The value behind this ref is gone: the process that held it died, and it cannot be made again."""
+
+
 class SerializationError(FrayError, TypeError):
     """A value could not be serialized to be sent to a task, an actor or the object store."""
 

@@ -39,6 +39,7 @@ from fray.serialization import (
     format_exception,
     loads,
 )
+from fray.transfers import PathStats, TransferStats
 from fray.types import TaskOptions
 
 BACKEND = "in_memory"
@@ -99,6 +100,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         self._requests: dict[int, tuple[TaskOptions, Signature]] = {}  # id(options) -> its resource request
         self._checked_fns: dict[int, Any] = {}
         self._closed = False
+        self._transfers = TransferStats()
 
     def __repr__(self) -> str:
         return f"InMemoryJobContext({self._ledger.totals})"
@@ -110,9 +112,16 @@ class InMemoryJobContext(ActorsMixin, JobContext):
     def _encode(self, value: Any, what: str) -> Any:
         return dumps(value, what) if self.serialize and type(value) not in _IMMUTABLE else value
 
-    @staticmethod
-    def _decode(stored: Any) -> Any:
-        return loads(stored) if isinstance(stored, Blob) else stored
+    def _decode(self, stored: Any) -> Any:
+        if not isinstance(stored, Blob):
+            return stored
+        start = time.perf_counter()
+        value = loads(stored)
+        self._transfers.record("in-process", stored.nbytes, time.perf_counter() - start)
+        return value
+
+    def _transfer_stats(self) -> dict[str, PathStats]:
+        return self._transfers.snapshot()
 
     def _put(self, obj: Any) -> ObjectRef:
         self._check_open()

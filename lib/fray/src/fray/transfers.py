@@ -1,0 +1,75 @@
+"""Which path each object transfer took, how many bytes and how long: `ctx.transfer_stats()`.
+
+Every backend counts the reads of stored values (a `get`, a task or actor argument resolved from a ref) by the
+path the bytes took to reach the reader:
+
+- ``inline``: small values carried in the control-plane message itself;
+- ``shm``: mapped from the shared memory of the reader's own host, without a copy;
+- ``rdma-ibverbs`` / ``rdma-tcp``: pulled from the owner's host with Monarch's RDMABuffer (its TCP fallback);
+- ``tcp-direct``: pulled straight from the owner's host over one or more sockets;
+- ``in-process`` (in_memory) and ``ray-object-store`` (ray): the engine's own store.
+
+Counters are per process; a backend with several processes sums them (see `JobContext.transfer_stats`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["PATHS", "PathStats", "TransferStats", "merge"]
+
+PATHS = ("inline", "shm", "rdma-ibverbs", "rdma-tcp", "tcp-direct", "in-process", "ray-object-store")
+
+
+@dataclass(frozen=True)
+class PathStats:
+    """What one path moved: how many transfers, their bytes and the seconds they took (summed)."""
+
+    count: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def __add__(self, other: PathStats) -> PathStats:
+        return PathStats(self.count + other.count, self.bytes + other.bytes, self.seconds + other.seconds)
+
+
+class TransferStats:
+    """Thread-safe counters of one process, by path."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: dict[str, PathStats] = {}
+
+    def record(self, path: str, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self._paths[path] = self._paths.get(path, PathStats()) + PathStats(1, nbytes, seconds)
+
+    @contextmanager
+    def timed(self, path: str, nbytes: int) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.record(path, nbytes, time.perf_counter() - start)
+
+    def snapshot(self) -> dict[str, PathStats]:
+        with self._lock:
+            return dict(self._paths)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._paths.clear()
+
+
+def merge(*parts: Mapping[str, PathStats]) -> dict[str, PathStats]:
+    out: dict[str, PathStats] = {}
+    for part in parts:
+        for path, stats in part.items():
+            out[path] = out.get(path, PathStats()) + stats
+    return out
