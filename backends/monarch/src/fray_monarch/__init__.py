@@ -8,10 +8,12 @@ started with `python -m fray_monarch.worker --address tcp://h:p`).
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from fray.registry import Backend, parse_options, parse_resources
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
+from fray_monarch.protocol import StoreConfig
 
 __all__ = ["MonarchBackend"]
 
@@ -20,10 +22,44 @@ def _hosts(raw: str) -> list[str]:
     return [h.strip() for h in raw.split(",") if h.strip()]
 
 
-SCHEMA = {"procs": int, "cpus": float, "gpus": float, "resources": parse_resources, "hosts": _hosts}
+def _bytes(raw: str) -> int:
+    value = int(float(raw))
+    if value <= 0:
+        raise ValueError(f"must be a positive number of bytes, got {raw!r}")
+    return value
 
 
-def _topology(options: dict[str, str]) -> tuple[list[Any], int, dict[str, float], Any]:
+SCHEMA = {
+    "procs": int,
+    "cpus": float,
+    "gpus": float,
+    "resources": parse_resources,
+    "hosts": _hosts,
+    "object_store_memory": _bytes,
+}
+
+
+def _default_store_budget() -> int:
+    """30% of the host's memory, as Ray's object store default."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.3)
+
+
+def _tcp_host(address: str) -> str:
+    return address[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+
+
+def _driver_bind(hosts: list[str]) -> str:
+    """Where the driver's transfer server listens: loopback unless a worker host is elsewhere, then the local
+    address that routes to it (never every interface)."""
+    remote = [h for h in hosts if not h.startswith("127.") and h not in ("localhost", "::1")]
+    if not remote:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((remote[0], 9))
+        return str(probe.getsockname()[0])
+
+
+def _topology(options: dict[str, str]) -> tuple[list[Any], int, dict[str, float], Any, StoreConfig]:
     from monarch.actor import attach_to_workers, this_host
 
     opts = parse_options("monarch", options, SCHEMA)
@@ -34,13 +70,16 @@ def _topology(options: dict[str, str]) -> tuple[list[Any], int, dict[str, float]
     resources = {"CPU": float(opts.get("cpus", cpus)), **opts.get("resources", {})}
     if opts.get("gpus"):
         resources["GPU"] = float(opts["gpus"])
+    budget = int(opts.get("object_store_memory", _default_store_budget()))
     addresses = opts.get("hosts")
     if addresses:
+        binds = tuple(_tcp_host(a) for a in addresses)
+        stores = StoreConfig(budget, tuple(f"h{i}" for i in range(len(addresses))), binds, _driver_bind(list(binds)))
         mesh = attach_to_workers(workers=addresses, ca="trust_all_connections", name="fray_hosts")
         mesh.initialized.get(timeout=60)
         hosts = [mesh.slice(hosts=i) for i in range(len(addresses))]
-        return hosts, procs, resources, mesh
-    return [this_host()], procs, resources, None
+        return hosts, procs, resources, mesh, stores
+    return [this_host()], procs, resources, None, StoreConfig(budget, ("local",), ("127.0.0.1",))
 
 
 class MonarchBackend(Backend):
@@ -66,10 +105,10 @@ class MonarchBackend(Backend):
                 except Exception:
                     pass
 
-        return MonarchJobContext(hosts, procs, resources, on_shutdown=stop_hosts)
+        return MonarchJobContext(hosts, procs, resources, stores, on_shutdown=stop_hosts)
 
     def cluster_context(self, **options: str) -> Any:
         from fray_monarch.cluster import MonarchClusterContext
 
-        hosts, _, _, host_mesh = _topology(options)
+        hosts, _, _, host_mesh, _ = _topology(options)
         return MonarchClusterContext(hosts, host_mesh)

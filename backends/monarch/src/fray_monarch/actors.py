@@ -12,44 +12,44 @@ from monarch.actor import Actor, endpoint
 
 import fray.context as fray_context
 from fray.serialization import Blob, capture_exception, dumps, loads
-from fray_monarch import _runtime
-from fray_monarch.worker_runtime import WorkerRuntime, fill_deps, wire
+from fray_monarch import _runtime, instances
+from fray_monarch.protocol import ActorReply, WireValue, WorkerSetup
+from fray_monarch.worker_runtime import WorkerRuntime, fill_deps
 
 _runtime_lock = threading.Lock()
 _worker_runtime: WorkerRuntime | None = None
 
 
-def _ensure_runtime(*init: Any) -> WorkerRuntime:
+def _ensure_runtime(setup: WorkerSetup) -> WorkerRuntime:
     global _worker_runtime
     with _runtime_lock:
         if _worker_runtime is None:
-            _worker_runtime = WorkerRuntime(*init)
+            _worker_runtime = WorkerRuntime(setup)
         return _worker_runtime
 
 
 class WorkerHost(Actor):
     """Runs tasks in its process (one per worker process); a never-answered `watch` call reports its death."""
 
-    def __init__(
-        self,
-        ctl_key: str,
-        proc_key: str,
-        coord: Any,
-        capacity: dict[str, float],
-        nodes: list[dict[str, float]],
-        sys_path: list[str],
-        env: dict[str, str],
-    ) -> None:
+    def __init__(self, setup: WorkerSetup, env: dict[str, str]) -> None:
         os.environ.update(env)  # a process started for tasks with these env vars (see Controller._env_procs)
-        self.rt = _ensure_runtime(ctl_key, proc_key, coord, capacity, nodes, sys_path)
+        self.rt = _ensure_runtime(setup)
         self.watchers: list[Any] = []
 
     def __cleanup__(self, exc: Any) -> None:
         self.rt.stop()  # no more reports: this process is being stopped
 
     @endpoint
-    def run(self, batch: list[tuple[Any, ...]]) -> None:
+    def run(self, batch: list[Any]) -> None:
         self.rt.enqueue(batch)
+
+    @endpoint
+    def free(self, allocs: list[int]) -> None:
+        self.rt.store.free(allocs)
+
+    @endpoint
+    def transfer_stats(self) -> Any:
+        return self.rt.transfer_stats()
 
     @endpoint
     def cancel(self, tid: str) -> str:
@@ -77,17 +77,8 @@ class FrayActorHost(Actor):
     driver thread (Monarch 0.7 gives each synchronous actor one, so blocking here stalls no other actor); with
     more, on up to max_concurrency threads of this actor. Replies go through the response port."""
 
-    def __init__(
-        self,
-        ctl_key: str,
-        proc_key: str,
-        coord: Any,
-        capacity: dict[str, float],
-        nodes: list[dict[str, float]],
-        sys_path: list[str],
-        max_concurrency: int,
-    ) -> None:
-        self.rt = _ensure_runtime(ctl_key, proc_key, coord, capacity, nodes, sys_path)
+    def __init__(self, setup: WorkerSetup, max_concurrency: int) -> None:
+        self.rt = _ensure_runtime(setup)
         self.obj: Any = None
         self.init_error: str | None = None
         self.max_threads = max(1, max_concurrency)
@@ -96,8 +87,8 @@ class FrayActorHost(Actor):
         self.n_threads = 0
         self.idle = 0  # threads free and not yet claimed by a submitted call
 
-    def _args(self, args_wire: Any, deps: list[str]) -> tuple[Any, Any]:
-        args, kwargs = loads(Blob(args_wire[0], args_wire[1]))
+    def _args(self, call: WireValue, deps: list[str]) -> tuple[Any, Any]:
+        args, kwargs = self.rt.load(call.value)
         if deps:
             from fray.refs import ObjectRef
             from fray_monarch.objects import RefPayload
@@ -106,30 +97,30 @@ class FrayActorHost(Actor):
             args, kwargs = fill_deps(args, kwargs, values)
         return args, kwargs
 
-    def _init(self, cls_data: bytes, args_wire: Any, deps: list[str]) -> Any:
+    def _init(self, cls_data: bytes, call: WireValue, deps: list[str]) -> ActorReply:
         token = fray_context._current.set(self.rt.ctx)
         try:
             klass = loads(Blob(cls_data))
-            args, kwargs = self._args(args_wire, deps)
+            args, kwargs = self._args(call, deps)
             self.obj = klass(*args, **kwargs)
-            return ("ok",)
+            return ActorReply("ok")
         except BaseException as exc:
             err = capture_exception(exc)
             self.init_error = f"{err.type_name}: {err.message}"
-            return ("err", err)
+            return ActorReply("err", error=err)
         finally:
             fray_context._current.reset(token)
 
-    def _invoke(self, method: str, args_wire: Any, deps: list[str]) -> Any:
+    def _invoke(self, oid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
         if self.obj is None:
-            return ("dead", f"the actor's __init__ raised {self.init_error}")
+            return ActorReply("dead", reason=f"the actor's __init__ raised {self.init_error}")
         token = fray_context._current.set(self.rt.ctx)
         try:
-            args, kwargs = self._args(args_wire, deps)
+            args, kwargs = self._args(call, deps)
             value = getattr(self.obj, method)(*args, **kwargs)
-            return ("ok", wire(dumps(value, f"the return value of {method}")))
+            return ActorReply("ok", self.rt.encode(dumps(value, f"the return value of {method}", copy=False), oid))
         except BaseException as exc:
-            return ("err", capture_exception(exc))
+            return ActorReply("err", error=capture_exception(exc))
         finally:
             fray_context._current.reset(token)
 
@@ -138,7 +129,7 @@ class FrayActorHost(Actor):
         try:
             reply = fn(*args)
         except BaseException as exc:
-            reply = ("err", capture_exception(exc))
+            reply = ActorReply("err", error=capture_exception(exc))
         port.send(reply)
 
     def _submit(self, port: Any, fn: Any, *args: Any) -> None:
@@ -165,12 +156,12 @@ class FrayActorHost(Actor):
                 self.idle += 1
 
     @endpoint(explicit_response_port=True)
-    def init(self, port: Any, cls_data: bytes, args_wire: Any, deps: list[str]) -> None:
-        self._submit(port, self._init, cls_data, args_wire, deps)
+    def init(self, port: Any, cls_data: bytes, call: WireValue, deps: list[str]) -> None:
+        self._submit(port, self._init, cls_data, call, deps)
 
     @endpoint(explicit_response_port=True)
-    def call(self, port: Any, method: str, args_wire: Any, deps: list[str]) -> None:
-        self._submit(port, self._invoke, method, args_wire, deps)
+    def call(self, port: Any, oid: str, method: str, call: WireValue, deps: list[str]) -> None:
+        self._submit(port, self._invoke, oid, method, call, deps)
 
 
 class Coordinator(Actor):
@@ -181,9 +172,7 @@ class Coordinator(Actor):
         self.ctl_key = ctl_key
 
     def _ctl(self) -> Any:
-        from fray_monarch.controller import controller
-
-        return controller(self.ctl_key)
+        return instances.controller(self.ctl_key)
 
     def __supervise__(self, failure: Any) -> bool:
         """Meshes spawned while serving a worker's request (nested actors, replacement and env processes) are
@@ -206,20 +195,20 @@ class Coordinator(Actor):
             _runtime.log.exception("fray coordinator: bad worker report")
 
     @endpoint
-    def submit(self, proc_key: str, fn_data: bytes, args_wire: Any, deps: list[str], options: Any) -> Any:
-        return self._safe(self._ctl().submit_remote, proc_key, fn_data, args_wire, deps, options)
+    def submit(self, proc_key: str, fn_data: bytes, call: WireValue, deps: list[str], options: Any) -> Any:
+        return self._safe(self._ctl().submit_remote, proc_key, fn_data, call, deps, options)
 
     @endpoint
-    def create_actor(self, proc_key: str, cls_data: bytes, args_wire: Any, deps: list[str], options: Any) -> Any:
-        return self._safe(self._ctl().create_actor_remote, proc_key, cls_data, args_wire, deps, options)
+    def create_actor(self, proc_key: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any) -> Any:
+        return self._safe(self._ctl().create_actor_remote, proc_key, cls_data, call, deps, options)
 
     @endpoint
-    def call_actor(self, proc_key: str, aid: str, method: str, args_wire: Any, deps: list[str]) -> Any:
-        return self._safe(self._ctl().call_actor_remote, proc_key, aid, method, args_wire, deps)
+    def call_actor(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Any:
+        return self._safe(self._ctl().call_actor_remote, proc_key, aid, method, call, deps)
 
     @endpoint
-    def put(self, proc_key: str, blob_wire: Any) -> Any:
-        return self._safe(self._ctl().put_remote, proc_key, blob_wire)
+    def put(self, proc_key: str, oid: str, value: WireValue) -> Any:
+        return self._safe(self._ctl().put_remote, proc_key, oid, value)
 
     @endpoint
     def get_actor(self, name: str) -> Any:

@@ -14,8 +14,10 @@ from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import dumps
+from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.controller import Controller
+from fray_monarch.protocol import StoreConfig
 from fray_monarch.worker_runtime import BACKEND, pack_call
 
 CAPABILITIES = frozenset(
@@ -34,9 +36,10 @@ class MonarchJobContext(JobContext):
         hosts: list[Any],
         procs_per_host: int,
         host_resources: dict[str, float],
+        stores: StoreConfig,
         on_shutdown: Callable[[], None] | None = None,
     ) -> None:
-        self.ctl = Controller(hosts, procs_per_host, host_resources)
+        self.ctl = Controller(hosts, procs_per_host, host_resources, stores)
         self._on_shutdown = on_shutdown
         self._closed = False
         self._close_lock = threading.Lock()
@@ -57,8 +60,8 @@ class MonarchJobContext(JobContext):
         self._check_open()
         fn_key, fn_data = self.ctl.fn_blob(fn)
         blob, deps = pack_call(getattr(fn, "__qualname__", "task"), args, kwargs)
-        keep = [*blob.contained, *deps]
-        payload = self.ctl.submit(fn_key, fn_data, (blob.data, blob.buffers), [d.id for d in deps], options, keep)
+        call, keep = self.ctl.encode_call(blob)
+        payload = self.ctl.submit(fn_key, fn_data, call, [d.id for d in deps], options, [*keep, *deps])
         return self._ref(payload)
 
     def _create_actor(
@@ -67,25 +70,19 @@ class MonarchJobContext(JobContext):
         self._check_open()
         cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
-        keep = [*blob.contained, *deps]
+        call, keep = self.ctl.encode_call(blob)
         aid, class_name, methods, name = self.ctl.create_actor(
-            cls_data,
-            klass.__name__,
-            public_methods(klass),
-            (blob.data, blob.buffers),
-            [d.id for d in deps],
-            keep,
-            options,
+            cls_data, klass.__name__, public_methods(klass), call, [d.id for d in deps], [*keep, *deps], options
         )
         return ActorHandle(aid, BACKEND, class_name, methods, name, ctx=self)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         self._check_open()
         blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
-        keep = [*blob.contained, *deps] if (blob.contained or deps) else []
-        return self._ref(
-            self.ctl.call_actor(handle.payload, method, (blob.data, blob.buffers), [d.id for d in deps], keep)
-        )
+        call, keep = self.ctl.encode_call(blob)
+        if deps:
+            keep = [*keep, *deps]
+        return self._ref(self.ctl.call_actor(handle.payload, method, call, [d.id for d in deps], keep))
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -114,7 +111,11 @@ class MonarchJobContext(JobContext):
 
     def _put(self, obj: Any) -> ObjectRef:
         self._check_open()
-        return self._ref(self.ctl.put_blob(dumps(obj, f"put value {type(obj).__name__}")))
+        return self._ref(self.ctl.put_blob(dumps(obj, f"put value {type(obj).__name__}", copy=False)))
+
+    def _transfer_stats(self) -> dict[str, PathStats]:
+        self._check_open()
+        return self.ctl.transfer_stats()
 
     def _get_actor(self, name: str) -> ActorHandle:
         aid, class_name, methods, actor_name = self.ctl.get_actor_info(name)

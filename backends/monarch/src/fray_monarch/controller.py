@@ -26,30 +26,33 @@ from fray.errors import (
     ActorDiedError,
     ActorNotFoundError,
     ActorUnavailableError,
-    FrayError,
     TaskCancelledError,
     WorkerCrashedError,
 )
 from fray.refs import public_methods
 from fray.serialization import Blob, RemoteError, loads
+from fray.transfers import PathStats, merge
 from fray.types import ActorOptions, TaskOptions, normalize_resources
-from fray_monarch import _runtime
+from fray_monarch import _runtime, instances
 from fray_monarch.actors import Coordinator, FrayActorHost, WorkerHost
+from fray_monarch.directory import Entry, ObjectDirectory
 from fray_monarch.objects import RefPayload, Tracker, owner_key, set_tracker
+from fray_monarch.protocol import (
+    ActorReply,
+    Inline,
+    StoreConfig,
+    Stored,
+    TaskItem,
+    TaskResult,
+    Value,
+    WireValue,
+    WorkerSetup,
+)
+from fray_monarch.store import ObjectStore, reclaim_dead_segments, remove_segments
 from fray_monarch.worker_runtime import rebuild_error
 
-FREE_GRACE = 2.0  # an unreferenced object is dropped this long after its last reference goes
 MAX_ENV_PROCS = 4  # processes kept for tasks with their own env vars
 PREFETCH = 4  # tasks sent to a process beyond its slots, queued there, to hide the round trip
-
-_controllers: dict[str, Controller] = {}
-
-
-def controller(key: str) -> Controller:
-    ctl = _controllers.get(key)
-    if ctl is None:
-        raise FrayError(f"the fray-monarch context {key} is shut down")
-    return ctl
 
 
 def _on_first(oid: str, arrived: bool) -> None:
@@ -57,9 +60,9 @@ def _on_first(oid: str, arrived: bool) -> None:
 
 
 def _on_zero(oid: str) -> None:
-    ctl = _controllers.get(owner_key(oid))
+    ctl = instances.lookup(owner_key(oid))
     if ctl is not None:
-        ctl.maybe_free(oid)
+        ctl.objects.maybe_free(oid)
 
 
 def _send(port: Any, message: Any) -> None:
@@ -75,35 +78,18 @@ set_tracker(TRACKER)
 
 
 @dataclass
-class Entry:
-    """One object: pending, a value blob, or an error. `future` is an unresolved actor-call reply."""
-
-    id: str
-    done: threading.Event = field(default_factory=threading.Event)
-    value: tuple[bytes, list[bytes]] | None = None
-    error: Any = None
-    future: Any = None
-    actor: Any = None
-    keep: list[Any] = field(default_factory=list)  # payloads this object or its pending call keeps alive
-    callbacks: list[Callable[[Entry], None]] = field(default_factory=list)
-    remote: dict[str, int] = field(default_factory=dict)  # proc key -> holds
-    watched: bool = False
-    free_armed: bool = False
-
-
-@dataclass
 class Task:
     id: str
     fn_key: str
     fn_data: bytes
-    args: tuple[bytes, list[bytes]]
+    args: WireValue
     deps: list[str]
     resources: dict[str, float]
     options: TaskOptions
     keep: list[Any]
     retries_left: int
     proc: Proc | None = None
-    dep_values: list[Any] | None = None
+    dep_values: list[Value] | None = None
     env_key: tuple[tuple[str, str], ...] = ()
     state: str = "waiting"
     cancelled: bool = False
@@ -116,6 +102,7 @@ class Proc:
     mesh: Any
     worker: Any
     capacity: dict[str, float]
+    pid: int = 0  # known once it answered its first ping, for a process on this machine
     claims: dict[str, float] = field(default_factory=dict)
     outstanding: set[str] = field(default_factory=set)
     blocked: int = 0
@@ -144,7 +131,7 @@ class ActorRec:
     class_name: str
     methods: frozenset[str]
     cls_data: bytes
-    args: tuple[bytes, list[bytes]]
+    args: WireValue
     deps: list[str]
     keep: list[Any]
     options: ActorOptions
@@ -161,11 +148,15 @@ class ActorRec:
 
 
 class Controller:
-    def __init__(self, hosts: list[Any], procs_per_host: int, host_resources: dict[str, float]) -> None:
+    """Processes, task scheduling and actors of one context, over the object directory (directory.py)."""
+
+    def __init__(
+        self, hosts: list[Any], procs_per_host: int, host_resources: dict[str, float], stores: StoreConfig
+    ) -> None:
         self.key = uuid.uuid4().hex[:10]
         self.lock = threading.RLock()
         self.ids = itertools.count()
-        self.entries: dict[str, Entry] = {}
+        self.objects = ObjectDirectory(self.key, self.lock, TRACKER, self._free_stored, self.watch)
         self.tasks: dict[str, Task] = {}
         self.queue: deque[Task] = deque()
         self.procs: list[Proc] = []
@@ -176,12 +167,15 @@ class Controller:
         self.share = {k: v / procs_per_host for k, v in host_resources.items()}
         self.fn_cache: dict[int, tuple[Any, str, bytes]] = {}
         self.closed = False
-        self.free_due: deque[tuple[float, str]] = deque()  # (when, object id), in deadline order
-        self.sweep_armed = False
+        self.stores = stores
         self.sys_path = [p for p in sys.path if p]
         if os.getcwd() not in self.sys_path:
             self.sys_path.insert(0, os.getcwd())
-        _controllers[self.key] = self
+        reclaim_dead_segments()  # files of earlier drivers or workers that were killed
+        self.store = ObjectStore(
+            self.key, "local", "driver", stores.budget, stores.driver_bind, RefPayload, stores.inline_limit
+        )
+        instances.register(self.key, self)
         self.coord = this_proc().spawn(f"fray_coord_{self.key}", Coordinator, self.key)
         for host in range(len(hosts)):
             for _ in range(procs_per_host):
@@ -193,22 +187,34 @@ class Controller:
     def _spawn_proc(self, host: int, env_key: tuple[tuple[str, str], ...] = ()) -> Proc:
         key = f"p{next(self.ids)}"
         mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.key}_{key}")
-        nodes = self.node_resources()
-        worker = mesh.spawn(
-            "fray_worker", WorkerHost, self.key, key, self.coord, dict(self.share), nodes, self.sys_path, dict(env_key)
-        )
+        setup = self._worker_setup(host, key)
+        worker = mesh.spawn("fray_worker", WorkerHost, setup, dict(env_key))
         proc = Proc(key, host, mesh, worker, dict(self.share), env_key=env_key)
         self.procs.append(proc)
         _runtime.on_done(worker.watch.call_one(), lambda _v, exc, p=proc: self._proc_died(p, exc))
         _runtime.on_done(worker.ping.call_one(), lambda v, exc, p=proc: self._watch_pid(p, v, exc))
         return proc
 
+    def _worker_setup(self, host: int, proc_key: str) -> WorkerSetup:
+        return WorkerSetup(
+            ctl_key=self.key,
+            proc_key=proc_key,
+            coord=self.coord,
+            capacity=dict(self.share),
+            nodes=self.node_resources(),
+            sys_path=self.sys_path,
+            host_id=self.stores.host_ids[host],
+            bind_host=self.stores.bind_hosts[host],
+            store_budget=self.stores.budget,
+            inline_limit=self.stores.inline_limit,
+        )
+
     def _watch_pid(self, proc: Proc, reply: Any, exc: BaseException | None) -> None:
         """A process on this machine is also watched by its pid: its exit is seen at once, even when Monarch's
         supervision poll raced the death (that path can take HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE)."""
         if exc is not None or not isinstance(reply, tuple) or not reply[1] or reply[1] != _runtime.machine_id():
             return
-        pid = reply[0]
+        pid = proc.pid = reply[0]
         _runtime.watch_pid(pid, lambda: self._proc_died(proc, RuntimeError(f"its process (pid {pid}) exited")))
 
     def node_resources(self) -> list[dict[str, float]]:
@@ -221,8 +227,10 @@ class Controller:
             proc.alive = False
             self.procs.remove(proc)
             reason = f"worker process {proc.key} died ({str(exc).splitlines()[0] if exc else 'stopped'})"
-            for entry in self.entries.values():
-                entry.remote.pop(proc.key, None)
+            self.objects.forget_holder(proc.key)
+            self.objects.mark_lost(proc.key, f"it was stored by {reason}")
+            if proc.pid:
+                reclaim_dead_segments()  # its shared memory (mappings readers already have stay valid)
             if not proc.env_key:  # env processes come back on demand
                 self._spawn_proc(proc.host)  # a fresh proc mesh: never spawn on one that lost a process
             for tid in list(proc.outstanding):
@@ -245,104 +253,77 @@ class Controller:
             self._pump()
 
     # ------------------------------------------------------------ objects
-    def new_entry(self) -> tuple[Entry, RefPayload]:
-        oid = f"{self.key}-{next(self.ids)}"
-        entry = Entry(oid)
-        self.entries[oid] = entry
-        return entry, RefPayload(oid)
+    def new_oid(self) -> str:
+        return f"{self.key}-{next(self.ids)}"
 
     def entry(self, oid: str) -> Entry:
-        entry = self.entries.get(oid)
-        if entry is None:
-            raise FrayError(f"object {oid} is gone (freed after its last reference was dropped, or shut down)")
-        return entry
-
-    def _complete(self, entry: Entry, value: Any, error: Any) -> None:
-        """Under the lock. Set the result once and run callbacks."""
-        if entry.done.is_set():
-            return
-        entry.value, entry.error = value, error
-        entry.future = None
-        entry.keep = []
-        entry.done.set()
-        callbacks, entry.callbacks = entry.callbacks, []
-        for cb in callbacks:
-            try:
-                cb(entry)
-            except Exception:  # e.g. replying to a worker that died meanwhile: must not stop the others
-                _runtime.log.exception("fray: completion callback failed")
-
-    def _keep_ids(self, ids: list[str] | None) -> list[RefPayload]:
-        return [RefPayload(i) for i in ids or ()]
+        return self.objects.get(oid)
 
     def put_blob(self, blob: Blob) -> RefPayload:
+        """A value made in the driver: stored in the driver's store (large) or inline."""
         with self.lock:
-            entry, payload = self.new_entry()
+            entry, payload = self.objects.new(self.new_oid())
+        value = self.store.encode(blob, entry.id)
+        with self.lock:
+            self.objects.complete(entry, value, None)
             entry.keep = list(blob.contained)
-            self._complete(entry, (blob.data, blob.buffers), None)
         return payload
 
-    def put_remote(self, proc_key: str, blob_wire: Any) -> str:
+    def encode_call(self, blob: Blob) -> tuple[WireValue, list[Any]]:
+        """The arguments of a call from the driver, and what the call must keep alive. Large arguments are
+        stored like a put (their object lives as long as the call needs it)."""
+        contained = tuple(p.id for p in blob.contained if isinstance(p, RefPayload))
+        if blob.nbytes < self.stores.inline_limit:
+            return WireValue(Inline.of(blob), contained), list(blob.contained)
+        payload = self.put_blob(blob)
+        return WireValue(self.objects.get(payload.id).value, contained), [payload, *blob.contained]  # type: ignore[arg-type]
+
+    def put_remote(self, proc_key: str, oid: str, wire: WireValue) -> str:
+        """A value made by a worker (its put, or large call arguments), under the id the worker chose."""
         with self.lock:
-            entry, payload = self.new_entry()
-            entry.keep = self._keep_ids(blob_wire[2])
-            self._complete(entry, (blob_wire[0], blob_wire[1]), None)
+            entry, _ = self.objects.new(oid)
             entry.remote[proc_key] = 1
-            return payload.id
+            self.objects.complete(entry, wire.value, None, wire.contained)
+            return oid
 
-    def maybe_free(self, oid: str) -> None:
-        with self.lock:
-            entry = self.entries.get(oid)
-            if entry is None or entry.free_armed or self.closed:
-                return
-            entry.free_armed = True
-            self.free_due.append((time.monotonic() + FREE_GRACE, oid))
-            if self.sweep_armed:
-                return
-            self.sweep_armed = True
-        _runtime.call_later(FREE_GRACE, self._sweep)
+    def _free_stored(self, values: list[Stored]) -> None:
+        """Under the lock: the owners of these allocations free them (their memory is reused)."""
+        by_owner: dict[str, list[int]] = {}
+        for value in values:
+            by_owner.setdefault(value.owner, []).append(value.alloc)
+        for owner, allocs in by_owner.items():
+            if owner == "driver":
+                self.store.free(allocs)
+                continue
+            for proc in self.procs:
+                if proc.key == owner and proc.alive:
+                    try:
+                        proc.worker.free.broadcast(allocs)
+                    except Exception:
+                        _runtime.log.debug("fray: free on %s not sent", owner, exc_info=True)
 
-    def _sweep(self) -> None:
-        """One timer for all pending frees (a timer per object cost ~0.1 ms of every actor call)."""
+    def on_worker_report(self, proc_key: str, results: list[TaskResult], holds: list[str], releases: list[str]) -> None:
         with self.lock:
-            now = time.monotonic()
-            while self.free_due and self.free_due[0][0] <= now:
-                self._free_if_unreferenced(self.free_due.popleft()[1])
-            if not self.free_due or self.closed:
-                self.sweep_armed = False
-                return
-            delay = max(0.05, self.free_due[0][0] - now)
-        _runtime.call_later(delay, self._sweep)
-
-    def _free_if_unreferenced(self, oid: str) -> None:
-        with self.lock:
-            entry = self.entries.get(oid)
-            if entry is None:
-                return
-            entry.free_armed = False
-            if TRACKER.counts.get(oid, 0) > 0 or any(n > 0 for n in entry.remote.values()):
-                return
-            del self.entries[oid]
-            entry.keep = []
-
-    def on_worker_report(self, proc_key: str, results: list[Any], holds: list[str], releases: list[str]) -> None:
-        with self.lock:
-            for oid in holds:
-                entry = self.entries.get(oid)
-                if entry is not None:
-                    entry.remote[proc_key] = entry.remote.get(proc_key, 0) + 1
-            for tid, status, payload, _ in results:
+            self.objects.hold(proc_key, holds)
+            for result in results:
                 try:
-                    self._task_result(proc_key, tid, status, payload)
+                    self._task_result(proc_key, result)
                 except Exception:
-                    _runtime.log.exception("fray: bad task result %s", tid)
-            for oid in releases:
-                entry = self.entries.get(oid)
-                if entry is not None and entry.remote.get(proc_key, 0) > 0:
-                    entry.remote[proc_key] -= 1
-                    if not any(entry.remote.values()) and TRACKER.counts.get(oid, 0) == 0:
-                        self.maybe_free(oid)
+                    _runtime.log.exception("fray: bad task result %s", result.id)
+            self.objects.release(proc_key, releases)
             self._pump()
+
+    def transfer_stats(self) -> dict[str, PathStats]:
+        parts = [self.store.stats.snapshot()]
+        with self.lock:
+            procs = [p for p in self.procs if p.alive]
+        futures = [p.worker.transfer_stats.call_one() for p in procs]
+        for fut in futures:
+            try:
+                parts.append(fut.get(timeout=30))
+            except Exception:
+                _runtime.log.debug("fray: transfer stats of a worker not read", exc_info=True)
+        return merge(*parts)
 
     # ------------------------------------------------------------ waiting on entries
     def watch(self, entry: Entry) -> None:
@@ -352,30 +333,29 @@ class Controller:
         entry.watched = True
         _runtime.on_done(entry.future, lambda v, exc, e=entry: self._resolve_reply(e, v, exc))
 
-    def _resolve_reply(self, entry: Entry, reply: Any, exc: BaseException | None) -> None:
+    def _resolve_reply(self, entry: Entry, reply: ActorReply | None, exc: BaseException | None) -> None:
         with self.lock:
             if entry.done.is_set():
                 return
             rec = entry.actor
-            if exc is not None:
+            if exc is not None or reply is None:
                 if rec is not None and (rec.state == "dead" or not rec.can_restart):
                     why = rec.reason or "its process crashed"
-                    self._complete(entry, None, ActorDiedError(f"actor {rec.class_name} {rec.id} died: {why}"))
+                    self.objects.complete(entry, None, ActorDiedError(f"actor {rec.class_name} {rec.id} died: {why}"))
                 else:
                     name = rec.class_name if rec else "?"
-                    self._complete(
+                    self.objects.complete(
                         entry,
                         None,
                         ActorUnavailableError(f"actor {name}'s process crashed during this call; it is restarting"),
                     )
-            elif reply[0] == "ok":
-                self._complete(entry, (reply[1][0], reply[1][1]), None)
-                entry.keep = self._keep_ids(reply[1][2])
-            elif reply[0] == "dead":
+            elif reply.status == "ok" and reply.value is not None:
+                self.objects.complete(entry, reply.value.value, None, reply.value.contained)
+            elif reply.status == "dead":
                 name = rec.class_name if rec else ""
-                self._complete(entry, None, ActorDiedError(f"actor {name} is dead: {reply[1]}"))
+                self.objects.complete(entry, None, ActorDiedError(f"actor {name} is dead: {reply.reason}"))
             else:
-                self._complete(entry, None, reply[1])
+                self.objects.complete(entry, None, reply.error)
 
     def resolve(self, entry: Entry, timeout: float | None) -> bool:
         """Wait for entry (not under the lock). Actor replies are read directly from their Monarch future."""
@@ -396,43 +376,12 @@ class Controller:
     def error_of(entry: Entry) -> BaseException:
         return rebuild_error(entry.error)
 
-    @staticmethod
-    def value_of(entry: Entry) -> Any:
+    def value_of(self, entry: Entry) -> Any:
         assert entry.value is not None
-        return loads(Blob(entry.value[0], entry.value[1]))
+        return self.store.load(entry.value)
 
     def add_waiter(self, entries: list[Entry], need: int, on_ready: Callable[[], None]) -> Callable[[], None]:
-        """Call on_ready once `need` of entries are done. Returns a function that unregisters it."""
-        state = {"count": 0, "fired": False}
-
-        def cb(_entry: Entry) -> None:
-            state["count"] += 1
-            if state["count"] >= need and not state["fired"]:
-                state["fired"] = True
-                on_ready()
-
-        with self.lock:
-            pending = []
-            for entry in entries:
-                if entry.done.is_set():
-                    state["count"] += 1
-                else:
-                    pending.append(entry)
-            if state["count"] >= need:
-                state["fired"] = True
-                on_ready()
-                return lambda: None
-            for entry in pending:
-                entry.callbacks.append(cb)
-                self.watch(entry)
-
-        def remove() -> None:
-            with self.lock:
-                for entry in pending:
-                    if cb in entry.callbacks:
-                        entry.callbacks.remove(cb)
-
-        return remove
+        return self.objects.add_waiter(entries, need, on_ready)
 
     # ------------------------------------------------------------ requests from workers
     def _blocked(self, proc_key: str, delta: int) -> None:
@@ -456,7 +405,7 @@ class Controller:
             if errors:
                 _send(port, ("err", errors[0]))
             else:
-                _send(port, ("ok", [(e.value[0], e.value[1]) for e in entries if e.value is not None]))
+                _send(port, ("ok", [e.value for e in entries]))
 
         def timed_out() -> None:
             if not replied.is_set():
@@ -509,14 +458,14 @@ class Controller:
         self,
         fn_key: str,
         fn_data: bytes,
-        args: tuple[bytes, list[bytes]],
+        args: WireValue,
         deps: list[str],
         options: TaskOptions,
         keep: list[Any],
         proc_key: str | None = None,
     ) -> RefPayload:
         with self.lock:
-            entry, payload = self.new_entry()
+            entry, payload = self.objects.new(self.new_oid())
             if proc_key is not None:
                 entry.remote[proc_key] = 1
             retries = options.max_retries
@@ -533,12 +482,12 @@ class Controller:
                 self.add_waiter(dep_entries, len(dep_entries), lambda: self._deps_ready(task, dep_entries))
             return payload
 
-    def submit_remote(self, proc_key: str, fn_data: bytes, args_wire: Any, deps: list[str], options: Any) -> str:
+    def submit_remote(self, proc_key: str, fn_data: bytes, args: WireValue, deps: list[str], options: Any) -> str:
         import hashlib
 
         key = hashlib.sha1(fn_data).hexdigest()
-        keep = self._keep_ids(args_wire[2]) + self._keep_ids(deps)
-        return self.submit(key, fn_data, (args_wire[0], args_wire[1]), deps, options, keep, proc_key).id
+        keep = [RefPayload(i) for i in (*args.contained, *deps)]
+        return self.submit(key, fn_data, args, deps, options, keep, proc_key).id
 
     def _deps_ready(self, task: Task, deps: list[Entry]) -> None:
         with self.lock:
@@ -603,7 +552,7 @@ class Controller:
             proc.outstanding.add(task.id)
             fn_data = None if task.fn_key in proc.fns_sent else task.fn_data
             proc.fns_sent.add(task.fn_key)
-            item = (task.id, task.fn_key, fn_data, task.args, task.dep_values or [], None, task.resources)
+            item = TaskItem(task.id, task.fn_key, fn_data, task.args, tuple(task.dep_values or ()), task.resources)
             batches.setdefault(proc.key, (proc, []))[1].append(item)
         self.queue.extendleft(reversed(skipped))
         for proc, batch in batches.values():
@@ -612,16 +561,18 @@ class Controller:
             except Exception:
                 _runtime.log.exception("fray: could not send tasks to %s", proc.key)
 
-    def _task_result(self, proc_key: str, tid: str, status: str, payload: Any) -> None:
+    def _task_result(self, proc_key: str, result: TaskResult) -> None:
+        tid = result.id
         task = self.tasks.get(tid)
         if task is None or task.proc is None or task.proc.key != proc_key:
             return  # a late report from a process we already gave up on
         task.proc.outstanding.discard(tid)
-        if status == "ok":
-            self._finish_task(task, (payload[0], payload[1]), None, payload[2])
-        elif status == "cancelled":
+        if result.status == "ok" and result.value is not None:
+            self._finish_task(task, result.value.value, None, result.value.contained)
+        elif result.status == "cancelled":
             self._finish_task(task, None, TaskCancelledError(f"task {tid} was cancelled"))
         else:
+            payload = result.error
             if task.retries_left != 0 and isinstance(payload, RemoteError) and not task.cancelled:
                 exc = payload.rebuild()
                 if task.options.should_retry(exc):
@@ -631,15 +582,14 @@ class Controller:
                     return
             self._finish_task(task, None, payload)
 
-    def _finish_task(self, task: Task, value: Any, error: Any, contained: list[str] | None = None) -> None:
+    def _finish_task(self, task: Task, value: Value | None, error: Any, contained: tuple[str, ...] = ()) -> None:
         task.state = "done"
         if task.proc is not None:
             task.proc.outstanding.discard(task.id)
         self.tasks.pop(task.id, None)
-        entry = self.entries.get(task.id)
+        entry = self.objects.entries.get(task.id)
         if entry is not None:
-            self._complete(entry, value, error)
-            entry.keep = self._keep_ids(contained)
+            self.objects.complete(entry, value, error, contained)
 
     def cancel(self, oid: str) -> None:
         with self.lock:
@@ -666,7 +616,7 @@ class Controller:
         cls_data: bytes,
         class_name: str,
         methods: frozenset[str],
-        args: tuple[bytes, list[bytes]],
+        args: WireValue,
         deps: list[str],
         keep: list[Any],
         options: ActorOptions,
@@ -699,13 +649,11 @@ class Controller:
             return aid, class_name, methods, options.name
 
     def create_actor_remote(
-        self, proc_key: str, cls_data: bytes, args_wire: Any, deps: list[str], options: ActorOptions
+        self, proc_key: str, cls_data: bytes, args: WireValue, deps: list[str], options: ActorOptions
     ) -> tuple[str, str, frozenset[str], str | None]:
         klass = loads(Blob(cls_data))
-        keep = self._keep_ids(args_wire[2]) + self._keep_ids(deps)
-        return self.create_actor(
-            cls_data, klass.__name__, public_methods(klass), (args_wire[0], args_wire[1]), deps, keep, options
-        )
+        keep = [RefPayload(i) for i in (*args.contained, *deps)]
+        return self.create_actor(cls_data, klass.__name__, public_methods(klass), args, deps, keep, options)
 
     def _place_actor(self, rec: ActorRec) -> None:
         """Under the lock: spawn the actor on the least loaded live process that can hold its resources."""
@@ -718,16 +666,10 @@ class Controller:
             for k, q in rec.resources.items():
                 proc.claims[k] = proc.claims.get(k, 0.0) + q
             proc.worker.set_capacity.broadcast(proc.free_capacity)
-        nodes = self.node_resources()
         rec.mesh = proc.mesh.spawn(
             f"fray_actor_{rec.id}_{rec.restarts}",
             FrayActorHost,
-            self.key,
-            proc.key,
-            self.coord,
-            dict(self.share),
-            nodes,
-            self.sys_path,
+            self._worker_setup(proc.host, proc.key),
             rec.options.max_concurrency,
         )
         init = rec.mesh.init.call_one(rec.cls_data, rec.args, rec.deps)
@@ -758,27 +700,28 @@ class Controller:
         self,
         aid: str,
         method: str,
-        args: tuple[bytes, list[bytes]],
+        args: WireValue,
         deps: list[str],
         keep: list[Any],
         proc_key: str | None = None,
     ) -> RefPayload:
         with self.lock:
             rec = self.actor(aid)
-            entry, payload = self.new_entry()
+            entry, payload = self.objects.new(self.new_oid())
             entry.actor = rec
             if proc_key is not None:
                 entry.remote[proc_key] = 1
             if rec.state == "dead":
-                self._complete(entry, None, ActorDiedError(f"actor {rec.class_name} {aid} is dead: {rec.reason}"))
+                error = ActorDiedError(f"actor {rec.class_name} {aid} is dead: {rec.reason}")
+                self.objects.complete(entry, None, error)
                 return payload
-            entry.future = rec.mesh.call.call_one(method, args, deps)
+            entry.future = rec.mesh.call.call_one(entry.id, method, args, deps)
             entry.keep = keep
             return payload
 
-    def call_actor_remote(self, proc_key: str, aid: str, method: str, args_wire: Any, deps: list[str]) -> str:
-        keep = self._keep_ids(args_wire[2]) + self._keep_ids(deps)
-        return self.call_actor(aid, method, (args_wire[0], args_wire[1]), deps, keep, proc_key).id
+    def call_actor_remote(self, proc_key: str, aid: str, method: str, args: WireValue, deps: list[str]) -> str:
+        keep = [RefPayload(i) for i in (*args.contained, *deps)]
+        return self.call_actor(aid, method, args, deps, keep, proc_key).id
 
     def get_actor_info(self, name: str) -> tuple[str, str, frozenset[str], str | None]:
         with self.lock:
@@ -814,7 +757,7 @@ class Controller:
                     workers.append(repr(exc))
             return (
                 f"workers={workers} procs={procs} queue={len(self.queue)} {queued} tasks={len(self.tasks)} "
-                f"entries={len(self.entries)}"
+                f"entries={len(self.objects.entries)}"
             )
 
     # ------------------------------------------------------------ shutdown
@@ -824,9 +767,7 @@ class Controller:
                 return
             self.closed = True
             procs = list(self.procs)
-            for entry in self.entries.values():
-                if not entry.done.is_set() and entry.future is None:
-                    self._complete(entry, None, FrayError("the fray-monarch context was shut down"))
+        self.objects.close()
         stops = []
         for proc in procs:
             proc.alive = False
@@ -845,7 +786,9 @@ class Controller:
         except Exception:
             pass
         with self.lock:
-            self.entries.clear()
+            self.objects.clear()
             self.tasks.clear()
             self.queue.clear()
-        _controllers.pop(self.key, None)
+        self.store.close()
+        remove_segments(f"fray.{self.key}.")  # every host of this context on this machine
+        instances.unregister(self.key)

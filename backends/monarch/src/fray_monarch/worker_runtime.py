@@ -4,6 +4,7 @@ to the controller's coordinator actor (so nested tasks and actors reach the same
 from __future__ import annotations
 
 import ctypes
+import itertools
 import queue
 import sys
 import threading
@@ -18,8 +19,11 @@ from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
 from fray.refs import ActorHandle, ObjectRef
 from fray.serialization import Blob, RemoteError, capture_exception, dumps, find_unserializable_argument, loads
+from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.objects import DepMarker, RefPayload, Tracker, set_tracker
+from fray_monarch.protocol import Inline, TaskItem, TaskResult, Value, WireValue, WorkerSetup
+from fray_monarch.store import ObjectStore, reclaim_dead_segments
 
 BACKEND = "monarch"
 RELEASE_DELAY = 1.0  # releases wait this long before being sent, so they never overtake the hold they undo
@@ -53,16 +57,18 @@ def fill_deps(
 
 
 def pack_call(what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Blob, list[Any]]:
+    """The call's arguments serialized (views of the caller's buffers, written out at once), and the payloads of
+    its top-level ref arguments."""
     args, kwargs, deps = split_refs(args, kwargs)
     try:
-        blob = dumps((args, kwargs), f"the arguments of {what}")
+        blob = dumps((args, kwargs), f"the arguments of {what}", copy=False)
     except FrayError as exc:
         raise find_unserializable_argument(what, args, kwargs, exc) from exc
     return blob, deps
 
 
-def wire(blob: Blob) -> tuple[bytes, list[bytes], list[str]]:
-    return blob.data, blob.buffers, [p.id for p in blob.contained if isinstance(p, RefPayload)]
+def contained_ids(blob: Blob) -> tuple[str, ...]:
+    return tuple(p.id for p in blob.contained if isinstance(p, RefPayload))
 
 
 def rebuild_error(err: Any) -> BaseException:
@@ -72,21 +78,24 @@ def rebuild_error(err: Any) -> BaseException:
 class WorkerRuntime:
     """One per worker process: runs tasks by local free resources, reports results and ref holds in batches."""
 
-    def __init__(
-        self,
-        ctl_key: str,
-        proc_key: str,
-        coord: Any,
-        capacity: Mapping[str, float],
-        nodes: list[dict[str, float]],
-        sys_path: list[str],
-    ) -> None:
-        for entry in reversed(sys_path):  # the controller's import path, so user modules import here too
+    def __init__(self, setup: WorkerSetup) -> None:
+        for entry in reversed(setup.sys_path):  # the controller's import path, so user modules import here too
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        self.ctl_key, self.proc_key, self.coord = ctl_key, proc_key, coord
-        self.free = dict(capacity)
-        self.capacity = dict(capacity)
+        self.ctl_key, self.proc_key, self.coord = setup.ctl_key, setup.proc_key, setup.coord
+        self.free = dict(setup.capacity)
+        self.capacity = dict(setup.capacity)
+        self.oids = itertools.count()
+        reclaim_dead_segments()
+        self.store = ObjectStore(
+            setup.ctl_key,
+            setup.host_id,
+            setup.proc_key,
+            setup.store_budget,
+            setup.bind_host,
+            lambda oid: RefPayload(oid, arrived=True),
+            setup.inline_limit,
+        )
         self.queue: deque[tuple[Any, ...]] = deque()
         self.running: dict[str, dict[str, float]] = {}
         self.threads: dict[str, int] = {}  # task id -> thread ident, while the user function runs
@@ -97,7 +106,7 @@ class WorkerRuntime:
         self.idle = 0  # task threads waiting for work (they are never killed, even by a stray async exception)
         self.outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.stopped = False
-        self.ctx = WorkerJobContext(self, nodes)
+        self.ctx = WorkerJobContext(self, setup.nodes)
         set_tracker(Tracker(self._first, self._zero))
         fray_context._set_default(self.ctx)
         threading.Thread(target=self._sender, name="fray-sender", daemon=True).start()
@@ -154,13 +163,43 @@ class WorkerRuntime:
         self.stopped = True
         self.outbox.put(("stop", None))
 
+    # ------------------------------------------------------------ values
+    def new_oid(self) -> str:
+        return f"{self.ctl_key}-{self.proc_key}.{next(self.oids)}"
+
+    def encode(self, blob: Blob, oid: str) -> WireValue:
+        """A value made here under `oid` (a task or method result): stored here when large."""
+        return WireValue(self.store.encode(blob, oid), contained_ids(blob))
+
+    def register(self, blob: Blob) -> tuple[RefPayload, WireValue]:
+        """A value made here that needs its own object (a put, or large call arguments): stored here when
+        large, and entered in the controller's directory under an id chosen here."""
+        oid = self.new_oid()
+        payload = RefPayload(oid)
+        wire = self.encode(blob, oid)
+        reply = self.coord.put.call_one(self.proc_key, oid, wire).get(timeout=REPLY_MARGIN)
+        _checked(reply)
+        return payload, wire
+
+    def encode_call(self, blob: Blob) -> tuple[WireValue, RefPayload | None]:
+        """A call's arguments: inline when small, else a registered object the call keeps alive."""
+        if blob.nbytes < self.store.inline_limit:
+            return WireValue(Inline.of(blob), contained_ids(blob)), None
+        payload, wire = self.register(blob)
+        return WireValue(wire.value, (*wire.contained, payload.id)), payload
+
+    def load(self, value: Value) -> Any:
+        return self.store.load(value)
+
+    def transfer_stats(self) -> dict[str, PathStats]:
+        return self.store.stats.snapshot()
+
     # ------------------------------------------------------------ tasks
-    def enqueue(self, batch: list[tuple[Any, ...]]) -> None:
+    def enqueue(self, batch: list[TaskItem]) -> None:
         with self.lock:
             for item in batch:
-                key, data = item[1], item[2]
-                if data is not None:
-                    self.fn_data[key] = data
+                if item.fn_data is not None:
+                    self.fn_data[item.fn_key] = item.fn_data
                 self.queue.append(item)
             self._start_ready()
 
@@ -175,9 +214,9 @@ class WorkerRuntime:
         """Drop the task if queued here; interrupt it if it runs (TaskCancelledError raised in its thread)."""
         with self.lock:
             for item in self.queue:
-                if item[0] == tid:
+                if item.id == tid:
                     self.queue.remove(item)
-                    self.outbox.put(("result", (tid, "cancelled", None, None)))
+                    self.outbox.put(("result", TaskResult(tid, "cancelled")))
                     return "dropped"
             thread = self.threads.get(tid)
             if thread is None:
@@ -191,13 +230,13 @@ class WorkerRuntime:
     def _start_ready(self) -> None:
         for _ in range(len(self.queue)):
             item = self.queue[0]
-            res = item[6]
+            res = item.resources
             if not self._fits(res) and self.running:
                 return  # in order: wait for room (a task larger than the whole process still runs alone)
             self.queue.popleft()
             for k, q in res.items():
                 self.free[k] = self.free.get(k, 0.0) - q
-            self.running[item[0]] = res
+            self.running[item.id] = res
             if self.idle > 0:
                 self.idle -= 1
             else:
@@ -257,15 +296,15 @@ class WorkerRuntime:
             fn = self.fns[key] = loads(Blob(self.fn_data[key]))
         return fn
 
-    def _execute(self, item: tuple[Any, ...]) -> None:
-        tid, key, _, args_wire, deps, _env, _res = item
+    def _execute(self, item: TaskItem) -> None:
+        tid = item.id
         _current_task.id = tid
         token = fray_context._current.set(self.ctx)
         try:
-            fn = self.load_fn(key)
-            args, kwargs = loads(Blob(args_wire[0], args_wire[1]))
-            if deps:
-                args, kwargs = fill_deps(args, kwargs, [loads(Blob(d[0], d[1])) for d in deps])
+            fn = self.load_fn(item.fn_key)
+            args, kwargs = self.load(item.args.value)
+            if item.deps:
+                args, kwargs = fill_deps(args, kwargs, [self.load(d) for d in item.deps])
             with self.lock:
                 self.threads[tid] = threading.get_ident()
             try:
@@ -274,9 +313,10 @@ class WorkerRuntime:
                 with self.lock:
                     del self.threads[tid]
             name = getattr(fn, "__qualname__", "task")
-            result = (tid, "ok", wire(dumps(value, f"the return value of {name}")), None)
+            blob = dumps(value, f"the return value of {name}", copy=False)
+            result = TaskResult(tid, "ok", self.encode(blob, tid))
         except BaseException as exc:
-            result = (tid, "err", capture_exception(exc), None)
+            result = TaskResult(tid, "err", error=capture_exception(exc))
         finally:
             fray_context._current.reset(token)
             _current_task.id = None
@@ -320,10 +360,11 @@ class WorkerJobContext(JobContext):
     ) -> ObjectRef:
         fn_blob = dumps(fn, f"task function {getattr(fn, '__qualname__', fn)}")
         blob, deps = pack_call(getattr(fn, "__qualname__", "task"), args, kwargs)
+        call, _keep = self.rt.encode_call(blob)
         oid = _checked(
-            self.rt.coord.submit.call_one(
-                self.rt.proc_key, fn_blob.data, wire(blob), [d.id for d in deps], options
-            ).get(timeout=REPLY_MARGIN)
+            self.rt.coord.submit.call_one(self.rt.proc_key, fn_blob.data, call, [d.id for d in deps], options).get(
+                timeout=REPLY_MARGIN
+            )
         )
         return self._ref(oid)
 
@@ -332,19 +373,21 @@ class WorkerJobContext(JobContext):
     ) -> ActorHandle:
         cls_blob = dumps(klass, f"actor class {klass.__qualname__}")
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
+        call, _keep = self.rt.encode_call(blob)
         info = _checked(
             self.rt.coord.create_actor.call_one(
-                self.rt.proc_key, cls_blob.data, wire(blob), [d.id for d in deps], options
+                self.rt.proc_key, cls_blob.data, call, [d.id for d in deps], options
             ).get(timeout=REPLY_MARGIN)
         )
         return ActorHandle(info[0], BACKEND, info[1], info[2], info[3], ctx=self)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
+        call, _keep = self.rt.encode_call(blob)
         oid = _checked(
-            self.rt.coord.call_actor.call_one(
-                self.rt.proc_key, handle.payload, method, wire(blob), [d.id for d in deps]
-            ).get(timeout=REPLY_MARGIN)
+            self.rt.coord.call_actor.call_one(self.rt.proc_key, handle.payload, method, call, [d.id for d in deps]).get(
+                timeout=REPLY_MARGIN
+            )
         )
         return self._ref(oid)
 
@@ -357,7 +400,7 @@ class WorkerJobContext(JobContext):
         if reply[0] == "timeout":
             raise GetTimeoutError(f"get did not finish within {timeout} s")
         values = _checked(reply)
-        return [loads(Blob(v[0], v[1])) for v in values]
+        return [self.rt.load(v) for v in values]
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         tid = self.rt.block()
@@ -371,9 +414,8 @@ class WorkerJobContext(JobContext):
         return set(_checked(reply))
 
     def _put(self, obj: Any) -> ObjectRef:
-        blob = dumps(obj, f"put value {type(obj).__name__}")
-        oid = _checked(self.rt.coord.put.call_one(self.rt.proc_key, wire(blob)).get(timeout=REPLY_MARGIN))
-        return self._ref(oid)
+        payload, _ = self.rt.register(dumps(obj, f"put value {type(obj).__name__}", copy=False))
+        return ObjectRef(payload, BACKEND)
 
     def _get_actor(self, name: str) -> ActorHandle:
         info = _checked(self.rt.coord.get_actor.call_one(name).get(timeout=REPLY_MARGIN))

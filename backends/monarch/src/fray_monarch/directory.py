@@ -1,0 +1,201 @@
+"""The object directory of one context: id -> state (pending, a value's locator, or an error), in the driver.
+
+Values do not live here: a large one stays in the shared-memory store of the process that made it (see
+store.py), and the directory keeps only its `Stored` locator; small ones are `Inline`. An entry is dropped a
+grace period after nothing refers to it any more (refs in the driver, holds of worker processes, values that
+contain it), and then its owner frees the memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fray.errors import FrayError, ObjectLostError
+from fray_monarch import _runtime
+from fray_monarch.objects import RefPayload, Tracker
+from fray_monarch.protocol import Stored, Value
+
+FREE_GRACE = 2.0  # an unreferenced object is dropped this long after its last reference goes
+
+
+@dataclass
+class Entry:
+    """One object: pending, a value, or an error. `future` is an unresolved actor-call reply."""
+
+    id: str
+    done: threading.Event = field(default_factory=threading.Event)
+    value: Value | None = None
+    error: Any = None
+    future: Any = None
+    actor: Any = None
+    keep: list[Any] = field(default_factory=list)  # payloads this object or its pending call keeps alive
+    callbacks: list[Callable[[Entry], None]] = field(default_factory=list)
+    remote: dict[str, int] = field(default_factory=dict)  # proc key -> holds
+    watched: bool = False
+    free_armed: bool = False
+
+
+class ObjectDirectory:
+    """Entries under the controller's lock; frees them when unreferenced; tells owners to free their memory."""
+
+    def __init__(
+        self,
+        key: str,
+        lock: threading.RLock,
+        tracker: Tracker,
+        free_stored: Callable[[list[Stored]], None],
+        watch_reply: Callable[[Entry], None],
+    ) -> None:
+        self.key = key
+        self.lock = lock
+        self.tracker = tracker
+        self.free_stored = free_stored  # tells each owner to free these allocations
+        self.watch_reply = watch_reply  # makes a pending actor-call entry complete by itself
+        self.entries: dict[str, Entry] = {}
+        self.free_due: deque[tuple[float, str]] = deque()  # (when, object id), in deadline order
+        self.sweep_armed = False
+        self.closed = False
+
+    def new(self, oid: str) -> tuple[Entry, RefPayload]:
+        entry = Entry(oid)
+        self.entries[oid] = entry
+        return entry, RefPayload(oid)
+
+    def get(self, oid: str) -> Entry:
+        entry = self.entries.get(oid)
+        if entry is None:
+            raise FrayError(f"object {oid} is gone (freed after its last reference was dropped, or shut down)")
+        return entry
+
+    def complete(self, entry: Entry, value: Value | None, error: Any, contained: tuple[str, ...] = ()) -> None:
+        """Under the lock. Set the result once and run callbacks."""
+        if entry.done.is_set():
+            return
+        entry.value, entry.error = value, error
+        entry.future = None
+        entry.keep = [RefPayload(i) for i in contained]
+        entry.done.set()
+        callbacks, entry.callbacks = entry.callbacks, []
+        for cb in callbacks:
+            try:
+                cb(entry)
+            except Exception:  # e.g. replying to a worker that died meanwhile: must not stop the others
+                _runtime.log.exception("fray: completion callback failed")
+
+    def hold(self, proc_key: str, oids: list[str]) -> None:
+        for oid in oids:
+            entry = self.entries.get(oid)
+            if entry is not None:
+                entry.remote[proc_key] = entry.remote.get(proc_key, 0) + 1
+
+    def release(self, proc_key: str, oids: list[str]) -> None:
+        for oid in oids:
+            entry = self.entries.get(oid)
+            if entry is not None and entry.remote.get(proc_key, 0) > 0:
+                entry.remote[proc_key] -= 1
+                if not any(entry.remote.values()) and self.tracker.counts.get(oid, 0) == 0:
+                    self.maybe_free(oid)
+
+    def forget_holder(self, proc_key: str) -> None:
+        for entry in self.entries.values():
+            entry.remote.pop(proc_key, None)
+
+    def mark_lost(self, owner: str, why: str) -> None:
+        """Under the lock: values stored by the dead process `owner` are gone."""
+        for entry in self.entries.values():
+            value = entry.value
+            if isinstance(value, Stored) and value.owner == owner:
+                entry.value = None
+                entry.error = ObjectLostError(f"object {entry.id} is lost: {why}")
+
+    # ------------------------------------------------------------ freeing
+    def maybe_free(self, oid: str) -> None:
+        with self.lock:
+            entry = self.entries.get(oid)
+            if entry is None or entry.free_armed or self.closed:
+                return
+            entry.free_armed = True
+            self.free_due.append((time.monotonic() + FREE_GRACE, oid))
+            if self.sweep_armed:
+                return
+            self.sweep_armed = True
+        _runtime.call_later(FREE_GRACE, self._sweep)
+
+    def _sweep(self) -> None:
+        """One timer for all pending frees (a timer per object cost ~0.1 ms of every actor call)."""
+        freed: list[Stored] = []
+        with self.lock:
+            now = time.monotonic()
+            while self.free_due and self.free_due[0][0] <= now:
+                self._free_if_unreferenced(self.free_due.popleft()[1], freed)
+            if not self.free_due or self.closed:
+                self.sweep_armed = False
+                delay = None
+            else:
+                delay = max(0.05, self.free_due[0][0] - now)
+            if freed:
+                self.free_stored(freed)
+        if delay is not None:
+            _runtime.call_later(delay, self._sweep)
+
+    def _free_if_unreferenced(self, oid: str, freed: list[Stored]) -> None:
+        entry = self.entries.get(oid)
+        if entry is None:
+            return
+        entry.free_armed = False
+        if self.tracker.counts.get(oid, 0) > 0 or any(n > 0 for n in entry.remote.values()):
+            return
+        del self.entries[oid]
+        entry.keep = []
+        if isinstance(entry.value, Stored):
+            freed.append(entry.value)
+
+    # ------------------------------------------------------------ waiting
+    def add_waiter(self, entries: list[Entry], need: int, on_ready: Callable[[], None]) -> Callable[[], None]:
+        """Call on_ready once `need` of entries are done. Returns a function that unregisters it."""
+        state = {"count": 0, "fired": False}
+
+        def cb(_entry: Entry) -> None:
+            state["count"] += 1
+            if state["count"] >= need and not state["fired"]:
+                state["fired"] = True
+                on_ready()
+
+        with self.lock:
+            pending = []
+            for entry in entries:
+                if entry.done.is_set():
+                    state["count"] += 1
+                else:
+                    pending.append(entry)
+            if state["count"] >= need:
+                state["fired"] = True
+                on_ready()
+                return lambda: None
+            for entry in pending:
+                entry.callbacks.append(cb)
+                self.watch_reply(entry)
+
+        def remove() -> None:
+            with self.lock:
+                for entry in pending:
+                    if cb in entry.callbacks:
+                        entry.callbacks.remove(cb)
+
+        return remove
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            for entry in self.entries.values():
+                if not entry.done.is_set() and entry.future is None:
+                    self.complete(entry, None, FrayError("the fray-monarch context was shut down"))
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()

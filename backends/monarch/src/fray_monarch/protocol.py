@@ -1,0 +1,146 @@
+"""The typed messages between the controller (driver process) and the worker processes.
+
+Values travel as `Inline` (small: the bytes ride in the control message) or `Stored` (large: a small locator on
+the control plane; the bytes stay in the owner's shared-memory store and go straight to the reader).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fray.serialization import Blob, RemoteError
+
+__all__ = [
+    "ActorReply",
+    "Inline",
+    "Span",
+    "StoreConfig",
+    "Stored",
+    "TaskItem",
+    "TaskResult",
+    "Value",
+    "WireValue",
+    "WorkerSetup",
+]
+
+
+INLINE_LIMIT = 64 * 1024  # smaller values ride in control messages; larger ones stay in their owner's store
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """How the object stores of one context are set up (see store.py)."""
+
+    budget: int  # bytes of shared memory per fray host (object_store_memory)
+    host_ids: tuple[str, ...]  # the fray host of each mesh host; "local" is the driver's own
+    bind_hosts: tuple[str, ...]  # where each mesh host's transfer servers listen
+    driver_bind: str = "127.0.0.1"
+    inline_limit: int = INLINE_LIMIT
+
+
+@dataclass(frozen=True)
+class Inline:
+    """A small serialized value carried in the message itself."""
+
+    data: bytes
+    buffers: tuple[bytes, ...] = ()
+    private: frozenset[int] = frozenset()
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + sum(len(b) for b in self.buffers)
+
+    @staticmethod
+    def of(blob: Blob) -> Inline:
+        return Inline(blob.data, tuple(bytes(memoryview(b)) for b in blob.buffers), blob.private)
+
+
+@dataclass(frozen=True)
+class Span:
+    offset: int  # from the start of the allocation
+    length: int
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where a large value lives: an allocation in the shared-memory store of its owner process.
+
+    A reader on the same host maps the spans; one on another host pulls them from `address` with `token`.
+    `oid` is the object that keeps the allocation alive: a reader holds a ref to it while its mapping lives."""
+
+    oid: str
+    host: str  # the fray host (two fray hosts never share memory, even on one machine)
+    owner: str  # the owner process's key ("driver" for the controller's own store)
+    address: str  # "ip:port" of the owner's transfer server
+    token: str
+    segment: str  # the shared-memory file under /dev/shm
+    offset: int  # start of the allocation in the segment (page aligned)
+    length: int
+    data: Span
+    buffers: tuple[Span, ...]
+    private: frozenset[int]
+    alloc: int  # the allocation's id in the owner's store, to free it
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.length + sum(s.length for s in self.buffers)
+
+
+Value = Inline | Stored
+
+
+@dataclass(frozen=True)
+class WireValue:
+    """A value and the ids of the refs pickled inside it (kept alive as long as the value is)."""
+
+    value: Value
+    contained: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    """One task sent to a worker process."""
+
+    id: str
+    fn_key: str
+    fn_data: bytes | None  # None when that process has the function already
+    args: WireValue
+    deps: tuple[Value, ...]  # the values of top-level ref arguments, in order
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """A worker's report of one task: ok (value), err (RemoteError) or cancelled."""
+
+    id: str
+    status: str
+    value: WireValue | None = None
+    error: RemoteError | None = None
+
+
+@dataclass(frozen=True)
+class ActorReply:
+    """An actor host's answer to init or a method call: ok (value), err (RemoteError) or dead (reason)."""
+
+    status: str
+    value: WireValue | None = None
+    error: Any = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker process (and each actor host in it) is started with."""
+
+    ctl_key: str
+    proc_key: str
+    coord: Any  # the coordinator actor in the driver, which serves this process's requests
+    capacity: dict[str, float]
+    nodes: list[dict[str, float]]
+    sys_path: list[str]
+    host_id: str  # the fray host this process belongs to
+    bind_host: str  # where its transfer server listens
+    store_budget: int
+    inline_limit: int

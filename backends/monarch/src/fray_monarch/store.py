@@ -1,0 +1,566 @@
+"""The per-process object store: large values live in shared memory with the process that made them.
+
+Owner side: an arena of /dev/shm files ("chunks", 64 MiB or one object's size) mapped once and reused, so
+writing a value is one memory copy into already-faulted pages. Allocations are page aligned; each out-of-band
+buffer starts on a page, so a reader can map it on its own.
+
+Reader side, same fray host: each buffer is mmap'ed from the owner's file (MAP_POPULATE: one system call, no
+page fault per page). numpy buffers are mapped read-only (writing raises, as with Ray). torch storages are mapped
+copy-on-write (MAP_PRIVATE): a reader that writes gets private pages and never changes another reader's value.
+The mapping holds a ref to the object, so the owner cannot free and reuse the memory while it is mapped.
+
+Reader side, another fray host: the bytes are pulled from the owner's transfer server over TCP (`tcp-direct`,
+chosen when ibverbs is missing; see docs/backends/monarch.md), split over parallel streams when large, straight
+into private memory of the reader.
+
+The size of the store of one fray host is `object_store_memory`, shared by its processes: a chunk is created
+only under the host's lock file, after adding up the chunk files of that host. Files are named
+`fray.<ctl>.<host>.<pid>-<starttime>.<n>`, so a later start can reclaim the files of dead processes (and only
+those: another live driver's files are never touched).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import itertools
+import mmap
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from fray.errors import ObjectLostError, ObjectStoreFullError
+from fray.serialization import Blob, loads
+from fray.transfers import TransferStats
+from fray_monarch.protocol import Inline, Span, Stored, Value
+
+SHM_DIR = "/dev/shm"
+PAGE = mmap.PAGESIZE
+CHUNK = 64 * 1024 * 1024
+RETAIN_FREE = 512 * 1024 * 1024  # fully free chunks kept for reuse (no page faults) up to this much per process
+STREAM_MIN = 32 * 1024 * 1024  # pulls larger than this are split over parallel streams
+STREAMS = 4
+CONNECT_TIMEOUT = 10.0
+IO_TIMEOUT = 120.0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _align(n: int) -> int:
+    return (n + PAGE - 1) // PAGE * PAGE
+
+
+def _proc_tag(pid: int) -> str | None:
+    """pid-starttime of a live process (None if it is gone): survives pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] == b"Z":
+        return None
+    return f"{pid}-{int(fields[19])}"
+
+
+def segment_prefix(ctl: str, host: str) -> str:
+    return f"fray.{ctl}.{host}."
+
+
+def reclaim_dead_segments(shm_dir: str = SHM_DIR) -> int:
+    """Remove fray store files whose owner process is dead, and lock files of hosts left with no store file
+    for a minute. Returns how many were removed."""
+    removed = 0
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return 0
+    for name in names:
+        parts = name.split(".")
+        if len(parts) == 4 and parts[0] == "fray" and parts[3] == "lock":
+            removed += _reclaim_lock(shm_dir, name, names)
+            continue
+        if len(parts) != 5 or parts[0] != "fray" or "-" not in parts[3]:
+            continue
+        pid = parts[3].split("-", 1)[0]
+        if not pid.isdigit() or _proc_tag(int(pid)) == parts[3]:
+            continue
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _reclaim_lock(shm_dir: str, name: str, names: list[str]) -> int:
+    prefix = name[: -len("lock")]
+    if any(n.startswith(prefix) and n != name for n in names):
+        return 0
+    path = os.path.join(shm_dir, name)
+    try:
+        if time.time() - os.stat(path).st_mtime < 60:  # a live context between two chunks: leave it
+            return 0
+        os.unlink(path)
+        return 1
+    except OSError:
+        return 0
+
+
+def remove_segments(prefix: str, owner_tag: str | None = None, shm_dir: str = SHM_DIR) -> None:
+    """Remove the store files of one context's host (of one owner process, if given)."""
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix) and (owner_tag is None or name.split(".")[3] == owner_tag):
+            try:
+                os.unlink(os.path.join(shm_dir, name))
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------------------- owner side: arena
+@dataclass
+class _Chunk:
+    name: str
+    size: int
+    fd: int
+    map: mmap.mmap
+    view: memoryview
+    free: list[tuple[int, int]] = field(default_factory=list)  # (offset, size), sorted, coalesced
+    used: int = 0
+
+
+class Arena:
+    """Allocations in shared-memory chunks of this process, within the host's budget."""
+
+    def __init__(self, ctl: str, host: str, budget: int) -> None:
+        tag = _proc_tag(os.getpid())
+        self.prefix = segment_prefix(ctl, host)
+        self.tag = tag or str(os.getpid())
+        self.budget = budget
+        self.chunks: dict[str, _Chunk] = {}
+        self.allocs: dict[int, tuple[_Chunk, int, int]] = {}
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
+        self.names = itertools.count()
+
+    def alloc(self, size: int) -> tuple[int, _Chunk, int]:
+        """(allocation id, chunk, offset) of `size` page-aligned bytes; ObjectStoreFullError if no room."""
+        size = _align(max(size, 1))
+        with self.lock:
+            found = self._find(size)
+            if found is None:
+                try:
+                    self._grow(max(CHUNK, size))
+                except ObjectStoreFullError:
+                    self._release_free_chunks(keep=0)
+                    self._grow(max(CHUNK, size))
+                found = self._find(size)
+                assert found is not None
+            chunk, offset = found
+            aid = next(self.ids)
+            self.allocs[aid] = (chunk, offset, size)
+            chunk.used += size
+            return aid, chunk, offset
+
+    def _find(self, size: int) -> tuple[_Chunk, int] | None:
+        for chunk in self.chunks.values():
+            for i, (off, n) in enumerate(chunk.free):
+                if n >= size:
+                    if n == size:
+                        del chunk.free[i]
+                    else:
+                        chunk.free[i] = (off + size, n - size)
+                    return chunk, off
+        return None
+
+    def _grow(self, size: int) -> None:
+        name = f"{self.prefix}{self.tag}.{next(self.names)}"
+        path = os.path.join(SHM_DIR, name)
+        lock_fd = os.open(os.path.join(SHM_DIR, self.prefix + "lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            used = _host_usage(self.prefix)
+            if used + size > self.budget:
+                raise ObjectStoreFullError(
+                    f"the object store of this host is full: {used / 2**20:.0f} MiB used of "
+                    f"{self.budget / 2**20:.0f} MiB (object_store_memory), {size / 2**20:.0f} MiB more needed. "
+                    "Drop refs to values you no longer need, or raise object_store_memory in the spec."
+                )
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)  # claims the pages now: a full /dev/shm fails here, not at write
+            except OSError as exc:
+                os.close(fd)
+                os.unlink(path)
+                if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                    raise ObjectStoreFullError(
+                        f"no room in {SHM_DIR} for {size / 2**20:.0f} MiB more ({exc.strerror})"
+                    ) from exc
+                raise
+        finally:
+            os.close(lock_fd)
+        mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.chunks[name] = _Chunk(name, size, fd, mapped, memoryview(mapped), [(0, size)])
+
+    def free(self, aid: int) -> None:
+        with self.lock:
+            found = self.allocs.pop(aid, None)
+            if found is None:
+                return
+            chunk, offset, size = found
+            chunk.used -= size
+            chunk.free.append((offset, size))
+            chunk.free.sort()
+            merged: list[tuple[int, int]] = []
+            for off, n in chunk.free:
+                if merged and merged[-1][0] + merged[-1][1] == off:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + n)
+                else:
+                    merged.append((off, n))
+            chunk.free = merged
+            self._release_free_chunks(keep=RETAIN_FREE)
+
+    def _release_free_chunks(self, keep: int) -> None:
+        """Under the lock: unlink fully free chunks beyond `keep` bytes of them (largest first)."""
+        idle = sorted((c for c in self.chunks.values() if c.used == 0), key=lambda c: -c.size)
+        total = sum(c.size for c in idle)
+        for chunk in idle:
+            if total <= keep:
+                break
+            total -= chunk.size
+            self._drop(chunk)
+
+    def _drop(self, chunk: _Chunk) -> None:
+        del self.chunks[chunk.name]
+        try:
+            os.unlink(os.path.join(SHM_DIR, chunk.name))
+        except OSError:
+            pass
+        chunk.view.release()
+        try:
+            chunk.map.close()
+        except BufferError:  # a local reader still has a view: the mapping goes with it
+            pass
+        os.close(chunk.fd)
+
+    def close(self) -> None:
+        with self.lock:
+            for chunk in list(self.chunks.values()):
+                self._drop(chunk)
+            self.allocs.clear()
+
+    def locate(self, name: str) -> _Chunk | None:
+        return self.chunks.get(name)
+
+
+def _host_usage(prefix: str) -> int:
+    total = 0
+    with os.scandir(SHM_DIR) as it:
+        for entry in it:
+            if entry.name.startswith(prefix) and not entry.name.endswith(".lock"):
+                try:
+                    total += entry.stat().st_size
+                except OSError:
+                    pass
+    return total
+
+
+# --------------------------------------------------------------------------------------- reader side: mappings
+class _Mapping:
+    """One mmap of a span of a store file. Its buffer views keep it (and the pin) alive; unmapped at GC."""
+
+    def __init__(self, path: str, offset: int, length: int, private: bool, pin: Any) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            flags = (mmap.MAP_PRIVATE if private else mmap.MAP_SHARED) | mmap.MAP_POPULATE
+            # Populated read-only even when private: populating a writable private mapping would copy every page.
+            addr = _libc.mmap(None, length, mmap.PROT_READ, flags, fd, offset)
+        finally:
+            os.close(fd)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {path} failed: {os.strerror(err)}")
+        if private and _libc.mprotect(addr, length, mmap.PROT_READ | mmap.PROT_WRITE) != 0:
+            _libc.munmap(addr, length)
+            raise OSError(ctypes.get_errno(), "mprotect failed")
+        self.addr, self.length, self.pin = addr, length, pin
+
+    def view(self, length: int, writable: bool) -> memoryview:
+        raw = (ctypes.c_ubyte * length).from_address(self.addr)
+        raw.mapping = self  # type: ignore[attr-defined]
+        view = memoryview(raw).cast("B")
+        return view if writable else view.toreadonly()
+
+    def __del__(self) -> None:
+        try:
+            _libc.munmap(self.addr, self.length)
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------------------- transfer server
+_REQUEST = struct.Struct("!16sH QQ")  # token, segment name length, offset, length (name follows)
+
+
+class TransferServer:
+    """Serves this process's allocations to readers on other hosts: one thread per connection."""
+
+    def __init__(self, arena: Arena, bind_host: str) -> None:
+        self.arena = arena
+        self.token = secrets.token_bytes(16)
+        self.sock = socket.create_server((bind_host, 0), backlog=64)
+        self.address = f"{bind_host}:{self.sock.getsockname()[1]}"
+        self.closed = False
+        threading.Thread(target=self._accept, name="fray-transfer-server", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="fray-transfer", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            while True:
+                try:
+                    header = _recv_exact(conn, _REQUEST.size)
+                    token, name_len, offset, length = _REQUEST.unpack(header)
+                    name = _recv_exact(conn, name_len).decode()
+                except (OSError, ConnectionError):
+                    return
+                chunk = self.arena.locate(name)
+                if not secrets.compare_digest(token, self.token) or chunk is None or offset + length > chunk.size:
+                    conn.sendall(b"\x00")
+                    return
+                conn.sendall(b"\x01")
+                conn.sendall(chunk.view[offset : offset + length])
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    _recv_into(conn, memoryview(buf))
+    return bytes(buf)
+
+
+def _recv_into(conn: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("the owner closed the connection")
+        got += n
+
+
+class _Connections:
+    """Idle connections to transfer servers, reused (a new TCP connection per transfer costs ~0.1 ms)."""
+
+    def __init__(self) -> None:
+        self.idle: dict[str, list[socket.socket]] = {}
+        self.lock = threading.Lock()
+
+    def take(self, address: str) -> socket.socket:
+        with self.lock:
+            pool = self.idle.get(address)
+            if pool:
+                return pool.pop()
+        host, port = address.rsplit(":", 1)
+        conn = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
+        conn.settimeout(IO_TIMEOUT)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def give(self, address: str, conn: socket.socket) -> None:
+        with self.lock:
+            self.idle.setdefault(address, []).append(conn)
+
+    def close(self) -> None:
+        with self.lock:
+            for pool in self.idle.values():
+                for conn in pool:
+                    conn.close()
+            self.idle.clear()
+
+
+# --------------------------------------------------------------------------------------- the store
+class ObjectStore:
+    """One per process: puts large values in its arena, loads values of any host (and counts how)."""
+
+    def __init__(
+        self,
+        ctl: str,
+        host: str,
+        owner: str,
+        budget: int,
+        bind_host: str,
+        pin: Callable[[str], Any],
+        inline_limit: int,
+    ) -> None:
+        self.ctl, self.host, self.owner = ctl, host, owner
+        self.arena = Arena(ctl, host, budget)
+        self.bind_host = bind_host
+        self.pin = pin  # oid -> an object holding a ref to it (kept alive by mappings of that object)
+        self.inline_limit = inline_limit
+        self.stats = TransferStats()
+        self.server: TransferServer | None = None
+        self.server_lock = threading.Lock()
+        self.conns = _Connections()
+        self.pool: ThreadPoolExecutor | None = None
+
+    # ----------------------------------------------------------- owner
+    def encode(self, blob: Blob, oid: str | None) -> Value:
+        """The value to send for blob: inline below the limit (or without an oid to pin), else stored here."""
+        if oid is None or blob.nbytes < self.inline_limit:
+            return Inline.of(blob)
+        return self.put(blob, oid)
+
+    def put(self, blob: Blob, oid: str) -> Stored:
+        sizes = [len(blob.data)] + [memoryview(b).nbytes for b in blob.buffers]
+        offsets, total = [], 0
+        for n in sizes:
+            offsets.append(total)
+            total += _align(n)
+        aid, chunk, base = self.arena.alloc(total)
+        view = chunk.view
+        view[base : base + sizes[0]] = blob.data
+        for off, n, buf in zip(offsets[1:], sizes[1:], blob.buffers, strict=True):
+            view[base + off : base + off + n] = memoryview(buf).cast("B")
+        spans = [Span(o, n) for o, n in zip(offsets, sizes, strict=True)]
+        server = self._server()
+        return Stored(
+            oid=oid,
+            host=self.host,
+            owner=self.owner,
+            address=server.address,
+            token=server.token.hex(),
+            segment=chunk.name,
+            offset=base,
+            length=total,
+            data=spans[0],
+            buffers=tuple(spans[1:]),
+            private=blob.private,
+            alloc=aid,
+        )
+
+    def _server(self) -> TransferServer:
+        with self.server_lock:
+            if self.server is None:
+                self.server = TransferServer(self.arena, self.bind_host)
+            return self.server
+
+    def free(self, allocs: list[int]) -> None:
+        for aid in allocs:
+            self.arena.free(aid)
+
+    # ----------------------------------------------------------- reader
+    def load(self, value: Value) -> Any:
+        start = time.perf_counter()
+        if isinstance(value, Inline):
+            result = loads(Blob(value.data, list(value.buffers)))
+            self.stats.record("inline", value.nbytes, time.perf_counter() - start)
+            return result
+        if value.host == self.host:
+            blob = self._map(value)
+            path = "shm"
+        else:
+            blob = self._pull(value)
+            path = "tcp-direct"
+        result = loads(blob)
+        self.stats.record(path, value.nbytes, time.perf_counter() - start)
+        return result
+
+    def _map(self, value: Stored) -> Blob:
+        path = os.path.join(SHM_DIR, value.segment)
+        pin = self.pin(value.oid)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ObjectLostError(f"object {value.oid} is lost: its store file is gone (owner process died)") from None
+        try:
+            data = os.pread(fd, value.data.length, value.offset + value.data.offset)
+        finally:
+            os.close(fd)
+        buffers: list[Any] = []
+        for i, span in enumerate(value.buffers):
+            if span.length == 0:
+                buffers.append(b"")
+                continue
+            private = i in value.private
+            start = value.offset + span.offset
+            mapping = _Mapping(path, start, _align(span.length), private, pin)
+            buffers.append(mapping.view(span.length, writable=private))
+        return Blob(data, buffers)
+
+    def _pull(self, value: Stored) -> Blob:
+        """Copy the whole allocation from its owner into private memory here (parallel streams when large)."""
+        local = mmap.mmap(-1, max(value.length, 1))
+        target = memoryview(local)
+        token = bytes.fromhex(value.token)
+        if value.length >= STREAM_MIN:
+            step = _align(-(-value.length // STREAMS))
+            parts = [(o, min(step, value.length - o)) for o in range(0, value.length, step)]
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(STREAMS, thread_name_prefix="fray-pull")
+            for fut in [self.pool.submit(self._fetch, value, token, o, n, target) for o, n in parts]:
+                fut.result()
+        else:
+            self._fetch(value, token, 0, value.length, target)
+        data = bytes(target[value.data.offset : value.data.offset + value.data.length])
+        buffers = []
+        for i, span in enumerate(value.buffers):
+            view = target[span.offset : span.offset + span.length]
+            buffers.append(view if i in value.private else view.toreadonly())
+        return Blob(data, buffers)
+
+    def _fetch(self, value: Stored, token: bytes, offset: int, length: int, target: memoryview) -> None:
+        name = value.segment.encode()
+        try:
+            conn = self.conns.take(value.address)
+        except OSError as exc:
+            raise ObjectLostError(
+                f"object {value.oid} is lost: its owner ({value.owner} on host {value.host}) is unreachable: {exc}"
+            ) from exc
+        try:
+            conn.sendall(_REQUEST.pack(token, len(name), value.offset + offset, length) + name)
+            if _recv_exact(conn, 1) != b"\x01":
+                raise ObjectLostError(f"object {value.oid} is lost: its owner no longer has it")
+            _recv_into(conn, target[offset : offset + length])
+        except (OSError, ConnectionError) as exc:
+            conn.close()
+            raise ObjectLostError(f"object {value.oid}: transfer from {value.address} failed: {exc}") from exc
+        self.conns.give(value.address, conn)
+
+    # ----------------------------------------------------------- lifetime
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.conns.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+        self.arena.close()
