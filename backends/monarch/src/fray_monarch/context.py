@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError
 from fray.refs import ActorHandle, ObjectRef, public_methods
@@ -18,11 +17,7 @@ from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.controller import Controller
 from fray_monarch.protocol import StoreConfig
-from fray_monarch.worker_runtime import BACKEND, pack_call
-
-CAPABILITIES = frozenset(
-    {Capability.CANCEL_RUNNING, Capability.TASK_ENV_VARS, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
-)
+from fray_monarch.worker_runtime import BACKEND, CAPABILITIES, pack_call
 
 
 class MonarchJobContext(JobContext):

@@ -32,6 +32,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -432,6 +433,7 @@ class ObjectStore:
         self.server_lock = threading.Lock()
         self.conns = _Connections()
         self.pool: ThreadPoolExecutor | None = None
+        self.shared_maps: weakref.WeakValueDictionary[tuple[str, int, int], _Mapping] = weakref.WeakValueDictionary()
 
     # ----------------------------------------------------------- owner
     def encode(self, blob: Blob, oid: str | None) -> Value:
@@ -513,7 +515,12 @@ class ObjectStore:
                 continue
             private = i in value.private
             start = value.offset + span.offset
-            mapping = _Mapping(path, start, _align(span.length), private, pin)
+            key = (value.segment, start, value.alloc)
+            mapping = None if private else self.shared_maps.get(key)
+            if mapping is None:
+                mapping = _Mapping(path, start, _align(span.length), private, pin)
+                if not private:  # read-only mappings are shared by every reader in this process
+                    self.shared_maps[key] = mapping
             buffers.append(mapping.view(span.length, writable=private))
         return Blob(data, buffers)
 

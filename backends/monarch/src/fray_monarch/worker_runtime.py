@@ -26,6 +26,15 @@ from fray_monarch.protocol import Inline, TaskItem, TaskResult, Value, WireValue
 from fray_monarch.store import ObjectStore, reclaim_dead_segments
 
 BACKEND = "monarch"
+CAPABILITIES = frozenset(
+    {
+        Capability.CANCEL_RUNNING,
+        Capability.TASK_ENV_VARS,
+        Capability.PROCESS_ISOLATION,
+        Capability.MULTI_HOST,
+        Capability.ZERO_COPY_OBJECTS,
+    }
+)
 RELEASE_DELAY = 1.0  # releases wait this long before being sent, so they never overtake the hold they undo
 REPLY_MARGIN = 30.0  # a coordinator reply may take this long past the caller's own timeout before we give up
 
@@ -341,9 +350,7 @@ class WorkerJobContext(JobContext):
     """The JobContext inside workers and actors: everything goes through the controller's coordinator."""
 
     backend = BACKEND
-    capabilities = frozenset(
-        {Capability.CANCEL_RUNNING, Capability.TASK_ENV_VARS, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
-    )
+    capabilities = CAPABILITIES
 
     def __init__(self, runtime: WorkerRuntime, nodes: list[dict[str, float]]) -> None:
         self.rt = runtime
@@ -426,6 +433,10 @@ class WorkerJobContext(JobContext):
 
     def _cancel(self, ref: ObjectRef) -> None:
         _checked(self.rt.coord.cancel.call_one(ref.payload.id).get(timeout=REPLY_MARGIN))
+
+    def _transfer_stats(self) -> dict[str, PathStats]:
+        """This process's own transfers (the driver's context sums those of every process)."""
+        return self.rt.transfer_stats()
 
     def _shutdown(self) -> None:
         """A worker's context belongs to the controller: shutting it down from inside does nothing."""

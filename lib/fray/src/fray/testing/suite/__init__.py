@@ -3,6 +3,7 @@
 from fray.testing.suite.test_actors import *  # noqa: F403
 from fray.testing.suite.test_capabilities import *  # noqa: F403
 from fray.testing.suite.test_cluster import *  # noqa: F403
+from fray.testing.suite.test_dataplane import *  # noqa: F403
 from fray.testing.suite.test_errors import *  # noqa: F403
 from fray.testing.suite.test_failures import *  # noqa: F403
 from fray.testing.suite.test_objects import *  # noqa: F403

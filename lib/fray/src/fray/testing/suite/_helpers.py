@@ -153,6 +153,19 @@ class Counter:
         return os.getpid()
 
 
+class Store:
+    """Keeps one value."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def set(self, value: Any) -> None:
+        self.value = value
+
+    def get(self) -> Any:
+        return self.value
+
+
 class FailingInit:
     def __init__(self) -> None:
         raise RuntimeError("init exploded")

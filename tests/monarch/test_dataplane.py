@@ -1,0 +1,265 @@
+"""The monarch data plane on real Monarch processes: zero-copy on one host (same memory, safe against writes),
+host to host over loopback TCP (never through the driver), the driver's memory staying flat, store limits,
+lost objects, and no shared-memory file left behind however a process ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fray
+from fray import ObjectLostError, ObjectStoreFullError, TaskOptions
+
+MiB = 1024 * 1024
+
+
+def _fray_files() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("fray.")}
+
+
+def _shm_ranges() -> list[tuple[int, int]]:
+    """Address ranges of this process mapped from fray's shared-memory files."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[5].startswith("/dev/shm/fray."):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            ranges.append((lo, hi))
+    return ranges
+
+
+def _in_shm(address: int) -> bool:
+    return any(lo <= address < hi for lo, hi in _shm_ranges())
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def make_array(n: int) -> np.ndarray:
+    return np.full(n, 7, dtype=np.uint8)
+
+
+def make_tensor(n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32)
+
+
+def checksum(a: np.ndarray) -> int:
+    return int(a[::4096].astype(np.int64).sum()) + int(a.size)
+
+
+def shm_stats_of_worker() -> dict[str, int]:
+    ctx = fray.get_job_context()
+    return {k: v.count for k, v in ctx.transfer_stats().items()}
+
+
+def crash() -> None:
+    os._exit(1)
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Iterator[fray.JobContext]:
+    context = fray.init("monarch?procs=2")
+    try:
+        yield context
+    finally:
+        fray.shutdown()
+
+
+def test_numpy_from_a_worker_is_mapped_zero_copy_and_read_only(ctx: fray.JobContext) -> None:
+    ref = ctx.create_task(make_array, args=(8 * MiB,))
+    first, second = ctx.get(ref, timeout=60), ctx.get(ref, timeout=60)
+    assert _in_shm(first.ctypes.data), "the array should live in a fray shared-memory mapping"
+    assert not first.flags.writeable
+    with pytest.raises(ValueError):
+        first[0] = 1
+    assert int(second[0]) == 7
+
+
+def test_torch_from_a_worker_is_mapped_copy_on_write(ctx: fray.JobContext) -> None:
+    ref = ctx.create_task(make_tensor, args=(2 * MiB,))
+    first, second = ctx.get(ref, timeout=60), ctx.get(ref, timeout=60)
+    assert _in_shm(first.data_ptr()) and _in_shm(second.data_ptr())
+    first[0] = -1.0  # private to this reader
+    assert second[0].item() == 0.0
+    assert ctx.get(ref, timeout=60)[0].item() == 0.0
+    assert ctx.get(ctx.create_task(torch.sum, args=(ref,)), timeout=60).item() == float(sum(range(2 * MiB)))
+
+
+def test_transfer_stats_name_the_paths(ctx: fray.JobContext) -> None:
+    before = ctx.transfer_stats()
+    ref = ctx.put(np.ones(4 * MiB, dtype=np.uint8))
+    assert ctx.get(ctx.create_task(checksum, args=(ref,)), timeout=60) == 4 * MiB // 4096 + 4 * MiB
+    ctx.get(ctx.put(3), timeout=60)
+    after = ctx.transfer_stats()
+    shm_before = before.get("shm", fray.PathStats())
+    assert after["shm"].count > shm_before.count and after["shm"].bytes >= shm_before.bytes + 4 * MiB
+    assert after["inline"].count > before.get("inline", fray.PathStats()).count
+
+
+def test_store_full_is_a_clear_error() -> None:
+    with fray.init(f"monarch?procs=1&object_store_memory={64 * MiB}") as small:
+        with pytest.raises(ObjectStoreFullError, match="object_store_memory"):
+            small.put(np.zeros(100 * MiB, dtype=np.uint8))
+        with pytest.raises(ObjectStoreFullError):
+            small.get(small.create_task(make_array, args=(100 * MiB,)), timeout=60)
+        assert small.get(small.create_task(make_array, args=(MiB,)), timeout=60).size == MiB
+
+
+def test_value_of_a_dead_worker_is_lost_and_its_files_removed() -> None:
+    with fray.init("monarch?procs=2") as c:
+        ref = c.create_task(make_array, args=(4 * MiB,))
+        c.wait([ref], timeout=60)
+        before = _fray_files()
+        owners = {n.split(".")[3] for n in before if n.count(".") == 4}
+        for tag in owners:  # kill the process that holds the value (the driver's own files have no value yet)
+            pid = int(tag.split("-")[0])
+            if pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        with pytest.raises(ObjectLostError):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                c.get(ref, timeout=30)
+                time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while any(f.split(".")[3] != _tag(os.getpid()) for f in _fray_files() if f.count(".") == 4):
+            assert time.monotonic() < deadline, _fray_files()
+            time.sleep(0.2)
+        assert c.get(c.create_task(pow, args=(2, 3)), timeout=60) == 8
+
+
+def _tag(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return f"{pid}-{int(stat[stat.rindex(b')') + 2 :].split()[19])}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def two_hosts() -> Iterator[fray.JobContext]:
+    addresses = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "fray_monarch.worker", "--address", addr], start_new_session=True)
+        for addr in addresses
+    ]
+    try:
+        time.sleep(2)
+        context = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
+        try:
+            yield context
+        finally:
+            fray.shutdown()
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait(10)
+
+
+class Holder:
+    """An actor that makes values and reads others' (one per host: actors go to the least loaded process)."""
+
+    def host(self) -> str:
+        return str(os.getppid())  # the fray_monarch.worker process of this host
+
+    def make(self, n: int) -> np.ndarray:
+        return make_array(n)
+
+    def read(self, value: np.ndarray) -> int:
+        return checksum(value)
+
+    def stats(self) -> dict[str, int]:
+        return {k: v.bytes for k, v in fray.get_job_context().transfer_stats().items()}
+
+
+def test_between_hosts_the_bytes_go_host_to_host(two_hosts: fray.JobContext) -> None:
+    ctx = two_hosts
+    assert len(ctx.node_resources()) == 2
+    maker, reader = ctx.create_actor(Holder), ctx.create_actor(Holder)
+    assert ctx.get(maker.host(), timeout=60) != ctx.get(reader.host(), timeout=60), "one actor per host expected"
+    ref = maker.make(1024 * MiB)
+    ctx.wait([ref], timeout=300)
+    rss_before = _rss()
+    assert ctx.get(reader.read(ref), timeout=300) == 1024 * MiB // 4096 * 7 + 1024 * MiB
+    assert _rss() - rss_before < 50 * MiB, "the value must not pass through the driver"
+    stats = ctx.transfer_stats()
+    assert stats["tcp-direct"].bytes >= 1024 * MiB, stats
+    assert stats.get("shm", fray.PathStats()).bytes < 1024 * MiB  # two fray hosts never share memory
+    del ref
+    # the driver is a host of its own: it pulls a worker's value over TCP as well
+    small = ctx.get(maker.make(8 * MiB), timeout=120)
+    assert small.size == 8 * MiB and not small.flags.writeable
+
+
+DRIVER = textwrap.dedent(
+    """
+    import numpy as np, os, sys, time, fray
+    ctx = fray.init("monarch?procs=2")
+    ref = ctx.create_task(np.ones, args=(4_000_000,))
+    keep = ctx.put(np.ones(4_000_000))
+    ctx.wait([ref], timeout=120)
+    print("READY", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_files_of_a_killed_driver_are_reclaimed(how: str) -> None:
+    before = _fray_files()
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "READY"
+        assert _fray_files() - before, "the driver should have made store files"
+        proc.send_signal(getattr(signal, how))
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    # the next start reclaims the files of dead processes (and only those)
+    with fray.init("monarch?procs=1") as c:
+        assert c.get(c.create_task(pow, args=(2, 2)), timeout=60) == 4
+        deadline = time.monotonic() + 10
+        while _fray_files() - before - {f for f in _fray_files() if _owner_alive(f)}:
+            assert time.monotonic() < deadline, _fray_files() - before
+            time.sleep(0.2)
+
+
+def _owner_alive(name: str) -> bool:
+    parts = name.split(".")
+    if len(parts) != 5:
+        return True  # a lock file: removed with its context or a minute after its last store file
+    pid = int(parts[3].split("-")[0])
+    try:
+        return _tag(pid) == parts[3]
+    except OSError:
+        return False
+
+
+def test_one_gib_between_two_workers_keeps_the_driver_flat(ctx: fray.JobContext) -> None:
+    rss_before = _rss()
+    ref = ctx.create_task(make_array, args=(1024 * MiB,), options=TaskOptions(max_retries=0))
+    assert ctx.get(ctx.create_task(checksum, args=(ref,)), timeout=300) == 1024 * MiB // 4096 * 7 + 1024 * MiB
+    assert _rss() - rss_before < 50 * MiB
