@@ -3,6 +3,7 @@
 fray backends                          which backends are known, installed, and their capabilities
 fray capabilities                      the capabilities table (markdown) of the installed backends
 fray run [--backend SPEC] -- CMD ...   run CMD as a job on SPEC's cluster, follow its log, exit with its status
+fray doctor [--json] [--no-probes]     installed versions, shared memory and its bandwidth, each backend's state
 """
 
 from __future__ import annotations
@@ -75,7 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = sub.add_parser("run", help="run a command as a job and follow its log")
     run.add_argument("--backend", default=None, help="backend spec (default: FRAY_BACKEND, else in_memory)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    doctor = sub.add_parser("doctor", help="versions, shared memory, bandwidth probes and each backend's state")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--no-probes", action="store_true", help="skip the local bandwidth probes")
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from fray.doctor import main as doctor_main
+
+        return doctor_main(json_output=args.json, probes=not args.no_probes)
     if args.command == "backends":
         return _backends()
     if args.command == "capabilities":

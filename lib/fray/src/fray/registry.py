@@ -52,6 +52,10 @@ class Backend(ABC):
     def cluster_context(self, **options: str) -> ClusterContext:
         """A new ClusterContext."""
 
+    def diagnose(self) -> dict[str, str]:
+        """Lines ("name: value") this backend adds to `fray doctor`'s report; the default adds none."""
+        return {}
+
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     """ "ray?address=h:6379&namespace=x" -> ("ray", {"address": "h:6379", "namespace": "x"})."""
