@@ -93,6 +93,12 @@ class MonarchBackend(Backend):
 
         return MonarchJobContext.capabilities | MonarchClusterContext.capabilities
 
+    def diagnose(self) -> dict[str, str]:
+        """RDMA state, RDMA devices (pyverbs) and a short RDMABuffer probe, for `fray doctor`."""
+        from fray_monarch.diagnostics import diagnose
+
+        return diagnose()
+
     def job_context(self, **options: str) -> Any:
         from fray_monarch.context import MonarchJobContext
 
