@@ -263,3 +263,27 @@ def test_one_gib_between_two_workers_keeps_the_driver_flat(ctx: fray.JobContext)
     ref = ctx.create_task(make_array, args=(1024 * MiB,), options=TaskOptions(max_retries=0))
     assert ctx.get(ctx.create_task(checksum, args=(ref,)), timeout=300) == 1024 * MiB // 4096 * 7 + 1024 * MiB
     assert _rss() - rss_before < 50 * MiB
+
+
+def test_rdma_transport_moves_values_with_rdmabuffer() -> None:
+    """transport=rdma: Monarch's RDMABuffer between hosts (its TCP fallback here: there is no ibverbs device)."""
+    addresses = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "fray_monarch.worker", "--address", addr], start_new_session=True)
+        for addr in addresses
+    ]
+    try:
+        time.sleep(2)
+        with fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1&transport=rdma") as ctx:
+            maker, reader = ctx.create_actor(Holder), ctx.create_actor(Holder)
+            ref = maker.make(16 * MiB)
+            assert ctx.get(reader.read(ref), timeout=120) == 16 * MiB // 4096 * 7 + 16 * MiB
+            assert ctx.get(ctx.put(np.ones(MiB)), timeout=60).sum() == MiB
+            stats = ctx.transfer_stats()
+            rdma = stats.get("rdma-ibverbs") or stats.get("rdma-tcp")
+            assert rdma is not None and rdma.bytes >= 16 * MiB, stats
+            assert "tcp-direct" not in stats
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait(10)

@@ -173,7 +173,15 @@ class Controller:
             self.sys_path.insert(0, os.getcwd())
         reclaim_dead_segments()  # files of earlier drivers or workers that were killed
         self.store = ObjectStore(
-            self.key, "local", "driver", stores.budget, stores.driver_bind, RefPayload, stores.inline_limit
+            self.key,
+            "local",
+            "driver",
+            stores.budget,
+            stores.driver_bind,
+            RefPayload,
+            stores.inline_limit,
+            stores.transport,
+            several_hosts=stores.host_ids != ("local",),
         )
         instances.register(self.key, self)
         self.coord = this_proc().spawn(f"fray_coord_{self.key}", Coordinator, self.key)
@@ -207,6 +215,7 @@ class Controller:
             bind_host=self.stores.bind_hosts[host],
             store_budget=self.stores.budget,
             inline_limit=self.stores.inline_limit,
+            transport=self.stores.transport,
         )
 
     def _watch_pid(self, proc: Proc, reply: Any, exc: BaseException | None) -> None:

@@ -37,6 +37,7 @@ class StoreConfig:
     bind_hosts: tuple[str, ...]  # where each mesh host's transfer servers listen
     driver_bind: str = "127.0.0.1"
     inline_limit: int = INLINE_LIMIT
+    transport: str = "auto"  # between hosts: auto (RDMA where ibverbs exists, else tcp), tcp, or rdma
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Stored:
     buffers: tuple[Span, ...]
     private: frozenset[int]
     alloc: int  # the allocation's id in the owner's store, to free it
+    rdma: Any = None  # a Monarch RDMABuffer over the allocation, where the owner offers RDMA
 
     @property
     def nbytes(self) -> int:
@@ -144,3 +146,4 @@ class WorkerSetup:
     bind_host: str  # where its transfer server listens
     store_budget: int
     inline_limit: int
+    transport: str

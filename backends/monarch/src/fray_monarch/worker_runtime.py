@@ -104,6 +104,8 @@ class WorkerRuntime:
             setup.bind_host,
             lambda oid: RefPayload(oid, arrived=True),
             setup.inline_limit,
+            setup.transport,
+            several_hosts=setup.host_id != "local",  # workers of attached hosts; local ones mean one host
         )
         self.queue: deque[tuple[Any, ...]] = deque()
         self.running: dict[str, dict[str, float]] = {}
