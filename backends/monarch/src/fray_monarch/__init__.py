@@ -29,6 +29,12 @@ def _bytes(raw: str) -> int:
     return value
 
 
+def _transport(raw: str) -> str:
+    if raw not in ("auto", "tcp", "rdma"):
+        raise ValueError(f"must be auto, tcp or rdma, got {raw!r}")
+    return raw
+
+
 SCHEMA = {
     "procs": int,
     "cpus": float,
@@ -36,6 +42,7 @@ SCHEMA = {
     "resources": parse_resources,
     "hosts": _hosts,
     "object_store_memory": _bytes,
+    "transport": _transport,
 }
 
 
@@ -71,15 +78,17 @@ def _topology(options: dict[str, str]) -> tuple[list[Any], int, dict[str, float]
     if opts.get("gpus"):
         resources["GPU"] = float(opts["gpus"])
     budget = int(opts.get("object_store_memory", _default_store_budget()))
+    transport = str(opts.get("transport", "auto"))
     addresses = opts.get("hosts")
     if addresses:
         binds = tuple(_tcp_host(a) for a in addresses)
-        stores = StoreConfig(budget, tuple(f"h{i}" for i in range(len(addresses))), binds, _driver_bind(list(binds)))
+        host_ids = tuple(f"h{i}" for i in range(len(addresses)))
+        stores = StoreConfig(budget, host_ids, binds, _driver_bind(list(binds)), transport=transport)
         mesh = attach_to_workers(workers=addresses, ca="trust_all_connections", name="fray_hosts")
         mesh.initialized.get(timeout=60)
         hosts = [mesh.slice(hosts=i) for i in range(len(addresses))]
         return hosts, procs, resources, mesh, stores
-    return [this_host()], procs, resources, None, StoreConfig(budget, ("local",), ("127.0.0.1",))
+    return [this_host()], procs, resources, None, StoreConfig(budget, ("local",), ("127.0.0.1",), transport=transport)
 
 
 class MonarchBackend(Backend):
@@ -102,7 +111,7 @@ class MonarchBackend(Backend):
     def job_context(self, **options: str) -> Any:
         from fray_monarch.context import MonarchJobContext
 
-        hosts, procs, resources, host_mesh = _topology(options)
+        hosts, procs, resources, host_mesh, stores = _topology(options)
 
         def stop_hosts() -> None:
             if host_mesh is not None:

@@ -32,8 +32,8 @@ from fray.errors import (
     WorkerCrashedError,
 )
 from fray.refs import ActorHandle, ObjectRef
-from fray.transfers import PathStats
 from fray.registry import available_backends, cluster, init, shutdown
+from fray.transfers import PathStats
 from fray.types import ActorOptions, JobInfo, JobStatus, Lifetime, Resource, RuntimeEnv, TaskOptions
 
 __version__ = "0.1.0"
