@@ -287,3 +287,17 @@ def test_rdma_transport_moves_values_with_rdmabuffer() -> None:
         for w in workers:
             w.kill()
             w.wait(10)
+
+
+def matmul_sum(rows: int, projection: np.ndarray) -> float:
+    return float((np.ones((rows, projection.shape[0]), dtype=np.float32) @ projection).sum())
+
+
+def test_many_threads_reading_one_value_while_others_drop_it() -> None:
+    """Regression: a mapping unmapped by one thread's finalizer while another thread was handed the same mapping
+    crashed the worker (SIGSEGV in the reader)."""
+    with fray.init("monarch?procs=2") as c:
+        projection = c.put(np.full((1024, 1024), 0.5, dtype=np.float32))
+        for _ in range(3):
+            sums = c.get([c.create_task(matmul_sum, args=(1000, projection)) for _ in range(32)], timeout=120)
+            assert sums == [1000 * 1024 * 1024 * 0.5] * 32

@@ -25,7 +25,9 @@ __all__ = [
 ]
 
 
-INLINE_LIMIT = 64 * 1024  # smaller values ride in control messages; larger ones stay in their owner's store
+# Smaller values ride in control messages; larger ones stay in their owner's store. Measured (actor round trip
+# of a numpy result, median): inline 3.05 ms vs stored 3.67 ms at 1 MiB, 7.18 vs 5.07 ms at 4 MiB.
+INLINE_LIMIT = 1024 * 1024
 
 
 @dataclass(frozen=True)
