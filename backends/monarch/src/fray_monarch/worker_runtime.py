@@ -21,9 +21,10 @@ from fray.refs import ActorHandle, ObjectRef
 from fray.serialization import Blob, RemoteError, capture_exception, dumps, find_unserializable_argument, loads
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
+from fray_monarch.arena import reclaim_dead_segments
 from fray_monarch.objects import DepMarker, RefPayload, Tracker, set_tracker
 from fray_monarch.protocol import Inline, TaskItem, TaskResult, Value, WireValue, WorkerSetup
-from fray_monarch.store import ObjectStore, reclaim_dead_segments
+from fray_monarch.store import ObjectStore
 
 BACKEND = "monarch"
 CAPABILITIES = frozenset(

@@ -1,0 +1,220 @@
+"""Actors, a part of the Controller: the registry of fray actors (names, restarts, death), each a Monarch
+actor on a worker process, and the replies of their calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fray.errors import (
+    ActorAlreadyExistsError,
+    ActorDiedError,
+    ActorNotFoundError,
+    ActorUnavailableError,
+)
+from fray.refs import public_methods
+from fray.serialization import Blob, loads
+from fray.types import ActorOptions, normalize_resources
+from fray_monarch import _runtime
+from fray_monarch.actors import FrayActorHost
+from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.objects import RefPayload
+from fray_monarch.protocol import ActorReply, WireValue, WorkerSetup
+from fray_monarch.scheduler import Proc
+
+
+@dataclass
+class ActorRec:
+    id: str
+    name: str | None
+    class_name: str
+    methods: frozenset[str]
+    cls_data: bytes
+    args: WireValue
+    deps: list[str]
+    keep: list[Any]
+    options: ActorOptions
+    resources: dict[str, float]
+    proc: Proc | None = None
+    mesh: Any = None
+    restarts: int = 0
+    state: str = "alive"  # alive | dead
+    reason: str = ""
+
+    @property
+    def can_restart(self) -> bool:
+        return self.options.max_restarts == -1 or self.restarts < self.options.max_restarts
+
+
+class ActorRegistry:
+    """The actor half of the Controller (mixed into it; its state is set by Controller.__init__)."""
+
+    lock: threading.RLock
+    objects: ObjectDirectory
+    procs: list[Proc]
+    actors: dict[str, ActorRec]
+    names: dict[str, str]
+
+    if TYPE_CHECKING:  # provided by the Controller or its other parts
+
+        def new_oid(self) -> str: ...
+        def _worker_setup(self, host: int, proc_key: str) -> WorkerSetup: ...
+        def _pump(self) -> None: ...
+
+    def _resolve_reply(self, entry: Entry, reply: ActorReply | None, exc: BaseException | None) -> None:
+        with self.lock:
+            if entry.done.is_set():
+                return
+            rec = entry.actor
+            if exc is not None or reply is None:
+                if rec is not None and (rec.state == "dead" or not rec.can_restart):
+                    why = rec.reason or "its process crashed"
+                    self.objects.complete(entry, None, ActorDiedError(f"actor {rec.class_name} {rec.id} died: {why}"))
+                else:
+                    name = rec.class_name if rec else "?"
+                    self.objects.complete(
+                        entry,
+                        None,
+                        ActorUnavailableError(f"actor {name}'s process crashed during this call; it is restarting"),
+                    )
+            elif reply.status == "ok" and reply.value is not None:
+                self.objects.complete(entry, reply.value.value, None, reply.value.contained)
+            elif reply.status == "dead":
+                name = rec.class_name if rec else ""
+                self.objects.complete(entry, None, ActorDiedError(f"actor {name} is dead: {reply.reason}"))
+            else:
+                self.objects.complete(entry, None, reply.error)
+
+    def create_actor(
+        self,
+        cls_data: bytes,
+        class_name: str,
+        methods: frozenset[str],
+        args: WireValue,
+        deps: list[str],
+        keep: list[Any],
+        options: ActorOptions,
+    ) -> tuple[str, str, frozenset[str], str | None]:
+        with self.lock:
+            if options.name is not None:
+                existing = self.names.get(options.name)
+                if existing is not None and self.actors[existing].state != "dead":
+                    if options.get_if_exists:
+                        rec = self.actors[existing]
+                        return rec.id, rec.class_name, rec.methods, rec.name
+                    raise ActorAlreadyExistsError(f"an actor named {options.name!r} exists already")
+            aid = f"{self.key}-a{next(self.ids)}"
+            rec = ActorRec(
+                aid,
+                options.name,
+                class_name,
+                methods,
+                cls_data,
+                args,
+                deps,
+                keep,
+                options,
+                normalize_resources(options.resources),
+            )
+            self.actors[aid] = rec
+            if options.name is not None:
+                self.names[options.name] = aid
+            self._place_actor(rec)
+            return aid, class_name, methods, options.name
+
+    def create_actor_remote(
+        self, proc_key: str, cls_data: bytes, args: WireValue, deps: list[str], options: ActorOptions
+    ) -> tuple[str, str, frozenset[str], str | None]:
+        klass = loads(Blob(cls_data))
+        keep = [RefPayload(i) for i in (*args.contained, *deps)]
+        return self.create_actor(cls_data, klass.__name__, public_methods(klass), args, deps, keep, options)
+
+    def _place_actor(self, rec: ActorRec) -> None:
+        """Under the lock: spawn the actor on the least loaded live process that can hold its resources."""
+        pool = [p for p in self.procs if p.alive and not p.env_key]
+        candidates = [p for p in pool if p.fits_at_all(rec.resources)] or pool
+        proc = min(candidates, key=lambda p: (len(p.actors), len(p.outstanding)))
+        rec.proc = proc
+        proc.actors.add(rec.id)
+        if rec.resources:
+            for k, q in rec.resources.items():
+                proc.claims[k] = proc.claims.get(k, 0.0) + q
+            proc.worker.set_capacity.broadcast(proc.free_capacity)
+        rec.mesh = proc.mesh.spawn(
+            f"fray_actor_{rec.id}_{rec.restarts}",
+            FrayActorHost,
+            self._worker_setup(proc.host, proc.key),
+            rec.options.max_concurrency,
+        )
+        init = rec.mesh.init.call_one(rec.cls_data, rec.args, rec.deps)
+        _runtime.on_done(init, lambda _v, _e: None)
+
+    def _actor_dead(self, rec: ActorRec, reason: str) -> None:
+        rec.state, rec.reason = "dead", reason
+        if rec.name is not None and self.names.get(rec.name) == rec.id:
+            del self.names[rec.name]
+        proc = rec.proc
+        if proc is not None:
+            proc.actors.discard(rec.id)
+            if rec.resources:
+                for k, q in rec.resources.items():
+                    proc.claims[k] = proc.claims.get(k, 0.0) - q
+                if proc.alive:
+                    proc.worker.set_capacity.broadcast(proc.free_capacity)
+        rec.keep = []
+        self._pump()
+
+    def actor(self, aid: str) -> ActorRec:
+        rec = self.actors.get(aid)
+        if rec is None:
+            raise ActorDiedError(f"unknown actor {aid}")
+        return rec
+
+    def call_actor(
+        self,
+        aid: str,
+        method: str,
+        args: WireValue,
+        deps: list[str],
+        keep: list[Any],
+        proc_key: str | None = None,
+    ) -> RefPayload:
+        with self.lock:
+            rec = self.actor(aid)
+            entry, payload = self.objects.new(self.new_oid())
+            entry.actor = rec
+            if proc_key is not None:
+                entry.remote[proc_key] = 1
+            if rec.state == "dead":
+                error = ActorDiedError(f"actor {rec.class_name} {aid} is dead: {rec.reason}")
+                self.objects.complete(entry, None, error)
+                return payload
+            entry.future = rec.mesh.call.call_one(entry.id, method, args, deps)
+            entry.keep = keep
+            return payload
+
+    def call_actor_remote(self, proc_key: str, aid: str, method: str, args: WireValue, deps: list[str]) -> str:
+        keep = [RefPayload(i) for i in (*args.contained, *deps)]
+        return self.call_actor(aid, method, args, deps, keep, proc_key).id
+
+    def get_actor_info(self, name: str) -> tuple[str, str, frozenset[str], str | None]:
+        with self.lock:
+            aid = self.names.get(name)
+            if aid is None or self.actors[aid].state == "dead":
+                raise ActorNotFoundError(f"no live actor named {name!r}")
+            rec = self.actors[aid]
+            return rec.id, rec.class_name, rec.methods, rec.name
+
+    def kill_actor(self, aid: str) -> None:
+        with self.lock:
+            rec = self.actor(aid)
+            if rec.state == "dead":
+                return
+            self._actor_dead(rec, "it was killed")
+            mesh = rec.mesh
+        try:
+            _runtime.on_done(mesh.stop(), lambda _v, _e: None)
+        except Exception:
+            pass

@@ -1,0 +1,259 @@
+"""Task scheduling, a part of the Controller: a queue of tasks placed on worker processes by free resources,
+sent in batches, retried on crashes, cancelled on request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fray.context import task_resources
+from fray.errors import (
+    TaskCancelledError,
+)
+from fray.serialization import RemoteError
+from fray.types import TaskOptions
+from fray_monarch import _runtime
+from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.objects import RefPayload
+from fray_monarch.protocol import TaskItem, TaskResult, Value, WireValue
+
+MAX_ENV_PROCS = 4  # processes kept for tasks with their own env vars
+PREFETCH = 4  # tasks sent to a process beyond its slots, queued there, to hide the round trip
+
+
+@dataclass
+class Task:
+    id: str
+    fn_key: str
+    fn_data: bytes
+    args: WireValue
+    deps: list[str]
+    resources: dict[str, float]
+    options: TaskOptions
+    keep: list[Any]
+    retries_left: int
+    proc: Proc | None = None
+    dep_values: list[Value] | None = None
+    env_key: tuple[tuple[str, str], ...] = ()
+    state: str = "waiting"
+    cancelled: bool = False
+
+
+@dataclass
+class Proc:
+    key: str
+    host: int
+    mesh: Any
+    worker: Any
+    capacity: dict[str, float]
+    pid: int = 0  # known once it answered its first ping, for a process on this machine
+    claims: dict[str, float] = field(default_factory=dict)
+    outstanding: set[str] = field(default_factory=set)
+    blocked: int = 0
+    actors: set[str] = field(default_factory=set)
+    fns_sent: set[str] = field(default_factory=set)
+    alive: bool = True
+    env_key: tuple[tuple[str, str], ...] = ()  # non-empty: a process that only runs tasks with exactly this env
+
+    @property
+    def free_capacity(self) -> dict[str, float]:
+        return {k: self.capacity.get(k, 0.0) - self.claims.get(k, 0.0) for k in set(self.capacity) | set(self.claims)}
+
+    @property
+    def slots(self) -> int:
+        return max(1, math.floor(self.free_capacity.get("CPU", 0.0) + 1e-9))
+
+    def fits_at_all(self, res: dict[str, float]) -> bool:
+        free = self.free_capacity
+        return all(free.get(k, 0.0) >= q - 1e-9 for k, q in res.items())
+
+
+class TaskScheduling:
+    """The task half of the Controller (mixed into it; its state is set by Controller.__init__)."""
+
+    lock: threading.RLock
+    objects: ObjectDirectory
+    tasks: dict[str, Task]
+    queue: deque[Task]
+    procs: list[Proc]
+    fn_cache: dict[int, tuple[Any, str, bytes]]
+    closed: bool
+
+    if TYPE_CHECKING:  # provided by the Controller or its other parts
+
+        def new_oid(self) -> str: ...
+        def _spawn_proc(self, host: int, env_key: tuple[tuple[str, str], ...] = ()) -> Proc: ...
+
+    def fn_blob(self, fn: Any) -> tuple[str, bytes]:
+        cached = self.fn_cache.get(id(fn))
+        if cached is not None and cached[0] is fn:
+            return cached[1], cached[2]
+        from fray.serialization import dumps
+
+        data = dumps(fn, f"task function {getattr(fn, '__qualname__', fn)}").data
+        if len(self.fn_cache) > 4096:
+            self.fn_cache.clear()
+        key = uuid.uuid4().hex
+        self.fn_cache[id(fn)] = (fn, key, data)
+        return key, data
+
+    def submit(
+        self,
+        fn_key: str,
+        fn_data: bytes,
+        args: WireValue,
+        deps: list[str],
+        options: TaskOptions,
+        keep: list[Any],
+        proc_key: str | None = None,
+    ) -> RefPayload:
+        with self.lock:
+            entry, payload = self.objects.new(self.new_oid())
+            if proc_key is not None:
+                entry.remote[proc_key] = 1
+            retries = options.max_retries
+            task = Task(entry.id, fn_key, fn_data, args, deps, task_resources(options), options, keep, retries)
+            if options.runtime_env is not None and options.runtime_env.env:
+                task.env_key = tuple(sorted(options.runtime_env.env.items()))
+            self.tasks[task.id] = task
+            dep_entries = [self.entry(d) for d in deps]
+            if not dep_entries:
+                task.state = "queued"
+                self.queue.append(task)
+                self._pump()
+            else:
+                self.add_waiter(dep_entries, len(dep_entries), lambda: self._deps_ready(task, dep_entries))
+            return payload
+
+    def submit_remote(self, proc_key: str, fn_data: bytes, args: WireValue, deps: list[str], options: Any) -> str:
+
+        key = hashlib.sha1(fn_data).hexdigest()
+        keep = [RefPayload(i) for i in (*args.contained, *deps)]
+        return self.submit(key, fn_data, args, deps, options, keep, proc_key).id
+
+    def _deps_ready(self, task: Task, deps: list[Entry]) -> None:
+        with self.lock:
+            if task.state != "waiting":
+                return
+            for dep in deps:
+                if dep.error is not None:
+                    self._finish_task(task, None, dep.error)
+                    return
+            task.dep_values = [d.value for d in deps]
+            task.state = "queued"
+            self.queue.append(task)
+            self._pump()
+
+    def _env_procs(self, task: Task) -> None:
+        """Under the lock: a task with env vars runs only in a process started with exactly those vars set (so
+        they are real process environment, seen by C code and subprocesses, and leak into no other task)."""
+        if not task.env_key or any(p.env_key == task.env_key for p in self.procs):
+            return
+        env_procs = [p for p in self.procs if p.env_key]
+        if len(env_procs) >= MAX_ENV_PROCS:
+            idle = [p for p in env_procs if not p.outstanding]
+            if idle:
+                self._retire(idle[0])
+        self._spawn_proc(0, task.env_key)
+
+    def _retire(self, proc: Proc) -> None:
+        proc.alive = False
+        self.procs.remove(proc)
+        _runtime.on_done(proc.mesh.stop(), lambda _v, _e: None)
+
+    def _pick_proc(self, task: Task) -> Proc | None:
+        best, best_load = None, None
+        for proc in self.procs:
+            if not proc.alive or proc.env_key != task.env_key or not proc.fits_at_all(task.resources):
+                continue
+            load = len(proc.outstanding) - proc.blocked
+            if load >= proc.slots + PREFETCH:
+                continue
+            if best_load is None or load < best_load:
+                best, best_load = proc, load
+        return best
+
+    def _pump(self) -> None:
+        """Under the lock: send queued tasks to processes with room, in batches."""
+        if self.closed:
+            return
+        batches: dict[str, tuple[Proc, list[Any]]] = {}
+        skipped: list[Task] = []
+        while self.queue:
+            task = self.queue[0]
+            self._env_procs(task)
+            proc = self._pick_proc(task)
+            if proc is None:
+                fits = any(p.env_key == task.env_key and p.fits_at_all(task.resources) for p in self.procs)
+                if fits or len(skipped) > 64:
+                    break  # everything is busy: wait for a completion
+                skipped.append(self.queue.popleft())  # fits nowhere right now (actors hold it): let others by
+                continue
+            self.queue.popleft()
+            task.proc, task.state = proc, "sent"
+            proc.outstanding.add(task.id)
+            fn_data = None if task.fn_key in proc.fns_sent else task.fn_data
+            proc.fns_sent.add(task.fn_key)
+            item = TaskItem(task.id, task.fn_key, fn_data, task.args, tuple(task.dep_values or ()), task.resources)
+            batches.setdefault(proc.key, (proc, []))[1].append(item)
+        self.queue.extendleft(reversed(skipped))
+        for proc, batch in batches.values():
+            try:
+                proc.worker.run.broadcast(batch)
+            except Exception:
+                _runtime.log.exception("fray: could not send tasks to %s", proc.key)
+
+    def _task_result(self, proc_key: str, result: TaskResult) -> None:
+        tid = result.id
+        task = self.tasks.get(tid)
+        if task is None or task.proc is None or task.proc.key != proc_key:
+            return  # a late report from a process we already gave up on
+        task.proc.outstanding.discard(tid)
+        if result.status == "ok" and result.value is not None:
+            self._finish_task(task, result.value.value, None, result.value.contained)
+        elif result.status == "cancelled":
+            self._finish_task(task, None, TaskCancelledError(f"task {tid} was cancelled"))
+        else:
+            payload = result.error
+            if task.retries_left != 0 and isinstance(payload, RemoteError) and not task.cancelled:
+                exc = payload.rebuild()
+                if task.options.should_retry(exc):
+                    task.retries_left -= 1
+                    task.proc, task.state = None, "queued"
+                    self.queue.append(task)
+                    return
+            self._finish_task(task, None, payload)
+
+    def _finish_task(self, task: Task, value: Value | None, error: Any, contained: tuple[str, ...] = ()) -> None:
+        task.state = "done"
+        if task.proc is not None:
+            task.proc.outstanding.discard(task.id)
+        self.tasks.pop(task.id, None)
+        entry = self.objects.entries.get(task.id)
+        if entry is not None:
+            self.objects.complete(entry, value, error, contained)
+
+    def cancel(self, oid: str) -> None:
+        with self.lock:
+            task = self.tasks.get(oid)
+            if task is None:
+                return  # finished, an actor call, or a put: nothing to cancel
+            if task.state in ("waiting", "queued"):
+                if task in self.queue:
+                    self.queue.remove(task)
+                self._finish_task(task, None, TaskCancelledError(f"task {oid} was cancelled before it ran"))
+            elif task.state == "sent" and task.proc is not None:
+                task.cancelled = True
+                worker = task.proc.worker
+            else:
+                return
+        try:  # not under the lock: the worker's answer must not wait for it
+            worker.cancel.call_one(oid).get(timeout=30)
+        except Exception:
+            pass

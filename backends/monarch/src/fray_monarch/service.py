@@ -1,0 +1,112 @@
+"""The service worker processes call (through the Coordinator actor in the driver): get and wait on objects,
+register their own values, report results and ref holds. A part of the Controller.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fray_monarch import _runtime
+from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.protocol import TaskResult, WireValue
+from fray_monarch.scheduler import Proc
+
+
+def _send(port: Any, message: Any) -> None:
+    """Reply to a worker; it may have died meanwhile (nothing to tell then)."""
+    try:
+        port.send(message)
+    except Exception:
+        _runtime.log.debug("fray: reply to a gone worker dropped", exc_info=True)
+
+
+class WorkerService:
+    """Requests from worker processes (mixed into the Controller)."""
+
+    lock: threading.RLock
+    objects: ObjectDirectory
+    procs: list[Proc]
+
+    if TYPE_CHECKING:  # provided by the Controller or its other parts
+
+        def entry(self, oid: str) -> Entry: ...
+        def add_waiter(self, entries: list[Entry], need: int, on_ready: Callable[[], None]) -> Callable[[], None]: ...
+        def _pump(self) -> None: ...
+        def _task_result(self, proc_key: str, result: TaskResult) -> None: ...
+
+    def _blocked(self, proc_key: str, delta: int) -> None:
+        for proc in self.procs:
+            if proc.key == proc_key:
+                proc.blocked += delta
+                if delta < 0:
+                    self._pump()
+
+    def get_remote(self, port: Any, proc_key: str, oids: list[str], timeout: float | None) -> None:
+        entries = [self.entry(o) for o in oids]
+        replied = threading.Event()
+
+        def reply() -> None:
+            if replied.is_set():
+                return
+            replied.set()
+            with self.lock:
+                self._blocked(proc_key, -1)
+            errors = [e.error for e in entries if e.error is not None]
+            if errors:
+                _send(port, ("err", errors[0]))
+            else:
+                _send(port, ("ok", [e.value for e in entries]))
+
+        def timed_out() -> None:
+            if not replied.is_set():
+                replied.set()
+                remove()
+                with self.lock:
+                    self._blocked(proc_key, -1)
+                _send(port, ("timeout",))
+
+        with self.lock:
+            self._blocked(proc_key, +1)
+            self._pump()
+        remove = self.add_waiter(entries, len(entries), reply)
+        if timeout is not None and not replied.is_set():
+            _runtime.call_later(timeout, timed_out)
+
+    def wait_remote(self, port: Any, proc_key: str, oids: list[str], num_returns: int, timeout: float | None) -> None:
+        entries = [self.entry(o) for o in oids]
+        replied = threading.Event()
+
+        def reply() -> None:
+            if not replied.is_set():
+                replied.set()
+                with self.lock:
+                    self._blocked(proc_key, -1)
+                _send(port, ("ok", [i for i, e in enumerate(entries) if e.done.is_set()]))
+
+        with self.lock:
+            self._blocked(proc_key, +1)
+            self._pump()
+        remove = self.add_waiter(entries, num_returns, reply)
+        if timeout is not None and not replied.is_set():
+            _runtime.call_later(timeout, lambda: (remove(), reply()))
+
+    def put_remote(self, proc_key: str, oid: str, wire: WireValue) -> str:
+        """A value made by a worker (its put, or large call arguments), under the id the worker chose."""
+        with self.lock:
+            entry, _ = self.objects.new(oid)
+            entry.remote[proc_key] = 1
+            self.objects.complete(entry, wire.value, None, wire.contained)
+            return oid
+
+    def on_worker_report(self, proc_key: str, results: list[TaskResult], holds: list[str], releases: list[str]) -> None:
+        with self.lock:
+            self.objects.hold(proc_key, holds)
+            for result in results:
+                try:
+                    self._task_result(proc_key, result)
+                except Exception:
+                    _runtime.log.exception("fray: bad task result %s", result.id)
+            self.objects.release(proc_key, releases)
+            self._pump()
