@@ -69,7 +69,10 @@ class ActorRegistry:
                 return
             rec = entry.actor
             if exc is not None or reply is None:
-                if rec is not None and (rec.state == "dead" or not rec.can_restart):
+                # The process died during the call. Restarting (or restarted already: the death may have been
+                # handled first, counting the restart) -> unavailable; no restart left -> dead.
+                restarted = rec is not None and rec.restarts > entry.actor_restarts
+                if rec is not None and not restarted and (rec.state == "dead" or not rec.can_restart):
                     why = rec.reason or "its process crashed"
                     self.objects.complete(entry, None, ActorDiedError(f"actor {rec.class_name} {rec.id} died: {why}"))
                 else:
@@ -185,6 +188,7 @@ class ActorRegistry:
             rec = self.actor(aid)
             entry, payload = self.objects.new(self.new_oid())
             entry.actor = rec
+            entry.actor_restarts = rec.restarts
             if proc_key is not None:
                 entry.remote[proc_key] = 1
             if rec.state == "dead":

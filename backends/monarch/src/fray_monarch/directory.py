@@ -33,6 +33,7 @@ class Entry:
     error: Any = None
     future: Any = None
     actor: Any = None
+    actor_restarts: int = 0  # how many times the actor had restarted when this call was sent
     keep: list[Any] = field(default_factory=list)  # payloads this object or its pending call keeps alive
     callbacks: list[Callable[[Entry], None]] = field(default_factory=list)
     remote: dict[str, int] = field(default_factory=dict)  # proc key -> holds

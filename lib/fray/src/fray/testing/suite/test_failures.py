@@ -76,7 +76,7 @@ def test_crashed_actor_raises_actor_died(fray_ctx: JobContext) -> None:
 def test_crashed_actor_restarts_with_fresh_state(fray_ctx: JobContext) -> None:
     actor = fray_ctx.create_actor(h.Counter, args=(100,), options=ActorOptions(max_restarts=1))
     assert fray_ctx.get(actor.incr(), timeout=60) == 101
-    with pytest.raises((ActorUnavailableError, ActorDiedError)):
+    with pytest.raises(ActorUnavailableError):  # restarting, not dead: it has a restart left
         fray_ctx.get(actor.crash(), timeout=60)
     deadline = time.monotonic() + 60
     while True:
@@ -87,3 +87,7 @@ def test_crashed_actor_restarts_with_fresh_state(fray_ctx: JobContext) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+    with pytest.raises(ActorDiedError):  # no restart left now
+        fray_ctx.get(actor.crash(), timeout=60)
+    with pytest.raises(ActorDiedError):
+        fray_ctx.get(actor.incr(), timeout=60)
