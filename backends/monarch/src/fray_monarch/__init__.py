@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Any
 
+from fray.jobs import host_resources
 from fray.registry import Backend, parse_options, parse_resources
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
 from fray_monarch.protocol import StoreConfig
@@ -42,6 +43,7 @@ SCHEMA = {
     "resources": parse_resources,
     "hosts": _hosts,
     "object_store_memory": _bytes,
+    "memory": _bytes,
     "transport": _transport,
 }
 
@@ -74,7 +76,10 @@ def _topology(options: dict[str, str]) -> tuple[list[Any], int, dict[str, float]
     procs = int(opts.get("procs", cpus))
     if procs < 1:
         raise ValueError("procs must be >= 1")
-    resources = {"CPU": float(opts.get("cpus", cpus)), **opts.get("resources", {})}
+    # memory: this machine's physical memory by default (attached hosts are taken to be alike; pass memory=),
+    # shared out between a host's processes as its CPUs are.
+    memory = float(opts.get("memory", host_resources()["memory"]))
+    resources = {"CPU": float(opts.get("cpus", cpus)), "memory": memory, **opts.get("resources", {})}
     if opts.get("gpus"):
         resources["GPU"] = float(opts["gpus"])
     budget = int(opts.get("object_store_memory", _default_store_budget()))

@@ -93,3 +93,15 @@ def test_option_validation() -> None:
         TaskOptions(resources={"CPU": -1})
     with pytest.raises(ValueError):
         ActorOptions(max_concurrency=0)
+
+
+def test_memory_is_a_resource_on_every_backend(fray_ctx: JobContext) -> None:
+    nodes = fray_ctx.node_resources()
+    assert all(node.get("memory", 0) > 0 for node in nodes), nodes
+    options = TaskOptions(resources={"CPU": 1, "memory": 1024})
+    assert fray_ctx.get(fray_ctx.create_task(h.add, args=(1, 2), options=options), timeout=60) == 3
+    actor = fray_ctx.create_actor(h.Counter, options=ActorOptions(resources={"memory": 1024}))
+    assert fray_ctx.get(actor.incr(), timeout=60) == 1
+    too_much = max(node["memory"] for node in nodes) * 2
+    with pytest.raises(InfeasibleResourcesError, match="memory"):
+        fray_ctx.create_task(h.add, args=(1, 2), options=TaskOptions(resources={"CPU": 1, "memory": too_much}))
