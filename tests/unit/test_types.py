@@ -52,3 +52,23 @@ def test_normalize_resources() -> None:
 
 def test_job_status_terminal() -> None:
     assert {s for s in JobStatus if s.is_terminal} == {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
+
+
+def test_job_status_is_a_str_as_in_the_earlier_fray() -> None:
+    status = JobStatus.SUCCEEDED
+    assert status == "SUCCEEDED" and "SUCCEEDED" in status and status != "FAILED"
+    assert str(status) == f"{status}" == "SUCCEEDED"
+    assert JobStatus("FAILED") is JobStatus.FAILED
+
+
+def test_runtime_env_messages_keep_the_earlier_wording() -> None:
+    with pytest.raises(ValueError, match=r"minimum_resources .* exceeds maximum_resources"):
+        RuntimeEnv(minimum_resources=[Resource("CPU", 4)], maximum_resources=[Resource("CPU", 2)])
+    with pytest.raises(ValueError, match="cannot be negative"):
+        Resource("CPU", -1)
+    with pytest.raises(ValueError, match="cannot contain empty strings"):
+        RuntimeEnv(package_requirements=[""])
+    with pytest.raises(TypeError, match="env keys must be strings"):
+        RuntimeEnv(env={1: "a"})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="env values must be strings"):
+        RuntimeEnv(env={"A": 1})  # type: ignore[dict-item]

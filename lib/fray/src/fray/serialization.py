@@ -91,14 +91,14 @@ class _OobBytes:
         return (_rebuild_bytes, (kind, pickle.PickleBuffer(self.value)))
 
 
-def _rebuild_bytes(kind: type, buf: Any) -> bytes | bytearray:
+def _rebuild_bytes(kind: type[bytes] | type[bytearray], buf: Any) -> bytes | bytearray:
     return kind(buf)  # bytes and bytearray own their memory: one copy
 
 
 def _rebuild_memoryview(buf: Any, fmt: str, shape: tuple[int, ...]) -> memoryview:
     view = memoryview(buf)
     if view.format != fmt or view.shape != shape:
-        view = view.cast("B").cast(fmt, shape)
+        view = view.cast("B").cast(fmt, shape)  # type: ignore[call-overload]
     return view.toreadonly()
 
 
@@ -225,7 +225,7 @@ class _Pickler(_Reducers, pickle.Pickler):
         return self._fray_reduce(obj)
 
 
-class _CloudPickler(_Reducers, cloudpickle.Pickler):
+class _CloudPickler(_Reducers, cloudpickle.Pickler):  # type: ignore[misc]
     def __init__(self, file: Any, buffer_callback: Callable[[Any], None]) -> None:
         super().__init__(file, protocol=5, buffer_callback=buffer_callback)
         self._setup()

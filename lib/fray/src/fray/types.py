@@ -26,8 +26,9 @@ class Lifetime(enum.Enum):
     DETACHED = "detached"
 
 
-class JobStatus(enum.Enum):
-    """The one job status enum shared by all backends."""
+class JobStatus(str, enum.Enum):
+    """The one job status enum shared by all backends. A str, as the earlier Fray's was: it compares equal to
+    its value (`status == "SUCCEEDED"`, `"FAIL" in status`) and prints as it (`str(s) == f"{s}" == "SUCCEEDED"`)."""
 
     PENDING = "PENDING"
     RUNNING = "RUNNING"
@@ -39,12 +40,18 @@ class JobStatus(enum.Enum):
     def is_terminal(self) -> bool:
         return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
 
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
 
 def _check_quantity(what: str, quantity: object) -> float:
     if isinstance(quantity, bool) or not isinstance(quantity, (int, float)):
         raise TypeError(f"{what} must be a number, got {type(quantity).__name__}")
     if math.isnan(quantity) or quantity < 0:
-        raise ValueError(f"{what} must be >= 0, got {quantity}")
+        raise ValueError(f"{what} cannot be negative: must be >= 0, got {quantity}")
     return float(quantity)
 
 
@@ -93,12 +100,14 @@ class RuntimeEnv:
             if not isinstance(req, str):
                 raise TypeError(f"package_requirements entries must be strings, got {req!r}")
             if not req.strip():
-                raise ValueError("package_requirements must not contain an empty requirement")
+                raise ValueError("package_requirements cannot contain empty strings (an empty requirement)")
         if not isinstance(self.env, Mapping):
             raise TypeError(f"env must be a dict of str to str, got {type(self.env).__name__}")
         for key, value in self.env.items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError(f"env entries must be str to str, got {key!r}: {value!r}")
+            if not isinstance(key, str):
+                raise TypeError(f"env keys must be strings: env entries must be str to str, got key {key!r}")
+            if not isinstance(value, str):
+                raise TypeError(f"env values must be strings: env entries must be str to str, got {key!r}: {value!r}")
             if not key or "=" in key:
                 raise ValueError(f"env variable name {key!r} is not valid")
         for group in (self.minimum_resources, self.maximum_resources):
@@ -108,7 +117,10 @@ class RuntimeEnv:
         minimum = {r.name: r.quantity for r in self.minimum_resources}
         for res in self.maximum_resources:
             if res.name in minimum and minimum[res.name] > res.quantity:
-                raise ValueError(f"minimum {res.name} ({minimum[res.name]}) is greater than maximum ({res.quantity})")
+                raise ValueError(
+                    f"minimum_resources {res.name} ({minimum[res.name]}) exceeds maximum_resources "
+                    f"{res.name} ({res.quantity}): minimum is greater than maximum"
+                )
 
     @property
     def is_empty(self) -> bool:
