@@ -20,7 +20,9 @@ from fray_monarch import _runtime
 from fray_monarch.objects import RefPayload, Tracker
 from fray_monarch.protocol import Stored, Value
 
-FREE_GRACE = 2.0  # an unreferenced object is dropped this long after its last reference goes
+# An unreferenced object is dropped this long after its last reference goes (a margin for refs in flight; it was
+# 2 s, which kept a freed value's shared memory from being reused by the next put for ~3.5 s).
+FREE_GRACE = 0.5
 
 
 @dataclass

@@ -16,7 +16,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from fray_monarch.arena import Arena, _align
+from fray_monarch.arena import SHM_DIR, Arena, _align
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -27,17 +27,22 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 class _Mapping:
-    """One mmap of a span of a store file, and how many buffer views use it.
+    """One mmap of a store file: the whole file, read-only, shared by every read-only view of values in it (a get
+    is then O(1), as with Ray's store: pages are faulted in as the reader touches them); or one span of it,
+    copy-on-write, private to one torch reader.
 
-    A view holds a _Use; when the view dies its _Use only queues the mapping (a finalizer must not unmap: it can
-    run while another thread is handing the same mapping out, and unmapping there crashed readers). The table
-    below unmaps queued mappings that no view uses any more, under its lock."""
+    A view holds a _Use (with the pin of its object); when the view dies its _Use only queues the mapping: a
+    finalizer must not unmap (it can run while another thread is handing the same mapping out; unmapping there
+    crashed readers). The table unmaps queued mappings that no view uses any more, under its lock."""
 
-    def __init__(self, path: str, offset: int, length: int, private: bool, pin: Any) -> None:
+    def __init__(self, path: str, offset: int, length: int | None, private: bool) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:
-            flags = (mmap.MAP_PRIVATE if private else mmap.MAP_SHARED) | mmap.MAP_POPULATE
-            # Populated read-only even when private: populating a writable private mapping would copy every page.
+            if length is None:
+                length = os.fstat(fd).st_size
+            # A private span is populated read-only, then made writable: populating a writable private mapping
+            # would copy every page. The shared whole-file mapping is not populated (a get must not cost O(size)).
+            flags = mmap.MAP_PRIVATE | mmap.MAP_POPULATE if private else mmap.MAP_SHARED
             addr = _libc.mmap(None, length, mmap.PROT_READ, flags, fd, offset)
         finally:
             os.close(fd)
@@ -47,52 +52,59 @@ class _Mapping:
         if private and _libc.mprotect(addr, length, mmap.PROT_READ | mmap.PROT_WRITE) != 0:
             _libc.munmap(addr, length)
             raise OSError(ctypes.get_errno(), "mprotect failed")
-        self.addr, self.length, self.pin = addr, length, pin
+        self.addr, self.length = addr, length
         self.users = 0
-        self.key: tuple[str, int, int] | None = None
+        self.segment: str | None = None  # set for a shared whole-file mapping
 
-    def view(self, length: int, writable: bool) -> memoryview:
-        """Under the table's lock."""
-        raw = (ctypes.c_ubyte * length).from_address(self.addr)
-        raw.use = _Use(self)  # type: ignore[attr-defined]
+    def view(self, offset: int, length: int, writable: bool, pin: Any) -> memoryview:
+        """Under the table's lock: `length` bytes at `offset` into this mapping."""
+        raw = (ctypes.c_ubyte * length).from_address(self.addr + offset)
+        raw.use = _Use(self, pin)  # type: ignore[attr-defined]
         self.users += 1
         view = memoryview(raw).cast("B")
         return view if writable else view.toreadonly()
 
 
 class _Use:
-    __slots__ = ("mapping",)
+    """What a view keeps alive: its mapping (counted) and the pin of its object (the owner keeps the bytes)."""
 
-    def __init__(self, mapping: _Mapping) -> None:
-        self.mapping = mapping
+    __slots__ = ("mapping", "pin")
+
+    def __init__(self, mapping: _Mapping, pin: Any) -> None:
+        self.mapping, self.pin = mapping, pin
 
     def __del__(self) -> None:
         _maps.released.append(self.mapping)
 
 
 class _MapTable:
-    """The mappings of this process: read-only ones shared by key (segment, offset, allocation), so every get of
-    one value returns views of one mapping; unmapped once no view uses them (checked every UNMAP_EVERY s)."""
+    """The mappings of this process: one read-only mapping per store file, shared by every get of every value in
+    it (so two gets of one value share memory); private copy-on-write mappings per torch read. A mapping is
+    unmapped once no view uses it (checked on the next map, and every UNMAP_EVERY s)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.shared: dict[tuple[str, int, int], _Mapping] = {}
+        self.shared: dict[str, _Mapping] = {}
         self.released: deque[_Mapping] = deque()
         self.sweeper: threading.Thread | None = None
         self.arenas: weakref.WeakSet[Arena] = weakref.WeakSet()  # their leases are drained by the sweep too
 
-    def views(self, path: str, spans: list[tuple[int, int, bool, tuple[str, int, int]]], pin: Any) -> list[Any]:
+    def views(self, segment: str, spans: list[tuple[int, int, bool]], pin: Any) -> list[Any]:
+        """Views of (offset in file, length, private) spans of the store file `segment`."""
+        path = os.path.join(SHM_DIR, segment)
         out: list[Any] = []
         with self.lock:
             self._drain()
-            for start, length, private, key in spans:
-                mapping = None if private else self.shared.get(key)
+            for start, length, private in spans:
+                if private:
+                    mapping = _Mapping(path, start, _align(length), private=True)
+                    out.append(mapping.view(0, length, writable=True, pin=pin))
+                    continue
+                mapping = self.shared.get(segment)
                 if mapping is None:
-                    mapping = _Mapping(path, start, _align(length), private, pin)
-                    if not private:
-                        mapping.key = key
-                        self.shared[key] = mapping
-                out.append(mapping.view(length, writable=private))
+                    mapping = self.shared[segment] = _Mapping(path, 0, None, private=False)
+                    mapping.segment = segment
+                out.append(mapping.view(start, length, writable=False, pin=pin))
             if self.sweeper is None:
                 self.sweeper = threading.Thread(target=self._sweep, name="fray-unmap", daemon=True)
                 self.sweeper.start()
@@ -105,10 +117,9 @@ class _MapTable:
             mapping.users -= 1
             if mapping.users > 0:
                 continue
-            if mapping.key is not None and self.shared.get(mapping.key) is mapping:
-                del self.shared[mapping.key]
+            if mapping.segment is not None and self.shared.get(mapping.segment) is mapping:
+                del self.shared[mapping.segment]
             _libc.munmap(mapping.addr, mapping.length)
-            mapping.pin = None  # the owner may free the value now (if nothing else holds it)
 
     def _sweep(self) -> None:
         while True:

@@ -160,12 +160,9 @@ class ObjectStore:
             data = os.pread(fd, value.data.length, value.offset + value.data.offset)
         finally:
             os.close(fd)
-        spans = []
-        for i, span in enumerate(value.buffers):
-            start = value.offset + span.offset
-            spans.append((start, span.length, i in value.private, (value.segment, start, value.alloc)))
-        views = _maps.views(path, [s for s in spans if s[1] > 0], pin)
-        buffers: list[Any] = [views.pop(0) if s[1] > 0 else b"" for s in spans]
+        spans = [(value.offset + span.offset, span.length, i in value.private) for i, span in enumerate(value.buffers)]
+        views = _maps.views(value.segment, [sp for sp in spans if sp[1] > 0], pin)
+        buffers: list[Any] = [views.pop(0) if sp[1] > 0 else b"" for sp in spans]
         return Blob(data, buffers)
 
     def _pull(self, value: Stored) -> Blob:

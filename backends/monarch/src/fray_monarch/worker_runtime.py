@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import fray.context as fray_context
+import fray.current as fray_current
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
@@ -36,7 +36,7 @@ CAPABILITIES = frozenset(
         Capability.ZERO_COPY_OBJECTS,
     }
 )
-RELEASE_DELAY = 1.0  # releases wait this long before being sent, so they never overtake the hold they undo
+RELEASE_DELAY = 0.25  # releases wait this long before being sent, so they never overtake the hold they undo
 REPLY_MARGIN = 30.0  # a coordinator reply may take this long past the caller's own timeout before we give up
 
 _current_task = threading.local()
@@ -120,7 +120,7 @@ class WorkerRuntime:
         self.stopped = False
         self.ctx = WorkerJobContext(self, setup.nodes)
         set_tracker(Tracker(self._first, self._zero))
-        fray_context._set_default(self.ctx)
+        fray_current.set_default(self.ctx)
         threading.Thread(target=self._sender, name="fray-sender", daemon=True).start()
 
     # ------------------------------------------------------------ refs
@@ -311,7 +311,7 @@ class WorkerRuntime:
     def _execute(self, item: TaskItem) -> None:
         tid = item.id
         _current_task.id = tid
-        token = fray_context._current.set(self.ctx)
+        token = fray_current.push(self.ctx)
         try:
             fn = self.load_fn(item.fn_key)
             args, kwargs = self.load(item.args.value)
@@ -330,7 +330,7 @@ class WorkerRuntime:
         except BaseException as exc:
             result = TaskResult(tid, "err", error=capture_exception(exc))
         finally:
-            fray_context._current.reset(token)
+            fray_current.pop(token)
             _current_task.id = None
         self.outbox.put(("result", result))
         self._done(tid)
