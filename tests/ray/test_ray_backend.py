@@ -11,7 +11,7 @@ pytest.importorskip("fray_ray")
 
 import fray
 from fray import ActorOptions, TaskOptions
-from fray.context import _current, get_job_context
+from fray.context import get_job_context
 from fray.errors import RemoteExceptionProxy
 from fray.registry import parse_spec
 from fray_ray import RayBackend, RayJobContext
@@ -21,9 +21,8 @@ from fray_ray.job import _registry
 @pytest.fixture(scope="module")
 def ctx() -> Iterator[RayJobContext]:
     context = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
-    token = _current.set(context)
-    yield context
-    _current.reset(token)
+    with fray.using(context):
+        yield context
     context.shutdown()
 
 

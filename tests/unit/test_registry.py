@@ -98,3 +98,29 @@ def test_resources_option_accepts_json_or_pairs() -> None:
         parse_resources("disk:-1")
     with fray.init("in_memory?resources=disk:4") as ctx:
         assert ctx.node_resources()[0]["disk"] == 4.0
+
+
+def capture_context_in_closure_and_use_it() -> int:
+    ctx = fray.get_job_context()
+
+    def inner() -> int:
+        return int(ctx.get(ctx.put(41))) + 1  # ctx travels inside the closure
+
+    return int(ctx.get(ctx.create_task(inner), timeout=60))
+
+
+def test_a_context_captured_by_a_task_arrives_as_the_context_there() -> None:
+    import pickle
+
+    with fray.init("in_memory") as ctx:
+        assert pickle.loads(pickle.dumps(ctx)) is ctx
+        assert ctx.get(ctx.create_task(capture_context_in_closure_and_use_it), timeout=60) == 42
+
+
+def test_using_makes_a_context_current_in_a_block() -> None:
+    with fray.init("in_memory") as outer, fray.init("in_memory") as inner:
+        with fray.using(outer):
+            assert fray.get_job_context() is outer
+            with fray.using(inner):
+                assert fray.get_job_context() is inner
+            assert fray.get_job_context() is outer

@@ -10,7 +10,7 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
-import fray.context as fray_context
+import fray.current as fray_current
 from fray.serialization import Blob, capture_exception, dumps, loads
 from fray_monarch import _runtime, instances
 from fray_monarch.protocol import ActorReply, WireValue, WorkerSetup
@@ -98,7 +98,7 @@ class FrayActorHost(Actor):
         return args, kwargs
 
     def _init(self, cls_data: bytes, call: WireValue, deps: list[str]) -> ActorReply:
-        token = fray_context._current.set(self.rt.ctx)
+        token = fray_current.push(self.rt.ctx)
         try:
             klass = loads(Blob(cls_data))
             args, kwargs = self._args(call, deps)
@@ -109,12 +109,12 @@ class FrayActorHost(Actor):
             self.init_error = f"{err.type_name}: {err.message}"
             return ActorReply("err", error=err)
         finally:
-            fray_context._current.reset(token)
+            fray_current.pop(token)
 
     def _invoke(self, oid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
         if self.obj is None:
             return ActorReply("dead", reason=f"the actor's __init__ raised {self.init_error}")
-        token = fray_context._current.set(self.rt.ctx)
+        token = fray_current.push(self.rt.ctx)
         try:
             args, kwargs = self._args(call, deps)
             value = getattr(self.obj, method)(*args, **kwargs)
@@ -122,7 +122,7 @@ class FrayActorHost(Actor):
         except BaseException as exc:
             return ActorReply("err", error=capture_exception(exc))
         finally:
-            fray_context._current.reset(token)
+            fray_current.pop(token)
 
     @staticmethod
     def _reply(port: Any, fn: Any, args: tuple[Any, ...]) -> None:

@@ -54,6 +54,18 @@ class RayBackend(Backend):
         parsed = parse_options(self.name, options, _OPTIONS)
         return RayJobContext(**{k: v for k, v in parsed.items() if k not in _CLUSTER_ONLY})
 
+    def context_here(self) -> RayJobContext | None:
+        """Inside a Ray worker: its fray context (a context pickled into a task's arguments lands here before the
+        task runs, so before the worker's context is made current)."""
+        import ray
+
+        if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE:
+            return None
+        from fray_ray import _remote
+
+        _remote.enter_worker()
+        return _remote._worker_ctx  # type: ignore[no-any-return]
+
     def cluster_context(self, **options: str) -> Any:
         from fray_ray.cluster import RayClusterContext
 

@@ -7,13 +7,8 @@ assert ctx.get(ref) == 1024
 """
 
 from fray.capabilities import Capability
-from fray.context import (
-    ClusterContext,
-    JobContext,
-    clear_job_context,
-    get_job_context,
-    set_job_context,
-)
+from fray.context import ClusterContext, JobContext
+from fray.current import clear_job_context, get_job_context, set_job_context, using
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
@@ -74,4 +69,5 @@ __all__ = [
     "init",
     "set_job_context",
     "shutdown",
+    "using",
 ]

@@ -5,15 +5,15 @@ The public methods here validate input and enforce the shared semantics; backend
 
 from __future__ import annotations
 
-import contextvars
 import math
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
+from fray import current
 from fray.capabilities import Capability
+from fray.current import clear_job_context, get_job_context, set_job_context
 from fray.errors import InfeasibleResourcesError, UnsupportedFeatureError
 from fray.refs import ActorHandle, ObjectRef
 from fray.transfers import PathStats
@@ -215,11 +215,7 @@ class JobContext(ABC):
 
     def shutdown(self) -> None:
         """Release everything this context started. Idempotent."""
-        global _default
-        if _default is self:
-            _default = None
-        if _current.get() is self:
-            _current.set(None)
+        current.forget(self)
         self._shutdown()
 
     def __enter__(self) -> JobContext:
@@ -227,6 +223,11 @@ class JobContext(ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A context captured by a task or actor (a closure, an attribute) arrives as the context current where
+        # it lands, as refs and handles do: a connection cannot travel, and the one there is the same job's.
+        return (current.context_for, (self.backend,))
 
     # ----------------------------------------------------------------- helpers for backends
     def require(self, capability: Capability, used: str = "") -> None:
@@ -401,51 +402,3 @@ class ClusterContext(ABC):
 
     @abstractmethod
     def _shutdown(self) -> None: ...
-
-
-# --------------------------------------------------------------------- the current job context
-_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_job_context", default=None)
-_default: JobContext | None = None
-_default_lock = threading.Lock()
-
-
-def get_job_context() -> JobContext:
-    """The job context of this task, actor, or thread; else the process default (set by fray.init).
-
-    With neither, the default is created from FRAY_BACKEND (in_memory when unset), as Ray auto-initializes.
-    """
-    ctx = _current.get()
-    if ctx is not None:
-        return ctx
-    if _default is not None:
-        return _default
-    from fray.registry import init
-
-    with _default_lock:
-        return _default if _default is not None else init()
-
-
-def set_job_context(ctx: JobContext) -> contextvars.Token[JobContext | None]:
-    """Make ctx current for this thread/task (and the process default if there is none yet)."""
-    global _default
-    if not isinstance(ctx, JobContext):
-        raise TypeError(f"set_job_context needs a JobContext, got {type(ctx).__name__}")
-    if _default is None:
-        _default = ctx
-    return _current.set(ctx)
-
-
-def clear_job_context() -> None:
-    """Forget the current context (and the process default)."""
-    global _default
-    _current.set(None)
-    _default = None
-
-
-def _set_default(ctx: JobContext | None) -> None:
-    global _default
-    _default = ctx
-
-
-def _current_default() -> JobContext | None:
-    return _default

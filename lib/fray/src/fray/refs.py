@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+from fray.current import get_job_context
+
 if TYPE_CHECKING:
     from fray.context import JobContext
 
@@ -80,8 +82,6 @@ class ActorHandle:
     def _context(self) -> JobContext:
         if self._ctx is not None:
             return self._ctx
-        from fray.context import get_job_context
-
         return get_job_context()
 
     def __getattr__(self, attr: str) -> ActorMethod:

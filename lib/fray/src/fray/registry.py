@@ -17,7 +17,8 @@ from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import parse_qsl
 
-from fray.context import ClusterContext, JobContext, _current, _current_default, _set_default
+from fray import current
+from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
 from fray.types import normalize_resources
 
@@ -51,6 +52,11 @@ class Backend(ABC):
     @abstractmethod
     def cluster_context(self, **options: str) -> ClusterContext:
         """A new ClusterContext."""
+
+    def context_here(self) -> JobContext | None:
+        """The JobContext of this process's connection to this backend, if it has one that is not current yet
+        (e.g. inside a worker, before the task runs): where a pickled context lands. None: none here."""
+        return None
 
     def diagnose(self) -> dict[str, str]:
         """Lines ("name: value") this backend adds to `fray doctor`'s report; the default adds none."""
@@ -122,8 +128,8 @@ def init(spec: str | None = None, **options: Any) -> JobContext:
     """Create a JobContext for `spec` (or FRAY_BACKEND, or in_memory) and make it current."""
     backend, merged = _resolve(spec, options)
     ctx = backend.job_context(**merged)
-    _set_default(ctx)
-    _current.set(ctx)
+    current.set_default(ctx)
+    current.make_current(ctx)
     return ctx
 
 
@@ -135,9 +141,9 @@ def cluster(spec: str | None = None, **options: Any) -> ClusterContext:
 
 def shutdown() -> None:
     """Shut down the current default JobContext (if any) and forget it."""
-    ctx = _current.get() or _current_default()
-    _current.set(None)
-    _set_default(None)
+    ctx = current.current() or current.default()
+    current.make_current(None)
+    current.set_default(None)
     if ctx is not None:
         ctx.shutdown()
 

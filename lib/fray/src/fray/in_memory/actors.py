@@ -7,7 +7,8 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from fray.context import _current, actor_resources
+from fray import current
+from fray.context import actor_resources
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
@@ -137,7 +138,7 @@ class ActorsMixin:
             if actor.death is not None:  # killed while waiting for resources
                 self._release_actor(actor)
                 return
-        token = _current.set(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
+        token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
         try:
             args, kwargs = self._resolve_call(call)
             actor.instance = actor.klass(*args, **kwargs)
@@ -148,7 +149,7 @@ class ActorsMixin:
             )
             attach_remote_traceback(actor.death, format_exception(exc))
         finally:
-            _current.reset(token)
+            current.pop(token)
 
     def _release_actor(self, actor: _Actor) -> None:
         if actor.holding:
@@ -184,7 +185,7 @@ class ActorsMixin:
         if actor.death is not None:
             error: Any = _died(actor)
         else:
-            token = _current.set(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
+            token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
             try:
                 args, kwargs = self._resolve_call(call)
                 value = self._encode(getattr(actor.instance, method)(*args, **kwargs), f"the return value of {method}")
@@ -194,7 +195,7 @@ class ActorsMixin:
             except BaseException as exc:
                 error = self._remote_error(exc)
             finally:
-                _current.reset(token)
+                current.pop(token)
         with actor.lock:
             actor.running.discard(entry)
         entry.settle(None if error else value, error)

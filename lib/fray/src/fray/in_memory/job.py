@@ -16,8 +16,9 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from functools import partial
 from typing import Any
 
+from fray import current
 from fray.capabilities import Capability
-from fray.context import JobContext, _current, task_resources
+from fray.context import JobContext, task_resources
 from fray.errors import (
     FrayError,
     GetTimeoutError,
@@ -220,7 +221,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         lock = self._lock
         outer_task = getattr(_tls, "task", None)
         _tls.task = task
-        token = _current.set(self)
+        token = current.push(self)
         retry = False
         error: Any = None
         value: Any = None
@@ -255,7 +256,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
             retry = task.options.should_retry(exc) and (budget < 0 or task.attempts <= budget)
             error = self._remote_error(exc)
         finally:
-            _current.reset(token)
+            current.pop(token)
             _tls.task = outer_task
             next_work = self._ledger.release(task.request, finishing=on_worker and not retry)
         if retry:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from fray.capabilities import Capability
-from fray.context import ClusterContext, JobContext, _current
+from fray.context import ClusterContext, JobContext
+from fray.current import using
 from fray.errors import BackendNotAvailableError
 from fray.registry import ENV_VAR, available_backends, get_backend, parse_spec
 
@@ -87,9 +88,8 @@ def _skip_missing(request: pytest.FixtureRequest, have: frozenset[Capability], b
 def fray_ctx(request: pytest.FixtureRequest, fray_session_ctx: JobContext) -> Iterator[JobContext]:
     """The backend's JobContext, current for this test."""
     _skip_missing(request, fray_session_ctx.capabilities, fray_session_ctx.backend)
-    token = _current.set(fray_session_ctx)
-    yield fray_session_ctx
-    _current.reset(token)
+    with using(fray_session_ctx):
+        yield fray_session_ctx
 
 
 @pytest.fixture

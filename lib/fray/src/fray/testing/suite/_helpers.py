@@ -41,6 +41,16 @@ def first_is_ref_then_value(items: list[Any]) -> tuple[bool, Any]:
     return isinstance(items[0], ObjectRef), get_job_context().get(items[0], timeout=30)
 
 
+def use_passed_context(ctx: Any) -> int:
+    """ctx was the caller's JobContext: it must arrive as a usable context here."""
+    inner = ctx.create_task(add, args=(40, 1))
+
+    def closure() -> int:
+        return int(ctx.get(ctx.put(1)))  # a context captured by a closure travels too
+
+    return int(ctx.get(inner, timeout=60)) + int(ctx.get(ctx.create_task(closure), timeout=60))
+
+
 def array_sum(a: Any) -> float:
     return float(a.sum())
 

@@ -124,3 +124,7 @@ def test_nested_fan_out_from_a_task(fray_ctx: JobContext) -> None:
 
 def test_task_runs_with_the_same_backend(fray_ctx: JobContext) -> None:
     assert fray_ctx.get(fray_ctx.create_task(h.backend_name), timeout=60) == fray_ctx.backend
+
+
+def test_a_context_passed_to_a_task_arrives_as_the_context_there(fray_ctx: JobContext) -> None:
+    assert fray_ctx.get(fray_ctx.create_task(h.use_passed_context, args=(fray_ctx,)), timeout=120) == 42

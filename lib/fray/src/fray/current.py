@@ -1,0 +1,125 @@
+"""The current job context: the one of this task, actor or thread, else the process default (set by fray.init).
+
+A leaf module (it imports no other fray module at import time), so contexts, refs, the registry and the
+backends can all depend on it without import circles.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fray.context import JobContext
+
+__all__ = ["clear_job_context", "get_job_context", "set_job_context", "using"]
+
+_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_job_context", default=None)
+_default: JobContext | None = None
+_default_lock = threading.Lock()
+
+
+def get_job_context() -> JobContext:
+    """The job context of this task, actor, or thread; else the process default (set by fray.init).
+
+    With neither, the default is created from FRAY_BACKEND (in_memory when unset), as Ray auto-initializes.
+    """
+    ctx = _current.get()
+    if ctx is not None:
+        return ctx
+    if _default is not None:
+        return _default
+    from fray.registry import init
+
+    with _default_lock:
+        return _default if _default is not None else init()
+
+
+def set_job_context(ctx: JobContext) -> contextvars.Token[JobContext | None]:
+    """Make ctx current for this thread/task (and the process default if there is none yet)."""
+    global _default
+    from fray.context import JobContext
+
+    if not isinstance(ctx, JobContext):
+        raise TypeError(f"set_job_context needs a JobContext, got {type(ctx).__name__}")
+    if _default is None:
+        _default = ctx
+    return _current.set(ctx)
+
+
+def clear_job_context() -> None:
+    """Forget the current context (and the process default)."""
+    global _default
+    _current.set(None)
+    _default = None
+
+
+class using:
+    """`with fray.using(ctx): ...` makes ctx the current context of this thread (or asyncio task) inside the
+    block, and restores the previous one after. Backends run user code in tasks and actors this way."""
+
+    __slots__ = ("ctx", "token")
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> JobContext:
+        self.token = _current.set(self.ctx)
+        return self.ctx
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        _current.reset(self.token)
+
+
+def context_for(backend: str) -> JobContext:
+    """Where a pickled JobContext of `backend` lands: the context current here if it is of that backend, else
+    the one this process has with that backend (a worker's), else get_job_context()."""
+    ctx = _current.get() or _default
+    if ctx is not None and ctx.backend == backend:
+        return ctx
+    from fray.registry import get_backend
+
+    here = get_backend(backend).context_here()
+    return here if here is not None else get_job_context()
+
+
+def push(ctx: JobContext) -> contextvars.Token[JobContext | None]:
+    """Make ctx current here until pop(token): `using` for code whose try/finally cannot be a with-block."""
+    return _current.set(ctx)
+
+
+def pop(token: contextvars.Token[JobContext | None]) -> None:
+    _current.reset(token)
+
+
+def current() -> JobContext | None:
+    """The context set for this thread or task (None outside any), without falling back to the default."""
+    return _current.get()
+
+
+def default() -> JobContext | None:
+    return _default
+
+
+def set_default(ctx: JobContext | None) -> None:
+    """Make ctx the process default (None: no default)."""
+    global _default
+    _default = ctx
+
+
+def make_current(ctx: JobContext | None) -> None:
+    """Set the current context of this thread outright (fray.init; a worker process's own context)."""
+    _current.set(ctx)
+
+
+def forget(ctx: JobContext) -> None:
+    """ctx is shut down: it is no longer the default, nor current here."""
+    global _default
+    if _default is ctx:
+        _default = None
+    if _current.get() is ctx:
+        _current.set(None)
