@@ -118,9 +118,8 @@ def test_a_context_captured_by_a_task_arrives_as_the_context_there() -> None:
 
 
 def test_using_makes_a_context_current_in_a_block() -> None:
-    with fray.init("in_memory") as outer, fray.init("in_memory") as inner:
-        with fray.using(outer):
-            assert fray.get_job_context() is outer
-            with fray.using(inner):
-                assert fray.get_job_context() is inner
-            assert fray.get_job_context() is outer
+    with fray.init("in_memory") as outer, fray.init("in_memory") as inner, fray.using(outer):
+        assert fray.get_job_context() is outer
+        with fray.using(inner):
+            assert fray.get_job_context() is inner
+        assert fray.get_job_context() is outer
