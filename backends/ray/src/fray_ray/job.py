@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -34,7 +35,7 @@ _registry = Registry()
 _checked_functions: dict[int, Any] = {}
 _methods_cache: dict[type, frozenset[str]] = {}
 _NODES_TTL = 5.0
-_DEPS_PRUNE_AT = 256
+_DEPS_PRUNE_MIN = 16  # pending-argument entries kept before the first prune (then twice what survived one)
 _NAME_TIMEOUT = 10.0  # a named actor whose __init__ fails fast may never be seen by name
 
 
@@ -91,7 +92,11 @@ class RayJobContext(JobContext):
         self._nodes_at = -_NODES_TTL
         self._last_feasible: dict[str, float] | None = None
         self._named: dict[str, Any] = {}  # name -> Ray handle of the named actors created here
-        self._deps: dict[bytes, list[Any]] = {}  # task ref id -> its ray.ObjectRef arguments (see _cancel)
+        # task's ref -> its Ray ObjectRef arguments that may not be ready yet (see _cancel); weakly keyed, so an
+        # entry never outlives the task's ref. _puts: refs made by put here (always ready, never kept).
+        self._deps: weakref.WeakKeyDictionary[ObjectRef, list[Any]] = weakref.WeakKeyDictionary()
+        self._puts: weakref.WeakSet[ObjectRef] = weakref.WeakSet()
+        self._deps_prune_at = _DEPS_PRUNE_MIN
         self._deps_lock = threading.Lock()
         self._cancelled: set[bytes] = set()
 
@@ -138,9 +143,10 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
+        result = ObjectRef(ref, BACKEND)
         if ray_args is not args or ray_kwargs is not kwargs:
-            self._note_dependencies(ref, ray_args, ray_kwargs)
-        return ObjectRef(ref, BACKEND)
+            self._note_dependencies(result, args, kwargs)
+        return result
 
     # ------------------------------------------------------------------ actors
     def _create_actor(
@@ -213,9 +219,10 @@ class RayJobContext(JobContext):
             if _is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
+        result = ObjectRef(ref, BACKEND)
         if ray_args is not args or ray_kwargs is not kwargs:
-            self._note_dependencies(ref, ray_args, ray_kwargs)
-        return ObjectRef(ref, BACKEND)
+            self._note_dependencies(result, args, kwargs)
+        return result
 
     def _get_actor(self, name: str) -> ActorHandle:
         try:
@@ -275,31 +282,47 @@ class RayJobContext(JobContext):
 
     def _put(self, obj: Any) -> ObjectRef:
         try:
-            return ObjectRef(ray.put(obj), BACKEND)
+            ref = ObjectRef(ray.put(obj), BACKEND)
         except TypeError as exc:
             if _is_serialization_error(exc):
                 raise SerializationError(f"cannot serialize the put value of type {type(obj).__name__}") from exc
             raise
+        self._puts.add(ref)
+        return ref
 
     # ------------------------------------------------------------------ cancel
     # Ray 2.60 aborts the driver process (reference_counter.cc "Check failed: submitted_task_ref_count > 0")
     # when a task is cancelled while it waits for its ObjectRef arguments and those arguments then arrive.
     # So for such a task fray marks the ref cancelled at once (get raises TaskCancelledError, wait counts it
     # done) and tells Ray only once the arguments are ready.
-    def _note_dependencies(self, ref: Any, ray_args: tuple[Any, ...], ray_kwargs: dict[str, Any]) -> None:
-        deps = [a for a in (*ray_args, *ray_kwargs.values()) if isinstance(a, ray.ObjectRef)]
+    #
+    # Holding a ray.ObjectRef pins its object in the store, so the arguments kept are only those that may be
+    # pending (not refs made by put, which are ready at once) and only while they might matter: an entry goes
+    # when the task's ref is dropped (weak key) or when a prune finds its arguments ready. (Fray used to keep
+    # every argument until 256 tasks had been submitted: each 100 MiB put -> task object stayed pinned, fray's
+    # puts landed on fresh store memory and then spilled to disk, 6-7x slower than raw Ray.)
+    def _note_dependencies(self, result: ObjectRef, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        puts = self._puts
+        deps = [a.payload for a in (*args, *kwargs.values()) if type(a) is ObjectRef and a not in puts]
         if not deps:
             return
         with self._deps_lock:
-            if len(self._deps) >= _DEPS_PRUNE_AT:
+            if len(self._deps) >= self._deps_prune_at:
                 self._prune_dependencies()
-            self._deps[ref.binary()] = deps
+            self._deps[result] = list(dict.fromkeys(deps))  # ray.wait refuses duplicates
 
     def _prune_dependencies(self) -> None:
-        for key, deps in list(self._deps.items()):
-            _, pending = ray.wait(deps, num_returns=len(deps), timeout=0, fetch_local=False)
-            if not pending:
-                del self._deps[key]
+        """Drop the entries whose arguments are all ready (one ray.wait for all: ~3 us if all are ready,
+        ~0.1 ms otherwise); prune again once the survivors have doubled (O(1) amortized per task)."""
+        entries = list(self._deps.items())
+        every = list(dict.fromkeys(dep for _, deps in entries for dep in deps))
+        if every:
+            ready, _ = ray.wait(every, num_returns=len(every), timeout=0, fetch_local=False)
+            ready_set = set(ready)
+            for key, deps in entries:
+                if all(dep in ready_set for dep in deps):
+                    self._deps.pop(key, None)
+        self._deps_prune_at = max(_DEPS_PRUNE_MIN, 2 * len(self._deps))
 
     def _raise_if_cancelled(self, payloads: list[Any]) -> None:
         for p in payloads:
@@ -310,7 +333,7 @@ class RayJobContext(JobContext):
         payload = ref.payload
         key = payload.binary()
         with self._deps_lock:
-            deps = self._deps.pop(key, None)
+            deps = self._deps.pop(ref, None)
         if deps:
             _, pending = ray.wait(deps, num_returns=len(deps), timeout=0, fetch_local=False)
             if pending:
