@@ -9,6 +9,7 @@ reference and the per-process state below is the real module state, not a pickle
 from __future__ import annotations
 
 import functools
+import inspect
 import pickle
 import threading
 import weakref
@@ -24,6 +25,7 @@ from fray.context import set_job_context, task_resources
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
 from fray.serialization import capture_exception
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
+from fray_ray._values import pack
 
 # --------------------------------------------------------------------------------------- inside a worker
 _worker_ctx: Any = None
@@ -45,7 +47,7 @@ def run_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     if _worker_ctx is None:
         enter_worker()
     try:
-        return fn(*args, **kwargs)
+        return pack(fn(*args, **kwargs))  # torch tensors in the result travel out of band (see _values)
     except Exception as exc:
         portable = _portable(exc)
         if portable is exc:
@@ -77,9 +79,49 @@ def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fray_task
 
 
+def _packing_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    """method, returning its result packed (torch tensors out of band); sync stays sync, async stays async."""
+    if inspect.iscoroutinefunction(method):
+
+        async def packing(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return pack(await method(self, *args, **kwargs))
+
+    else:
+
+        def packing(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return pack(method(self, *args, **kwargs))
+
+    # Ray reads a method's signature, generator-ness and @ray.method settings through inspect.unwrap, so it
+    # sees the user's method; update_wrapper also copies those settings (__ray_*__ attributes) onto packing.
+    functools.update_wrapper(packing, method)
+    return packing
+
+
+def _packed_methods(klass: type) -> dict[str, Any]:
+    """Wrappers for klass's public plain methods whose single result can be packed: not generators (Ray streams
+    their items), not static or class methods, not @ray.method(num_returns=n) (Ray splits the result) nor
+    methods with a tensor transport (Ray's own tensor path)."""
+    out: dict[str, Any] = {}
+    for name in dir(klass):
+        if name.startswith("_"):
+            continue
+        method = inspect.getattr_static(klass, name, None)
+        if not inspect.isfunction(method):
+            continue
+        if inspect.isgeneratorfunction(method) or inspect.isasyncgenfunction(method):
+            continue
+        if getattr(method, "__ray_num_returns__", 1) not in (1, None):
+            continue
+        if getattr(method, "__ray_tensor_transport__", None) is not None:
+            continue
+        out[name] = _packing_method(method)
+    return out
+
+
 def _actor_class(klass: type) -> type:
-    """A subclass of klass whose __init__ first installs the worker's fray context. Methods are inherited
-    untouched, so Ray sees the same methods (sync, async, threaded) as for klass itself."""
+    """A subclass of klass whose __init__ first installs the worker's fray context, and whose public methods
+    pack their results (torch tensors out of band). Each wrapper keeps its method's kind (sync or async) and
+    Ray-visible settings, so Ray treats the actor exactly as it would klass itself."""
     base_init = klass.__init__  # type: ignore[misc]
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -88,11 +130,14 @@ def _actor_class(klass: type) -> type:
 
     # __module__ is ours (so pickling by reference fails and cloudpickle sends the class by value), while the
     # names stay the user's, as Ray shows them and as fray reports them.
-    return type(
-        klass.__name__,
-        (klass,),
-        {"__init__": __init__, "__module__": __name__, "__qualname__": klass.__qualname__, "__doc__": klass.__doc__},
-    )
+    namespace = {
+        **_packed_methods(klass),
+        "__init__": __init__,
+        "__module__": __name__,
+        "__qualname__": klass.__qualname__,
+        "__doc__": klass.__doc__,
+    }
+    return type(klass.__name__, (klass,), namespace)
 
 
 # --------------------------------------------------------------------------------------- registration cache

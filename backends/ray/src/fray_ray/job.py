@@ -26,9 +26,11 @@ from fray.errors import (
 )
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import check_function, find_unserializable_argument
+from fray.transfers import PathStats
 from fray.types import ActorOptions, Lifetime, TaskOptions
 from fray_ray import _connect
 from fray_ray._remote import Registry, actor_options, is_default_task, task_options, translate
+from fray_ray._values import pack, pack_args, pack_kwargs, take_unpacked_bytes
 
 BACKEND = "ray"
 _registry = Registry()
@@ -36,21 +38,35 @@ _checked_functions: dict[int, Any] = {}
 _methods_cache: dict[type, frozenset[str]] = {}
 _NODES_TTL = 5.0
 _DEPS_PRUNE_MIN = 16  # pending-argument entries kept before the first prune (then twice what survived one)
+_STORE_PATH = "ray-object-store"
 _NAME_TIMEOUT = 10.0  # a named actor whose __init__ fails fast may never be seen by name
 
 
 def _unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Top-level fray refs become Ray refs (Ray resolves them); arguments holding torch tensors are packed."""
     for arg in args:
         if type(arg) is ObjectRef:
-            return tuple(a.payload if type(a) is ObjectRef else a for a in args)
-    return args
+            args = tuple(a.payload if type(a) is ObjectRef else a for a in args)
+            break
+    return pack_args(args)
 
 
 def _unwrap_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     for value in kwargs.values():
         if type(value) is ObjectRef:
-            return {k: v.payload if type(v) is ObjectRef else v for k, v in kwargs.items()}
-    return kwargs
+            kwargs = {k: v.payload if type(v) is ObjectRef else v for k, v in kwargs.items()}
+            break
+    return pack_kwargs(kwargs)
+
+
+def _known_nbytes(value: Any) -> int:
+    """The size of a value Ray returned as is, where it is known without a walk (numpy, bytes), else 0."""
+    nbytes = getattr(value, "nbytes", None)  # numpy arrays (read-only views of the object store)
+    if type(nbytes) is int and type(value).__module__ == "numpy":
+        return nbytes
+    if type(value) in (bytes, bytearray, memoryview):
+        return len(memoryview(value).cast("B"))
+    return 0
 
 
 def _is_serialization_error(exc: BaseException) -> bool:
@@ -98,6 +114,8 @@ class RayJobContext(JobContext):
         self._puts: weakref.WeakSet[ObjectRef] = weakref.WeakSet()
         self._deps_prune_at = _DEPS_PRUNE_MIN
         self._deps_lock = threading.Lock()
+        self._gets = PathStats()  # this process's reads of stored values (ctx.get)
+        self._gets_lock = threading.Lock()
         self._cancelled: set[bytes] = set()
 
     def __repr__(self) -> str:
@@ -256,13 +274,28 @@ class RayJobContext(JobContext):
         payloads = [r.payload for r in refs]
         if self._cancelled:
             self._raise_if_cancelled(payloads)
+        take_unpacked_bytes()  # start counting from zero (a failed get may have left some)
+        start = time.perf_counter()
         try:
-            return ray.get(payloads, timeout=timeout)  # type: ignore[no-any-return]
+            values: list[Any] = ray.get(payloads, timeout=timeout)
         except Exception as exc:
             new = translate(exc)
             if new is exc:
                 raise
             raise new from None
+        seconds = time.perf_counter() - start
+        nbytes = take_unpacked_bytes() + sum(_known_nbytes(v) for v in values)
+        with self._gets_lock:
+            self._gets = self._gets + PathStats(len(values), nbytes, seconds)
+        return values
+
+    def _transfer_stats(self) -> dict[str, PathStats]:
+        """This process's gets, all by Ray's object store: count of values, bytes where known without a walk
+        (out-of-band buffers of packed values, numpy arrays, bytes; 0 for other values) and seconds in
+        ray.get. Task and actor arguments resolved inside workers are not counted (Ray resolves them)."""
+        with self._gets_lock:
+            stats = self._gets
+        return {_STORE_PATH: stats} if stats.count else {}
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         payloads = [r.payload for r in refs]
@@ -282,7 +315,7 @@ class RayJobContext(JobContext):
 
     def _put(self, obj: Any) -> ObjectRef:
         try:
-            ref = ObjectRef(ray.put(obj), BACKEND)
+            ref = ObjectRef(ray.put(pack(obj)), BACKEND)
         except TypeError as exc:
             if _is_serialization_error(exc):
                 raise SerializationError(f"cannot serialize the put value of type {type(obj).__name__}") from exc
