@@ -65,3 +65,24 @@ def test_main_module_objects_travel_by_value() -> None:
     )
     data = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True).stdout
     assert pickle.loads(data).x == 3  # loads here, where __main__ has no Point
+
+
+def test_large_copies_reuse_pooled_memory() -> None:
+    from fray import _pool
+
+    value = np.ones(4 * 1024 * 1024, dtype=np.uint8)
+    first = loads(dumps(value))
+    assert not first.flags.writeable and first.sum() == value.size
+    chunks = len(_pool._pool.chunks)
+    del first
+    for _ in range(5):  # freed pieces come back: no new chunk per value
+        assert loads(dumps(value)).sum() == value.size
+    assert len(_pool._pool.chunks) == chunks
+
+
+def test_torch_read_from_a_stored_copy_is_private() -> None:
+    torch = pytest.importorskip("torch", reason="torch is needed for the tensor test")
+    blob = dumps(torch.zeros(1024 * 1024))
+    first, second = loads(blob), loads(blob)
+    first += 1
+    assert second.sum().item() == 0 and loads(blob).sum().item() == 0

@@ -18,20 +18,17 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from fray._pool import FreeList
+from fray._pool import align as _align
 from fray.errors import ObjectStoreFullError
 
 SHM_DIR = "/dev/shm"
-PAGE = mmap.PAGESIZE
 CHUNK = 64 * 1024 * 1024
 # Fully free chunks are kept for reuse up to this much per process (or a quarter of the host's budget, if more):
 # a new 100 MiB chunk costs ~90 ms in page allocation and faults here, a reused one ~10 ms (one memcpy).
 RETAIN_FREE = 512 * 1024 * 1024
-
-
-def _align(n: int) -> int:
-    return (n + PAGE - 1) // PAGE * PAGE
 
 
 def _proc_tag(pid: int) -> str | None:
@@ -112,8 +109,7 @@ class _Chunk:
     fd: int
     map: mmap.mmap
     view: memoryview
-    free: list[tuple[int, int]] = field(default_factory=list)  # (offset, size), sorted, coalesced
-    used: int = 0
+    ranges: FreeList
 
 
 class Arena:
@@ -149,18 +145,13 @@ class Arena:
             chunk, offset = found
             aid = next(self.ids)
             self.allocs[aid] = (chunk, offset, size)
-            chunk.used += size
             return aid, chunk, offset
 
     def _find(self, size: int) -> tuple[_Chunk, int] | None:
         for chunk in self.chunks.values():
-            for i, (off, n) in enumerate(chunk.free):
-                if n >= size:
-                    if n == size:
-                        del chunk.free[i]
-                    else:
-                        chunk.free[i] = (off + size, n - size)
-                    return chunk, off
+            offset = chunk.ranges.take(size)
+            if offset is not None:
+                return chunk, offset
         return None
 
     def _grow(self, size: int) -> None:
@@ -190,7 +181,7 @@ class Arena:
         finally:
             os.close(lock_fd)
         mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.chunks[name] = _Chunk(name, size, fd, mapped, memoryview(mapped), [(0, size)])
+        self.chunks[name] = _Chunk(name, size, fd, mapped, memoryview(mapped), FreeList(size))
 
     def _drain_released(self) -> None:
         while self.released:
@@ -206,21 +197,12 @@ class Arena:
         if found is None:
             return
         chunk, offset, size = found
-        chunk.used -= size
-        chunk.free.append((offset, size))
-        chunk.free.sort()
-        merged: list[tuple[int, int]] = []
-        for off, n in chunk.free:
-            if merged and merged[-1][0] + merged[-1][1] == off:
-                merged[-1] = (merged[-1][0], merged[-1][1] + n)
-            else:
-                merged.append((off, n))
-        chunk.free = merged
+        chunk.ranges.give(offset, size)
         self._release_free_chunks(keep=self.retain)
 
     def _release_free_chunks(self, keep: int) -> None:
         """Under the lock: unlink fully free chunks beyond `keep` bytes of them (largest first)."""
-        idle = sorted((c for c in self.chunks.values() if c.used == 0), key=lambda c: -c.size)
+        idle = sorted((c for c in self.chunks.values() if c.ranges.used == 0), key=lambda c: -c.size)
         total = sum(c.size for c in idle)
         for chunk in idle:
             if total <= keep:

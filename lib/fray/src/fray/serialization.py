@@ -29,6 +29,7 @@ from typing import Any
 
 import cloudpickle
 
+from fray._pool import pool_copy
 from fray.errors import RemoteExceptionProxy, SerializationError, attach_remote_traceback
 
 __all__ = [
@@ -54,7 +55,8 @@ _local = threading.local()
 class Blob:
     """A serialized value: in-band bytes, out-of-band buffers, and the refs it contains (kept alive with it).
 
-    `buffers` are bytes (an owned copy) or memoryviews over the live source object (`dumps(copy=False)`: valid
+    `buffers` are owned copies (bytes, or read-only views of pooled memory for large ones: fray._pool) or
+    memoryviews over the live source object (`dumps(copy=False)`: valid
     only while the Blob lives, to be written out at once). `private` holds the indices of buffers that a reader
     must get writable and private (torch storages), e.g. through a copy-on-write mapping."""
 
@@ -145,8 +147,8 @@ def _rebuild_storage(buf: Any) -> Any:
     view = memoryview(buf)
     if view.nbytes == 0:
         return torch.empty(0, dtype=torch.uint8).untyped_storage()
-    if view.readonly:  # shared with other readers: this reader gets its own copy
-        return torch.frombuffer(bytearray(view), dtype=torch.uint8).untyped_storage()
+    if view.readonly:  # shared with other readers: this reader gets its own copy (pooled memory: warm pages)
+        return torch.frombuffer(pool_copy(view, readonly=False), dtype=torch.uint8).untyped_storage()
     return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()  # private and writable: used in place
 
 
@@ -269,8 +271,8 @@ def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
     private = frozenset(i for i, b in enumerate(buffers) if id(b) in pickler.private_ids)
     if not buffers:
         return Blob(data, [], contained)
-    if copy:
-        return Blob(data, [bytes(b.raw()) for b in buffers], contained, private)
+    if copy:  # large buffers are copied into pooled memory: a fresh allocation would cost more than the copy
+        return Blob(data, [pool_copy(b.raw(), readonly=True) for b in buffers], contained, private)
     return Blob(data, [b.raw() for b in buffers], contained, private, keep=[*buffers, *pickler.keep])
 
 
