@@ -81,18 +81,21 @@ def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _packing_method(method: Callable[..., Any]) -> Callable[..., Any]:
     """method, returning its result packed (torch tensors out of band); sync stays sync, async stays async."""
+    packing: Callable[..., Any]
     if inspect.iscoroutinefunction(method):
 
-        async def packing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        async def packing_async(self: Any, *args: Any, **kwargs: Any) -> Any:
             return pack(await method(self, *args, **kwargs))
 
+        packing = packing_async
     else:
 
-        def packing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def packing_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
             return pack(method(self, *args, **kwargs))
 
+        packing = packing_sync
     # Ray reads a method's signature, generator-ness and @ray.method settings through inspect.unwrap, so it
-    # sees the user's method; update_wrapper also copies those settings (__ray_*__ attributes) onto packing.
+    # sees the user's method; update_wrapper also copies those settings (__ray_*__ attributes) and the names.
     functools.update_wrapper(packing, method)
     return packing
 

@@ -79,7 +79,7 @@ def _private_copy(view: memoryview) -> memoryview:
         return view
     out = np.empty(view.nbytes, dtype=np.uint8)
     np.copyto(out, np.frombuffer(view, dtype=np.uint8))
-    return memoryview(out)
+    return memoryview(out)  # type: ignore[arg-type]  # ndarray exports the buffer protocol
 
 
 def take_unpacked_bytes() -> int:
