@@ -13,6 +13,7 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
+from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
@@ -27,6 +28,7 @@ class JobRunner(Actor):
     """Runs jobs on its host. Each endpoint returns ("ok", value) or ("err", exception)."""
 
     def __init__(self, root: str) -> None:
+        watchdog.watch_path(root)  # this process dies with the driver; its jobs and their logs go with it
         self.jobs = LocalJobs(Path(root))
 
     def _safe(self, fn: Any, *args: Any) -> Any:

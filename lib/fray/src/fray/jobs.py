@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from fray import watchdog
 from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
@@ -30,6 +31,7 @@ class _Job:
     stop_requested: bool = False
     ended: threading.Event = field(default_factory=threading.Event)
     need: dict[str, float] = field(default_factory=dict)  # resources it holds (or waits for)
+    detached: bool = False  # outlives the process that started it
 
 
 def host_resources() -> dict[str, float]:
@@ -68,7 +70,10 @@ class LocalJobs:
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Condition()
 
-    def start(self, entrypoint: str | list[str], env: RuntimeEnv, job_id: str | None = None) -> str:
+    def start(
+        self, entrypoint: str | list[str], env: RuntimeEnv, job_id: str | None = None, detached: bool = False
+    ) -> str:
+        """Start a job; it dies with this process (fray.watchdog) unless `detached`."""
         need = {r.name: float(r.quantity) for r in env.minimum_resources}
         short = {k: v for k, v in need.items() if self.totals.get(k, 0.0) < v}
         if short:
@@ -82,6 +87,7 @@ class LocalJobs:
         job = _Job(JobInfo(job_id, JobStatus.PENDING, submission_time=time.time(), entrypoint=text), job_dir / "log")
         job.log_path.touch()
         job.need = need
+        job.detached = detached
         with self._lock:
             self._jobs[job_id] = job
         if need:
@@ -125,6 +131,8 @@ class LocalJobs:
                 log.write(f"fray: could not start {job.info.entrypoint!r}: {exc}\n".encode())
                 self._finish(job, JobStatus.FAILED, None, str(exc))
                 return
+        if not job.detached:
+            watchdog.watch_group(proc.pid)  # killed with its owner, however the owner ends
         with self._lock:
             job.proc = proc
             job.info = replace(job.info, status=JobStatus.RUNNING, start_time=time.time())
@@ -133,6 +141,8 @@ class LocalJobs:
     def _wait_for(self, job: _Job) -> None:
         assert job.proc is not None
         code = job.proc.wait()
+        if not job.detached:
+            watchdog.forget_group(job.proc.pid)  # its number may be reused once its group is empty
         if job.stop_requested:
             self._finish(job, JobStatus.STOPPED, code, "stopped by request")
         elif code == 0:

@@ -12,13 +12,14 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Optional
+from typing import Any, Optional
 
 Signature = tuple[tuple[str, float], ...]
 # A unit of work returns the next unit to run on the same thread, if it freed resources that let one start.
 Work = Callable[[], Optional["Work"]]
 
 _IDLE_SECONDS = 30.0  # an idle worker thread exits after this long
+_STOP: Any = object()  # queued once per thread at close: the thread exits
 
 
 class Workers:
@@ -35,6 +36,7 @@ class Workers:
         self._name = name
         self._local = threading.local()
         self._closed = False
+        self._alive = 0  # threads started and not exited
 
     def submit(self, work: Work) -> None:
         with self._lock:
@@ -54,6 +56,8 @@ class Workers:
             self._spawn()
 
     def _spawn(self) -> None:
+        with self._lock:
+            self._alive += 1
         threading.Thread(target=self._loop, name=self._name, daemon=True).start()
 
     def _mark_finishing(self) -> None:  # holds the lock: this worker's work is done but for publishing it
@@ -74,8 +78,11 @@ class Workers:
             try:
                 work = self._queue.get(timeout=_IDLE_SECONDS)
             except queue.Empty:
+                work = _STOP
+            if work is _STOP:
                 with self._lock:
                     self._idle -= 1
+                    self._alive -= 1
                 return
             with self._lock:
                 self._idle -= 1
@@ -90,8 +97,12 @@ class Workers:
                         self._spawn()
 
     def close(self) -> None:
+        """No new threads; every thread exits once its current work is done (idle ones at once)."""
         with self._lock:
             self._closed = True
+            alive = self._alive
+        for _ in range(alive):
+            self._queue.put(_STOP)
 
 
 class Ledger:

@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.jobs import LocalJobs
@@ -20,6 +21,8 @@ class InMemoryClusterContext(ClusterContext):
     def __init__(self, root: str | None = None) -> None:
         self._own_root = root is None
         self._root = Path(root) if root else Path(tempfile.mkdtemp(prefix="fray-jobs-"))
+        if self._own_root:
+            watchdog.watch_path(str(self._root))  # removed with this process however it ends
         self._jobs = LocalJobs(self._root)
 
     def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv) -> str:
@@ -44,3 +47,4 @@ class InMemoryClusterContext(ClusterContext):
         self._jobs.close()
         if self._own_root:
             shutil.rmtree(self._root, ignore_errors=True)
+            watchdog.forget_path(str(self._root))

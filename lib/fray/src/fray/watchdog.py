@@ -1,0 +1,116 @@
+"""A watchdog process that cleans up after its owner, however the owner ends.
+
+SIGKILL cannot be caught, and what fray starts is not always the owner's child (a Ray head's agents, a job's
+own children). So the owner starts one small watchdog process (lazily, the first time something needs
+watching) and keeps the write end of a pipe to it. The watchdog reads what to clean from the pipe; when the
+pipe closes, the owner is gone (exit, exception, SIGINT, SIGTERM, SIGKILL alike): the watchdog sends SIGTERM to
+the process groups it was given, SIGKILL to what is left after a grace period, removes the paths, and exits.
+
+    python -m fray.watchdog OWNER_PID     (started by `watch_group` / `watch_path`; reads its stdin)
+
+Things the owner stops itself (a clean shutdown) are taken off the list with `forget_group` / `forget_path`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+__all__ = ["forget_group", "forget_path", "watch_group", "watch_path"]
+
+GRACE = 3.0  # seconds between SIGTERM and SIGKILL of a watched group
+
+_lock = threading.Lock()
+_pipe: int | None = None
+_owner_pid: int | None = None
+
+
+def _send(line: str) -> None:
+    global _pipe, _owner_pid
+    with _lock:
+        if _pipe is None or _owner_pid != os.getpid():  # none yet, or inherited across a fork: start our own
+            read_end, write_end = os.pipe()  # both non-inheritable: a job never holds the write end open
+            subprocess.Popen(
+                [sys.executable, "-m", "fray.watchdog", str(os.getpid())],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C of the owner's terminal must not reach it first
+                close_fds=True,
+            )
+            os.close(read_end)
+            _pipe, _owner_pid = write_end, os.getpid()
+        os.write(_pipe, (line + "\n").encode())
+
+
+def watch_group(pgid: int) -> None:
+    """Kill process group `pgid` when this process ends, unless forgotten first."""
+    _send(f"group {pgid}")
+
+
+def forget_group(pgid: int) -> None:
+    _send(f"-group {pgid}")
+
+
+def watch_path(path: str) -> None:
+    """Remove `path` (a file or a directory tree) when this process ends, unless forgotten first."""
+    _send(f"path {path}")
+
+
+def forget_path(path: str) -> None:
+    _send(f"-path {path}")
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe's end means the owner is gone
+    groups: set[int] = set()
+    paths: list[str] = []
+    for raw in sys.stdin.buffer:  # until EOF: the owner's end of the pipe closed
+        kind, _, value = raw.decode(errors="replace").strip().partition(" ")
+        if kind == "group":
+            groups.add(int(value))
+        elif kind == "-group":
+            groups.discard(int(value))
+        elif kind == "path":
+            paths.append(value)
+        elif kind == "-path" and value in paths:
+            paths.remove(value)
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + GRACE
+    while any(_alive(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
