@@ -301,3 +301,40 @@ def test_many_threads_reading_one_value_while_others_drop_it() -> None:
         for _ in range(3):
             sums = c.get([c.create_task(matmul_sum, args=(1000, projection)) for _ in range(32)], timeout=120)
             assert sums == [1000 * 1024 * 1024 * 0.5] * 32
+
+
+def fill(value: int) -> np.ndarray:
+    return np.full(2 * MiB, value % 251, dtype=np.uint8)
+
+
+def put_inside(value: int) -> list[fray.ObjectRef]:
+    return [fray.get_job_context().put(fill(value))]  # a ref made in a worker, returned inside a list
+
+
+def check(expected: int, array: np.ndarray) -> bool:
+    return bool(array.min() == array.max() == expected % 251)
+
+
+def check_nested(expected: int, refs: list[fray.ObjectRef]) -> bool:
+    return check(expected, fray.get_job_context().get(refs[0], timeout=60))
+
+
+def test_memory_reused_quickly_never_changes_a_live_value(ctx: fray.JobContext) -> None:
+    """Freed allocations are reused within milliseconds: a value still referenced (by the driver, a pending task,
+    a ref inside a list, a ref made in a worker) must never see another value's bytes."""
+    kept = []
+    for round_ in range(40):
+        put_ref = ctx.put(fill(round_))
+        made = ctx.create_task(fill, args=(round_ + 1000,))
+        nested = ctx.create_task(put_inside, args=(round_ + 2000,))
+        checks = [
+            ctx.create_task(check, args=(round_, put_ref)),
+            ctx.create_task(check, args=(round_ + 1000, made)),
+            ctx.create_task(check_nested, args=(round_ + 2000, nested)),
+        ]
+        if round_ % 10 == 0:
+            kept.append((round_, put_ref, made))
+        assert ctx.get(checks, timeout=120) == [True, True, True], round_
+        del put_ref, made, nested, checks
+    for round_, put_ref, made in kept:  # old values, kept alive all along, are intact
+        assert check(round_, ctx.get(put_ref, timeout=60)) and check(round_ + 1000, ctx.get(made, timeout=60))

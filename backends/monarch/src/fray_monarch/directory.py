@@ -20,9 +20,10 @@ from fray_monarch import _runtime
 from fray_monarch.objects import RefPayload, Tracker
 from fray_monarch.protocol import Stored, Value
 
-# An unreferenced object is dropped this long after its last reference goes (a margin for refs in flight; it was
-# 2 s, which kept a freed value's shared memory from being reused by the next put for ~3.5 s).
-FREE_GRACE = 0.5
+# An unreferenced object is dropped this long after its last reference goes: a small margin; what keeps a ref in
+# flight alive is ordering and keeps (see .agents/monarch-backend.md). It was 2 s, which kept a freed value's
+# memory from being reused by the next put for ~3.5 s (every put then paid new pages: ~90 ms per 100 MiB).
+FREE_GRACE = 0.05
 
 
 @dataclass

@@ -36,7 +36,7 @@ CAPABILITIES = frozenset(
         Capability.ZERO_COPY_OBJECTS,
     }
 )
-RELEASE_DELAY = 0.25  # releases wait this long before being sent, so they never overtake the hold they undo
+RELEASE_DELAY = 0.05  # releases wait this long before being sent, so they never overtake the hold they undo
 REPLY_MARGIN = 30.0  # a coordinator reply may take this long past the caller's own timeout before we give up
 
 _current_task = threading.local()
