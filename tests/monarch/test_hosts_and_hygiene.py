@@ -109,3 +109,18 @@ def test_shutdown_leaves_no_process_socket_or_shm(tmp_path: Path) -> None:
     assert not leftovers, leftovers
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert not (shm_after - shm_before), shm_after - shm_before
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("monarch?procs=0", "procs=.*>= 1"),
+        ("monarch?cpus=-1", "cpus=.*>= 0"),
+        ("monarch?object_store_memory=0", "object_store_memory=.*positive"),
+        ("monarch?transport=udp", "transport=.*auto, tcp or rdma"),
+        ("monarch?procz=2", "unknown option 'procz'"),
+    ],
+)
+def test_spec_options_are_checked(spec: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        fray.init(spec)

@@ -123,3 +123,17 @@ def test_using_makes_a_context_current_in_a_block() -> None:
         with fray.using(inner):
             assert fray.get_job_context() is inner
         assert fray.get_job_context() is outer
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("in_memory?cpus=-1", "cpus=.*must be a number >= 0"),
+        ("in_memory?memory=-5", "memory=.*must be a number >= 0"),
+        ("in_memory?gpus=nan", "gpus=.*must be a number >= 0"),
+        ("in_memory?cpus", "not valid.*key=value"),
+    ],
+)
+def test_spec_options_are_range_checked(spec: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        fray.init(spec)

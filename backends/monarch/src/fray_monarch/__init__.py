@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 from fray.jobs import host_resources
-from fray.registry import Backend, parse_options, parse_resources
+from fray.registry import Backend, non_negative, parse_options, parse_resources, positive_int
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
 from fray_monarch.protocol import StoreConfig
 
@@ -37,9 +37,9 @@ def _transport(raw: str) -> str:
 
 
 SCHEMA = {
-    "procs": int,
-    "cpus": float,
-    "gpus": float,
+    "procs": positive_int,
+    "cpus": non_negative,
+    "gpus": non_negative,
     "resources": parse_resources,
     "hosts": _hosts,
     "object_store_memory": _bytes,
@@ -74,8 +74,6 @@ def _topology(options: dict[str, str]) -> tuple[list[Any], int, dict[str, float]
     opts = parse_options("monarch", options, SCHEMA)
     cpus = os.cpu_count() or 1
     procs = int(opts.get("procs", cpus))
-    if procs < 1:
-        raise ValueError("procs must be >= 1")
     # memory: this machine's physical memory by default (attached hosts are taken to be alike; pass memory=),
     # shared out between a host's processes as its CPUs are.
     memory = float(opts.get("memory", host_resources()["memory"]))

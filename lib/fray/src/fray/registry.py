@@ -69,7 +69,13 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
         raise ValueError(f"a backend spec must be a non-empty string like 'ray?namespace=x', got {spec!r}")
     name, _, query = spec.strip().partition("?")
     options: dict[str, str] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise ValueError(
+            f"backend spec {spec!r} is not valid ({exc}): options look like 'name?key=value&key2=value2'"
+        ) from None
+    for key, value in pairs:
         if key in options:
             raise ValueError(f"backend spec {spec!r} sets {key!r} twice")
         options[key] = value
@@ -162,6 +168,22 @@ def parse_options(
         except (TypeError, ValueError) as exc:
             raise ValueError(f"option {key}={raw!r} for the {backend!r} backend is not valid: {exc}") from exc
     return out
+
+
+def non_negative(raw: str) -> float:
+    """A spec option that is a number >= 0 (cpus, gpus, memory)."""
+    value = float(raw)
+    if not value >= 0:  # also refuses nan
+        raise ValueError(f"must be a number >= 0, got {raw!r}")
+    return value
+
+
+def positive_int(raw: str) -> int:
+    """A spec option that is a whole number >= 1 (process counts)."""
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"must be a whole number >= 1, got {raw!r}")
+    return value
 
 
 def parse_resources(raw: str) -> dict[str, float]:

@@ -13,7 +13,7 @@ from typing import Any
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.in_memory.job import InMemoryJobContext
 from fray.jobs import host_resources
-from fray.registry import Backend, parse_options, parse_resources, to_bool
+from fray.registry import Backend, non_negative, parse_options, parse_resources, to_bool
 
 __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
 
@@ -25,9 +25,9 @@ class InMemoryBackend(Backend):
 
     # One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option.
     options_schema: dict[str, Callable[[str], Any]] = {
-        "cpus": float,
-        "gpus": float,
-        "memory": float,
+        "cpus": non_negative,
+        "gpus": non_negative,
+        "memory": non_negative,
         "resources": parse_resources,
         "serialize": to_bool,
         "namespace": str,
