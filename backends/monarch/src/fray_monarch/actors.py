@@ -87,8 +87,8 @@ class FrayActorHost(Actor):
         self.n_threads = 0
         self.idle = 0  # threads free and not yet claimed by a submitted call
 
-    def _args(self, call: WireValue, deps: list[str]) -> tuple[Any, Any]:
-        args, kwargs = self.rt.load(call.value)
+    def _args(self, call: WireValue, deps: list[str], what: str) -> tuple[Any, Any]:
+        args, kwargs = self.rt.load(call.value, what)
         if deps:
             from fray.refs import ObjectRef
             from fray_monarch.objects import RefPayload
@@ -101,7 +101,7 @@ class FrayActorHost(Actor):
         token = fray_current.push(self.rt.ctx)
         try:
             klass = loads(Blob(cls_data))
-            args, kwargs = self._args(call, deps)
+            args, kwargs = self._args(call, deps, f"the arguments of {klass.__name__}()")
             self.obj = klass(*args, **kwargs)
             return ActorReply("ok")
         except BaseException as exc:
@@ -116,7 +116,7 @@ class FrayActorHost(Actor):
             return ActorReply("dead", reason=f"the actor's __init__ raised {self.init_error}")
         token = fray_current.push(self.rt.ctx)
         try:
-            args, kwargs = self._args(call, deps)
+            args, kwargs = self._args(call, deps, f"the arguments of {type(self.obj).__name__}.{method}")
             value = getattr(self.obj, method)(*args, **kwargs)
             return ActorReply("ok", self.rt.encode(dumps(value, f"the return value of {method}", copy=False), oid))
         except BaseException as exc:

@@ -254,7 +254,7 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
 
     def value_of(self, entry: Entry) -> Any:
         assert entry.value is not None
-        return self.store.load(entry.value)
+        return self.store.load(entry.value, f"the value of object {entry.id}")
 
     def add_waiter(self, entries: list[Entry], need: int, on_ready: Callable[[], None]) -> Callable[[], None]:
         return self.objects.add_waiter(entries, need, on_ready)

@@ -129,10 +129,10 @@ class ObjectStore:
             self.arena.free(aid)
 
     # ----------------------------------------------------------- reader
-    def load(self, value: Value) -> Any:
+    def load(self, value: Value, what: str = "a value") -> Any:
         start = time.perf_counter()
         if isinstance(value, Inline):
-            result = loads(Blob(value.data, list(value.buffers)))
+            result = loads(Blob(value.data, list(value.buffers)), what)
             self.stats.record("inline", value.nbytes, time.perf_counter() - start)
             return result
         if value.host == self.host:
@@ -145,7 +145,7 @@ class ObjectStore:
         if path != "shm" and value.host not in self.decided:
             self.decided.add(value.host)
             log.info("fray: host %s reads values of host %s by %s (%s)", self.host, value.host, path, why(path))
-        result = loads(blob)
+        result = loads(blob, what)
         self.stats.record(path, value.nbytes, time.perf_counter() - start)
         return result
 

@@ -200,8 +200,8 @@ class WorkerRuntime:
         payload, wire = self.register(blob)
         return WireValue(wire.value, (*wire.contained, payload.id)), payload
 
-    def load(self, value: Value) -> Any:
-        return self.store.load(value)
+    def load(self, value: Value, what: str = "a value") -> Any:
+        return self.store.load(value, what)
 
     def transfer_stats(self) -> dict[str, PathStats]:
         return self.store.stats.snapshot()
@@ -314,9 +314,11 @@ class WorkerRuntime:
         token = fray_current.push(self.ctx)
         try:
             fn = self.load_fn(item.fn_key)
-            args, kwargs = self.load(item.args.value)
+            name = getattr(fn, "__qualname__", "task")
+            args, kwargs = self.load(item.args.value, f"the arguments of task {name}")
             if item.deps:
-                args, kwargs = fill_deps(args, kwargs, [self.load(d) for d in item.deps])
+                values = [self.load(d, f"ref argument {i} of task {name}") for i, d in enumerate(item.deps)]
+                args, kwargs = fill_deps(args, kwargs, values)
             with self.lock:
                 self.threads[tid] = threading.get_ident()
             try:
@@ -324,7 +326,6 @@ class WorkerRuntime:
             finally:
                 with self.lock:
                     del self.threads[tid]
-            name = getattr(fn, "__qualname__", "task")
             blob = dumps(value, f"the return value of {name}", copy=False)
             result = TaskResult(tid, "ok", self.encode(blob, tid))
         except BaseException as exc:
@@ -410,7 +411,7 @@ class WorkerJobContext(JobContext):
         if reply[0] == "timeout":
             raise GetTimeoutError(f"get did not finish within {timeout} s")
         values = _checked(reply)
-        return [self.rt.load(v) for v in values]
+        return [self.rt.load(v, f"the value of {r!r}") for v, r in zip(values, refs, strict=True)]
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         tid = self.rt.block()

@@ -275,6 +275,12 @@ def translate(exc: BaseException) -> BaseException:
         if getattr(cause, "remote_traceback", None) is None:
             attach_remote_traceback(cause, exc.__dict__.get("traceback_str") or str(exc))
         return cause  # type: ignore[no-any-return]
+    if isinstance(exc, rex.RaySystemError) and "deserializ" in str(exc):
+        # Ray could not unpickle a value where it landed (a result in the driver, an argument in a worker)
+        text = str(exc)
+        first = text.splitlines()[0] if text else type(exc).__name__
+        error = errors.SerializationError(f"cannot deserialize a value where it arrived: {first}")
+        return attach_remote_traceback(error, text)
     if isinstance(exc, rex.GetTimeoutError):
         return errors.GetTimeoutError(str(exc) or "get timed out")
     if isinstance(exc, rex.TaskCancelledError):

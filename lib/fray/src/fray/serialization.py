@@ -30,7 +30,7 @@ from typing import Any
 import cloudpickle
 
 from fray._pool import pool_copy
-from fray.errors import RemoteExceptionProxy, SerializationError, attach_remote_traceback
+from fray.errors import FrayError, RemoteExceptionProxy, SerializationError, attach_remote_traceback
 
 __all__ = [
     "OOB_THRESHOLD",
@@ -276,8 +276,18 @@ def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
     return Blob(data, [b.raw() for b in buffers], contained, private, keep=[*buffers, *pickler.keep])
 
 
-def loads(blob: Blob) -> Any:
-    return pickle.loads(blob.data, buffers=blob.buffers)
+def loads(blob: Blob, what: str = "a value") -> Any:
+    """Rebuild a value. Raises SerializationError naming `what` (with the cause chained) if it cannot be
+    unpickled here: a class that does not import, a __setstate__ that raises..."""
+    try:
+        return pickle.loads(blob.data, buffers=blob.buffers)
+    except FrayError:  # fray's own (a ref to a freed object...): already says what is wrong
+        raise
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot deserialize {what} where it arrived: {type(exc).__name__}: {exc}. It was pickled where it "
+            "was made; the receiving process must be able to rebuild it (same modules and versions installed)."
+        ) from exc
 
 
 def dumps_call(where: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Blob:

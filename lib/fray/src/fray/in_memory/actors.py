@@ -81,7 +81,7 @@ class ActorsMixin:
 
         def _check_open(self) -> None: ...
         def _encode(self, value: Any, what: str) -> Any: ...
-        def _resolve_call(self, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]: ...
+        def _resolve_call(self, call: Any, what: str = ...) -> tuple[tuple[Any, ...], dict[str, Any]]: ...
         def _remote_error(self, exc: BaseException) -> BaseException | RemoteError: ...
 
     def _create_actor(
@@ -140,7 +140,7 @@ class ActorsMixin:
                 return
         token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
         try:
-            args, kwargs = self._resolve_call(call)
+            args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}()")
             actor.instance = actor.klass(*args, **kwargs)
         except BaseException as exc:
             error = exc.error.rebuild() if isinstance(exc, _Failure) and isinstance(exc.error, RemoteError) else exc
@@ -187,7 +187,7 @@ class ActorsMixin:
         else:
             token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
             try:
-                args, kwargs = self._resolve_call(call)
+                args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}.{method}")
                 value = self._encode(getattr(actor.instance, method)(*args, **kwargs), f"the return value of {method}")
                 error = None
             except _Failure as failure:

@@ -113,11 +113,11 @@ class InMemoryJobContext(ActorsMixin, JobContext):
     def _encode(self, value: Any, what: str) -> Any:
         return dumps(value, what) if self.serialize and type(value) not in _IMMUTABLE else value
 
-    def _decode(self, stored: Any) -> Any:
+    def _decode(self, stored: Any, what: str = "a value") -> Any:
         if not isinstance(stored, Blob):
             return stored
         start = time.perf_counter()
-        value = loads(stored)
+        value = loads(stored, what)
         self._transfers.record("in-process", stored.nbytes, time.perf_counter() - start)
         return value
 
@@ -227,7 +227,9 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         value: Any = None
         try:
             try:
-                args, kwargs = self._decode(task.call)
+                args, kwargs = self._decode(
+                    task.call, f"the arguments of task {getattr(task.fn, '__qualname__', task.fn)}"
+                )
                 if task.has_refs:
                     args, kwargs = self._resolve_refs(args, kwargs)
                 env = task.options.runtime_env
@@ -279,8 +281,8 @@ class InMemoryJobContext(ActorsMixin, JobContext):
             return capture_exception(exc)
         return attach_remote_traceback(exc, format_exception(exc))
 
-    def _resolve_call(self, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        args, kwargs = self._decode(call)
+    def _resolve_call(self, call: Any, what: str = "the call's arguments") -> tuple[tuple[Any, ...], dict[str, Any]]:
+        args, kwargs = self._decode(call, what)
         return self._resolve_refs(args, kwargs)
 
     def _resolve_refs(self, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -293,7 +295,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         if ref.backend != BACKEND:
             raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend")
         entry: _Entry = ref.payload
-        return self._decode(entry.future.result())  # raises _Failure if that task failed
+        return self._decode(entry.future.result(), f"the value of {ref!r}")  # raises _Failure if that task failed
 
     def _cancel(self, ref: ObjectRef) -> None:
         entry: _Entry = ref.payload
@@ -359,9 +361,9 @@ class InMemoryJobContext(ActorsMixin, JobContext):
                     self._ledger.reacquire(held)
         values = []
         decode = self._decode
-        for future in futures:
+        for ref, future in zip(refs, futures, strict=True):
             try:
-                values.append(decode(future.result()))
+                values.append(decode(future.result(), f"the value of {ref!r}"))
             except _Failure as failure:
                 failure.raise_it()
         return values

@@ -163,6 +163,21 @@ class Counter:
         return os.getpid()
 
 
+def _explode() -> None:
+    raise RuntimeError("kaboom")
+
+
+class BreaksOnLoad:
+    """Pickles fine, cannot be unpickled (as a class whose module is missing where it lands)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_explode, ())
+
+
+def make_unloadable() -> BreaksOnLoad:
+    return BreaksOnLoad()
+
+
 class Store:
     """Keeps one value."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fray.context import JobContext
+from fray.errors import SerializationError
 from fray.testing.suite import _helpers as h
 
 
@@ -38,3 +39,12 @@ def test_actor_method_exception_keeps_type_and_actor_survives(fray_ctx: JobConte
     with pytest.raises(h.CustomError):
         fray_ctx.get(counter.fail_custom("x"), timeout=60)
     assert fray_ctx.get(counter.incr(), timeout=60) == 2
+
+
+def test_a_value_that_cannot_be_unpickled_where_it_lands_is_a_serialization_error(fray_ctx: JobContext) -> None:
+    with pytest.raises(SerializationError, match="deserializ") as info:
+        fray_ctx.get(fray_ctx.create_task(h.make_unloadable), timeout=60)
+    assert "kaboom" in str(info.value)
+    actor = fray_ctx.create_actor(h.Store)
+    with pytest.raises(SerializationError, match="deserializ"):
+        fray_ctx.get(actor.set(h.BreaksOnLoad()), timeout=60)
