@@ -10,7 +10,8 @@ import pytest
 
 from fray import SerializationError
 from fray.errors import RemoteExceptionProxy
-from fray.serialization import capture_exception, dumps, dumps_call, loads
+from fray.remote_errors import capture_exception
+from fray.serialization import dumps, dumps_call, loads
 
 
 def test_numpy_goes_out_of_band_and_reads_back_read_only() -> None:

@@ -11,7 +11,8 @@ from typing import Any
 from monarch.actor import Actor, endpoint
 
 import fray.current as fray_current
-from fray.serialization import Blob, capture_exception, dumps, loads
+from fray.remote_errors import capture_exception, portable
+from fray.serialization import Blob, dumps, loads
 from fray_monarch import _runtime, instances
 from fray_monarch.protocol import ActorReply, WireValue, WorkerSetup
 from fray_monarch.worker_runtime import WorkerRuntime, fill_deps
@@ -185,7 +186,7 @@ class Coordinator(Actor):
         try:
             return ("ok", fn(*args))
         except BaseException as exc:
-            return ("err", exc if _picklable(exc) else capture_exception(exc))
+            return ("err", portable(exc))
 
     @endpoint
     def done(self, proc_key: str, results: list[Any], holds: list[str], releases: list[str]) -> None:
@@ -227,21 +228,11 @@ class Coordinator(Actor):
         try:
             self._ctl().get_remote(port, proc_key, oids, timeout)
         except BaseException as exc:
-            port.send(("err", exc if _picklable(exc) else capture_exception(exc)))
+            port.send(("err", portable(exc)))
 
     @endpoint(explicit_response_port=True)
     def wait(self, port: Any, proc_key: str, oids: list[str], num_returns: int, timeout: float | None) -> None:
         try:
             self._ctl().wait_remote(port, proc_key, oids, num_returns, timeout)
         except BaseException as exc:
-            port.send(("err", exc if _picklable(exc) else capture_exception(exc)))
-
-
-def _picklable(exc: BaseException) -> bool:
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return True
-    except Exception:
-        return False
+            port.send(("err", portable(exc)))

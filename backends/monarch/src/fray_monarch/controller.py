@@ -22,6 +22,7 @@ from monarch.actor import this_proc
 from fray.errors import (
     WorkerCrashedError,
 )
+from fray.remote_errors import rebuild
 from fray.serialization import Blob
 from fray.transfers import PathStats, merge
 from fray_monarch import _runtime, instances
@@ -40,7 +41,6 @@ from fray_monarch.protocol import (
 from fray_monarch.scheduler import Proc, Task, TaskScheduling
 from fray_monarch.service import WorkerService
 from fray_monarch.store import ObjectStore
-from fray_monarch.worker_runtime import rebuild_error
 
 
 def _on_first(oid: str, arrived: bool) -> None:
@@ -250,7 +250,7 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
 
     @staticmethod
     def error_of(entry: Entry) -> BaseException:
-        return rebuild_error(entry.error)
+        return rebuild(entry.error)
 
     def value_of(self, entry: Entry) -> Any:
         assert entry.value is not None

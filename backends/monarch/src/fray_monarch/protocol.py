@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fray.serialization import Blob, RemoteError
+from fray.remote_errors import RemoteError
+from fray.serialization import Blob
 
 __all__ = [
     "ActorReply",

@@ -16,7 +16,7 @@ from fray.context import task_resources
 from fray.errors import (
     TaskCancelledError,
 )
-from fray.serialization import RemoteError
+from fray.remote_errors import RemoteError
 from fray.types import TaskOptions
 from fray_monarch import _runtime
 from fray_monarch.directory import Entry, ObjectDirectory

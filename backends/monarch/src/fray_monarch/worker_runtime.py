@@ -18,7 +18,8 @@ from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
 from fray.refs import ActorHandle, ObjectRef
-from fray.serialization import Blob, RemoteError, capture_exception, dumps, find_unserializable_argument, loads
+from fray.remote_errors import capture_exception, rebuild
+from fray.serialization import Blob, dumps, find_unserializable_argument, loads
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.arena import reclaim_dead_segments
@@ -79,10 +80,6 @@ def pack_call(what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
 
 def contained_ids(blob: Blob) -> tuple[str, ...]:
     return tuple(p.id for p in blob.contained if isinstance(p, RefPayload))
-
-
-def rebuild_error(err: Any) -> BaseException:
-    return err.rebuild() if isinstance(err, RemoteError) else err
 
 
 class WorkerRuntime:
@@ -346,7 +343,7 @@ def _reply(fut: Any, timeout: float | None) -> Any:
 
 def _checked(reply: Any) -> Any:
     if isinstance(reply, tuple) and reply and reply[0] == "err":
-        raise rebuild_error(reply[1])
+        raise rebuild(reply[1])
     return reply[1]
 
 

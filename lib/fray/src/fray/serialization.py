@@ -22,7 +22,6 @@ import io
 import pickle
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,8 @@ from typing import Any
 import cloudpickle
 
 from fray._pool import pool_copy
-from fray.errors import FrayError, RemoteExceptionProxy, SerializationError, attach_remote_traceback
+from fray.errors import FrayError, SerializationError
+from fray.remote_errors import RemoteError, capture_exception
 
 __all__ = [
     "OOB_THRESHOLD",
@@ -335,39 +335,3 @@ def check_function(fn: Callable[..., Any], checked: dict[int, Any]) -> None:
             "(a lock, a socket, an open file, a client); create that object inside the function instead."
         ) from exc
     checked[key] = fn
-
-
-@dataclass
-class RemoteError:
-    """An exception raised by user code in a task or actor method, ready to travel back to the caller."""
-
-    pickled: bytes | None
-    type_name: str
-    message: str
-    traceback: str
-
-    def rebuild(self) -> BaseException:
-        exc: BaseException | None = None
-        if self.pickled is not None:
-            try:
-                exc = pickle.loads(self.pickled)
-            except Exception:
-                exc = None
-        if exc is None:
-            exc = RemoteExceptionProxy(self.type_name, self.message)
-        return attach_remote_traceback(exc, self.traceback)
-
-
-def format_exception(exc: BaseException) -> str:
-    """The traceback text of exc, as Python would print it."""
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-
-
-def capture_exception(exc: BaseException) -> RemoteError:
-    text = format_exception(exc)
-    try:
-        pickled: bytes | None = cloudpickle.dumps(exc)
-        pickle.loads(pickled)  # type: ignore[arg-type]  # exceptions with custom __init__ often pickle but fail to unpickle
-    except Exception:
-        pickled = None
-    return RemoteError(pickled, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), text)

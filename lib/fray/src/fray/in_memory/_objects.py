@@ -8,7 +8,8 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from fray.errors import FrayError
-from fray.serialization import RemoteError, note_contained
+from fray.remote_errors import RemoteError
+from fray.serialization import note_contained
 
 # One process: refs that were pickled are looked up again by id here.
 _entries: weakref.WeakValueDictionary[int, _Entry] = weakref.WeakValueDictionary()

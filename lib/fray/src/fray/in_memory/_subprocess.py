@@ -14,7 +14,7 @@ from typing import Any
 import cloudpickle
 
 from fray.errors import WorkerCrashedError
-from fray.serialization import RemoteError, capture_exception
+from fray.remote_errors import RemoteError, capture_exception
 
 
 def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, str]) -> Any:

@@ -18,7 +18,8 @@ from fray.errors import (
 from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call
 from fray.in_memory._scheduler import Ledger, signature
 from fray.refs import ActorHandle, ObjectRef, public_methods
-from fray.serialization import RemoteError, check_function, dumps_call, format_exception
+from fray.remote_errors import RemoteError, format_exception
+from fray.serialization import check_function, dumps_call
 from fray.types import ActorOptions, Lifetime
 
 if TYPE_CHECKING:

@@ -30,16 +30,8 @@ from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_cal
 from fray.in_memory._scheduler import Ledger, Signature, Work, signature
 from fray.in_memory.actors import ActorsMixin, _Actor, _call_owner
 from fray.refs import ObjectRef
-from fray.serialization import (
-    Blob,
-    RemoteError,
-    capture_exception,
-    check_function,
-    dumps,
-    dumps_call,
-    format_exception,
-    loads,
-)
+from fray.remote_errors import RemoteError, capture_exception, format_exception
+from fray.serialization import Blob, check_function, dumps, dumps_call, loads
 from fray.transfers import PathStats, TransferStats
 from fray.types import TaskOptions
 
