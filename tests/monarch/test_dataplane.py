@@ -338,3 +338,18 @@ def test_memory_reused_quickly_never_changes_a_live_value(ctx: fray.JobContext) 
         del put_ref, made, nested, checks
     for round_, put_ref, made in kept:  # old values, kept alive all along, are intact
         assert check(round_, ctx.get(put_ref, timeout=60)) and check(round_ + 1000, ctx.get(made, timeout=60))
+
+
+def test_another_drivers_start_never_touches_our_live_files(ctx: fray.JobContext) -> None:
+    ref = ctx.put(np.full(4 * MiB, 9, dtype=np.uint8))
+    ours = {f for f in _fray_files() if f.count(".") == 4 and _owner_alive(f)}
+    assert ours, "the live context should have store files"
+    other = subprocess.run(
+        [sys.executable, "-c", "import fray; c = fray.init('monarch?procs=1'); c.get(c.put(1)); fray.shutdown()"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert ours <= _fray_files(), ours - _fray_files()
+    assert int(ctx.get(ref, timeout=60)[0]) == 9

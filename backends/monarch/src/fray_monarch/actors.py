@@ -14,7 +14,7 @@ import fray.current as fray_current
 from fray.remote_errors import capture_exception, portable
 from fray.serialization import Blob, dumps, loads
 from fray_monarch import _runtime, instances
-from fray_monarch.protocol import ActorReply, WireValue, WorkerSetup
+from fray_monarch.protocol import ActorReply, ProcInfo, Reply, WireValue, WorkerSetup
 from fray_monarch.worker_runtime import WorkerRuntime, fill_deps
 
 _runtime_lock = threading.Lock()
@@ -69,8 +69,8 @@ class WorkerHost(Actor):
         return self.rt.state()
 
     @endpoint
-    def ping(self) -> tuple[int, str]:
-        return os.getpid(), _runtime.machine_id()
+    def ping(self) -> ProcInfo:
+        return ProcInfo(os.getpid(), _runtime.machine_id())
 
 
 class FrayActorHost(Actor):
@@ -184,9 +184,9 @@ class Coordinator(Actor):
 
     def _safe(self, fn: Any, *args: Any) -> Any:
         try:
-            return ("ok", fn(*args))
+            return Reply(fn(*args))
         except BaseException as exc:
-            return ("err", portable(exc))
+            return Reply(error=portable(exc))
 
     @endpoint
     def done(self, proc_key: str, results: list[Any], holds: list[str], releases: list[str]) -> None:
@@ -228,11 +228,11 @@ class Coordinator(Actor):
         try:
             self._ctl().get_remote(port, proc_key, oids, timeout)
         except BaseException as exc:
-            port.send(("err", portable(exc)))
+            port.send(Reply(error=portable(exc)))
 
     @endpoint(explicit_response_port=True)
     def wait(self, port: Any, proc_key: str, oids: list[str], num_returns: int, timeout: float | None) -> None:
         try:
             self._ctl().wait_remote(port, proc_key, oids, num_returns, timeout)
         except BaseException as exc:
-            port.send(("err", portable(exc)))
+            port.send(Reply(error=portable(exc)))

@@ -20,12 +20,13 @@ from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.jobs import LocalJobs
 from fray.types import JobInfo, RuntimeEnv
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook first
+from fray_monarch.protocol import Reply
 
 MARGIN = 30.0
 
 
 class JobRunner(Actor):
-    """Runs jobs on its host. Each endpoint returns ("ok", value) or ("err", exception)."""
+    """Runs jobs on its host. Each endpoint returns a Reply (a value, or the exception to raise)."""
 
     def __init__(self, root: str) -> None:
         watchdog.watch_path(root)  # this process dies with the driver; its jobs and their logs go with it
@@ -33,9 +34,9 @@ class JobRunner(Actor):
 
     def _safe(self, fn: Any, *args: Any) -> Any:
         try:
-            return ("ok", fn(*args))
+            return Reply(fn(*args))
         except Exception as exc:
-            return ("err", exc)
+            return Reply(error=exc)
 
     @endpoint
     def start(self, entrypoint: Any, env: RuntimeEnv, job_id: str) -> Any:
@@ -61,9 +62,9 @@ class JobRunner(Actor):
     def wait(self, port: Any, job_id: str, timeout: float | None) -> None:
         def run() -> None:
             try:
-                port.send(("ok", self.jobs.wait(job_id, timeout)))
+                port.send(Reply(self.jobs.wait(job_id, timeout)))
             except Exception as exc:
-                port.send(("err", exc))
+                port.send(Reply(error=exc))
 
         threading.Thread(target=run, daemon=True).start()
 
@@ -76,9 +77,7 @@ class JobRunner(Actor):
 
 
 def _unwrap(reply: Any) -> Any:
-    if reply[0] == "err":
-        raise reply[1]
-    return reply[1]
+    return reply.unwrap()
 
 
 class MonarchClusterContext(ClusterContext):

@@ -33,6 +33,7 @@ from fray_monarch.directory import Entry, ObjectDirectory
 from fray_monarch.objects import RefPayload, Tracker, owner_key, set_tracker
 from fray_monarch.protocol import (
     Inline,
+    ProcInfo,
     StoreConfig,
     Stored,
     WireValue,
@@ -132,9 +133,11 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
     def _watch_pid(self, proc: Proc, reply: Any, exc: BaseException | None) -> None:
         """A process on this machine is also watched by its pid: its exit is seen at once, even when Monarch's
         supervision poll raced the death (that path can take HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE)."""
-        if exc is not None or not isinstance(reply, tuple) or not reply[1] or reply[1] != _runtime.machine_id():
+        if exc is not None or not isinstance(reply, ProcInfo) or not reply.machine:
             return
-        pid = proc.pid = reply[0]
+        if reply.machine != _runtime.machine_id():
+            return
+        pid = proc.pid = reply.pid
         _runtime.watch_pid(pid, lambda: self._proc_died(proc, RuntimeError(f"its process (pid {pid}) exited")))
 
     def node_resources(self) -> list[dict[str, float]]:

@@ -15,6 +15,8 @@ from fray.serialization import Blob
 __all__ = [
     "ActorReply",
     "Inline",
+    "ProcInfo",
+    "Reply",
     "Span",
     "StoreConfig",
     "Stored",
@@ -133,6 +135,31 @@ class ActorReply:
     value: WireValue | None = None
     error: Any = None
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer of the coordinator (or a job runner) to a request: a value, an error to raise, or a timeout."""
+
+    value: Any = None
+    error: Any = None  # an exception, or a RemoteError
+    timed_out: bool = False
+
+    def unwrap(self) -> Any:
+        """The value; raises the error (rebuilt) if there is one."""
+        if self.error is not None:
+            from fray.remote_errors import rebuild
+
+            raise rebuild(self.error)
+        return self.value
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What a worker process says of itself when pinged."""
+
+    pid: int
+    machine: str  # machine_id(): the same value means the same kernel, so the pid can be watched here
 
 
 @dataclass(frozen=True)

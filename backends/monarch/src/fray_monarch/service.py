@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fray_monarch import _runtime
 from fray_monarch.directory import Entry, ObjectDirectory
-from fray_monarch.protocol import TaskResult, WireValue
+from fray_monarch.protocol import Reply, TaskResult, WireValue
 from fray_monarch.scheduler import Proc
 
 
@@ -55,9 +55,9 @@ class WorkerService:
                 self._blocked(proc_key, -1)
             errors = [e.error for e in entries if e.error is not None]
             if errors:
-                _send(port, ("err", errors[0]))
+                _send(port, Reply(error=errors[0]))
             else:
-                _send(port, ("ok", [e.value for e in entries]))
+                _send(port, Reply([e.value for e in entries]))
 
         def timed_out() -> None:
             if not replied.is_set():
@@ -65,7 +65,7 @@ class WorkerService:
                 remove()
                 with self.lock:
                     self._blocked(proc_key, -1)
-                _send(port, ("timeout",))
+                _send(port, Reply(timed_out=True))
 
         with self.lock:
             self._blocked(proc_key, +1)
@@ -83,7 +83,7 @@ class WorkerService:
                 replied.set()
                 with self.lock:
                     self._blocked(proc_key, -1)
-                _send(port, ("ok", [i for i, e in enumerate(entries) if e.done.is_set()]))
+                _send(port, Reply([i for i, e in enumerate(entries) if e.done.is_set()]))
 
         with self.lock:
             self._blocked(proc_key, +1)

@@ -18,13 +18,13 @@ from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
 from fray.refs import ActorHandle, ObjectRef
-from fray.remote_errors import capture_exception, rebuild
+from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, find_unserializable_argument, loads
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.arena import reclaim_dead_segments
 from fray_monarch.objects import DepMarker, RefPayload, Tracker, set_tracker
-from fray_monarch.protocol import Inline, TaskItem, TaskResult, Value, WireValue, WorkerSetup
+from fray_monarch.protocol import Inline, Reply, TaskItem, TaskResult, Value, WireValue, WorkerSetup
 from fray_monarch.store import ObjectStore
 
 BACKEND = "monarch"
@@ -341,10 +341,8 @@ def _reply(fut: Any, timeout: float | None) -> Any:
         raise GetTimeoutError("the fray coordinator did not answer in time") from exc
 
 
-def _checked(reply: Any) -> Any:
-    if isinstance(reply, tuple) and reply and reply[0] == "err":
-        raise rebuild(reply[1])
-    return reply[1]
+def _checked(reply: Reply) -> Any:
+    return reply.unwrap()
 
 
 class WorkerJobContext(JobContext):
@@ -405,7 +403,7 @@ class WorkerJobContext(JobContext):
             reply = _reply(self.rt.coord.get.call_one(self.rt.proc_key, [r.payload.id for r in refs], timeout), timeout)
         finally:
             self.rt.unblock(tid)
-        if reply[0] == "timeout":
+        if reply.timed_out:
             raise GetTimeoutError(f"get did not finish within {timeout} s")
         values = _checked(reply)
         return [self.rt.load(v, f"the value of {r!r}") for v, r in zip(values, refs, strict=True)]
