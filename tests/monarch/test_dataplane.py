@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _hosts import host_workers
 
 import fray
 from fray import ObjectLostError, ObjectStoreFullError, TaskOptions
@@ -150,30 +150,14 @@ def _tag(pid: int) -> str:
     return f"{pid}-{int(stat[stat.rindex(b')') + 2 :].split()[19])}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def two_hosts() -> Iterator[fray.JobContext]:
-    addresses = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
-    workers = [
-        subprocess.Popen([sys.executable, "-m", "fray_monarch.worker", "--address", addr], start_new_session=True)
-        for addr in addresses
-    ]
-    try:
-        time.sleep(2)
+    with host_workers(2) as (addresses, _):
         context = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
         try:
             yield context
         finally:
             fray.shutdown()
-    finally:
-        for w in workers:
-            w.kill()
-            w.wait(10)
 
 
 class Holder:
@@ -267,26 +251,18 @@ def test_one_gib_between_two_workers_keeps_the_driver_flat(ctx: fray.JobContext)
 
 def test_rdma_transport_moves_values_with_rdmabuffer() -> None:
     """transport=rdma: Monarch's RDMABuffer between hosts (its TCP fallback here: there is no ibverbs device)."""
-    addresses = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
-    workers = [
-        subprocess.Popen([sys.executable, "-m", "fray_monarch.worker", "--address", addr], start_new_session=True)
-        for addr in addresses
-    ]
-    try:
-        time.sleep(2)
-        with fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1&transport=rdma") as ctx:
-            maker, reader = ctx.create_actor(Holder), ctx.create_actor(Holder)
-            ref = maker.make(16 * MiB)
-            assert ctx.get(reader.read(ref), timeout=120) == 16 * MiB // 4096 * 7 + 16 * MiB
-            assert ctx.get(ctx.put(np.ones(MiB)), timeout=60).sum() == MiB
-            stats = ctx.transfer_stats()
-            rdma = stats.get("rdma-ibverbs") or stats.get("rdma-tcp")
-            assert rdma is not None and rdma.bytes >= 16 * MiB, stats
-            assert "tcp-direct" not in stats
-    finally:
-        for w in workers:
-            w.kill()
-            w.wait(10)
+    with (
+        host_workers(2) as (addresses, _),
+        fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1&transport=rdma") as ctx,
+    ):
+        maker, reader = ctx.create_actor(Holder), ctx.create_actor(Holder)
+        ref = maker.make(16 * MiB)
+        assert ctx.get(reader.read(ref), timeout=120) == 16 * MiB // 4096 * 7 + 16 * MiB
+        assert ctx.get(ctx.put(np.ones(MiB)), timeout=60).sum() == MiB
+        stats = ctx.transfer_stats()
+        rdma = stats.get("rdma-ibverbs") or stats.get("rdma-tcp")
+        assert rdma is not None and rdma.bytes >= 16 * MiB, stats
+        assert "tcp-direct" not in stats
 
 
 def matmul_sum(rows: int, projection: np.ndarray) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -11,15 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from _hosts import host_workers
 
 import fray
 from fray import TaskOptions, WorkerCrashedError
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pid_and_ppid() -> tuple[int, int]:
@@ -38,13 +32,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_two_hosts_over_loopback_tcp() -> None:
-    addresses = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
-    workers = [
-        subprocess.Popen([sys.executable, "-m", "fray_monarch.worker", "--address", addr], start_new_session=True)
-        for addr in addresses
-    ]
-    try:
-        time.sleep(2)
+    with host_workers(2) as (addresses, workers):
         ctx = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
         try:
             assert len(ctx.node_resources()) == 2
@@ -53,10 +41,6 @@ def test_two_hosts_over_loopback_tcp() -> None:
             assert parents == {w.pid for w in workers}, (seen, [w.pid for w in workers])
         finally:
             fray.shutdown()
-    finally:
-        for w in workers:
-            w.kill()
-            w.wait(10)
 
 
 def crash() -> None:
