@@ -1,8 +1,9 @@
 """RayClusterContext: fray's ClusterContext on Ray's Job Submission API.
 
 With an `address` (the dashboard URL, e.g. http://10.0.0.5:8265) it talks to that cluster. Without one it starts
-a private head node (`ray start --head --block` in its own process group, on loopback ports chosen here, with a
-private temp dir) and stops exactly that process group at shutdown.
+a private head node (`ray start --head --block` in its own process group, listening on loopback only, on ports
+chosen here, with a private temp dir) and stops exactly that process group at shutdown. The group and the temp
+dir are handed to fray.watchdog, so they go too when this process ends without shutdown (SIGKILL included).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import tempfile
 import time
 from typing import Any, ClassVar
 
+from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.types import JobInfo, JobStatus, RuntimeEnv
-from fray_ray._connect import _short_tmp, enable_token_auth
+from fray_ray._connect import LOCAL_ONLY_ENV, LOOPBACK, enable_token_auth, short_tmp, stop_group
 from fray_ray._remote import entrypoint_options, runtime_env_dict
 
 _STATUS = {s.value: s for s in JobStatus}
@@ -45,7 +47,8 @@ class LocalHead:
         num_gpus: float | None = None,
         object_store_memory: int | None = None,
     ) -> None:
-        self.temp_dir = tempfile.mkdtemp(prefix="fray-rayc-", dir=_short_tmp())
+        self.temp_dir = tempfile.mkdtemp(prefix="fray-rayc-", dir=short_tmp())
+        watchdog.watch_path(self.temp_dir)
         self.port = _free_port()
         self.dashboard_port = _free_port()
         cmd = [
@@ -55,7 +58,8 @@ class LocalHead:
             "--block",
             "--disable-usage-stats",
             f"--port={self.port}",
-            "--dashboard-host=127.0.0.1",
+            f"--node-ip-address={LOOPBACK}",
+            f"--dashboard-host={LOOPBACK}",
             f"--dashboard-port={self.dashboard_port}",
             f"--temp-dir={self.temp_dir}",
         ]
@@ -85,13 +89,18 @@ class LocalHead:
         # Jobs run `python ...` from the head's PATH: make that this interpreter, so fray and Ray are importable.
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env.pop("RAY_ADDRESS", None)
+        env.update(LOCAL_ONLY_ENV)  # every server of the node on loopback (see _connect)
+        # Ray's processes make temp files of their own (the dashboard's multiprocessing forkserver: pymp-*, left
+        # behind at every stop): under the head's temp dir, they go with it.
+        env["TMPDIR"] = self.temp_dir
         self.log_path = os.path.join(self.temp_dir, "ray-start.log")
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=os.getcwd()
             )
-        self.address = f"http://127.0.0.1:{self.dashboard_port}"
-        self.gcs_address = f"127.0.0.1:{self.port}"
+        watchdog.watch_group(self.proc.pid)
+        self.address = f"http://{LOOPBACK}:{self.dashboard_port}"
+        self.gcs_address = f"{LOOPBACK}:{self.port}"
 
     def wait_ready(self, client_factory: Any) -> Any:
         deadline = time.monotonic() + _START_TIMEOUT
@@ -118,22 +127,46 @@ class LocalHead:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
-        try:  # whatever is left of exactly this process group
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         self.proc.wait()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        stop_group(self.proc.pid, grace=2.0)  # whatever is left of exactly this process group, until it is gone
+        watchdog.forget_group(self.proc.pid)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)  # only now: Ray's processes write there while they stop
+        watchdog.forget_path(self.temp_dir)
 
 
-def _strip_preamble(logs: str, job_id: str) -> str:
-    """Drop the lines Ray's job manager writes before the entrypoint's own output."""
-    marker = f"Running entrypoint for job {job_id}: "
-    at = logs.find(marker)
-    if at < 0 or at > 2000:
-        return logs
-    end = logs.find("\n", at)
-    return "" if end < 0 else logs[end + 1 :]
+# A private head's job must not outlive its head. Ray's job supervisor starts the entrypoint (`/bin/sh -c ...`) in
+# a session of its own with a watcher that kills it when the supervisor dies, but the raylet kills the direct
+# children of a worker that exits, watcher included, and the entrypoint's own children (`sleep 300 & ...`) were
+# left running forever after their head had stopped. So the entrypoint starts its own watcher, a child of the
+# job's shell (in the job's process group, which it kills once the supervisor is gone; it ends with the job).
+_GUARD = (
+    'sup=$PPID; job=$$; (while kill -0 "$sup" && kill -0 "$job"; do sleep 1; done; '
+    'kill -0 "$sup" || kill -9 -"$job") >/dev/null 2>&1 </dev/null & exec /bin/sh -c '
+)
+
+
+def _guarded(command: str) -> str:
+    return _GUARD + shlex.quote(command)
+
+
+def _unguarded(entrypoint: str) -> str:
+    if entrypoint.startswith(_GUARD):
+        parts = shlex.split(entrypoint[len(_GUARD) :])
+        if len(parts) == 1:
+            return parts[0]
+    return entrypoint
+
+
+def _strip_preamble(logs: str, job_id: str, entrypoint: str) -> str:
+    """Drop the two lines Ray's job manager adds to a job's log, and nothing else: its logger's "Runtime env is
+    setting up." (the first line) and the supervisor's "Running entrypoint for job ID: COMMAND" line. The latter
+    is written through a buffer flushed only after the entrypoint has started, so it may come after the job's
+    first output (a command that does not exist: the shell's "not found" comes first), even mid-line."""
+    logs = logs.replace(f"Running entrypoint for job {job_id}: {entrypoint}\n", "", 1)
+    first, newline, rest = logs.partition("\n")
+    if newline and first.endswith(" -- Runtime env is setting up."):
+        logs = rest
+    return logs
 
 
 class RayClusterContext(ClusterContext):
@@ -183,6 +216,8 @@ class RayClusterContext(ClusterContext):
         if self.working_dir:
             runtime_env["working_dir"] = self.working_dir
         reserved = entrypoint_options(env) if env.minimum_resources else {}
+        if self._head is not None:
+            command = _guarded(command)
         deadline = time.monotonic() + _START_TIMEOUT
         while True:
             try:
@@ -204,7 +239,7 @@ class RayClusterContext(ClusterContext):
             submission_time=seconds(details.start_time),
             start_time=seconds(getattr(details, "driver_start_time", None) or details.start_time),
             end_time=seconds(details.end_time),
-            entrypoint=details.entrypoint or "",
+            entrypoint=_unguarded(details.entrypoint or ""),
             exit_code=getattr(details, "driver_exit_code", None),
             message=details.message or "",
         )
@@ -234,8 +269,8 @@ class RayClusterContext(ClusterContext):
         self._client.delete_job(job_id)
 
     def _get_job_logs(self, job_id: str) -> str:
-        self._details(job_id)
-        return _strip_preamble(str(self._client.get_job_logs(job_id)), job_id)
+        details = self._details(job_id)
+        return _strip_preamble(str(self._client.get_job_logs(job_id)), job_id, details.entrypoint or "")
 
     def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
         deadline = None if timeout is None else time.monotonic() + timeout

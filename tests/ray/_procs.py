@@ -1,0 +1,90 @@
+"""Processes and their listening sockets, from /proc (no psutil): which addresses a set of processes listens on."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+
+def _listening_inodes() -> dict[str, tuple[str, int]]:
+    """socket inode -> (address, port) of every listening TCP socket (IPv4 and IPv6)."""
+    found: dict[str, tuple[str, int]] = {}
+    for path, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "0A":  # TCP_LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)
+            # the kernel prints each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found[fields[9]] = (socket.inet_ntop(family, raw), int(port, 16))
+    return found
+
+
+def listening(pids: list[int]) -> dict[int, list[tuple[str, int]]]:
+    """pid -> the (address, port) pairs it listens on, for each pid that listens at all."""
+    inodes = _listening_inodes()
+    out: dict[int, list[tuple[str, int]]] = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                out.setdefault(pid, []).append(inodes[target[8:-1]])
+    return out
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def processes() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, process group, state) of every process."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    return table
+
+
+def group_and_descendants(pgid: int) -> list[int]:
+    """The live processes of group pgid and all their descendants (Ray's workers are in groups of their own)."""
+    table = {pid: row for pid, row in processes().items() if row[2] not in ("Z", "X")}
+    found = {pid for pid, (_, group, _) in table.items() if group == pgid}
+    grew = True
+    while grew:
+        more = {pid for pid, (ppid, _, _) in table.items() if ppid in found} - found
+        found |= more
+        grew = bool(more)
+    return sorted(found)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:100]
+    except OSError:
+        return "?"

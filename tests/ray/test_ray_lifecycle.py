@@ -1,0 +1,159 @@
+"""A private Ray's life: it listens on loopback only, its temp dir is gone after shutdown, a shut-down context
+refuses every call with FrayError, spec options are range-checked, and a job's own output is never dropped from
+its logs. Real Ray, no mocks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("fray_ray")
+
+from _procs import cmdline, group_and_descendants, is_loopback, listening
+
+import fray
+from fray.registry import parse_spec
+from fray_ray import RayBackend, RayClusterContext, RayJobContext, _connect
+
+
+@pytest.fixture(scope="module")
+def ctx() -> Iterator[RayJobContext]:
+    context = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
+    with fray.using(context):
+        yield context
+    context.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayClusterContext]:
+    context = RayBackend().cluster_context(num_cpus="1", object_store_memory="80000000")
+    yield context
+    context.shutdown()
+
+
+def _assert_loopback_only(pids: list[int]) -> None:
+    sockets = listening(pids)
+    assert sockets, "the processes should listen somewhere"
+    outside = {
+        f"{pid} {cmdline(pid)}": addrs for pid, addrs in sockets.items() if not all(is_loopback(a) for a, _ in addrs)
+    }
+    assert not outside, f"listening beyond loopback: {outside}"
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+class Pid:
+    def pid(self) -> int:
+        return os.getpid()
+
+
+# ---------------------------------------------------------------------------------------- where it listens
+def test_private_ray_listens_on_loopback_only(ctx: RayJobContext) -> None:
+    conn = _connect._conn
+    if conn is None or not conn.started_here or conn.pgid is None:
+        pytest.skip("this process's Ray connection is not a private instance started by fray")
+    actor = ctx.create_actor(Pid)
+    worker_pids = ctx.get([ctx.create_task(pid), actor.pid()], timeout=60)
+    pids = group_and_descendants(conn.pgid)
+    assert set(worker_pids) <= set(pids)  # the workers are found (they have groups of their own)
+    _assert_loopback_only([os.getpid(), *pids])
+    ctx.kill(actor)
+
+
+def test_private_head_listens_on_loopback_only(cluster: RayClusterContext) -> None:
+    assert cluster._head is not None
+    job = cluster.create_job("sleep 30")
+    try:
+        deadline = time.monotonic() + 60
+        while cluster.get_job(job).status != "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        _assert_loopback_only(group_and_descendants(cluster._head.proc.pid))
+    finally:
+        cluster.delete_job(job)
+
+
+# ---------------------------------------------------------------------------------------- shut down
+def test_clean_shutdown_leaves_no_process_and_no_temp_dir() -> None:
+    # In a subprocess: this process may share its Ray connection with other tests.
+    driver = textwrap.dedent(
+        """
+        import os, time, fray
+        from fray_ray import _connect
+        ctx = fray.init("ray?num_cpus=1&object_store_memory=80000000&log_to_driver=false")
+        assert ctx.get(ctx.create_task(os.getpid), timeout=60)
+        conn = _connect._conn
+        fray.shutdown()
+        assert not _connect.group_members(conn.pgid), _connect.group_members(conn.pgid)
+        assert not os.path.exists(conn.temp_dir), os.listdir(conn.temp_dir)
+        time.sleep(2)  # nothing of Ray's refills it
+        assert not os.path.exists(conn.temp_dir), os.listdir(conn.temp_dir)
+        print("OK")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().endswith("OK"), out.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------- temp dir base
+def test_temp_base_leaves_room_for_rays_socket_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    assert _connect.short_tmp() == "/tmp"
+    monkeypatch.setattr(tempfile, "tempdir", "/scratch/cluster/jobs/run-0042")  # 29 characters
+    assert _connect.short_tmp() == "/tmp"
+    monkeypatch.setenv("RAY_TMPDIR", "/var/tmp")
+    assert _connect.short_tmp() == "/var/tmp"
+
+
+def test_private_head_starts_with_a_long_tmpdir_and_a_driver_joins_it() -> None:
+    long_tmp = tempfile.mkdtemp(prefix="fray-long-tmpdir", dir="/tmp")  # 29 characters
+    try:
+        assert len(long_tmp) == 29
+        driver = textwrap.dedent(
+            """
+            import fray
+            with fray.cluster("ray?num_cpus=1&object_store_memory=80000000") as cluster:
+                job = cluster.create_job("echo hello")
+                assert cluster.wait_job(job, timeout=120).status == "SUCCEEDED"
+                print(cluster.get_job_logs(job), end="")
+                # a driver joins the loopback-only head by its address (Ray would rewrite 127.0.0.1)
+                ctx = fray.init(f"ray?address={cluster.gcs_address}")
+                assert ctx.get(ctx.create_task(sum, args=([1, 2],)), timeout=60) == 3
+                fray.shutdown()
+            """
+        )
+        env = {**os.environ, "TMPDIR": long_tmp}
+        env.pop("RAY_TMPDIR", None)
+        out = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=180, env=env)
+        assert out.stdout == "hello\n", out.stderr[-3000:]
+    finally:
+        os.rmdir(long_tmp)  # fails if anything was left in it
+
+
+# ---------------------------------------------------------------------------------------- job logs
+def _logs(cluster: RayClusterContext, command: str) -> str:
+    job = cluster.create_job(command)
+    cluster.wait_job(job, timeout=120)
+    try:
+        assert cluster.get_job(job).entrypoint == command
+        return cluster.get_job_logs(job)
+    finally:
+        cluster.delete_job(job)
+
+
+def test_job_output_is_never_dropped_from_its_logs(cluster: RayClusterContext) -> None:
+    assert _logs(cluster, "echo hello") == "hello\n"
+    assert _logs(cluster, "printf abc") == "abc"  # no newline: Ray's line may land right after it
+    missing = _logs(cluster, "no-such-command-fray-xyz")
+    assert "no-such-command-fray-xyz" in missing and "not found" in missing, repr(missing)
+    assert "Running entrypoint" not in missing and "Runtime env is setting up" not in missing
