@@ -83,6 +83,33 @@ def test_private_head_listens_on_loopback_only(cluster: RayClusterContext) -> No
 
 
 # ---------------------------------------------------------------------------------------- shut down
+def test_every_method_of_a_shut_down_context_raises_fray_error() -> None:
+    ctx = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
+    ref = ctx.create_task(pid)
+    ctx.get(ref, timeout=60)
+    actor = ctx.create_actor(Pid)
+    ctx.shutdown()
+    ctx.shutdown()  # idempotent
+    calls = {
+        "create_task": lambda: ctx.create_task(pid),
+        "create_actor": lambda: ctx.create_actor(Pid),
+        "actor call": lambda: actor.pid(),
+        "get": lambda: ctx.get(ref),
+        "wait": lambda: ctx.wait([ref], timeout=0),
+        "put": lambda: ctx.put(1),
+        "get_actor": lambda: ctx.get_actor("nobody"),
+        "kill": lambda: ctx.kill(actor),
+        "cancel": lambda: ctx.cancel(ref),
+        "transfer_stats": lambda: ctx.transfer_stats(),
+        "node_resources": lambda: ctx.node_resources(),
+    }
+    for name, call in calls.items():
+        start = time.monotonic()
+        with pytest.raises(fray.FrayError, match="shut down"):
+            call()
+        assert time.monotonic() - start < 1.0, f"{name} should fail at once"
+
+
 def test_clean_shutdown_leaves_no_process_and_no_temp_dir() -> None:
     # In a subprocess: this process may share its Ray connection with other tests.
     driver = textwrap.dedent(
@@ -138,6 +165,30 @@ def test_private_head_starts_with_a_long_tmpdir_and_a_driver_joins_it() -> None:
         assert out.stdout == "hello\n", out.stderr[-3000:]
     finally:
         os.rmdir(long_tmp)  # fails if anything was left in it
+
+
+# ---------------------------------------------------------------------------------------- spec options
+@pytest.mark.parametrize(
+    "spec, option",
+    [
+        ("ray?num_cpus=-1", "num_cpus"),
+        ("ray?num_gpus=-0.5", "num_gpus"),
+        ("ray?num_cpus=nan", "num_cpus"),
+        ("ray?num_cpus=inf", "num_cpus"),
+        ("ray?object_store_memory=0", "object_store_memory"),
+        ("ray?object_store_memory=-100", "object_store_memory"),
+        ("ray?object_store_memory=1.5", "object_store_memory"),
+        ('ray?resources={"tag":-1}', "resources"),
+        ("ray?working_dir=/no/such/dir", "working_dir"),
+        ("ray?namespace=", "namespace"),
+        ("ray?address=", "address"),
+        ("ray?log_to_driver=maybe", "log_to_driver"),
+    ],
+)
+def test_spec_options_out_of_range_name_the_option(spec: str, option: str) -> None:
+    for make in (fray.init, fray.cluster):
+        with pytest.raises(ValueError, match=f"option {option}="):
+            make(spec)
 
 
 # ---------------------------------------------------------------------------------------- job logs

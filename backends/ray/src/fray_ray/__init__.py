@@ -9,27 +9,49 @@ fray.cluster("ray?address=http://10.0.0.5:8265")   # an existing cluster's Job A
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
-from fray.registry import Backend, parse_options, parse_resources, to_bool
+from fray.registry import Backend, non_negative, parse_options, parse_resources, positive_int, to_bool
 from fray_ray.job import RayJobContext
 
 __all__ = ["RayBackend", "RayClusterContext", "RayJobContext"]
 
 
 def _number(raw: str) -> float:
-    value = float(raw)
+    """A count >= 0 (CPUs, GPUs): a whole number stays an int (what Ray's start-up options expect)."""
+    value = non_negative(raw)
+    if value == float("inf"):
+        raise ValueError(f"must be a finite number >= 0, got {raw!r}")
     return int(value) if value.is_integer() else value
+
+
+def _text(raw: str) -> str:
+    if not raw.strip():
+        raise ValueError("must not be empty")
+    return raw
+
+
+def _directory(raw: str) -> str:
+    if not os.path.isdir(raw):
+        raise ValueError(f"{raw!r} is not a directory")
+    return raw
 
 
 _SIZING = {
     "num_cpus": _number,
     "num_gpus": _number,
-    "object_store_memory": int,
+    "object_store_memory": positive_int,  # bytes
     "resources": parse_resources,
 }
 # One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option and use their own.
-_OPTIONS: dict[str, Any] = {"address": str, "namespace": str, "log_to_driver": to_bool, "working_dir": str, **_SIZING}
+_OPTIONS: dict[str, Any] = {
+    "address": _text,
+    "namespace": _text,
+    "log_to_driver": to_bool,
+    "working_dir": _directory,
+    **_SIZING,
+}
 _JOB_ONLY = ("namespace", "log_to_driver")
 _CLUSTER_ONLY = ("working_dir",)
 

@@ -20,6 +20,7 @@ from fray.context import JobContext
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorNotFoundError,
+    FrayError,
     InfeasibleResourcesError,
     SerializationError,
     TaskCancelledError,
@@ -122,7 +123,12 @@ class RayJobContext(JobContext):
         return f"RayJobContext(namespace={self.namespace!r})"
 
     # ------------------------------------------------------------------ resources
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FrayError("this fray-ray context is shut down; create a new one with fray.init()")
+
     def node_resources(self) -> list[dict[str, float]]:
+        self._check_open()
         now = time.monotonic()
         if now - self._nodes_at > _NODES_TTL:
             self._nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
@@ -132,6 +138,7 @@ class RayJobContext(JobContext):
     def check_feasible(self, request: Mapping[str, float], what: str) -> None:
         # Hot path: most submissions repeat the previous request ({"CPU": 1.0}); skip the scan while the
         # node view it was checked against is current.
+        self._check_open()
         if request == self._last_feasible and time.monotonic() - self._nodes_at <= _NODES_TTL:
             return
         try:
@@ -145,6 +152,7 @@ class RayJobContext(JobContext):
     def _create_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRef:
+        self._check_open()
         remote = _registry.lookup(fn)
         if remote is None:
             check_function(fn, _checked_functions)
@@ -170,6 +178,7 @@ class RayJobContext(JobContext):
     def _create_actor(
         self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
     ) -> ActorHandle:
+        self._check_open()
         actor_cls = _registry.lookup(klass)
         if actor_cls is None:
             check_function(klass, _checked_functions)
@@ -230,6 +239,7 @@ class RayJobContext(JobContext):
             pause = min(pause * 2, 0.05)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
+        self._check_open()
         ray_args, ray_kwargs = _unwrap_args(args), _unwrap_kwargs(kwargs)
         try:
             ref = getattr(handle.payload, method).remote(*ray_args, **ray_kwargs)
@@ -243,6 +253,7 @@ class RayJobContext(JobContext):
         return result
 
     def _get_actor(self, name: str) -> ActorHandle:
+        self._check_open()
         try:
             handle = ray.get_actor(name, namespace=self.namespace)
         except ValueError:
@@ -252,6 +263,7 @@ class RayJobContext(JobContext):
         return ActorHandle(handle, BACKEND, descriptor.class_name.rpartition(".")[2], methods, name, self)
 
     def _kill(self, handle: ActorHandle) -> None:
+        self._check_open()
         ray.kill(handle.payload, no_restart=True)
         if handle.name is None:
             return
@@ -271,6 +283,7 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ objects
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
+        self._check_open()
         payloads = [r.payload for r in refs]
         if self._cancelled:
             self._raise_if_cancelled(payloads)
@@ -293,11 +306,13 @@ class RayJobContext(JobContext):
         """This process's gets, all by Ray's object store: count of values, bytes where known without a walk
         (out-of-band buffers of packed values, numpy arrays, bytes; 0 for other values) and seconds in
         ray.get. Task and actor arguments resolved inside workers are not counted (Ray resolves them)."""
+        self._check_open()
         with self._gets_lock:
             stats = self._gets
         return {_STORE_PATH: stats} if stats.count else {}
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
+        self._check_open()
         payloads = [r.payload for r in refs]
         done: set[int] = set()
         if self._cancelled:  # cancelled by fray before Ray could be told: complete (with TaskCancelledError)
@@ -314,6 +329,7 @@ class RayJobContext(JobContext):
         return done | {i for i, p in zip(rest, payloads, strict=True) if p in ready_set}
 
     def _put(self, obj: Any) -> ObjectRef:
+        self._check_open()
         try:
             ref = ObjectRef(ray.put(pack(obj)), BACKEND)
         except TypeError as exc:
@@ -363,6 +379,7 @@ class RayJobContext(JobContext):
                 raise TaskCancelledError(f"task {p.hex()} was cancelled")
 
     def _cancel(self, ref: ObjectRef) -> None:
+        self._check_open()
         payload = ref.payload
         key = payload.binary()
         with self._deps_lock:
