@@ -125,10 +125,11 @@ _pool = _Pool()
 
 
 def pool_copy(source: object, readonly: bool) -> memoryview | bytes:
-    """A private copy of a buffer: in pooled memory when large (warm pages), else bytes."""
+    """A private copy of a buffer: in pooled memory when large (warm pages), else bytes (a bytearray when it
+    must be writable: torch warns about, and cannot protect, read-only memory)."""
     view = memoryview(source).cast("B")  # type: ignore[arg-type]
     if view.nbytes < POOL_MIN:
-        return bytes(view)
+        return bytes(view) if readonly else memoryview(bytearray(view))
     target = _pool.take(view.nbytes)
     target[:] = view
     return target.toreadonly() if readonly else target
