@@ -59,6 +59,10 @@ class TransferServer:
     def close(self) -> None:
         self.closed = True
         try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (closing alone leaves it blocked)
+        except OSError:
+            pass
+        try:
             self.sock.close()
         except OSError:
             pass
