@@ -127,9 +127,9 @@ def test_init_shutdown_cycles_leave_no_growth(backend: str) -> None:
             "shm": sorted(after[3] - before[3]),
             "temp entries": sorted(after[4] - before[4]),
         }
-        if grown["threads"] <= 1 and grown["fds"] <= 2 and grown["child processes"] <= 0 and not grown["shm"]:
-            if not grown["temp entries"]:
-                return
+        clean = grown["threads"] <= 1 and grown["fds"] <= 2 and grown["child processes"] <= 0
+        if clean and not grown["shm"] and not grown["temp entries"]:
+            return
         if time.monotonic() > deadline:
             pytest.fail(f"{CYCLES[backend]} init/shutdown cycles of {backend} left: {grown}")
         time.sleep(0.5)
