@@ -189,7 +189,14 @@ class _GroupedSpawn:
 
         class GroupedPopen(original):  # type: ignore[misc, valid-type]
             def __init__(self, *args: Any, **kwargs: Any) -> None:
-                kwargs["process_group"] = spawn.pgid or 0
+                group, then = spawn.pgid or 0, kwargs.get("preexec_fn")
+
+                def join_group() -> None:  # in the child, before exec (Popen's process_group needs 3.11)
+                    os.setpgid(0, group)
+                    if then is not None:
+                        then()
+
+                kwargs["preexec_fn"] = join_group
                 kwargs["env"] = {**(kwargs.get("env") or os.environ), **LOCAL_ONLY_ENV}
                 super().__init__(*args, **kwargs)
                 if spawn.pgid is None:
