@@ -350,6 +350,7 @@ class WorkerJobContext(JobContext):
 
     backend = BACKEND
     capabilities = CAPABILITIES
+    shutdown_closes = False  # it belongs to the driver's context
 
     def __init__(self, runtime: WorkerRuntime, nodes: list[dict[str, float]]) -> None:
         self.rt = runtime

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 from fray import current
 from fray.capabilities import Capability
 from fray.current import clear_job_context, get_job_context, set_job_context
-from fray.errors import InfeasibleResourcesError, UnsupportedFeatureError
+from fray.errors import FrayError, InfeasibleResourcesError, UnsupportedFeatureError
 from fray.refs import ActorHandle, ObjectRef
 from fray.transfers import PathStats
 from fray.types import ActorOptions, JobInfo, Lifetime, RuntimeEnv, TaskOptions, normalize_resources
@@ -97,6 +97,8 @@ class JobContext(ABC):
 
     backend: ClassVar[str] = "?"
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # False for a context a worker borrows from its driver: shutting it down from inside a task is a no-op
+    shutdown_closes: ClassVar[bool] = True
 
     # ----------------------------------------------------------------- public API
     def create_task(
@@ -108,6 +110,7 @@ class JobContext(ABC):
     ) -> ObjectRef:
         """Run fn(*args, **kwargs) somewhere; return a ref to its result. ObjectRefs among the top-level args
         arrive as their values (the task starts once they are ready); refs nested in containers arrive as refs."""
+        self._refuse_if_shut_down()
         if not callable(fn):
             raise TypeError(f"create_task needs a callable, got {type(fn).__name__}")
         if isinstance(fn, type):
@@ -130,6 +133,7 @@ class JobContext(ABC):
         options: ActorOptions | None = None,
     ) -> ActorHandle:
         """Create an instance of klass that lives in one place; call its methods through the handle."""
+        self._refuse_if_shut_down()
         if not isinstance(klass, type):
             raise TypeError(f"create_actor needs a class, got {type(klass).__name__}")
         call_args, call_kwargs = _check_call(args, kwargs)
@@ -142,6 +146,7 @@ class JobContext(ABC):
     def get(self, refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None) -> Any:
         """The value of a ref, or the values of a list of refs in order. Raises the task's exception, or
         GetTimeoutError (a TimeoutError) when `timeout` seconds pass first."""
+        self._refuse_if_shut_down()
         deadline = _check_timeout(timeout)
         if isinstance(refs, ObjectRef):
             self._check_ref(refs)
@@ -160,6 +165,7 @@ class JobContext(ABC):
         Returns (done, not_done), the same ref objects given, each list in input order; `done` holds at most
         num_returns refs (fewer after a timeout, which is not an error). Values are never fetched.
         """
+        self._refuse_if_shut_down()
         if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
             raise ValueError(f"wait needs a list of ObjectRefs, got {type(refs).__name__}")
         if isinstance(num_returns, bool) or not isinstance(num_returns, int):
@@ -184,18 +190,21 @@ class JobContext(ABC):
 
     def put(self, obj: Any) -> ObjectRef:
         """Store a copy of obj; later changes to obj do not change what get returns."""
+        self._refuse_if_shut_down()
         if isinstance(obj, ObjectRef):
             raise TypeError("put of an ObjectRef: pass the ref itself instead of putting it")
         return self._put(obj)
 
     def get_actor(self, name: str) -> ActorHandle:
         """The live actor with this name; ActorNotFoundError if none."""
+        self._refuse_if_shut_down()
         if not isinstance(name, str) or not name:
             raise TypeError(f"actor name must be a non-empty str, got {name!r}")
         return self._get_actor(name)
 
     def kill(self, actor: ActorHandle) -> None:
         """Stop the actor now (no restart). Later calls raise ActorDiedError; its name is freed."""
+        self._refuse_if_shut_down()
         if not isinstance(actor, ActorHandle):
             raise TypeError(f"kill needs an ActorHandle, got {type(actor).__name__}")
         self._check_handle(actor)
@@ -205,18 +214,26 @@ class JobContext(ABC):
         """Cancel the task behind ref: a queued task never runs; `get` then raises TaskCancelledError.
         A running task is interrupted where the backend can (capability cancel_running); a finished task is
         left alone."""
+        self._refuse_if_shut_down()
         self._check_ref(ref)
         self._cancel(ref)
 
     def transfer_stats(self) -> dict[str, PathStats]:
         """How the values read so far reached their readers, by path (see fray.transfers): how many transfers,
         their bytes and seconds, summed over every process of this context that the backend can ask."""
+        self._refuse_if_shut_down()
         return self._transfer_stats()
 
     def shutdown(self) -> None:
-        """Release everything this context started. Idempotent."""
+        """Release everything this context started. Idempotent. Every later call raises FrayError."""
+        if self.shutdown_closes:
+            self.__dict__["_fray_shut_down"] = True
         current.forget(self)
         self._shutdown()
+
+    def _refuse_if_shut_down(self) -> None:
+        if self.__dict__.get("_fray_shut_down"):
+            raise FrayError(f"this {self.backend} context is shut down; create a new one with fray.init()")
 
     def __enter__(self) -> JobContext:
         return self
@@ -270,6 +287,7 @@ class JobContext(ABC):
     def _call_actor_checked(
         self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> ObjectRef:
+        self._refuse_if_shut_down()
         self._check_handle(handle)
         return self._call_actor(handle, method, args, kwargs)
 

@@ -128,7 +128,11 @@ class ActorsMixin:
         return actor if actor is not None and actor.death is None else None
 
     def _handle(self, actor: _Actor) -> ActorHandle:
-        return ActorHandle(actor, BACKEND, actor.klass.__name__, public_methods(actor.klass), actor.options.name)
+        # A detached actor outlives this context: its handle follows the context current where it is used.
+        owner: Any = None if actor.options.lifetime is Lifetime.DETACHED else self
+        return ActorHandle(
+            actor, BACKEND, actor.klass.__name__, public_methods(actor.klass), actor.options.name, ctx=owner
+        )
 
     def _start_actor(self, actor: _Actor, call: Any, granted: threading.Event) -> None:
         while not granted.wait(0.5):

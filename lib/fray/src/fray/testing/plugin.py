@@ -85,6 +85,16 @@ def _skip_missing(request: pytest.FixtureRequest, have: frozenset[Capability], b
 
 
 @pytest.fixture
+def fray_own_ctx(fray_backend_name: str) -> Iterator[JobContext]:
+    """A JobContext of the backend for this test alone (for tests that shut it down)."""
+    ctx = get_backend(fray_backend_name).job_context(**_spec_options(fray_backend_name, "test_spec"))
+    try:
+        yield ctx
+    finally:
+        ctx.shutdown()
+
+
+@pytest.fixture
 def fray_ctx(request: pytest.FixtureRequest, fray_session_ctx: JobContext) -> Iterator[JobContext]:
     """The backend's JobContext, current for this test."""
     _skip_missing(request, fray_session_ctx.capabilities, fray_session_ctx.backend)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 
 from fray.context import JobContext
-from fray.errors import SerializationError
+from fray.errors import FrayError, SerializationError
 from fray.testing.suite import _helpers as h
 
 
@@ -48,3 +51,28 @@ def test_a_value_that_cannot_be_unpickled_where_it_lands_is_a_serialization_erro
     actor = fray_ctx.create_actor(h.Store)
     with pytest.raises(SerializationError, match="deserializ"):
         fray_ctx.get(actor.set(h.BreaksOnLoad()), timeout=60)
+
+
+def test_a_shut_down_context_refuses_every_call(fray_own_ctx: JobContext) -> None:
+    ctx = fray_own_ctx
+    ref = ctx.create_task(h.add, args=(1, 2))
+    assert ctx.get(ref, timeout=60) == 3
+    actor = ctx.create_actor(h.Counter)
+    ctx.shutdown()
+    ctx.shutdown()  # idempotent
+    calls: dict[str, Callable[[], object]] = {
+        "create_task": lambda: ctx.create_task(h.add, args=(1, 2)),
+        "create_actor": lambda: ctx.create_actor(h.Counter),
+        "an actor call": lambda: actor.incr(),
+        "get": lambda: ctx.get(ref, timeout=5),
+        "wait": lambda: ctx.wait([ref], timeout=0),
+        "put": lambda: ctx.put(1),
+        "get_actor": lambda: ctx.get_actor("nobody"),
+        "kill": lambda: ctx.kill(actor),
+        "cancel": lambda: ctx.cancel(ref),
+    }
+    for name, call in calls.items():
+        start = time.monotonic()
+        with pytest.raises(FrayError, match="shut down"):
+            call()
+        assert time.monotonic() - start < 5.0, f"{name} took too long to refuse"
