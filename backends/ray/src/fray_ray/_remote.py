@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-import pickle
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
 import ray
 import ray.exceptions as rex
 
 from fray import errors
 from fray.context import set_job_context, task_resources
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
-from fray.serialization import capture_exception
+from fray.remote_errors import portable as make_portable
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
 from fray_ray._values import pack
 
@@ -49,22 +47,10 @@ def run_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     try:
         return pack(fn(*args, **kwargs))  # torch tensors in the result travel out of band (see _values)
     except Exception as exc:
-        portable = _portable(exc)
+        portable = make_portable(exc)
         if portable is exc:
             raise
         raise portable from None
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """exc itself if it survives a pickle round trip, else a RemoteExceptionProxy naming its type and message
-    (Ray would otherwise hand back an opaque RayError / UnserializableException)."""
-    try:
-        pickle.loads(cloudpickle.dumps(exc))
-        return exc
-    except Exception:
-        remote = capture_exception(exc)
-        proxy = RemoteExceptionProxy(remote.type_name, remote.message)
-        return attach_remote_traceback(proxy, remote.traceback)
 
 
 def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
