@@ -4,6 +4,7 @@ normal exit without shutdown(), an exception, SIGINT, SIGTERM and SIGKILL; then 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -22,7 +23,8 @@ DRIVER = textwrap.dedent(
     import os, sys, time, fray
     how, backend = sys.argv[1], sys.argv[2]
     cluster = fray.cluster(backend)
-    job = cluster.create_job("sleep 300 & sleep 300; wait")
+    marker = sys.argv[3]
+    job = cluster.create_job(f"sleep {marker} & sleep {marker}; wait")
     deadline = time.time() + 60
     while cluster.get_job(job).status != "RUNNING":
         assert time.time() < deadline, cluster.get_job(job)
@@ -38,7 +40,7 @@ DRIVER = textwrap.dedent(
 
 
 def _descendants_sleeping(marker: str) -> list[int]:
-    """pids of `sleep 300` processes (the job's) still alive anywhere."""
+    """pids of `sleep MARKER` processes (the job's: the marker is unique to one test) still alive anywhere."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -71,16 +73,19 @@ def test_jobs_die_with_their_monarch_owner(how: str) -> None:
 
 def _check_owner_death(how: str, backend: str) -> None:
     before_dirs = _fray_job_dirs()
-    assert not _descendants_sleeping("300"), "a previous test left sleep 300 behind"
+    marker = f"{300 + random.random():.6f}"  # only this test's job sleeps this long
     proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, how, backend], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", DRIVER, how, backend, marker],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith("READY"), (line, proc.stderr.read() if proc.stderr else "")
         deadline = time.monotonic() + 30
-        while len(_descendants_sleeping("300")) < 2:  # the job's shell has started both sleeps
+        while len(_descendants_sleeping(marker)) < 2:  # the job's shell has started both sleeps
             assert time.monotonic() < deadline, "the job should be running"
             time.sleep(0.05)
         if how in ("SIGINT", "SIGTERM", "SIGKILL"):
@@ -91,9 +96,9 @@ def _check_owner_death(how: str, backend: str) -> None:
             proc.kill()
             proc.wait(10)
     deadline = time.monotonic() + 10
-    while _descendants_sleeping("300") or (_fray_job_dirs() - before_dirs):
+    while _descendants_sleeping(marker) or (_fray_job_dirs() - before_dirs):
         if time.monotonic() > deadline:
-            left = _descendants_sleeping("300")
+            left = _descendants_sleeping(marker)
             for pid in left:
                 os.kill(pid, signal.SIGKILL)
             pytest.fail(f"left behind after {how}: processes {left}, dirs {_fray_job_dirs() - before_dirs}")

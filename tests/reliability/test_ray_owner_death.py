@@ -7,6 +7,7 @@ gone."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -44,7 +45,8 @@ CLUSTER_DRIVER = textwrap.dedent(
     import os, sys, time, fray
     how = sys.argv[1]
     cluster = fray.cluster("ray?num_cpus=1&object_store_memory=80000000")
-    job = cluster.create_job("sleep 307 & sleep 307; wait")
+    marker = sys.argv[2]
+    job = cluster.create_job(f"sleep {marker} & sleep {marker}; wait")
     deadline = time.time() + 90
     while cluster.get_job(job).status != "RUNNING":
         assert time.time() < deadline, cluster.get_job(job)
@@ -112,7 +114,7 @@ def _sleepers(marker: str) -> int:
 
 def _end_driver(driver: str, how: str, wait_for_job: str | None = None) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", driver, how],
+        [sys.executable, "-c", driver, how, wait_for_job or ""],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -161,5 +163,5 @@ def test_private_ray_dies_with_its_owner(how: str) -> None:
 
 @pytest.mark.parametrize("how", ["exit", "SIGTERM", "SIGKILL"])
 def test_private_head_and_its_job_die_with_their_owner(how: str) -> None:
-    assert _sleepers("307") == 0, "a previous test left sleep 307 behind"
-    _end_driver(CLUSTER_DRIVER, how, wait_for_job="307")
+    marker = f"{307 + random.random():.6f}"  # only this test's job sleeps this long
+    _end_driver(CLUSTER_DRIVER, how, wait_for_job=marker)
