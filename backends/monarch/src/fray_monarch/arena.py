@@ -216,8 +216,8 @@ class Arena:
             os.unlink(os.path.join(SHM_DIR, chunk.name))
         except OSError:
             pass
-        chunk.view.release()
         try:
+            chunk.view.release()
             chunk.map.close()
         except BufferError:  # a local reader still has a view: the mapping goes with it
             pass

@@ -308,6 +308,8 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
             self.objects.clear()
             self.tasks.clear()
             self.queue.clear()
-        self.store.close()
-        remove_segments(f"fray.{self.key}.")  # every host of this context on this machine
-        instances.unregister(self.key)
+        try:
+            self.store.close()
+        finally:  # the files go even if closing the store failed
+            remove_segments(f"fray.{self.key}.")  # every host of this context on this machine
+            instances.unregister(self.key)
