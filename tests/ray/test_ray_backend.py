@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -13,17 +12,8 @@ import fray
 from fray import ActorOptions, TaskOptions
 from fray.context import get_job_context
 from fray.errors import RemoteExceptionProxy
-from fray.registry import parse_spec
-from fray_ray import RayBackend, RayJobContext
+from fray_ray import RayJobContext
 from fray_ray.job import _registry
-
-
-@pytest.fixture(scope="module")
-def ctx() -> Iterator[RayJobContext]:
-    context = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
-    with fray.using(context):
-        yield context
-    context.shutdown()
 
 
 def nest(depth: int) -> int:

@@ -24,14 +24,6 @@ from fray_ray import RayBackend, RayClusterContext, RayJobContext, _connect
 
 
 @pytest.fixture(scope="module")
-def ctx() -> Iterator[RayJobContext]:
-    context = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
-    with fray.using(context):
-        yield context
-    context.shutdown()
-
-
-@pytest.fixture(scope="module")
 def cluster() -> Iterator[RayClusterContext]:
     context = RayBackend().cluster_context(num_cpus="1", object_store_memory="80000000")
     yield context

@@ -4,7 +4,6 @@ Ray's own path, argument refs not pinned, transfer stats."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,16 +15,8 @@ np = pytest.importorskip("numpy")
 import ray  # noqa: E402
 
 from fray.refs import ObjectRef  # noqa: E402
-from fray.registry import parse_spec  # noqa: E402
-from fray_ray import RayBackend, RayJobContext  # noqa: E402
+from fray_ray import RayJobContext  # noqa: E402
 from fray_ray._values import Packed, pack  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def ctx() -> Iterator[RayJobContext]:
-    context = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
-    yield context
-    context.shutdown()
 
 
 def awkward_tensor() -> Any:
