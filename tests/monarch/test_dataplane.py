@@ -20,6 +20,7 @@ from _hosts import host_workers
 
 import fray
 from fray import ObjectLostError, ObjectStoreFullError, TaskOptions
+from fray_monarch.arena import _proc_tag
 
 MiB = 1024 * 1024
 
@@ -139,15 +140,10 @@ def test_value_of_a_dead_worker_is_lost_and_its_files_removed() -> None:
                 c.get(ref, timeout=30)
                 time.sleep(0.2)
         deadline = time.monotonic() + 10
-        while any(f.split(".")[3] != _tag(os.getpid()) for f in _fray_files() if f.count(".") == 4):
+        while any(f.split(".")[3] != _proc_tag(os.getpid()) for f in _fray_files() if f.count(".") == 4):
             assert time.monotonic() < deadline, _fray_files()
             time.sleep(0.2)
         assert c.get(c.create_task(pow, args=(2, 3)), timeout=60) == 8
-
-
-def _tag(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return f"{pid}-{int(stat[stat.rindex(b')') + 2 :].split()[19])}"
 
 
 @pytest.fixture(scope="module")
@@ -235,11 +231,7 @@ def _owner_alive(name: str) -> bool:
     parts = name.split(".")
     if len(parts) != 5:
         return True  # a lock file: removed with its context or a minute after its last store file
-    pid = int(parts[3].split("-")[0])
-    try:
-        return _tag(pid) == parts[3]
-    except OSError:
-        return False
+    return _proc_tag(int(parts[3].split("-")[0])) == parts[3]
 
 
 def test_one_gib_between_two_workers_keeps_the_driver_flat(ctx: fray.JobContext) -> None:
