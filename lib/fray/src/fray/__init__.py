@@ -7,8 +7,9 @@ assert ctx.get(ref) == 1024
 """
 
 from fray.capabilities import Capability
+from fray.completion import as_completed
 from fray.context import ClusterContext, JobContext
-from fray.current import clear_job_context, get_job_context, set_job_context, using
+from fray.current import ActorInfo, clear_job_context, current_actor, get_job_context, set_job_context, using
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
@@ -26,8 +27,10 @@ from fray.errors import (
     UnsupportedFeatureError,
     WorkerCrashedError,
 )
+from fray.groups import ActorGroup
 from fray.refs import ActorHandle, ObjectRef
 from fray.registry import available_backends, cluster, init, shutdown
+from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, JobInfo, JobStatus, Lifetime, Resource, RuntimeEnv, TaskOptions
 
@@ -36,7 +39,9 @@ __version__ = "0.1.0"
 __all__ = [
     "ActorAlreadyExistsError",
     "ActorDiedError",
+    "ActorGroup",
     "ActorHandle",
+    "ActorInfo",
     "ActorNotFoundError",
     "ActorOptions",
     "ActorUnavailableError",
@@ -53,6 +58,7 @@ __all__ = [
     "Lifetime",
     "ObjectLostError",
     "ObjectRef",
+    "ObjectRefStream",
     "ObjectStoreFullError",
     "PathStats",
     "Resource",
@@ -62,9 +68,11 @@ __all__ = [
     "TaskOptions",
     "UnsupportedFeatureError",
     "WorkerCrashedError",
+    "as_completed",
     "available_backends",
     "clear_job_context",
     "cluster",
+    "current_actor",
     "get_job_context",
     "init",
     "set_job_context",

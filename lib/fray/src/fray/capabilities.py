@@ -18,6 +18,9 @@ class Capability(enum.Enum):
     JOB_PACKAGES = "job_packages"  # ClusterContext.create_job(..., env=RuntimeEnv(package_requirements=[...]))
     JOB_RESOURCES = "job_resources"  # create_job(env=RuntimeEnv(minimum_resources=[...])): reserved for the job
     CANCEL_RUNNING = "cancel_running"  # cancel(ref) of a task that has started running
+    STREAMING = "streaming"  # TaskOptions(streaming=True), handle.method.stream(...): ObjectRefStream
+    SPMD_GROUPS = "spmd_groups"  # create_actor_group(..., distributed=True): a process per member, torch env set
+    ASYNC_ACTORS = "async_actors"  # `async def` actor methods run on an event loop inside the actor
     # Properties of the backend, with no call to refuse: tests that need them are skipped by name.
     PROCESS_ISOLATION = "process_isolation"  # tasks/actors run in other processes; a crash is contained
     MULTI_HOST = "multi_host"  # one context can span several machines

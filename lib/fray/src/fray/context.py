@@ -5,17 +5,22 @@ The public methods here validate input and enforce the shared semantics; backend
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, ClassVar, TypeVar
 
 from fray import current
 from fray.capabilities import Capability
-from fray.current import clear_job_context, get_job_context, set_job_context
-from fray.errors import FrayError, InfeasibleResourcesError, UnsupportedFeatureError
+from fray.current import ActorInfo, clear_job_context, get_job_context, set_job_context
+from fray.errors import ActorNotFoundError, FrayError, InfeasibleResourcesError, UnsupportedFeatureError
+from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, free_port, member_name, spmd_env
 from fray.refs import ActorHandle, ObjectRef
+from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, JobInfo, Lifetime, RuntimeEnv, TaskOptions, normalize_resources
 
@@ -123,6 +128,9 @@ class JobContext(ABC):
             if opts.runtime_env.package_requirements:
                 self.require(Capability.TASK_PACKAGES, "TaskOptions.runtime_env.package_requirements")
         self.check_feasible(task_resources(opts), f"task {opts.name or getattr(fn, '__name__', fn)!s}")
+        if opts.streaming:
+            self.require(Capability.STREAMING, "TaskOptions(streaming=True)")
+            return self._create_stream_task(fn, call_args, call_kwargs, opts)  # type: ignore[return-value]
         return self._create_task(fn, call_args, call_kwargs, opts)
 
     def create_actor(
@@ -142,6 +150,76 @@ class JobContext(ABC):
             self.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
         self.check_feasible(actor_resources(opts), f"actor {opts.name or klass.__name__}")
         return self._create_actor(klass, call_args, call_kwargs, opts)
+
+    def create_actor_group(
+        self,
+        klass: type,
+        count: int,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        options: ActorOptions | None = None,
+        placement: str = "pack",
+        strict_placement: bool = False,
+        distributed: bool = False,
+    ) -> ActorGroup:
+        """Create `count` actors of klass together (all or nothing): an ActorGroup whose calls go to every member.
+
+        options apply to every member (options.name names the group; members are found as "name/rank").
+        placement "pack" puts members on as few nodes as possible, "spread" over nodes: best effort unless
+        strict_placement. distributed=True gives each member its own process with MASTER_ADDR, MASTER_PORT, RANK,
+        WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE set before __init__, for torch.distributed.
+        """
+        self._refuse_if_shut_down()
+        if not isinstance(klass, type):
+            raise TypeError(f"create_actor_group needs a class, got {type(klass).__name__}")
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"count must be an int, got {count!r}")
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, got {placement!r}")
+        call_args, call_kwargs = _check_call(args, kwargs)
+        opts = _check_options(options, ActorOptions)
+        if opts.lifetime is Lifetime.DETACHED:
+            self.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
+        if distributed:
+            self.require(Capability.SPMD_GROUPS, "create_actor_group(distributed=True)")
+        if opts.name is not None:
+            existing = self._existing_group(opts.name, count, opts.get_if_exists)
+            if existing is not None:
+                return existing
+        what = f"actor group {opts.name or klass.__name__}"
+        check_group_feasible(
+            self.node_resources(), actor_resources(opts), count, placement, bool(strict_placement), what
+        )
+        return self._create_actor_group(
+            klass, count, call_args, call_kwargs, opts, placement, bool(strict_placement), bool(distributed)
+        )
+
+    def _existing_group(self, name: str, count: int, get_if_exists: bool) -> ActorGroup | None:
+        try:
+            first = self._get_actor(member_name(name, 0) or "")
+        except ActorNotFoundError:
+            return None
+        if not get_if_exists:
+            from fray.errors import ActorAlreadyExistsError
+
+            raise ActorAlreadyExistsError(
+                f"an actor group named {name!r} exists already; pass ActorOptions(get_if_exists=True) to reuse it, "
+                "or pick another name"
+            )
+        handles = [first]
+        try:
+            handles += [self._get_actor(member_name(name, rank) or "") for rank in range(1, count)]
+        except ActorNotFoundError as exc:
+            raise ActorNotFoundError(
+                f"the actor group {name!r} has lost members or has fewer than {count}: {exc}"
+            ) from None
+        try:
+            self._get_actor(member_name(name, count) or "")
+        except ActorNotFoundError:
+            return ActorGroup(handles, name, ctx=self)
+        raise ValueError(f"the actor group {name!r} has more than {count} members; ask for its real size")
 
     def get(self, refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None) -> Any:
         """The value of a ref, or the values of a list of refs in order. Raises the task's exception, or
@@ -202,11 +280,17 @@ class JobContext(ABC):
             raise TypeError(f"actor name must be a non-empty str, got {name!r}")
         return self._get_actor(name)
 
-    def kill(self, actor: ActorHandle) -> None:
-        """Stop the actor now (no restart). Later calls raise ActorDiedError; its name is freed."""
+    def kill(self, actor: ActorHandle | ActorGroup) -> None:
+        """Stop the actor (every member of a group) now, with no restart. Later calls raise ActorDiedError;
+        names are freed."""
         self._refuse_if_shut_down()
+        if isinstance(actor, ActorGroup):
+            for handle in actor.handles:
+                self._check_handle(handle)
+            self._kill_group(actor)
+            return
         if not isinstance(actor, ActorHandle):
-            raise TypeError(f"kill needs an ActorHandle, got {type(actor).__name__}")
+            raise TypeError(f"kill needs an ActorHandle or an ActorGroup, got {type(actor).__name__}")
         self._check_handle(actor)
         self._kill(actor)
 
@@ -291,6 +375,40 @@ class JobContext(ABC):
         self._check_handle(handle)
         return self._call_actor(handle, method, args, kwargs)
 
+    def _call_actor_stream_checked(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRefStream:
+        self._refuse_if_shut_down()
+        self._check_handle(handle)
+        self.require(Capability.STREAMING, f"{handle.class_name}.{method}.stream(...)")
+        return self._call_actor_stream(handle, method, args, kwargs)
+
+    def _call_group_checked(
+        self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[ObjectRef]:
+        self._refuse_if_shut_down()
+        self._check_handle(group.handles[0])
+        return self._call_group(group, method, args, kwargs)
+
+    def _future_of(self, ref: ObjectRef) -> Future[Any]:
+        self._refuse_if_shut_down()
+        self._check_ref(ref)
+        return self._future(ref)
+
+    @staticmethod
+    def _spmd_members(count: int, name: str | None, distributed: bool) -> list[Member]:
+        """The members of a group all on this host (the default placement): ranks, and for an SPMD group the
+        torch.distributed environment with rank 0's address on loopback."""
+        port = free_port() if distributed else 0
+        return [
+            Member(
+                ActorInfo(member_name(name, rank), rank, count, name),
+                distributed,
+                spmd_env(rank, count, "127.0.0.1", port) if distributed else {},
+            )
+            for rank in range(count)
+        ]
+
     # ----------------------------------------------------------------- backend hooks
     @abstractmethod
     def node_resources(self) -> list[dict[str, float]]:
@@ -336,6 +454,66 @@ class JobContext(ABC):
 
     def _transfer_stats(self) -> dict[str, PathStats]:
         return {}
+
+    # Hooks with a default: a backend overrides them where it can do better (one broadcast for a group call).
+    def _create_actor_group(
+        self,
+        klass: type,
+        count: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        placement: str,
+        strict: bool,
+        distributed: bool,
+    ) -> ActorGroup:
+        """Members one by one through `_create_actor(..., member=...)` (a backend that accepts `member`); if one
+        cannot be created, the ones created are killed."""
+        handles: list[ActorHandle] = []
+        try:
+            for member in self._spmd_members(count, options.name, distributed):
+                member_options = dataclasses.replace(options, name=member.info.name, get_if_exists=False)
+                handles.append(self._create_actor(klass, args, kwargs, member_options, member=member))  # type: ignore[call-arg]
+        except BaseException:
+            for handle in handles:
+                try:
+                    self._kill(handle)
+                except Exception:  # the creation error is the one to report
+                    pass
+            raise
+        return ActorGroup(handles, options.name, ctx=self)
+
+    def _call_group(
+        self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[ObjectRef]:
+        return [self._call_actor(handle, method, args, kwargs) for handle in group.handles]
+
+    def _kill_group(self, group: ActorGroup) -> None:
+        for handle in group.handles:
+            self._kill(handle)
+
+    def _create_stream_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRefStream:
+        raise UnsupportedFeatureError(Capability.STREAMING, self.backend, "TaskOptions(streaming=True)")
+
+    def _call_actor_stream(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRefStream:
+        raise UnsupportedFeatureError(Capability.STREAMING, self.backend, f"{handle.class_name}.{method}.stream()")
+
+    def _future(self, ref: ObjectRef) -> Future[Any]:
+        """A Future of ref's value: by default a thread that waits in `_get` (backends with callbacks do better)."""
+        future: Future[Any] = Future()
+
+        def settle() -> None:
+            try:
+                future.set_result(self._get([ref], None)[0])
+            except BaseException as exc:  # the future carries it to whoever awaits
+                future.set_exception(exc)
+
+        threading.Thread(target=settle, name=f"fray-future-{ref!r}"[:60], daemon=True).start()
+        return future
 
 
 def _format_resources(resources: Mapping[str, float]) -> str:

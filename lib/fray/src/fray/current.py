@@ -1,6 +1,6 @@
 """The current job context: the one of this task, actor or thread, else the process default (set by fray.init).
 
-A leaf module (it imports no other fray module at import time), so contexts, refs, the registry and the
+A leaf module (it imports only fray.errors, itself a leaf), so contexts, refs, the registry and the
 backends can all depend on it without import circles.
 """
 
@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
+
+from fray.errors import FrayError
 
 if TYPE_CHECKING:
     from fray.context import JobContext
 
-__all__ = ["clear_job_context", "get_job_context", "set_job_context", "using"]
+__all__ = ["ActorInfo", "clear_job_context", "current_actor", "get_job_context", "set_job_context", "using"]
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_job_context", default=None)
 _default: JobContext | None = None
@@ -123,3 +126,46 @@ def forget(ctx: JobContext) -> None:
         _default = None
     if _current.get() is ctx:
         _current.set(None)
+
+
+# ----------------------------------------------------------------------------- the actor running here
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    """Who `fray.current_actor()` is: an actor's name, its rank in the group it was created in and that group's
+    size and name. A plain actor is rank 0 of 1."""
+
+    name: str | None = None
+    rank: int = 0
+    size: int = 1
+    group: str | None = None
+
+
+_actor: contextvars.ContextVar[ActorInfo | None] = contextvars.ContextVar("fray_actor", default=None)
+_process_actor: ActorInfo | None = None  # where an actor owns its whole process (ray, monarch, SPMD members)
+
+
+def current_actor() -> ActorInfo:
+    """The actor this code runs in: `rank`, `size` (of its group; 0 and 1 for a plain actor) and `name`."""
+    info = _actor.get() or _process_actor
+    if info is None:
+        raise FrayError(
+            "fray.current_actor() was called outside any actor; call it from an actor's __init__ or methods"
+        )
+    return info
+
+
+def set_process_actor(info: ActorInfo | None) -> None:
+    """The actor that owns this whole process (every thread and event loop in it sees it)."""
+    global _process_actor
+    _process_actor = info
+
+
+def push_actor(info: ActorInfo | None) -> contextvars.Token[ActorInfo | None]:
+    """Make info the current actor of this thread (or asyncio task) until pop_actor(token)."""
+    return _actor.set(info)
+
+
+def pop_actor(token: contextvars.Token[ActorInfo | None]) -> None:
+    _actor.reset(token)

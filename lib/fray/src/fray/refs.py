@@ -8,13 +8,18 @@ bind to the job context current there.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from collections.abc import Generator
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from fray import current
 from fray.current import get_job_context
 
 if TYPE_CHECKING:
     from fray.context import JobContext
+    from fray.streams import ObjectRefStream
 
 __all__ = ["ActorHandle", "ActorMethod", "ObjectRef"]
 
@@ -30,6 +35,14 @@ class ObjectRef:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ObjectRef, (self.payload, self.backend))
+
+    def future(self) -> Future[Any]:
+        """A concurrent.futures.Future that completes with this ref's value (or its exception)."""
+        return current.context_for(self.backend)._future_of(self)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """`await ref` in asyncio code: the value, without blocking the event loop's thread."""
+        return asyncio.wrap_future(self.future()).__await__()
 
     def __repr__(self) -> str:
         return f"ObjectRef({self.backend}:{self.payload!r})"
@@ -53,6 +66,11 @@ class ActorMethod:
     def __call__(self, *args: Any, **kwargs: Any) -> ObjectRef:
         handle = self._handle
         return handle._context()._call_actor_checked(handle, self._name, args, kwargs)
+
+    def stream(self, *args: Any, **kwargs: Any) -> ObjectRefStream:
+        """Call a generator method: one ref per item it yields, in order, as they are produced."""
+        handle = self._handle
+        return handle._context()._call_actor_stream_checked(handle, self._name, args, kwargs)
 
     def __repr__(self) -> str:
         return f"<actor method {self._handle.class_name}.{self._name}>"

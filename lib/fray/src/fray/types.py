@@ -144,6 +144,7 @@ class TaskOptions:
     max_retries: how many times a task whose worker process crashed is re-run (default 3, as in Ray);
         application exceptions are retried only when retry_exceptions is True or lists the exception's type.
     max_calls: recycle the worker process after this many calls of this function (process backends).
+    streaming: fn is a generator; create_task returns an ObjectRefStream with one ref per item it yields.
     """
 
     resources: Mapping[str, float] | None = None
@@ -152,9 +153,12 @@ class TaskOptions:
     max_calls: int | None = None
     max_retries: int = 3
     retry_exceptions: bool | Sequence[type[BaseException]] = False
+    streaming: bool = False
 
     def __post_init__(self) -> None:
         normalize_resources(self.resources, "TaskOptions.resources")
+        if not isinstance(self.streaming, bool):
+            raise TypeError(f"streaming must be a bool, got {self.streaming!r}")
         if self.runtime_env is not None and not isinstance(self.runtime_env, RuntimeEnv):
             raise TypeError(f"runtime_env must be a fray.RuntimeEnv, got {type(self.runtime_env).__name__}")
         if self.name is not None and not isinstance(self.name, str):

@@ -1,0 +1,221 @@
+"""Actor groups: N actors of one class created together, called together, results gathered by rank.
+
+`ctx.create_actor_group(Cls, 4)` returns an `ActorGroup`; `group.step(x)` calls `step(x)` on every member and
+returns one ObjectRef per member in rank order, so `ctx.get(group.step(x))` is the ranked gather. Slicing gives a
+smaller group over the same actors (members keep the rank they were created with). Backends may serve a group
+call as one broadcast (monarch: one mesh call); the default sends one call per member.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fray.current import ActorInfo, get_job_context
+from fray.errors import InfeasibleResourcesError
+from fray.refs import ActorHandle, ObjectRef
+
+if TYPE_CHECKING:
+    from fray.context import JobContext
+
+__all__ = ["PLACEMENTS", "ActorGroup", "GroupMethod", "Member", "check_group_feasible", "spmd_env"]
+
+PLACEMENTS = ("pack", "spread")
+
+
+@dataclass(frozen=True)
+class Member:
+    """What a backend needs to create one member of a group: who it is, and (for an SPMD group) the environment
+    variables to set in its own process before its __init__ runs."""
+
+    info: ActorInfo
+    distributed: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class GroupMethod:
+    """`group.method`: calling it calls the method on every member; returns their refs in rank order."""
+
+    __slots__ = ("_group", "_name")
+
+    def __init__(self, group: ActorGroup, name: str) -> None:
+        self._group = group
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[ObjectRef]:
+        return self._group.call(self._name, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<group method {self._group.class_name}.{self._name} x{len(self._group)}>"
+
+
+class ActorGroup:
+    """Actors created together. `group.m(...)` -> one ref per member, rank order; `group[i]` -> ActorHandle;
+    `group[a:b]`, `group[[i, j]]` -> ActorGroup; `len(group)`; `group.handles`; `ctx.kill(group)`.
+
+    `payload` is the backend's own description of the whole group (monarch: its mesh), shared by slices;
+    `ranks` are the members' ranks in that group, in this group's order.
+    """
+
+    __slots__ = ("__weakref__", "_ctx", "handles", "name", "payload", "ranks")
+
+    def __init__(
+        self,
+        handles: Sequence[ActorHandle],
+        name: str | None = None,
+        payload: Any = None,
+        ranks: Sequence[int] | None = None,
+        ctx: JobContext | None = None,
+    ) -> None:
+        if not handles:
+            raise ValueError("an actor group needs at least one member")
+        self.handles: tuple[ActorHandle, ...] = tuple(handles)
+        self.name = name
+        self.payload = payload
+        self.ranks: tuple[int, ...] = tuple(ranks) if ranks is not None else tuple(range(len(self.handles)))
+        self._ctx = ctx
+
+    @property
+    def backend(self) -> str:
+        return self.handles[0].backend
+
+    @property
+    def class_name(self) -> str:
+        return self.handles[0].class_name
+
+    def _context(self) -> JobContext:
+        return self._ctx if self._ctx is not None else get_job_context()
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[ObjectRef]:
+        """Call `method` on every member (also a method whose name a group attribute takes, like `handles`)."""
+        if method.startswith("_") or method not in self.handles[0].methods:
+            raise AttributeError(
+                f"actor {self.class_name} has no method {method!r}; its methods are: "
+                f"{', '.join(sorted(self.handles[0].methods))}"
+            )
+        return self._context()._call_group_checked(self, method, args, kwargs)
+
+    def __getattr__(self, attr: str) -> GroupMethod:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        if attr not in self.handles[0].methods:
+            raise AttributeError(
+                f"actor {self.class_name} has no method {attr!r}; its methods are: "
+                f"{', '.join(sorted(self.handles[0].methods))}"
+            )
+        return GroupMethod(self, attr)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def __iter__(self) -> Iterator[ActorHandle]:
+        return iter(self.handles)
+
+    def __getitem__(self, key: int | slice | Sequence[int]) -> Any:
+        if isinstance(key, bool):
+            raise TypeError("an actor group is indexed by an int, a slice or a list of ints, not a bool")
+        if isinstance(key, int):
+            return self.handles[key]
+        if isinstance(key, slice):
+            picked = list(range(len(self.handles)))[key]
+        elif isinstance(key, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in key):
+            picked = [range(len(self.handles))[i] for i in key]  # IndexError for an index out of range
+        else:
+            raise TypeError(f"an actor group is indexed by an int, a slice or a list of ints, got {key!r}")
+        if not picked:
+            raise IndexError(f"{key!r} selects no member of this group of {len(self.handles)}")
+        return ActorGroup(
+            [self.handles[i] for i in picked], self.name, self.payload, [self.ranks[i] for i in picked], self._ctx
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As handles do, a group binds to the context current where it lands.
+        return (ActorGroup, (self.handles, self.name, self.payload, self.ranks))
+
+    def __repr__(self) -> str:
+        label = f" name={self.name!r}" if self.name else ""
+        return f"ActorGroup({self.backend}:{self.class_name} x{len(self.handles)}{label})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorGroup) and self.handles == other.handles
+
+    def __hash__(self) -> int:
+        return hash(self.handles)
+
+
+def member_name(group: str | None, rank: int) -> str | None:
+    """The actor name of a named group's member (found with ctx.get_actor)."""
+    return None if group is None else f"{group}/{rank}"
+
+
+def _capacity(node: Mapping[str, float], per_member: Mapping[str, float]) -> float:
+    """How many members fit on a node (inf when they ask for nothing)."""
+    fits = [math.floor(node.get(name, 0.0) / qty + 1e-9) for name, qty in per_member.items() if qty > 0]
+    return min(fits) if fits else math.inf
+
+
+def check_group_feasible(
+    nodes: Sequence[Mapping[str, float]],
+    per_member: Mapping[str, float],
+    count: int,
+    placement: str,
+    strict: bool,
+    what: str,
+) -> None:
+    """Refuse a group whose members could never all be placed (Ray would wait forever on its placement group).
+
+    strict "pack": every member on one node. strict "spread": every member on a different node. Otherwise
+    (best effort) the members must fit on the nodes in total.
+    """
+    capacities = [_capacity(node, per_member) for node in nodes]
+    if strict and placement == "pack":
+        ok = any(c >= count for c in capacities)
+        need = f"one node with room for all {count} members"
+    elif strict and placement == "spread":
+        ok = sum(1 for c in capacities if c >= 1) >= count
+        need = f"{count} nodes with room for one member each"
+    else:
+        ok = sum(capacities) >= count
+        need = f"room for {count} members over all nodes"
+    if ok:
+        return
+    room = ", ".join(f"{c:g}" for c in capacities) or "no nodes"
+    hint = " Use strict_placement=False, fewer members, or smaller requests." if strict else ""
+    raise InfeasibleResourcesError(
+        f"{what}: {count} members x {dict(per_member) or 'no resources'} with placement={placement!r}"
+        f"{' (strict)' if strict else ''} needs {need}; the {len(nodes)} node(s) of this context have room for "
+        f"[{room}] members each.{hint}"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on this host now (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def spmd_env(
+    rank: int,
+    size: int,
+    master_addr: str,
+    master_port: int,
+    local_rank: int | None = None,
+    local_size: int | None = None,
+) -> dict[str, str]:
+    """The torch.distributed environment of one SPMD member (what torchrun sets)."""
+    env = {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(size),
+        "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+        "LOCAL_WORLD_SIZE": str(size if local_size is None else local_size),
+    }
+    if master_addr.startswith("127."):  # gloo picks its interface from the hostname, which may not be loopback
+        env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    return env
