@@ -1,12 +1,15 @@
 """The conformance tests. `from fray.testing.suite import *` in a test module collects all of them."""
 
 from fray.testing.suite.test_actors import *  # noqa: F403
+from fray.testing.suite.test_async import *  # noqa: F403
 from fray.testing.suite.test_capabilities import *  # noqa: F403
 from fray.testing.suite.test_cluster import *  # noqa: F403
 from fray.testing.suite.test_dataplane import *  # noqa: F403
 from fray.testing.suite.test_errors import *  # noqa: F403
 from fray.testing.suite.test_failures import *  # noqa: F403
+from fray.testing.suite.test_groups import *  # noqa: F403
 from fray.testing.suite.test_objects import *  # noqa: F403
 from fray.testing.suite.test_options import *  # noqa: F403
+from fray.testing.suite.test_streaming import *  # noqa: F403
 from fray.testing.suite.test_tasks import *  # noqa: F403
 from fray.testing.suite.test_wait import *  # noqa: F403

@@ -1,0 +1,171 @@
+"""Classes and functions the group, streaming and async conformance tests send to workers. They synchronize
+through files (flags), never through sleeps, so the tests hold on a loaded machine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fray
+from fray.testing.suite._helpers import wait_for_file
+
+
+class Member:
+    """A group member that reports who it is."""
+
+    def __init__(self, base: int = 0) -> None:
+        me = fray.current_actor()
+        self.rank_at_init = me.rank
+        self.base = base
+
+    def whoami(self) -> dict[str, Any]:
+        me = fray.current_actor()
+        return {"rank": me.rank, "size": me.size, "name": me.name, "init_rank": self.rank_at_init}
+
+    def scaled(self, x: int) -> int:
+        return self.base + x * (fray.current_actor().rank + 1)
+
+    def handles(self) -> str:  # a method whose name a group attribute takes: called with group.call("handles")
+        return f"rank {fray.current_actor().rank}"
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def crash(self) -> None:
+        os._exit(1)
+
+    def env(self, *names: str) -> dict[str, str | None]:
+        return {name: os.environ.get(name) for name in names}
+
+
+class GlooMember:
+    """An SPMD member: torch.distributed initialized in __init__ from the environment fray set."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
+        self.rank = dist.get_rank()
+
+    def all_reduce(self, value: float) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([value])
+        dist.all_reduce(t)
+        return [float(x) for x in t]
+
+    def world(self) -> tuple[int, int, str | None, str | None]:
+        import torch.distributed as dist
+
+        return dist.get_rank(), dist.get_world_size(), os.environ.get("LOCAL_RANK"), os.environ.get("MASTER_ADDR")
+
+
+def use_group(group: Any, x: int) -> list[int]:
+    """A group passed into a task is used there like a handle."""
+    ctx = fray.get_job_context()
+    return list(ctx.get(group.scaled(x), timeout=60))
+
+
+def count_up(n: int) -> Iterator[int]:
+    yield from range(n)
+
+
+def first_then_wait(flag: str, timeout: float = 60.0) -> Iterator[str]:
+    """Yields "first", then waits for the consumer's flag before yielding "second": if items only arrived when the
+    generator finished, the consumer would never see "first" in time and write the flag."""
+    yield "first"
+    try:
+        wait_for_file(flag, timeout)
+        yield "second"
+    except TimeoutError:
+        yield "second came late: the first item was not streamed"
+
+
+def fail_after(n: int) -> Iterator[int]:
+    yield from range(n)
+    raise ValueError(f"failed after {n} items")
+
+
+def endless(progress: str) -> Iterator[int]:
+    """Yields forever, recording how far it got: a stream closed early must stop it."""
+    i = 0
+    while True:
+        Path(progress).write_text(str(i))
+        yield i
+        i += 1
+        time.sleep(0.01)
+
+
+def large_items(n: int, size: int) -> Iterator[bytes]:
+    for i in range(n):
+        yield bytes([i % 256]) * size
+
+
+class Streamer:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def numbers(self, n: int) -> Iterator[int]:
+        self.calls += 1
+        for i in range(n):
+            yield i * 10
+
+    def first_then_wait(self, flag: str) -> Iterator[str]:
+        yield from first_then_wait(flag)
+
+    def endless(self, progress: str) -> Iterator[int]:
+        yield from endless(progress)
+
+    def fail_after(self, n: int) -> Iterator[int]:
+        yield from fail_after(n)
+
+    def count(self) -> int:
+        return self.calls
+
+
+def wait_then(flag: str, value: Any) -> Any:
+    wait_for_file(flag, 60.0)
+    return value
+
+
+class AsyncActor:
+    """async methods on the actor's event loop: `meet` returns only once `n` calls are inside it at once."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.peak = 0
+        self.arrived: asyncio.Event | None = None
+
+    async def meet(self, n: int, timeout: float = 30.0) -> int:
+        if self.arrived is None:
+            self.arrived = asyncio.Event()
+        self.inside += 1
+        self.peak = max(self.peak, self.inside)
+        if self.inside >= n:
+            self.arrived.set()
+        try:
+            await asyncio.wait_for(self.arrived.wait(), timeout)
+        except asyncio.TimeoutError:
+            return -1
+        finally:
+            self.inside -= 1
+        return self.peak
+
+    async def add(self, a: int, b: int) -> int:
+        await asyncio.sleep(0)
+        return a + b
+
+    async def fail(self, message: str) -> None:
+        await asyncio.sleep(0)
+        raise ValueError(message)
+
+    async def whoami(self) -> str | None:
+        return fray.current_actor().name
+
+    def sync_peak(self) -> int:
+        return self.peak
