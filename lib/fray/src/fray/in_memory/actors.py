@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from fray import current
 from fray.context import actor_resources
+from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
@@ -20,10 +23,11 @@ from fray.in_memory._scheduler import Ledger, signature
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.remote_errors import RemoteError, format_exception
 from fray.serialization import check_function, dumps_call
+from fray.streams import ItemQueue, ObjectRefStream
 from fray.types import ActorOptions, Lifetime
 
 if TYPE_CHECKING:
-    pass
+    from fray.groups import Member
 
 BACKEND = "in_memory"
 
@@ -36,8 +40,13 @@ _call_owner: weakref.WeakKeyDictionary[_Entry, _Actor] = weakref.WeakKeyDictiona
 class _Actor:
     """One actor: its instance lives on a private executor (max_concurrency threads) that runs calls in order."""
 
-    def __init__(self, ctx: ActorsMixin, klass: type, options: ActorOptions, namespace: str) -> None:
+    def __init__(
+        self, ctx: ActorsMixin, klass: type, options: ActorOptions, namespace: str, member: Member | None = None
+    ) -> None:
         self.id = next(_ids)
+        self.member = member
+        self.info = member.info if member is not None else ActorInfo(name=options.name)
+        self.loop: asyncio.AbstractEventLoop | None = None  # runs its async methods, started at the first one
         self.ctx = ctx
         self.klass = klass
         self.options = options
@@ -57,6 +66,35 @@ class _Actor:
 
     def __repr__(self) -> str:
         return f"{self.klass.__name__}#{self.id}"
+
+    @property
+    def label(self) -> str:
+        """How errors name it: its name, or its rank in a group."""
+        if self.info.name:
+            return f"{self.klass.__name__} {self.info.name!r}"
+        if self.info.size > 1:
+            return f"{self.klass.__name__} (rank {self.info.rank} of {self.info.size})"
+        return self.klass.__name__
+
+    def run_coroutine(self, coro: Any) -> Any:
+        """Run an async method's coroutine on this actor's event loop; the calling executor thread waits, so at
+        most max_concurrency of them run at once, interleaved on the one loop."""
+        with self.lock:
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=self.loop.run_forever, name=f"fray-actor-loop-{self.klass.__name__}", daemon=True
+                ).start()
+            loop = self.loop
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def close(self) -> None:
+        """After death: stop its event loop and its member process, if it has them."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        close_process = getattr(self.instance, "_fray_close", None)
+        if close_process is not None:
+            close_process()
 
 
 def _lookup_actor(actor_id: int) -> _Actor:
@@ -86,7 +124,12 @@ class ActorsMixin:
         def _remote_error(self, exc: BaseException) -> BaseException | RemoteError: ...
 
     def _create_actor(
-        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
+        self,
+        klass: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        member: Member | None = None,
     ) -> ActorHandle:
         self._check_open()
         if self.serialize:
@@ -105,7 +148,7 @@ class ActorsMixin:
                         f"an actor named {options.name!r} exists already; pass ActorOptions(get_if_exists=True) "
                         "to reuse it, or pick another name"
                     )
-            actor = _Actor(self, klass, options, self.namespace)
+            actor = _Actor(self, klass, options, self.namespace, member)
             if options.name is not None:
                 if detached:
                     _detached[(self.namespace, options.name)] = actor
@@ -144,16 +187,23 @@ class ActorsMixin:
                 self._release_actor(actor)
                 return
         token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
+        me = current.push_actor(actor.info)
         try:
             args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}()")
-            actor.instance = actor.klass(*args, **kwargs)
+            if actor.member is not None and actor.member.distributed:
+                from fray.in_memory._process_member import ProcessMember
+
+                actor.instance = ProcessMember(actor.klass, args, kwargs, actor.info, dict(actor.member.env))
+            else:
+                actor.instance = actor.klass(*args, **kwargs)
         except BaseException as exc:
             error = exc.error.rebuild() if isinstance(exc, _Failure) and isinstance(exc.error, RemoteError) else exc
             actor.death = ActorDiedError(
-                f"actor {actor.klass.__name__} died: its __init__ raised {type(error).__name__}: {error}"
+                f"actor {actor.label} died: its __init__ raised {type(error).__name__}: {error}"
             )
             attach_remote_traceback(actor.death, format_exception(exc))
         finally:
+            current.pop_actor(me)
             current.pop(token)
 
     def _release_actor(self, actor: _Actor) -> None:
@@ -161,7 +211,14 @@ class ActorsMixin:
             actor.holding = False
             actor.ctx._ledger.give_back(actor.request)
 
-    def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
+    def _call_actor(
+        self,
+        handle: ActorHandle,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        stream: ItemQueue | None = None,
+    ) -> ObjectRef:
         actor: _Actor = handle.payload
         where = f"{actor.klass.__name__}.{method}"
         call = (
@@ -175,13 +232,44 @@ class ActorsMixin:
             actor.pending.add(entry)
             _call_owner[entry] = actor
             try:
-                actor.executor.submit(self._run_method, actor, method, call, entry)
+                actor.executor.submit(self._run_method, actor, method, call, entry, stream)
             except RuntimeError:  # executor shut down: the actor was killed just now
                 actor.pending.discard(entry)
                 entry.settle(error=_died(actor))
         return ObjectRef(entry, BACKEND)
 
-    def _run_method(self, actor: _Actor, method: str, call: Any, entry: _Entry) -> None:
+    def _call_actor_stream(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRefStream:
+        queue = ItemQueue()
+        ref = self._call_actor(handle, method, args, kwargs, stream=queue)
+        end_stream_with_failure(ref.payload, queue)
+        return ObjectRefStream(queue, BACKEND)
+
+    def _stream_items(self, items: Any, queue: ItemQueue, where: str) -> None:
+        """Store each item the generator yields as its own object and hand its ref to the consumer, until the
+        generator ends, fails (the failure is the last item) or the consumer closes the stream."""
+        try:
+            if not inspect.isgenerator(items) and not hasattr(items, "__next__"):
+                raise TypeError(f"{where} was called as a stream but returned {type(items).__name__}, not a generator")
+            for index, item in enumerate(items):
+                entry = _Entry()
+                entry.settle(self._encode(item, f"item {index} of {where}"))
+                queue.append(ObjectRef(entry, BACKEND))
+                if queue.stopped.is_set():
+                    break
+            if inspect.isgenerator(items):
+                items.close()
+        except BaseException as exc:
+            failed = _Entry()
+            failed.settle(error=self._remote_error(exc))
+            queue.append(ObjectRef(failed, BACKEND))
+        finally:
+            queue.end()
+
+    def _run_method(
+        self, actor: _Actor, method: str, call: Any, entry: _Entry, stream: ItemQueue | None = None
+    ) -> None:
         with actor.lock:
             if entry not in actor.pending:  # cancelled or the actor was killed
                 return
@@ -191,15 +279,23 @@ class ActorsMixin:
             error: Any = _died(actor)
         else:
             token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
+            me = current.push_actor(actor.info)
             try:
                 args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}.{method}")
-                value = self._encode(getattr(actor.instance, method)(*args, **kwargs), f"the return value of {method}")
+                result = getattr(actor.instance, method)(*args, **kwargs)
+                if inspect.iscoroutine(result):
+                    result = actor.run_coroutine(result)
+                if stream is not None:
+                    self._stream_items(result, stream, f"{actor.klass.__name__}.{method}")
+                    result = None
+                value = self._encode(result, f"the return value of {method}")
                 error = None
             except _Failure as failure:
                 error = failure.error
             except BaseException as exc:
                 error = self._remote_error(exc)
             finally:
+                current.pop_actor(me)
                 current.pop(token)
         with actor.lock:
             actor.running.discard(entry)
@@ -220,12 +316,13 @@ class ActorsMixin:
             if actor.death is not None and actor.id not in _actors:
                 return
             if actor.death is None:
-                actor.death = ActorDiedError(f"actor {actor.klass.__name__} is dead: {why}")
+                actor.death = ActorDiedError(f"actor {actor.label} is dead: {why}")
             pending = [*actor.pending, *actor.running]
             actor.pending, actor.running = set(), set()
         for entry in pending:
             entry.settle(error=_died(actor))
         actor.executor.shutdown(wait=False, cancel_futures=True)
+        actor.close()
         _actors.pop(actor.id, None)
         with _detached_lock, self._lock:
             name = actor.options.name
@@ -236,6 +333,18 @@ class ActorsMixin:
             self._own_actors.pop(actor.id, None)
         with actor.lock:
             self._release_actor(actor)
+
+
+def end_stream_with_failure(entry: _Entry, queue: ItemQueue) -> None:
+    """If the call or task behind a stream fails before its generator runs (killed actor, cancelled task, shut
+    down context), that failure is the stream's last item, so its consumer never waits forever."""
+
+    def settled(future: Any) -> None:
+        if future.exception() is not None:
+            queue.append(ObjectRef(entry, BACKEND))
+            queue.end()
+
+    entry.future.add_done_callback(settled)
 
 
 def _died(actor: _Actor) -> ActorDiedError:

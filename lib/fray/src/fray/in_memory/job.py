@@ -28,10 +28,11 @@ from fray.errors import (
 from fray.futures import wait_for_count
 from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_call
 from fray.in_memory._scheduler import Ledger, Signature, Work, signature
-from fray.in_memory.actors import ActorsMixin, _Actor, _call_owner
+from fray.in_memory.actors import ActorsMixin, _Actor, _call_owner, end_stream_with_failure
 from fray.refs import ObjectRef
 from fray.remote_errors import RemoteError, capture_exception, format_exception
 from fray.serialization import Blob, check_function, dumps, dumps_call, loads
+from fray.streams import ItemQueue, ObjectRefStream
 from fray.transfers import PathStats, TransferStats
 from fray.types import TaskOptions
 
@@ -79,6 +80,9 @@ class InMemoryJobContext(ActorsMixin, JobContext):
             Capability.TASK_ENV_VARS,  # such tasks run in a child process with that environment
             Capability.CANCEL_RUNNING,  # interrupted at the next Python bytecode, as Ray does
             Capability.ZERO_COPY_OBJECTS,  # get of numpy returns read-only views of the stored copy
+            Capability.STREAMING,
+            Capability.SPMD_GROUPS,  # SPMD members run in child processes of their own
+            Capability.ASYNC_ACTORS,
         }
     )
 
@@ -128,9 +132,47 @@ class InMemoryJobContext(ActorsMixin, JobContext):
     ) -> ObjectRef:
         if self._closed:
             self._check_open()
-        deps = _top_level_entries(args, kwargs)
         if self.serialize:
             check_function(fn, self._checked_fns)
+        return self._submit_task(fn, args, kwargs, options)
+
+    def _create_stream_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRefStream:
+        if self.serialize:
+            check_function(fn, self._checked_fns)
+        queue = ItemQueue()
+        where = f"task {options.name or getattr(fn, '__qualname__', fn)}"
+
+        def produce(*args: Any, **kwargs: Any) -> None:
+            items = fn(*args, **kwargs)
+            self._stream_items(items, queue, where)
+
+        ref = self._submit_task(produce, args, kwargs, options)
+        end_stream_with_failure(ref.payload, queue)
+        return ObjectRefStream(queue, BACKEND)
+
+    def _future(self, ref: ObjectRef) -> Future[Any]:
+        result: Future[Any] = Future()
+
+        def settle(done: Future[Any]) -> None:
+            try:
+                result.set_result(self._decode(done.result(), f"the value of {ref!r}"))
+            except _Failure as failure:
+                try:
+                    failure.raise_it()
+                except BaseException as exc:
+                    result.set_exception(exc)
+            except BaseException as exc:
+                result.set_exception(exc)
+
+        ref.payload.future.add_done_callback(settle)
+        return result
+
+    def _submit_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRef:
+        deps = _top_level_entries(args, kwargs)
         if self.serialize and not _immutable_call(args, kwargs):
             call: Any = dumps_call(str(options.name or getattr(fn, "__qualname__", None) or fn), args, kwargs)
         else:

@@ -24,7 +24,7 @@ def test_await_a_ref_without_blocking_the_event_loop(fray_ctx: JobContext, tmp_p
         await asyncio.sleep(0.05)
         flag.write_text("go")  # runs only if awaiting the ref left the loop free
 
-    async def main() -> list[object]:
+    async def main() -> tuple[object, None]:
         return await asyncio.gather(ref, release())
 
     assert asyncio.run(main())[0] == "done"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,12 @@ from fray.testing import requires_capability
 from fray.testing.suite import _group_helpers as g
 
 STREAM = TaskOptions(streaming=True)
+
+
+def _open(ctx: JobContext, fn: Callable[..., Any], *args: Any) -> ObjectRefStream:
+    stream: Any = ctx.create_task(fn, args=args, options=STREAM)  # a streaming task gives an ObjectRefStream
+    assert isinstance(stream, ObjectRefStream), f"streaming=True returned {type(stream).__name__}"
+    return stream
 
 
 def _stopped(progress: Path, timeout: float = 30.0) -> bool:
@@ -30,7 +38,7 @@ def _stopped(progress: Path, timeout: float = 30.0) -> bool:
 
 @requires_capability("streaming")
 def test_stream_task_items_in_order(fray_ctx: JobContext) -> None:
-    stream = fray_ctx.create_task(g.count_up, args=(5,), options=STREAM)
+    stream = _open(fray_ctx, g.count_up, 5)
     assert isinstance(stream, ObjectRefStream)
     refs = list(stream)
     assert all(isinstance(r, ObjectRef) for r in refs)
@@ -41,7 +49,7 @@ def test_stream_task_items_in_order(fray_ctx: JobContext) -> None:
 @requires_capability("streaming")
 def test_first_item_arrives_before_the_generator_finishes(fray_ctx: JobContext, tmp_path: Path) -> None:
     flag = tmp_path / "consumer-saw-first"
-    stream = fray_ctx.create_task(g.first_then_wait, args=(str(flag),), options=STREAM)
+    stream = _open(fray_ctx, g.first_then_wait, str(flag))
     first = next(stream)
     assert fray_ctx.get(first, timeout=60) == "first"
     flag.write_text("go")
@@ -52,7 +60,7 @@ def test_first_item_arrives_before_the_generator_finishes(fray_ctx: JobContext, 
 
 @requires_capability("streaming")
 def test_generator_error_is_raised_by_the_next_item(fray_ctx: JobContext) -> None:
-    refs = list(fray_ctx.create_task(g.fail_after, args=(2,), options=STREAM))
+    refs = list(_open(fray_ctx, g.fail_after, 2))
     assert len(refs) == 3
     assert fray_ctx.get(refs[:2], timeout=60) == [0, 1]
     with pytest.raises(ValueError, match="failed after 2 items"):
@@ -62,7 +70,7 @@ def test_generator_error_is_raised_by_the_next_item(fray_ctx: JobContext) -> Non
 @requires_capability("streaming")
 def test_breaking_out_early_stops_the_producer(fray_ctx: JobContext, tmp_path: Path) -> None:
     progress = tmp_path / "progress"
-    stream = fray_ctx.create_task(g.endless, args=(str(progress),), options=STREAM)
+    stream = _open(fray_ctx, g.endless, str(progress))
     seen = []
     for ref in stream:
         seen.append(fray_ctx.get(ref, timeout=60))
@@ -76,7 +84,7 @@ def test_breaking_out_early_stops_the_producer(fray_ctx: JobContext, tmp_path: P
 @requires_capability("streaming")
 def test_stream_items_work_with_wait_and_next_ref_timeout(fray_ctx: JobContext, tmp_path: Path) -> None:
     flag = tmp_path / "flag"
-    with fray_ctx.create_task(g.first_then_wait, args=(str(flag),), options=STREAM) as stream:
+    with _open(fray_ctx, g.first_then_wait, str(flag)) as stream:
         first = stream.next_ref(timeout=60)
         assert first is not None
         done, _ = fray_ctx.wait([first], timeout=60)
@@ -91,7 +99,7 @@ def test_stream_items_work_with_wait_and_next_ref_timeout(fray_ctx: JobContext, 
 @requires_capability("streaming")
 def test_large_items_stream(fray_ctx: JobContext) -> None:
     size = 3 * 2**20
-    values = fray_ctx.get(list(fray_ctx.create_task(g.large_items, args=(3, size), options=STREAM)), timeout=120)
+    values = fray_ctx.get(list(_open(fray_ctx, g.large_items, 3, size)), timeout=120)
     assert [len(v) for v in values] == [size] * 3 and [v[0] for v in values] == [0, 1, 2]
 
 
