@@ -46,3 +46,26 @@ def test_example_pipeline_runs_unchanged(backend: str) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"backend: {backend}" in out.stdout and "ok: statistics match" in out.stdout
+
+
+@pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
+def test_example_spmd_pipeline_runs_unchanged(backend: str) -> None:
+    pytest.importorskip("torch", reason="the SPMD example needs torch (make test installs it)")
+    try:
+        get_backend(backend)
+    except BackendNotAvailableError:
+        pytest.skip(f"backend {backend!r} is not installed here (make test installs it)")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "FRAY_BACKEND": backend,
+    }
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "spmd_pipeline.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"backend: {backend}" in out.stdout and "ok: loss fell" in out.stdout
