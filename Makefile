@@ -34,6 +34,7 @@ bench: install-all
 	$(PY) benchmarks/bench_in_memory.py
 	$(PY) benchmarks/bench_ray.py
 	$(PY) benchmarks/bench_monarch.py
+	$(PY) benchmarks/bench_groups.py
 
 clean:
 	rm -rf $(VENV)
