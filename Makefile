@@ -18,7 +18,7 @@ install-core: $(PY)
 
 install-all: $(PY)
 	$(PIP) $(TORCH)
-	$(PIP) -e 'lib/fray[test]' -e backends/ray -e backends/monarch ruff mypy
+	$(PIP) -e 'lib/fray[test,progress]' -e backends/ray -e backends/monarch ruff mypy
 
 demo: install-core
 	$(PY) examples/pipeline.py

@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from fray import current
 from fray.errors import GetTimeoutError
+from fray.progress import Progress, ProgressMode, check_mode
 from fray.refs import ObjectRef
+
+if TYPE_CHECKING:
+    from fray.context import JobContext
 
 __all__ = ["as_completed"]
 
 
-def as_completed(refs: Iterable[ObjectRef], timeout: float | None = None) -> Iterator[ObjectRef]:
+def as_completed(
+    refs: Iterable[ObjectRef], timeout: float | None = None, progress: ProgressMode = False
+) -> Iterator[ObjectRef]:
     """Yield each ref as soon as it completes (a failed one too: its get raises). Refs that complete together
-    come in input order. Raises GetTimeoutError when `timeout` seconds pass before all have completed."""
+    come in input order. Raises GetTimeoutError when `timeout` seconds pass before all have completed.
+
+    progress=True shows a bar on a terminal ("always": also elsewhere); to count failures it checks each done
+    ref with a get, so the values are read once more."""
+    mode = check_mode(progress)
     pending = list(refs)
     if not pending:
         return
@@ -25,13 +36,26 @@ def as_completed(refs: Iterable[ObjectRef], timeout: float | None = None) -> Ite
     if timeout is not None and timeout < 0:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    while pending:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        done, _ = ctx.wait(pending, num_returns=len(pending), timeout=0)
-        if not done:
-            done, _ = ctx.wait(pending, num_returns=1, timeout=left)
-        if not done:
-            raise GetTimeoutError(f"as_completed timed out after {timeout} s: {len(pending)} refs not complete")
-        finished = set(done)
-        pending = [ref for ref in pending if ref not in finished]
-        yield from done
+    with Progress(len(pending), mode, "fray.as_completed") as bar:
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, _ = ctx.wait(pending, num_returns=len(pending), timeout=0)
+            if not done:
+                done, _ = ctx.wait(pending, num_returns=1, timeout=left)
+            if not done:
+                raise GetTimeoutError(f"as_completed timed out after {timeout} s: {len(pending)} refs not complete")
+            finished = set(done)
+            pending = [ref for ref in pending if ref not in finished]
+            if bar.shown:
+                bar.advance(len(done), sum(1 for ref in done if _failed(ctx, ref)))
+            yield from done
+
+
+def _failed(ctx: JobContext, ref: ObjectRef) -> bool:
+    try:
+        ctx.get(ref, timeout=0)
+    except GetTimeoutError:
+        return False
+    except Exception:  # any error its get raises is a failure to count
+        return True
+    return False

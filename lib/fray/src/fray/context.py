@@ -17,8 +17,15 @@ from typing import Any, ClassVar, TypeVar
 from fray import current
 from fray.capabilities import Capability
 from fray.current import ActorInfo, clear_job_context, get_job_context, set_job_context
-from fray.errors import ActorNotFoundError, FrayError, InfeasibleResourcesError, UnsupportedFeatureError
+from fray.errors import (
+    ActorNotFoundError,
+    FrayError,
+    GetTimeoutError,
+    InfeasibleResourcesError,
+    UnsupportedFeatureError,
+)
 from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, free_port, member_name, spmd_env
+from fray.progress import Progress, ProgressMode, check_mode
 from fray.refs import ActorHandle, ObjectRef
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
@@ -221,9 +228,12 @@ class JobContext(ABC):
             return ActorGroup(handles, name, ctx=self)
         raise ValueError(f"the actor group {name!r} has more than {count} members; ask for its real size")
 
-    def get(self, refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None) -> Any:
+    def get(
+        self, refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None, progress: ProgressMode = False
+    ) -> Any:
         """The value of a ref, or the values of a list of refs in order. Raises the task's exception, or
-        GetTimeoutError (a TimeoutError) when `timeout` seconds pass first."""
+        GetTimeoutError (a TimeoutError) when `timeout` seconds pass first. progress=True shows a progress bar
+        of a list's refs on a terminal ("always": also when stderr is not one)."""
         self._refuse_if_shut_down()
         deadline = _check_timeout(timeout)
         if isinstance(refs, ObjectRef):
@@ -232,8 +242,38 @@ class JobContext(ABC):
         if isinstance(refs, (list, tuple)):
             for ref in refs:
                 self._check_ref(ref)
+            if check_mode(progress) and refs:
+                return self._get_with_progress(list(refs), deadline, progress)
             return self._get(list(refs), deadline) if refs else []
         raise ValueError(f"get needs an ObjectRef or a list of them, got {type(refs).__name__}")
+
+    def _get_with_progress(self, refs: list[ObjectRef], timeout: float | None, mode: ProgressMode) -> list[Any]:
+        """get, fetching each ref as it completes to count it (and its failure) on the bar; the first failed ref
+        in input order is raised at the end, as get does."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        values: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        pending = list(range(len(refs)))
+        with Progress(len(refs), mode, "fray.get") as bar:
+            while pending:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done = self._wait([refs[i] for i in pending], 1, left)
+                if not done:
+                    raise GetTimeoutError(f"get timed out after {timeout} s: {len(pending)} of {len(refs)} not ready")
+                finished = [pending[j] for j in sorted(done)]
+                failed = 0
+                for i in finished:
+                    try:
+                        values[i] = self._get([refs[i]], None)[0]
+                    except Exception as exc:  # raised below, in input order
+                        errors[i] = exc
+                        failed += 1
+                bar.advance(len(finished), failed)
+                done_set = set(finished)
+                pending = [i for i in pending if i not in done_set]
+        if errors:
+            raise errors[min(errors)]
+        return [values[i] for i in range(len(refs))]
 
     def wait(
         self, refs: Sequence[ObjectRef], num_returns: int = 1, timeout: float | None = None
