@@ -5,15 +5,17 @@ actor on a worker process, and the replies of their calls.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
     ActorNotFoundError,
     ActorUnavailableError,
 )
+from fray.groups import Member
 from fray.refs import public_methods
 from fray.serialization import Blob, loads
 from fray.types import ActorOptions, normalize_resources
@@ -37,15 +39,28 @@ class ActorRec:
     keep: list[Any]
     options: ActorOptions
     resources: dict[str, float]
-    proc: Proc | None = None
+    proc: Proc | None = None  # the process it runs in
     mesh: Any = None
     restarts: int = 0
     state: str = "alive"  # alive | dead
     reason: str = ""
+    info: ActorInfo = field(default_factory=ActorInfo)  # what fray.current_actor() says inside it
+    env: dict[str, str] = field(default_factory=dict)  # set in its process's os.environ before __init__
+    dedicated: bool = False  # it owns its process (an SPMD member, a member of a group's own mesh)
+    host: int = 0  # the fray host of its own process (dedicated)
+    claim: Proc | None = None  # the process whose share of the host its resources are taken from
 
     @property
     def can_restart(self) -> bool:
         return self.options.max_restarts == -1 or self.restarts < self.options.max_restarts
+
+    @property
+    def label(self) -> str:
+        """How errors name it: class, name (a group member's is "group/rank") and rank in its group."""
+        who = f"{self.class_name} {self.name!r}" if self.name else f"{self.class_name} {self.id}"
+        if self.info.group is not None or self.info.size > 1:
+            who += f" (rank {self.info.rank} of {self.info.size})"
+        return who
 
 
 class ActorRegistry:
@@ -74,18 +89,18 @@ class ActorRegistry:
                 restarted = rec is not None and rec.restarts > entry.actor_restarts
                 if rec is not None and not restarted and (rec.state == "dead" or not rec.can_restart):
                     why = rec.reason or "its process crashed"
-                    self.objects.complete(entry, None, ActorDiedError(f"actor {rec.class_name} {rec.id} died: {why}"))
+                    self.objects.complete(entry, None, ActorDiedError(f"actor {rec.label} died: {why}"))
                 else:
-                    name = rec.class_name if rec else "?"
+                    name = rec.label if rec else "?"
                     self.objects.complete(
                         entry,
                         None,
-                        ActorUnavailableError(f"actor {name}'s process crashed during this call; it is restarting"),
+                        ActorUnavailableError(f"actor {name}: its process crashed during this call; it is restarting"),
                     )
             elif reply.status == "ok" and reply.value is not None:
                 self.objects.complete(entry, reply.value.value, None, reply.value.contained)
             elif reply.status == "dead":
-                name = rec.class_name if rec else ""
+                name = rec.label if rec else ""
                 self.objects.complete(entry, None, ActorDiedError(f"actor {name} is dead: {reply.reason}"))
             else:
                 self.objects.complete(entry, None, reply.error)
@@ -99,6 +114,7 @@ class ActorRegistry:
         deps: list[str],
         keep: list[Any],
         options: ActorOptions,
+        member: Member | None = None,
     ) -> tuple[str, str, frozenset[str], str | None]:
         with self.lock:
             if options.name is not None:
@@ -120,6 +136,9 @@ class ActorRegistry:
                 keep,
                 options,
                 normalize_resources(options.resources),
+                info=member.info if member is not None else ActorInfo(name=options.name),
+                env=dict(member.env) if member is not None else {},
+                dedicated=member is not None and member.distributed,
             )
             self.actors[aid] = rec
             if options.name is not None:
@@ -128,30 +147,69 @@ class ActorRegistry:
             return aid, class_name, methods, options.name
 
     def create_actor_remote(
-        self, proc_key: str, cls_data: bytes, args: WireValue, deps: list[str], options: ActorOptions
+        self,
+        proc_key: str,
+        cls_data: bytes,
+        args: WireValue,
+        deps: list[str],
+        options: ActorOptions,
+        member: Member | None = None,
     ) -> tuple[str, str, frozenset[str], str | None]:
         klass = loads(Blob(cls_data))
         keep = [RefPayload(i) for i in (*args.contained, *deps)]
-        return self.create_actor(cls_data, klass.__name__, public_methods(klass), args, deps, keep, options)
+        return self.create_actor(cls_data, klass.__name__, public_methods(klass), args, deps, keep, options, member)
 
-    def _place_actor(self, rec: ActorRec) -> None:
-        """Under the lock: spawn the actor on the least loaded live process that can hold its resources."""
-        pool = [p for p in self.procs if p.alive and not p.env_key]
-        candidates = [p for p in pool if p.fits_at_all(rec.resources)] or pool
-        proc = min(candidates, key=lambda p: (len(p.actors), len(p.outstanding)))
-        rec.proc = proc
-        proc.actors.add(rec.id)
+    def _general_procs(self, host: int | None = None) -> list[Proc]:
+        return [p for p in self.procs if p.alive and p.general and (host is None or p.host == host)]
+
+    def _claim(self, rec: ActorRec, proc: Proc) -> None:
+        """Under the lock: rec's resources are taken from proc's share of its host (tasks there see less room)."""
+        rec.claim = proc
         if rec.resources:
             for k, q in rec.resources.items():
                 proc.claims[k] = proc.claims.get(k, 0.0) + q
             proc.worker.set_capacity.broadcast(proc.free_capacity)
+
+    def _unclaim(self, rec: ActorRec) -> None:
+        proc, rec.claim = rec.claim, None
+        if proc is not None and rec.resources:
+            for k, q in rec.resources.items():
+                proc.claims[k] = proc.claims.get(k, 0.0) - q
+            if proc.alive:
+                proc.worker.set_capacity.broadcast(proc.free_capacity)
+
+    def _claim_on_host(self, rec: ActorRec, host: int) -> None:
+        """Under the lock: claim an actor's resources from the general process of `host` with the most room for
+        them (an actor with its own process still counts against its host's CPUs)."""
+        if rec.claim is not None and rec.claim.alive:
+            return
+        pool = self._general_procs(host) or self._general_procs()
+        if not pool:
+            return
+        fitting = [p for p in pool if p.fits_at_all(rec.resources)] or pool
+        self._claim(rec, max(fitting, key=lambda p: (p.free_capacity.get("CPU", 0.0), -len(p.actors))))
+
+    def _place_actor(self, rec: ActorRec) -> None:
+        """Under the lock: spawn the actor on the least loaded live process that can hold its resources, or on a
+        fresh process of its own (a dedicated actor: an SPMD member; a group member coming back)."""
+        if rec.dedicated:
+            proc = self._spawn_proc(rec.host, dedicated=rec.id)
+            self._claim_on_host(rec, rec.host)
+        else:
+            pool = self._general_procs()
+            candidates = [p for p in pool if p.fits_at_all(rec.resources)] or pool
+            proc = min(candidates, key=lambda p: (len(p.actors), len(p.outstanding)))
+            self._claim(rec, proc)
+        rec.proc = proc
+        proc.actors.add(rec.id)
         rec.mesh = proc.mesh.spawn(
             f"fray_actor_{rec.id}_{rec.restarts}",
             FrayActorHost,
-            self._worker_setup(proc.host, proc.key),
+            self._worker_setup(proc.host, proc.key, proc.capacity),
             rec.options.max_concurrency,
+            rec.dedicated,
         )
-        init = rec.mesh.init.call_one(rec.cls_data, rec.args, rec.deps)
+        init = rec.mesh.init.call_one(rec.cls_data, rec.args, rec.deps, [(rec.info, rec.env)])
         _runtime.on_done(init, lambda _v, _e: None)
 
     def _actor_dead(self, rec: ActorRec, reason: str) -> None:
@@ -161,11 +219,7 @@ class ActorRegistry:
         proc = rec.proc
         if proc is not None:
             proc.actors.discard(rec.id)
-            if rec.resources:
-                for k, q in rec.resources.items():
-                    proc.claims[k] = proc.claims.get(k, 0.0) - q
-                if proc.alive:
-                    proc.worker.set_capacity.broadcast(proc.free_capacity)
+        self._unclaim(rec)
         rec.keep = []
         self._pump()
 
@@ -218,7 +272,14 @@ class ActorRegistry:
                 return
             self._actor_dead(rec, "it was killed")
             mesh = rec.mesh
+            own = rec.proc if rec.dedicated else None
+            if own is not None and own.alive:  # its whole process goes with it, and what that process stored
+                own.alive = False
+                if own in self.procs:
+                    self.procs.remove(own)
+                self.objects.forget_holder(own.key)
+                self.objects.mark_lost(own.key, f"it was stored by actor {rec.label}, which was killed")
         try:
-            _runtime.on_done(mesh.stop(), lambda _v, _e: None)
+            _runtime.on_done((own.mesh if own is not None else mesh).stop(), lambda _v, _e: None)
         except Exception:
             pass

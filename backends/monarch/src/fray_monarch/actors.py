@@ -8,9 +8,10 @@ import queue
 import threading
 from typing import Any
 
-from monarch.actor import Actor, endpoint
+from monarch.actor import Actor, current_rank, endpoint
 
 import fray.current as fray_current
+from fray.current import ActorInfo
 from fray.remote_errors import capture_exception, portable
 from fray.serialization import Blob, dumps, loads
 from fray_monarch import _runtime, instances
@@ -19,6 +20,19 @@ from fray_monarch.worker_runtime import WorkerRuntime, fill_deps
 
 _runtime_lock = threading.Lock()
 _worker_runtime: WorkerRuntime | None = None
+
+
+def _mesh_index() -> int:
+    """This actor's flat rank in the mesh it was spawned on (0 on a mesh of one process)."""
+    try:
+        return int(current_rank().rank)
+    except Exception:
+        return 0
+
+
+def _mine(value: Any, index: int) -> Any:
+    """One value for the whole mesh, or a list with one per process (by flat rank)."""
+    return value[index] if isinstance(value, list) else value
 
 
 def _ensure_runtime(setup: WorkerSetup) -> WorkerRuntime:
@@ -32,9 +46,9 @@ def _ensure_runtime(setup: WorkerSetup) -> WorkerRuntime:
 class WorkerHost(Actor):
     """Runs tasks in its process (one per worker process); a never-answered `watch` call reports its death."""
 
-    def __init__(self, setup: WorkerSetup, env: dict[str, str]) -> None:
+    def __init__(self, setup: WorkerSetup | list[WorkerSetup], env: dict[str, str]) -> None:
         os.environ.update(env)  # a process started for tasks with these env vars (see Controller._env_procs)
-        self.rt = _ensure_runtime(setup)
+        self.rt = _ensure_runtime(_mine(setup, _mesh_index()))
         self.watchers: list[Any] = []
 
     def __cleanup__(self, exc: Any) -> None:
@@ -78,8 +92,13 @@ class FrayActorHost(Actor):
     driver thread (Monarch 0.7 gives each synchronous actor one, so blocking here stalls no other actor); with
     more, on up to max_concurrency threads of this actor. Replies go through the response port."""
 
-    def __init__(self, setup: WorkerSetup, max_concurrency: int) -> None:
-        self.rt = _ensure_runtime(setup)
+    def __init__(
+        self, setup: WorkerSetup | list[WorkerSetup], max_concurrency: int, owns_process: bool = False
+    ) -> None:
+        self.index = _mesh_index()  # which member of a group's mesh this is (0 for a lone actor)
+        self.rt = _ensure_runtime(_mine(setup, self.index))
+        self.owns_process = owns_process  # then fray.current_actor() is this actor in every thread of the process
+        self.info = ActorInfo()
         self.obj: Any = None
         self.init_error: str | None = None
         self.max_threads = max(1, max_concurrency)
@@ -98,8 +117,26 @@ class FrayActorHost(Actor):
             args, kwargs = fill_deps(args, kwargs, values)
         return args, kwargs
 
-    def _init(self, cls_data: bytes, call: WireValue, deps: list[str]) -> ActorReply:
+    def _enter(self) -> tuple[Any, Any]:
+        """Make this actor's job context (and, where it shares its process, its ActorInfo) current here."""
         token = fray_current.push(self.rt.ctx)
+        return token, (None if self.owns_process else fray_current.push_actor(self.info))
+
+    @staticmethod
+    def _leave(tokens: tuple[Any, Any]) -> None:
+        if tokens[1] is not None:
+            fray_current.pop_actor(tokens[1])
+        fray_current.pop(tokens[0])
+
+    def _init(
+        self, cls_data: bytes, call: WireValue, deps: list[str], members: list[tuple[ActorInfo, dict[str, str]]]
+    ) -> ActorReply:
+        self.info, env = members[self.index] if self.index < len(members) else members[0]
+        if env:
+            os.environ.update(env)  # an SPMD member: torch.distributed's variables, before __init__
+        if self.owns_process:
+            fray_current.set_process_actor(self.info)
+        tokens = self._enter()
         try:
             klass = loads(Blob(cls_data))
             args, kwargs = self._args(call, deps, f"the arguments of {klass.__name__}()")
@@ -110,12 +147,12 @@ class FrayActorHost(Actor):
             self.init_error = f"{err.type_name}: {err.message}"
             return ActorReply("err", error=err)
         finally:
-            fray_current.pop(token)
+            self._leave(tokens)
 
     def _invoke(self, oid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
         if self.obj is None:
             return ActorReply("dead", reason=f"the actor's __init__ raised {self.init_error}")
-        token = fray_current.push(self.rt.ctx)
+        tokens = self._enter()
         try:
             args, kwargs = self._args(call, deps, f"the arguments of {type(self.obj).__name__}.{method}")
             value = getattr(self.obj, method)(*args, **kwargs)
@@ -123,7 +160,7 @@ class FrayActorHost(Actor):
         except BaseException as exc:
             return ActorReply("err", error=capture_exception(exc))
         finally:
-            fray_current.pop(token)
+            self._leave(tokens)
 
     @staticmethod
     def _reply(port: Any, fn: Any, args: tuple[Any, ...]) -> None:
@@ -157,8 +194,10 @@ class FrayActorHost(Actor):
                 self.idle += 1
 
     @endpoint(explicit_response_port=True)
-    def init(self, port: Any, cls_data: bytes, call: WireValue, deps: list[str]) -> None:
-        self._submit(port, self._init, cls_data, call, deps)
+    def init(
+        self, port: Any, cls_data: bytes, call: WireValue, deps: list[str], members: list[tuple[ActorInfo, Any]]
+    ) -> None:
+        self._submit(port, self._init, cls_data, call, deps, members)
 
     @endpoint(explicit_response_port=True)
     def call(self, port: Any, oid: str, method: str, call: WireValue, deps: list[str]) -> None:
@@ -200,8 +239,10 @@ class Coordinator(Actor):
         return self._safe(self._ctl().submit_remote, proc_key, fn_data, call, deps, options)
 
     @endpoint
-    def create_actor(self, proc_key: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any) -> Any:
-        return self._safe(self._ctl().create_actor_remote, proc_key, cls_data, call, deps, options)
+    def create_actor(
+        self, proc_key: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, member: Any = None
+    ) -> Any:
+        return self._safe(self._ctl().create_actor_remote, proc_key, cls_data, call, deps, options, member)
 
     @endpoint
     def call_actor(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Any:

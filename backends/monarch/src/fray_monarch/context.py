@@ -11,6 +11,7 @@ from typing import Any
 
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError
+from fray.groups import Member
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import dumps
 from fray.transfers import PathStats
@@ -60,14 +61,19 @@ class MonarchJobContext(JobContext):
         return self._ref(payload)
 
     def _create_actor(
-        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
+        self,
+        klass: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        member: Member | None = None,
     ) -> ActorHandle:
         self._check_open()
         cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
         call, keep = self.ctl.encode_call(blob)
         aid, class_name, methods, name = self.ctl.create_actor(
-            cls_data, klass.__name__, public_methods(klass), call, [d.id for d in deps], [*keep, *deps], options
+            cls_data, klass.__name__, public_methods(klass), call, [d.id for d in deps], [*keep, *deps], options, member
         )
         return ActorHandle(aid, BACKEND, class_name, methods, name, ctx=self)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 from monarch.actor import this_proc
 
+from fray import watchdog
 from fray.errors import (
     WorkerCrashedError,
 )
@@ -28,7 +30,7 @@ from fray.transfers import PathStats, merge
 from fray_monarch import _runtime, instances
 from fray_monarch.actor_registry import ActorRec, ActorRegistry
 from fray_monarch.actors import Coordinator, WorkerHost
-from fray_monarch.arena import reclaim_dead_segments, remove_segments
+from fray_monarch.arena import SHM_DIR, reclaim_dead_segments, remove_segments
 from fray_monarch.directory import Entry, ObjectDirectory
 from fray_monarch.objects import RefPayload, Tracker, owner_key, set_tracker
 from fray_monarch.protocol import (
@@ -84,6 +86,13 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
         if os.getcwd() not in self.sys_path:
             self.sys_path.insert(0, os.getcwd())
         reclaim_dead_segments()  # files of earlier drivers or workers that were killed
+        # This context's store files on this machine (the driver's and its local workers') and their lock file
+        # go with this process however it ends; a clean shutdown removes them itself.
+        self.shm_prefix = os.path.join(SHM_DIR, f"fray.{self.key}.")
+        watchdog.watch_prefix(self.shm_prefix)
+        # The TMPDIR of the processes spawned on this host (Monarch's socket directories, the tasks' temp files):
+        # removed at shutdown, or with the driver's private directory by the watchdog.
+        self.tmpdir = _runtime.context_dir() if stores.host_ids == ("local",) else None
         self.store = ObjectStore(
             self.key,
             "local",
@@ -104,23 +113,31 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
             proc.worker.ping.call_one().get(timeout=120)
 
     # ------------------------------------------------------------ processes
-    def _spawn_proc(self, host: int, env_key: tuple[tuple[str, str], ...] = ()) -> Proc:
+    def _spawn_proc(self, host: int, env_key: tuple[tuple[str, str], ...] = (), dedicated: str = "") -> Proc:
+        """A fresh proc mesh of one worker process: a general one, one for tasks with env vars (env_key), or the
+        process of one actor (dedicated: the actor's id; it runs no tasks and holds none of the host's share)."""
         key = f"p{next(self.ids)}"
-        mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.key}_{key}")
-        setup = self._worker_setup(host, key)
+        boot = {"bootstrap_command": _runtime.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
+        mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.key}_{key}", **boot)
+        capacity = {} if dedicated else dict(self.share)
+        setup = self._worker_setup(host, key, capacity)
         worker = mesh.spawn("fray_worker", WorkerHost, setup, dict(env_key))
-        proc = Proc(key, host, mesh, worker, dict(self.share), env_key=env_key)
+        proc = Proc(key, host, mesh, worker, capacity, env_key=env_key, dedicated=dedicated)
         self.procs.append(proc)
-        _runtime.on_done(worker.watch.call_one(), lambda _v, exc, p=proc: self._proc_died(p, exc))
-        _runtime.on_done(worker.ping.call_one(), lambda v, exc, p=proc: self._watch_pid(p, v, exc))
+        self._watch_proc(proc)
         return proc
 
-    def _worker_setup(self, host: int, proc_key: str) -> WorkerSetup:
+    def _watch_proc(self, proc: Proc) -> None:
+        """Under the lock: learn of proc's death (Monarch supervision, and its pid where it runs here)."""
+        _runtime.on_done(proc.worker.watch.call_one(), lambda _v, exc, p=proc: self._proc_died(p, exc))
+        _runtime.on_done(proc.worker.ping.call_one(), lambda v, exc, p=proc: self._watch_pid(p, v, exc))
+
+    def _worker_setup(self, host: int, proc_key: str, capacity: dict[str, float] | None = None) -> WorkerSetup:
         return WorkerSetup(
             ctl_key=self.key,
             proc_key=proc_key,
             coord=self.coord,
-            capacity=dict(self.share),
+            capacity=dict(self.share) if capacity is None else capacity,
             nodes=self.node_resources(),
             sys_path=self.sys_path,
             host_id=self.stores.host_ids[host],
@@ -154,7 +171,7 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
             self.objects.mark_lost(proc.key, f"it was stored by {reason}")
             if proc.pid:
                 reclaim_dead_segments()  # its shared memory (mappings readers already have stay valid)
-            if not proc.env_key:  # env processes come back on demand
+            if proc.general:  # env processes come back on demand; an actor's own process with the actor
                 self._spawn_proc(proc.host)  # a fresh proc mesh: never spawn on one that lost a process
             for tid in list(proc.outstanding):
                 task = self.tasks.get(tid)
@@ -312,4 +329,7 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
             self.store.close()
         finally:  # the files go even if closing the store failed
             remove_segments(f"fray.{self.key}.")  # every host of this context on this machine
+            watchdog.forget_prefix(self.shm_prefix)
+            if self.tmpdir is not None:
+                shutil.rmtree(self.tmpdir, ignore_errors=True)
             instances.unregister(self.key)

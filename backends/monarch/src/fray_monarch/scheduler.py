@@ -60,6 +60,12 @@ class Proc:
     fns_sent: set[str] = field(default_factory=set)
     alive: bool = True
     env_key: tuple[tuple[str, str], ...] = ()  # non-empty: a process that only runs tasks with exactly this env
+    dedicated: str = ""  # non-empty: the process of one actor (an SPMD member, a group member): no tasks, no others
+
+    @property
+    def general(self) -> bool:
+        """A worker process for tasks (and actors) with no env of its own."""
+        return not self.env_key and not self.dedicated
 
     @property
     def free_capacity(self) -> dict[str, float]:
@@ -170,7 +176,7 @@ class TaskScheduling:
     def _pick_proc(self, task: Task) -> Proc | None:
         best, best_load = None, None
         for proc in self.procs:
-            if not proc.alive or proc.env_key != task.env_key or not proc.fits_at_all(task.resources):
+            if not proc.alive or proc.dedicated or proc.env_key != task.env_key or not proc.fits_at_all(task.resources):
                 continue
             load = len(proc.outstanding) - proc.blocked
             if load >= proc.slots + PREFETCH:
@@ -190,7 +196,9 @@ class TaskScheduling:
             self._env_procs(task)
             proc = self._pick_proc(task)
             if proc is None:
-                fits = any(p.env_key == task.env_key and p.fits_at_all(task.resources) for p in self.procs)
+                fits = any(
+                    not p.dedicated and p.env_key == task.env_key and p.fits_at_all(task.resources) for p in self.procs
+                )
                 if fits or len(skipped) > 64:
                     break  # everything is busy: wait for a completion
                 skipped.append(self.queue.popleft())  # fits nowhere right now (actors hold it): let others by

@@ -17,6 +17,7 @@ import fray.current as fray_current
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
+from fray.groups import Member
 from fray.refs import ActorHandle, ObjectRef
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, find_unserializable_argument, loads
@@ -35,6 +36,7 @@ CAPABILITIES = frozenset(
         Capability.PROCESS_ISOLATION,
         Capability.MULTI_HOST,
         Capability.ZERO_COPY_OBJECTS,
+        Capability.SPMD_GROUPS,
     }
 )
 RELEASE_DELAY = 0.05  # releases wait this long before being sent, so they never overtake the hold they undo
@@ -376,14 +378,19 @@ class WorkerJobContext(JobContext):
         return self._ref(oid)
 
     def _create_actor(
-        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
+        self,
+        klass: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        member: Member | None = None,
     ) -> ActorHandle:
         cls_blob = dumps(klass, f"actor class {klass.__qualname__}")
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
         call, _keep = self.rt.encode_call(blob)
         info = _checked(
             self.rt.coord.create_actor.call_one(
-                self.rt.proc_key, cls_blob.data, call, [d.id for d in deps], options
+                self.rt.proc_key, cls_blob.data, call, [d.id for d in deps], options, member
             ).get(timeout=REPLY_MARGIN)
         )
         return ActorHandle(info[0], BACKEND, info[1], info[2], info[3], ctx=self)
