@@ -13,7 +13,7 @@ from typing import Any
 
 from fray.jobs import host_resources
 from fray.registry import Backend, non_negative, parse_options, parse_resources, positive_int
-from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
+from fray_monarch import _runtime  # environment and fault hook before Monarch starts
 from fray_monarch.protocol import StoreConfig
 
 __all__ = ["MonarchBackend"]
@@ -72,6 +72,7 @@ def _topology(options: dict[str, str]) -> tuple[list[Any], int, dict[str, float]
     from monarch.actor import attach_to_workers, this_host
 
     opts = parse_options("monarch", options, SCHEMA)
+    _runtime.private_dir()  # before Monarch's runtime starts: its socket directory goes in there
     cpus = os.cpu_count() or 1
     procs = int(opts.get("procs", cpus))
     # memory: this machine's physical memory by default (attached hosts are taken to be alike; pass memory=),

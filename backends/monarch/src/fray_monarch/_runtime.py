@@ -9,6 +9,8 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +24,9 @@ os.environ.setdefault("RUST_LOG", "error")
 os.environ.setdefault("HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE", "5s")
 
 import monarch.actor as _monarch_actor
+
+from fray import watchdog
+from fray_monarch.arena import _proc_tag
 
 log = logging.getLogger("fray_monarch")
 
@@ -174,3 +179,101 @@ def watch_pid(pid: int, callback: Callable[[], None]) -> bool:
         if _pidwatch is None:
             _pidwatch = _PidWatch()
     return _pidwatch.add(pid, callback)
+
+
+# ------------------------------------------------------------ temp entries
+# Monarch's processes make their unix-socket directories (Rust tempfile: "$TMPDIR/.tmpXXXXXX") under TMPDIR and
+# remove them only when they exit cleanly: a killed process (a driver's SIGKILL, SIGTERM or SIGINT; the SIGKILL
+# Monarch sends its children when the driver exits) leaves them behind. So fray points TMPDIR at directories of its
+# own: one per process, where this process's Monarch runtime makes its socket directory, and one per context in
+# it, the TMPDIR of the processes that context spawns on this host. A context removes its directory at shutdown;
+# fray's watchdog removes the process's directory when the process ends, however it ends.
+
+PRIVATE_PREFIX = "fray-m"  # + 8 random characters (mkdtemp): short, because sockets are made in there
+OWNER_FILE = "owner"  # in a private directory: "<pid>-<start time>" of the process it belongs to
+# A unix socket path has at most 107 bytes. Monarch's children bind "<its socket dir>/<11 characters>", the
+# socket dir being "<TMPDIR>/.tmpXXXXXX": the private directory ("/fray-mXXXXXXXX", 15) adds to that.
+_SOCKET_PATH_MAX = 107
+_MONARCH_SOCKET_TAIL = len("/.tmpXXXXXX/") + 11
+
+_private: tuple[int, str, str] | None = None  # (pid, private directory, the user's temp directory)
+_private_lock = threading.Lock()
+
+
+def private_dir() -> str:
+    """This process's private temp directory, made the first time (and Monarch's runtime of this process started
+    with TMPDIR pointing into it): `<TMPDIR>/fray-mXXXXXXXX`, or `/tmp/fray-mXXXXXXXX` if TMPDIR is too long for
+    Monarch's socket paths below it. Removed by fray's watchdog when this process ends; one left by a process
+    whose watchdog did not run is removed by the next start."""
+    global _private
+    with _private_lock:
+        if _private is not None and _private[0] == os.getpid():
+            return _private[1]
+        user = tempfile.gettempdir()  # also fixes tempfile's own choice before TMPDIR changes for a moment below
+        base = user
+        if len(base) + 1 + len(PRIVATE_PREFIX) + 8 + _MONARCH_SOCKET_TAIL > _SOCKET_PATH_MAX:
+            base = "/tmp"
+        reclaim_private_dirs(base)
+        path = tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=base)
+        with open(os.path.join(path, OWNER_FILE), "w") as f:
+            f.write(_proc_tag(os.getpid()) or "")
+        watchdog.watch_path(path)
+        _start_monarch_in(path)
+        _private = (os.getpid(), path, user)
+        return path
+
+
+def user_tmpdir() -> str:
+    """This process's temp directory as its user set it (TMPDIR, else tempfile's choice): the jobs' TMPDIR."""
+    private_dir()
+    assert _private is not None
+    return _private[2]
+
+
+def _start_monarch_in(path: str) -> None:
+    """Start Monarch's runtime of this process (its first `context()`) with TMPDIR = path, so the socket
+    directory it makes for its children is in there; TMPDIR is restored at once. A runtime started earlier (by
+    the user's own Monarch code) keeps its directory where it is."""
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = path
+    try:
+        _monarch_actor.context()
+    finally:
+        if saved is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = saved
+
+
+def reclaim_private_dirs(base: str) -> int:
+    """Remove the private directories in `base` of processes that are gone. Returns how many were removed."""
+    removed = 0
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(PRIVATE_PREFIX) or len(name) != len(PRIVATE_PREFIX) + 8:
+            continue
+        path = os.path.join(base, name)
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                tag = f.read().strip()
+        except OSError:
+            continue  # not one of ours, or being made right now
+        pid = tag.split("-", 1)[0]
+        if not pid.isdigit() or _proc_tag(int(pid)) == tag:
+            continue  # its process is alive
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def context_dir() -> str:
+    """A new directory in this process's private directory: the TMPDIR of one context's local processes."""
+    return tempfile.mkdtemp(prefix="c", dir=private_dir())
+
+
+def bootstrap_command(tmpdir: str) -> Any:
+    """Monarch's bootstrap command for a process on this host whose TMPDIR is `tmpdir`."""
+    return _monarch_actor.default_bootstrap_cmd().with_env({"TMPDIR": tmpdir})

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import tempfile
 import threading
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.jobs import LocalJobs
 from fray.types import JobInfo, RuntimeEnv
-from fray_monarch import _runtime  # noqa: F401 - environment and fault hook first
+from fray_monarch import _runtime  # environment and fault hook first
 from fray_monarch.protocol import Reply
 
 MARGIN = 30.0
@@ -28,9 +30,10 @@ MARGIN = 30.0
 class JobRunner(Actor):
     """Runs jobs on its host. Each endpoint returns a Reply (a value, or the exception to raise)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, job_tmpdir: str | None = None) -> None:
         watchdog.watch_path(root)  # this process dies with the driver; its jobs and their logs go with it
         self.jobs = LocalJobs(Path(root))
+        self.job_tmpdir = job_tmpdir  # the user's TMPDIR (this process has a private one that fray removes)
 
     def _safe(self, fn: Any, *args: Any) -> Any:
         try:
@@ -40,6 +43,8 @@ class JobRunner(Actor):
 
     @endpoint
     def start(self, entrypoint: Any, env: RuntimeEnv, job_id: str) -> Any:
+        if self.job_tmpdir is not None and "TMPDIR" not in env.env:  # a job is the user's program
+            env = replace(env, env={**env.env, "TMPDIR": self.job_tmpdir})
         return self._safe(self.jobs.start, entrypoint, env, job_id)
 
     @endpoint
@@ -88,12 +93,23 @@ class MonarchClusterContext(ClusterContext):
 
     def __init__(self, hosts: list[Any], host_mesh: Any = None) -> None:
         self._host_mesh = host_mesh
+        # On this host, the job runners' TMPDIR (Monarch's socket directories) and the jobs' logs are in a
+        # directory of this context, removed at shutdown or with the driver's private directory by the watchdog.
+        self._tmpdir = _runtime.context_dir() if host_mesh is None else None
+        boot = {"bootstrap_command": _runtime.bootstrap_command(self._tmpdir)} if self._tmpdir else {}
         self._procs = [
-            host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}") for host in hosts
+            host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}", **boot) for host in hosts
         ]
+        if self._tmpdir is not None:
+            roots = [os.path.join(self._tmpdir, f"runner-{i}") for i in range(len(hosts))]
+            user_tmp: str | None = _runtime.user_tmpdir()
+        else:
+            # made by the runner on its host (was made here too, and left behind here)
+            roots = [os.path.join(tempfile.gettempdir(), f"fray-monarch-jobs-{uuid.uuid4().hex[:12]}") for _ in hosts]
+            user_tmp = None
         self._runners = [
-            procs.spawn("fray_job_runner", JobRunner, tempfile.mkdtemp(prefix="fray-monarch-jobs-"))
-            for procs in self._procs
+            procs.spawn("fray_job_runner", JobRunner, root, user_tmp)
+            for procs, root in zip(self._procs, roots, strict=True)
         ]
         self._where: dict[str, int] = {}
         self._next = itertools.cycle(range(len(self._runners)))
@@ -158,3 +174,5 @@ class MonarchClusterContext(ClusterContext):
                 self._host_mesh.shutdown().get(timeout=20)
             except Exception:
                 pass
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)

@@ -8,7 +8,8 @@ the process groups it was given, SIGKILL to what is left after a grace period, r
 
     python -m fray.watchdog OWNER_PID     (started by `watch_group` / `watch_path`; reads its stdin)
 
-Things the owner stops itself (a clean shutdown) are taken off the list with `forget_group` / `forget_path`.
+Things the owner stops itself (a clean shutdown) are taken off the list with `forget_group` / `forget_path` /
+`forget_prefix`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 
-__all__ = ["forget_group", "forget_path", "watch_group", "watch_path"]
+__all__ = ["forget_group", "forget_path", "forget_prefix", "watch_group", "watch_path", "watch_prefix"]
 
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL of a watched group
 
@@ -66,6 +67,19 @@ def forget_path(path: str) -> None:
     _send(f"-path {path}")
 
 
+def watch_prefix(prefix: str) -> None:
+    """Remove every entry of directory dirname(`prefix`) whose name starts with basename(`prefix`) (files made
+    later included) when this process ends, unless forgotten first. E.g. "/dev/shm/fray.<context>." names every
+    shared-memory file of one context, whichever process made it."""
+    if not os.path.basename(prefix):
+        raise ValueError(f"a prefix must name the start of an entry, not a whole directory: {prefix!r}")
+    _send(f"prefix {os.path.abspath(prefix)}")
+
+
+def forget_prefix(prefix: str) -> None:
+    _send(f"-prefix {os.path.abspath(prefix)}")
+
+
 def _alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -78,6 +92,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe's end means the owner is gone
     groups: set[int] = set()
     paths: list[str] = []
+    prefixes: list[str] = []
     for raw in sys.stdin.buffer:  # until EOF: the owner's end of the pipe closed
         kind, _, value = raw.decode(errors="replace").strip().partition(" ")
         if kind == "group":
@@ -88,6 +103,10 @@ def main(argv: list[str]) -> int:
             paths.append(value)
         elif kind == "-path" and value in paths:
             paths.remove(value)
+        elif kind == "prefix":
+            prefixes.append(value)
+        elif kind == "-prefix" and value in prefixes:
+            prefixes.remove(value)
     for pgid in groups:
         try:
             os.killpg(pgid, signal.SIGTERM)
@@ -101,15 +120,26 @@ def main(argv: list[str]) -> int:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    for prefix in prefixes:
+        folder, start = os.path.split(prefix)
+        try:
+            names = os.listdir(folder or ".")
+        except OSError:
+            continue
+        paths.extend(os.path.join(folder, name) for name in names if start and name.startswith(start))
     for path in paths:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        _remove(path)
     return 0
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":
