@@ -11,6 +11,8 @@ as they arrive (wait-driven, not in submission order), and retries a flaky shard
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -23,8 +25,20 @@ FEATURES = 1024
 PROJECTED = 1024
 
 
-def project_shard(shard_id: int, projection: np.ndarray) -> dict:
+FLAKY_SHARD = 5  # fails on its first attempt, as a shard on a preempted node or a flaky read would
+
+
+class TransientShardError(Exception):
+    """A failure worth retrying (the task is re-run; other exceptions fail the pipeline at once)."""
+
+
+def project_shard(shard_id: int, projection: np.ndarray, scratch: str) -> dict:
     """Project one shard of synthetic data and summarize it. `projection` arrives as a value (it was a ref)."""
+    if shard_id == FLAKY_SHARD:
+        marker = os.path.join(scratch, f"shard-{shard_id}-attempted")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise TransientShardError(f"shard {shard_id}: simulated transient read failure")
     rng = np.random.default_rng(shard_id)
     rows = rng.standard_normal((ROWS_PER_SHARD, FEATURES), dtype=np.float32)
     projected = rows @ projection
@@ -73,9 +87,13 @@ def main() -> None:
     print(f"put a {projection.nbytes / 2**20:.1f} MiB projection matrix once")
 
     aggregator = ctx.create_actor(Aggregator, args=(PROJECTED,), options=fray.ActorOptions(name="aggregator"))
-    options = fray.TaskOptions(resources={"CPU": 1}, max_retries=2, retry_exceptions=True)
-    pending = [ctx.create_task(project_shard, args=(i, projection_ref), options=options) for i in range(NUM_SHARDS)]
-    print(f"submitted {len(pending)} shard tasks")
+    # retried up to twice, but only for the transient error: a bug in project_shard fails fast
+    options = fray.TaskOptions(resources={"CPU": 1}, max_retries=2, retry_exceptions=[TransientShardError])
+    scratch = tempfile.mkdtemp(prefix="fray-example-")
+    pending = [
+        ctx.create_task(project_shard, args=(i, projection_ref, scratch), options=options) for i in range(NUM_SHARDS)
+    ]
+    print(f"submitted {len(pending)} shard tasks (shard {FLAKY_SHARD} fails once and is retried)")
 
     acks = []
     while pending:  # handle results as they finish, not in submission order
@@ -84,11 +102,16 @@ def main() -> None:
             raise TimeoutError("no shard finished within 120 s")
         acks.append(aggregator.add(done[0]))  # the ref arrives at the actor as its value
     ctx.get(acks, timeout=120)
+    retried = os.path.exists(os.path.join(scratch, f"shard-{FLAKY_SHARD}-attempted"))
+    os.remove(os.path.join(scratch, f"shard-{FLAKY_SHARD}-attempted"))
+    os.rmdir(scratch)
 
     summary = ctx.get(aggregator.summary(), timeout=120)
     elapsed = time.perf_counter() - start
     print(f"aggregated {summary['rows']:,} rows from {NUM_SHARDS} shards in {elapsed:.2f} s")
     print(f"arrival order: {summary['arrival_order']}")
+    assert retried and FLAKY_SHARD in summary["arrival_order"]
+    print(f"shard {FLAKY_SHARD} failed once with TransientShardError and succeeded on its retry")
     print(f"mean of projected means: {summary['mean_of_means']:+.4f}   mean std: {summary['mean_std']:.3f}")
     expected_std = float(np.sqrt((projection.astype(np.float64) ** 2).sum(axis=0)).mean())
     assert abs(summary["mean_std"] - expected_std) / expected_std < 0.05, (summary["mean_std"], expected_std)

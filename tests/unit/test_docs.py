@@ -46,6 +46,7 @@ def test_example_pipeline_runs_unchanged(backend: str) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"backend: {backend}" in out.stdout and "ok: statistics match" in out.stdout
+    assert "succeeded on its retry" in out.stdout
 
 
 @pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
