@@ -8,7 +8,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # torch 2.13.0 is the one version served here as a local CPU build; it must be installed before torchmonarch.
 TORCH := torch==2.13.0
 
-.PHONY: demo test install-core install-all lint bench clean
+.PHONY: demo test install-core install-all lint docs bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ install-core: $(PY)
 
 install-all: $(PY)
 	$(PIP) $(TORCH)
-	$(PIP) -e 'lib/fray[test,progress]' -e backends/ray -e backends/monarch ruff mypy
+	$(PIP) -e 'lib/fray[test,progress,docs]' -e backends/ray -e backends/monarch ruff mypy
 
 demo: install-core
 	$(PY) examples/pipeline.py
@@ -29,6 +29,10 @@ test: install-all
 lint: install-all
 	$(VENV)/bin/ruff check lib backends tests examples benchmarks
 	$(VENV)/bin/mypy lib/fray/src
+
+# The user documentation and the API reference (from docstrings); warnings are errors.
+docs: install-all
+	$(PY) -m mkdocs build --strict
 
 bench: install-all
 	$(PY) benchmarks/bench_in_memory.py
