@@ -12,6 +12,7 @@ from monarch.actor import Actor, current_rank, endpoint
 
 import fray.current as fray_current
 from fray.current import ActorInfo
+from fray.errors import ActorDiedError
 from fray.remote_errors import capture_exception, portable
 from fray.serialization import Blob, dumps, loads
 from fray_monarch import _runtime, instances
@@ -73,6 +74,12 @@ class WorkerHost(Actor):
     @endpoint
     def set_capacity(self, capacity: dict[str, float]) -> None:
         self.rt.set_capacity(capacity)
+
+    @endpoint
+    def stop_stream(self, sid: str) -> None:
+        """The consumer of a stream produced in this process has gone (handled here, not by the producing actor,
+        which is busy running the generator)."""
+        self.rt.stop_stream(sid)
 
     @endpoint(explicit_response_port=True)
     def watch(self, port: Any) -> None:
@@ -162,6 +169,24 @@ class FrayActorHost(Actor):
         finally:
             self._leave(tokens)
 
+    def _stream(self, sid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
+        """Run a generator method, reporting its items as they come (WorkerRuntime.produce); the reply only says
+        it is over (a process that dies instead fails the call, and the controller ends the stream)."""
+        what = f"{type(self.obj).__name__}.{method}"
+
+        def make() -> Any:
+            if self.obj is None:
+                raise ActorDiedError(f"the actor is dead: its __init__ raised {self.init_error}")
+            args, kwargs = self._args(call, deps, f"the arguments of {what}")
+            return getattr(self.obj, method)(*args, **kwargs)
+
+        tokens = self._enter()
+        try:
+            self.rt.produce(sid, make, what)
+        finally:
+            self._leave(tokens)
+        return ActorReply("ok")
+
     @staticmethod
     def _reply(port: Any, fn: Any, args: tuple[Any, ...]) -> None:
         try:
@@ -202,6 +227,10 @@ class FrayActorHost(Actor):
     @endpoint(explicit_response_port=True)
     def call(self, port: Any, oid: str, method: str, call: WireValue, deps: list[str]) -> None:
         self._submit(port, self._invoke, oid, method, call, deps)
+
+    @endpoint(explicit_response_port=True)
+    def call_stream(self, port: Any, sid: str, method: str, call: WireValue, deps: list[str]) -> None:
+        self._submit(port, self._stream, sid, method, call, deps)
 
 
 class Coordinator(Actor):
@@ -247,6 +276,24 @@ class Coordinator(Actor):
     @endpoint
     def call_actor(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Any:
         return self._safe(self._ctl().call_actor_remote, proc_key, aid, method, call, deps)
+
+    @endpoint
+    def call_actor_stream(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Any:
+        return self._safe(self._ctl().call_actor_stream_remote, proc_key, aid, method, call, deps)
+
+    @endpoint
+    def stream_close(self, sid: str) -> None:
+        try:
+            self._ctl().close_stream(sid)
+        except Exception:
+            _runtime.log.debug("fray coordinator: stream close failed", exc_info=True)
+
+    @endpoint(explicit_response_port=True)
+    def stream_next(self, port: Any, proc_key: str, sid: str, timeout: float | None) -> None:
+        try:
+            self._ctl().stream_next_remote(port, proc_key, sid, timeout)
+        except BaseException as exc:
+            port.send(Reply(error=portable(exc)))
 
     @endpoint
     def put(self, proc_key: str, oid: str, value: WireValue) -> Any:

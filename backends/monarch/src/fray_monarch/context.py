@@ -14,6 +14,7 @@ from fray.errors import FrayError, GetTimeoutError
 from fray.groups import Member
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import dumps
+from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.controller import Controller
@@ -59,6 +60,21 @@ class MonarchJobContext(JobContext):
         call, keep = self.ctl.encode_call(blob)
         payload = self.ctl.submit(fn_key, fn_data, call, [d.id for d in deps], options, [*keep, *deps])
         return self._ref(payload)
+
+    def _create_stream_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRefStream:
+        payload = self._create_task(fn, args, kwargs, options).payload
+        return ObjectRefStream(self.ctl.stream_source(payload.id), BACKEND)
+
+    def _call_actor_stream(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRefStream:
+        self._check_open()
+        blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
+        call, keep = self.ctl.encode_call(blob)
+        sid = self.ctl.call_actor_stream(handle.payload, method, call, [d.id for d in deps], [*keep, *deps])
+        return ObjectRefStream(self.ctl.stream_source(sid), BACKEND)
 
     def _create_actor(
         self,

@@ -22,6 +22,7 @@ from monarch.actor import this_proc
 
 from fray import watchdog
 from fray.errors import (
+    FrayError,
     WorkerCrashedError,
 )
 from fray.remote_errors import rebuild
@@ -44,6 +45,7 @@ from fray_monarch.protocol import (
 from fray_monarch.scheduler import Proc, Task, TaskScheduling
 from fray_monarch.service import WorkerService
 from fray_monarch.store import ObjectStore
+from fray_monarch.streaming import StreamRec, StreamRegistry
 
 
 def _on_first(oid: str, arrived: bool) -> None:
@@ -60,7 +62,7 @@ TRACKER = Tracker(_on_first, _on_zero)
 set_tracker(TRACKER)
 
 
-class Controller(TaskScheduling, ActorRegistry, WorkerService):
+class Controller(TaskScheduling, ActorRegistry, StreamRegistry, WorkerService):
     """Processes and objects of one context; tasks (scheduler.py), actors (actor_registry.py) and requests from
     workers (service.py) are its other parts."""
 
@@ -76,6 +78,7 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
         self.procs: list[Proc] = []
         self.actors: dict[str, ActorRec] = {}
         self.names: dict[str, str] = {}
+        self.streams: dict[str, StreamRec] = {}
         self.hosts = hosts
         self.procs_per_host = procs_per_host
         self.share = {k: v / procs_per_host for k, v in host_resources.items()}
@@ -177,8 +180,8 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
                 task = self.tasks.get(tid)
                 if task is None:
                     continue
-                if task.retries_left != 0:
-                    task.retries_left -= 1
+                if task.retries_left != 0 and not (task.options.streaming and self.stream_started(tid)):
+                    task.retries_left -= 1  # (a stream that has produced items is not run again)
                     task.proc, task.state = None, "queued"
                     self.queue.appendleft(task)
                 else:
@@ -322,6 +325,9 @@ class Controller(TaskScheduling, ActorRegistry, WorkerService):
         except Exception:
             pass
         with self.lock:
+            for stream in list(self.streams.values()):
+                self._end_stream(stream, FrayError("the fray-monarch context was shut down"))
+            self.streams.clear()
             self.objects.clear()
             self.tasks.clear()
             self.queue.clear()

@@ -20,6 +20,7 @@ __all__ = [
     "Span",
     "StoreConfig",
     "Stored",
+    "StreamItem",
     "TaskItem",
     "TaskResult",
     "Value",
@@ -115,6 +116,21 @@ class TaskItem:
     args: WireValue
     deps: tuple[Value, ...]  # the values of top-level ref arguments, in order
     resources: dict[str, float] = field(default_factory=dict)
+    stream: bool = False  # a generator: each item is reported as a StreamItem as it is produced
+
+
+@dataclass(frozen=True)
+class StreamItem:
+    """One item of a stream (a streaming task's or an actor method's generator), sent as it is produced: a value
+    stored under `oid` (chosen by the producer, stored there when large), an error (the generator raised), or
+    the end of the stream (`end`, after `index` items)."""
+
+    stream: str
+    index: int
+    oid: str = ""
+    value: WireValue | None = None
+    error: RemoteError | None = None
+    end: bool = False
 
 
 @dataclass(frozen=True)

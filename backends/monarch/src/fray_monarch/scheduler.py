@@ -95,6 +95,8 @@ class TaskScheduling:
 
         def new_oid(self) -> str: ...
         def _spawn_proc(self, host: int, env_key: tuple[tuple[str, str], ...] = ()) -> Proc: ...
+        def open_stream(self, sid: str) -> Any: ...
+        def _stream_task_failed(self, task: Task, error: Any) -> None: ...
 
     def fn_blob(self, fn: Any) -> tuple[str, bytes]:
         cached = self.fn_cache.get(id(fn))
@@ -128,6 +130,8 @@ class TaskScheduling:
             if options.runtime_env is not None and options.runtime_env.env:
                 task.env_key = tuple(sorted(options.runtime_env.env.items()))
             self.tasks[task.id] = task
+            if options.streaming:
+                self.open_stream(task.id).task = task
             dep_entries = [self.entry(d) for d in deps]
             if not dep_entries:
                 task.state = "queued"
@@ -208,7 +212,15 @@ class TaskScheduling:
             proc.outstanding.add(task.id)
             fn_data = None if task.fn_key in proc.fns_sent else task.fn_data
             proc.fns_sent.add(task.fn_key)
-            item = TaskItem(task.id, task.fn_key, fn_data, task.args, tuple(task.dep_values or ()), task.resources)
+            item = TaskItem(
+                task.id,
+                task.fn_key,
+                fn_data,
+                task.args,
+                tuple(task.dep_values or ()),
+                task.resources,
+                task.options.streaming,
+            )
             batches.setdefault(proc.key, (proc, []))[1].append(item)
         self.queue.extendleft(reversed(skipped))
         for proc, batch in batches.values():
@@ -243,6 +255,10 @@ class TaskScheduling:
         if task.proc is not None:
             task.proc.outstanding.discard(task.id)
         self.tasks.pop(task.id, None)
+        if task.options.streaming:
+            if error is not None:  # it ended without reporting its end: the stream ends with the error
+                self._stream_task_failed(task, error)
+            return
         entry = self.objects.entries.get(task.id)
         if entry is not None:
             self.objects.complete(entry, value, error, contained)

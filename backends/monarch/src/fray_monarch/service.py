@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fray_monarch import _runtime
 from fray_monarch.directory import Entry, ObjectDirectory
-from fray_monarch.protocol import Reply, TaskResult, WireValue
+from fray_monarch.protocol import Reply, StreamItem, TaskResult, WireValue
 from fray_monarch.scheduler import Proc
 
 
@@ -35,6 +35,7 @@ class WorkerService:
         def add_waiter(self, entries: list[Entry], need: int, on_ready: Callable[[], None]) -> Callable[[], None]: ...
         def _pump(self) -> None: ...
         def _task_result(self, proc_key: str, result: TaskResult) -> None: ...
+        def _stream_item(self, proc_key: str, item: StreamItem) -> None: ...
 
     def _blocked(self, proc_key: str, delta: int) -> None:
         for proc in self.procs:
@@ -105,8 +106,11 @@ class WorkerService:
             self.objects.hold(proc_key, holds)
             for result in results:
                 try:
-                    self._task_result(proc_key, result)
+                    if isinstance(result, StreamItem):
+                        self._stream_item(proc_key, result)
+                    else:
+                        self._task_result(proc_key, result)
                 except Exception:
-                    _runtime.log.exception("fray: bad task result %s", result.id)
+                    _runtime.log.exception("fray: bad report %s", result)
             self.objects.release(proc_key, releases)
             self._pump()

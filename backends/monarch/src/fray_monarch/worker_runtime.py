@@ -21,11 +21,12 @@ from fray.groups import Member
 from fray.refs import ActorHandle, ObjectRef
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, find_unserializable_argument, loads
+from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.arena import reclaim_dead_segments
 from fray_monarch.objects import DepMarker, RefPayload, Tracker, set_tracker
-from fray_monarch.protocol import Inline, Reply, TaskItem, TaskResult, Value, WireValue, WorkerSetup
+from fray_monarch.protocol import Inline, Reply, StreamItem, TaskItem, TaskResult, Value, WireValue, WorkerSetup
 from fray_monarch.store import ObjectStore
 
 BACKEND = "monarch"
@@ -37,6 +38,7 @@ CAPABILITIES = frozenset(
         Capability.MULTI_HOST,
         Capability.ZERO_COPY_OBJECTS,
         Capability.SPMD_GROUPS,
+        Capability.STREAMING,
     }
 )
 RELEASE_DELAY = 0.05  # releases wait this long before being sent, so they never overtake the hold they undo
@@ -116,6 +118,8 @@ class WorkerRuntime:
         self.ready: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.idle = 0  # task threads waiting for work (they are never killed, even by a stray async exception)
         self.outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.streams: set[str] = set()  # streams producing here
+        self.stop_streams: set[str] = set()  # ... whose consumer has gone: stop at the next item
         self.stopped = False
         self.ctx = WorkerJobContext(self, setup.nodes)
         set_tracker(Tracker(self._first, self._zero))
@@ -204,6 +208,50 @@ class WorkerRuntime:
 
     def transfer_stats(self) -> dict[str, PathStats]:
         return self.store.stats.snapshot()
+
+    # ------------------------------------------------------------ streams
+    def produce(self, sid: str, make: Callable[[], Any], what: str) -> None:
+        """Run a generator (make() returns it), reporting each item as it is produced, in order, through the same
+        FIFO as results and ref holds. An exception becomes one last item holding it; then the end. Stops at the
+        next item once the consumer has gone (stop_stream)."""
+        index = 0
+        gen: Any = None
+        with self.lock:
+            self.streams.add(sid)
+        try:
+            gen = make()
+            if not hasattr(gen, "__next__"):
+                if not hasattr(gen, "__iter__"):
+                    raise TypeError(f"{what} is streamed but returned {type(gen).__name__}, not a generator")
+                gen = iter(gen)
+            while sid not in self.stop_streams:
+                try:
+                    value = next(gen)
+                except StopIteration:
+                    break
+                oid = self.new_oid()
+                wire = self.encode(dumps(value, f"item {index} of {what}", copy=False), oid)
+                self.outbox.put(("result", StreamItem(sid, index, oid, wire)))
+                index += 1
+        except BaseException as exc:
+            self.outbox.put(("result", StreamItem(sid, index, self.new_oid(), error=capture_exception(exc))))
+            index += 1
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                try:
+                    close()  # runs the generator's finally blocks when it was stopped early
+                except BaseException:
+                    pass
+            with self.lock:
+                self.streams.discard(sid)
+                self.stop_streams.discard(sid)
+            self.outbox.put(("result", StreamItem(sid, index, end=True)))
+
+    def stop_stream(self, sid: str) -> None:
+        with self.lock:
+            if sid in self.streams:
+                self.stop_streams.add(sid)
 
     # ------------------------------------------------------------ tasks
     def enqueue(self, batch: list[TaskItem]) -> None:
@@ -321,19 +369,49 @@ class WorkerRuntime:
             with self.lock:
                 self.threads[tid] = threading.get_ident()
             try:
-                value = fn(*args, **kwargs)
+                if item.stream:
+                    self.produce(tid, lambda: fn(*args, **kwargs), f"streaming task {name}")
+                else:
+                    value = fn(*args, **kwargs)
             finally:
                 with self.lock:
                     del self.threads[tid]
-            blob = dumps(value, f"the return value of {name}", copy=False)
-            result = TaskResult(tid, "ok", self.encode(blob, tid))
+            if item.stream:
+                result = None  # its items and its end were reported as they came
+            else:
+                blob = dumps(value, f"the return value of {name}", copy=False)
+                result = TaskResult(tid, "ok", self.encode(blob, tid))
         except BaseException as exc:
             result = TaskResult(tid, "err", error=capture_exception(exc))
         finally:
             fray_current.pop(token)
             _current_task.id = None
-        self.outbox.put(("result", result))
+        if result is not None:
+            self.outbox.put(("result", result))
         self._done(tid)
+
+
+class RemoteStream:
+    """The StreamSource of a stream consumed in a worker: each next item is asked of the coordinator."""
+
+    def __init__(self, rt: WorkerRuntime, sid: str) -> None:
+        self.rt = rt
+        self.sid = sid
+
+    def next_ref(self, timeout: float | None) -> ObjectRef | None:
+        tid = self.rt.block()
+        try:
+            reply = _reply(self.rt.coord.stream_next.call_one(self.rt.proc_key, self.sid, timeout), timeout)
+        finally:
+            self.rt.unblock(tid)
+        if reply.timed_out:
+            raise GetTimeoutError(f"no next item of the stream within {timeout} s")
+        oid = _checked(reply)
+        return None if oid is None else ObjectRef(RefPayload(oid), BACKEND)  # its hold was counted there
+
+    def close(self) -> None:
+        if not self.rt.stopped:
+            self.rt.coord.stream_close.broadcast(self.sid)
 
 
 def _reply(fut: Any, timeout: float | None) -> Any:
@@ -404,6 +482,24 @@ class WorkerJobContext(JobContext):
             )
         )
         return self._ref(oid)
+
+    def _create_stream_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRefStream:
+        sid = self._create_task(fn, args, kwargs, options).payload.id
+        return ObjectRefStream(RemoteStream(self.rt, sid), BACKEND)
+
+    def _call_actor_stream(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRefStream:
+        blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
+        call, _keep = self.rt.encode_call(blob)
+        sid = _checked(
+            self.rt.coord.call_actor_stream.call_one(
+                self.rt.proc_key, handle.payload, method, call, [d.id for d in deps]
+            ).get(timeout=REPLY_MARGIN)
+        )
+        return ObjectRefStream(RemoteStream(self.rt, sid), BACKEND)
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         tid = self.rt.block()
