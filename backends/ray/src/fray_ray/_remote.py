@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import re
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import ray
 import ray.exceptions as rex
 
-from fray import errors
+from fray import current, errors
 from fray.context import set_job_context, task_resources
+from fray.current import ActorInfo
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
 from fray.remote_errors import portable as make_portable
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
@@ -53,6 +56,69 @@ def run_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         raise portable from None
 
 
+def stream_items(items: Any) -> Iterator[Any]:
+    """Each item of a generator (or any iterable), packed like a task result; an exception raised by the
+    generator is raised portable (Ray reports it as the stream's next item, then ends the stream)."""
+    try:
+        for item in items:
+            yield pack(item)
+    except Exception as exc:
+        portable = make_portable(exc)
+        if portable is exc:
+            raise
+        raise portable from None
+
+
+async def stream_items_async(items: Any) -> AsyncIterator[Any]:
+    try:
+        async for item in items:
+            yield pack(item)
+    except Exception as exc:
+        portable = make_portable(exc)
+        if portable is exc:
+            raise
+        raise portable from None
+
+
+def run_stream_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Any]:
+    if _worker_ctx is None:
+        enter_worker()
+    try:
+        items = fn(*args, **kwargs)
+    except Exception as exc:
+        portable = make_portable(exc)
+        if portable is exc:
+            raise
+        raise portable from None
+    return stream_items(items)
+
+
+def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None) -> None:
+    """First thing in an actor's process: fray's worker context, who this actor is (`fray.current_actor()`) and,
+    for an SPMD member, its torch.distributed environment (before the user's __init__ reads it)."""
+    enter_worker()
+    if member is None:
+        current.set_process_actor(ActorInfo())
+        return
+    info, env = member
+    os.environ.update(env)
+    current.set_process_actor(info)
+
+
+MEMBER_KWARG = "__fray_member__"  # the hidden creation argument carrying (ActorInfo, env) into the actor
+
+
+def _stream_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def fray_stream(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        yield from run_stream_task(fn, args, kwargs)
+
+    try:
+        functools.update_wrapper(fray_stream, fn)
+    except (AttributeError, TypeError):
+        fray_stream.__wrapped__ = fn  # type: ignore[attr-defined]
+    return fray_stream
+
+
 def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     def fray_task(*args: Any, **kwargs: Any) -> Any:
         return run_task(fn, args, kwargs)
@@ -65,13 +131,51 @@ def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fray_task
 
 
+def _enter_loop_task() -> None:
+    """Make the worker's fray context current in this asyncio task (Ray runs each async call in a task of its
+    own, with a copy of the event loop thread's context, so nothing leaks from one call into another)."""
+    if _worker_ctx is not None:
+        current.push(_worker_ctx)
+
+
+async def call_async(method: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    _enter_loop_task()
+    return pack(await method(instance, *args, **kwargs))
+
+
+async def iterate_async(method: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> AsyncIterator[Any]:
+    _enter_loop_task()
+    async for item in stream_items_async(method(instance, *args, **kwargs)):
+        yield item
+
+
 def _packing_method(method: Callable[..., Any]) -> Callable[..., Any]:
-    """method, returning its result packed (torch tensors out of band); sync stays sync, async stays async."""
+    """method, returning its result packed (torch tensors out of band); sync stays sync, async stays async,
+    generators stay generators (each item packed). An async method runs on the actor's event loop (Ray makes an
+    actor with an `async def` method an asyncio actor, at most max_concurrency coroutines at once) with the
+    worker's fray context current in it.
+
+    The wrappers are pickled by value with the actor class; they call only module-level functions of this
+    module (pickled by reference), never read its state (such as _worker_ctx) themselves: cloudpickle would
+    copy that state into the class."""
     packing: Callable[..., Any]
-    if inspect.iscoroutinefunction(method):
+    if inspect.isasyncgenfunction(method):
+
+        async def packing_async_gen(self: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            async for item in iterate_async(method, self, args, kwargs):
+                yield item
+
+        packing = packing_async_gen
+    elif inspect.isgeneratorfunction(method):
+
+        def packing_gen(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            yield from stream_items(method(self, *args, **kwargs))
+
+        packing = packing_gen
+    elif inspect.iscoroutinefunction(method):
 
         async def packing_async(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return pack(await method(self, *args, **kwargs))
+            return await call_async(method, self, args, kwargs)
 
         packing = packing_async
     else:
@@ -87,9 +191,9 @@ def _packing_method(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _packed_methods(klass: type) -> dict[str, Any]:
-    """Wrappers for klass's public plain methods whose single result can be packed: not generators (Ray streams
-    their items), not static or class methods, not @ray.method(num_returns=n) (Ray splits the result) nor
-    methods with a tensor transport (Ray's own tensor path)."""
+    """Wrappers for klass's public plain methods whose results can be packed (generators: each item): not
+    static or class methods, not @ray.method(num_returns=n) (Ray splits the result) nor methods with a tensor
+    transport (Ray's own tensor path)."""
     out: dict[str, Any] = {}
     for name in dir(klass):
         if name.startswith("_"):
@@ -97,9 +201,7 @@ def _packed_methods(klass: type) -> dict[str, Any]:
         method = inspect.getattr_static(klass, name, None)
         if not inspect.isfunction(method):
             continue
-        if inspect.isgeneratorfunction(method) or inspect.isasyncgenfunction(method):
-            continue
-        if getattr(method, "__ray_num_returns__", 1) not in (1, None):
+        if getattr(method, "__ray_num_returns__", 1) not in (1, None, "streaming"):
             continue
         if getattr(method, "__ray_tensor_transport__", None) is not None:
             continue
@@ -109,12 +211,14 @@ def _packed_methods(klass: type) -> dict[str, Any]:
 
 def _actor_class(klass: type) -> type:
     """A subclass of klass whose __init__ first installs the worker's fray context, and whose public methods
-    pack their results (torch tensors out of band). Each wrapper keeps its method's kind (sync or async) and
-    Ray-visible settings, so Ray treats the actor exactly as it would klass itself."""
+    pack their results (torch tensors out of band). Each wrapper keeps its method's kind (sync, async, generator)
+    and Ray-visible settings, so Ray treats the actor exactly as it would klass itself. The hidden creation
+    argument MEMBER_KWARG says who the actor is (`fray.current_actor()`) and an SPMD member's environment."""
     base_init = klass.__init__  # type: ignore[misc]
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        enter_worker()  # referenced by name, so cloudpickle sends it by reference (not _worker_ctx by value)
+        # start_actor is referenced by name, so cloudpickle sends it by reference (not _worker_ctx by value)
+        start_actor(kwargs.pop(MEMBER_KWARG, None))
         base_init(self, *args, **kwargs)
 
     # __module__ is ours (so pickling by reference fails and cloudpickle sends the class by value), while the
@@ -156,6 +260,18 @@ class Registry:
         variants = found.__dict__.setdefault("_fray_max_calls", {})
         if max_calls not in variants:
             variants[max_calls] = ray.remote(max_calls=max_calls)(_task_function(fn))
+        return variants[max_calls]
+
+    def stream_function(self, fn: Callable[..., Any], max_calls: int | None = None) -> Any:
+        """ray.remote of fn as a generator task (use a Registry of its own: fn's plain registration differs)."""
+        found = self.lookup(fn)
+        if found is None:
+            found = self._store(fn, ray.remote(num_returns="streaming")(_stream_function(fn)))
+        if max_calls is None:
+            return found
+        variants = found.__dict__.setdefault("_fray_max_calls", {})
+        if max_calls not in variants:
+            variants[max_calls] = ray.remote(num_returns="streaming", max_calls=max_calls)(_stream_function(fn))
         return variants[max_calls]
 
     def actor_class(self, klass: type) -> Any:
@@ -249,6 +365,19 @@ def actor_options(options: ActorOptions) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------- exceptions
+_MEMBER_NAME = re.compile(r"^\s*name: (\S+)/(\d+)\s*$", re.MULTILINE)
+
+
+def _member_prefix(message: str) -> str:
+    """'member rank R of actor group G: ' when Ray's message names a group member (Ray names them "G/R")."""
+    found = _MEMBER_NAME.search(message)
+    if found is None:
+        return ""
+    group, rank = found.groups()
+    label = "an unnamed actor group" if group.startswith("fray-group-") else f"actor group {group!r}"
+    return f"member rank {rank} of {label}: "
+
+
 def translate(exc: BaseException) -> BaseException:
     """The fray exception for a Ray exception (the user's original exception for a failed task)."""
     if isinstance(exc, rex.RayTaskError):
@@ -272,9 +401,9 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, rex.TaskCancelledError):
         return errors.TaskCancelledError(str(exc) or "the task was cancelled")
     if isinstance(exc, rex.ActorUnavailableError):
-        return errors.ActorUnavailableError(str(exc))
+        return errors.ActorUnavailableError(_member_prefix(str(exc)) + str(exc))
     if isinstance(exc, rex.RayActorError):
-        return errors.ActorDiedError(str(exc))
+        return errors.ActorDiedError(_member_prefix(str(exc)) + str(exc))
     if isinstance(exc, rex.WorkerCrashedError):
         return errors.WorkerCrashedError(str(exc))
     if isinstance(exc, rex.UnserializableException):

@@ -6,17 +6,23 @@ pickle through Ray's own serializer (with its reference counting), so refs and h
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from typing import Any, ClassVar
 
 import ray
 import ray.exceptions as rex
+from ray.util.placement_group import get_placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fray.capabilities import Capability
 from fray.context import JobContext
+from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorNotFoundError,
@@ -25,22 +31,27 @@ from fray.errors import (
     SerializationError,
     TaskCancelledError,
 )
+from fray.groups import ActorGroup, Member
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import check_function, find_unserializable_argument
+from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, Lifetime, TaskOptions
-from fray_ray import _connect
-from fray_ray._remote import Registry, actor_options, is_default_task, task_options, translate
-from fray_ray._values import pack, pack_args, pack_kwargs, take_unpacked_bytes
+from fray_ray import _connect, _groups
+from fray_ray._remote import MEMBER_KWARG, Registry, actor_options, is_default_task, task_options, translate
+from fray_ray._streams import RayStreamSource
+from fray_ray._values import Packed, pack, pack_args, pack_kwargs, take_unpacked_bytes
 
 BACKEND = "ray"
 _registry = Registry()
+_stream_registry = Registry()  # generator-task registrations (num_returns="streaming"), apart from plain ones
 _checked_functions: dict[int, Any] = {}
 _methods_cache: dict[type, frozenset[str]] = {}
 _NODES_TTL = 5.0
 _DEPS_PRUNE_MIN = 16  # pending-argument entries kept before the first prune (then twice what survived one)
 _STORE_PATH = "ray-object-store"
 _NAME_TIMEOUT = 10.0  # a named actor whose __init__ fails fast may never be seen by name
+_SHARE_BYTES = 100 * 1024  # a group call's argument at least this big is put once and read by every member
 
 
 def _unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -70,6 +81,25 @@ def _known_nbytes(value: Any) -> int:
     return 0
 
 
+def _worth_sharing(value: Any) -> bool:
+    if type(value) is Packed:
+        return sum(memoryview(b).nbytes for b in value.blob.buffers) + len(value.blob.data) >= _SHARE_BYTES
+    return _known_nbytes(value) >= _SHARE_BYTES
+
+
+def _share_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A group call's large arguments put once (each member's call then reads that one object)."""
+    if any(_worth_sharing(a) for a in args):
+        return tuple(ray.put(a) if _worth_sharing(a) else a for a in args)
+    return args
+
+
+def _share_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    if any(_worth_sharing(v) for v in kwargs.values()):
+        return {k: ray.put(v) if _worth_sharing(v) else v for k, v in kwargs.items()}
+    return kwargs
+
+
 def _is_serialization_error(exc: BaseException) -> bool:
     return isinstance(exc, TypeError) and "serialize" in str(exc)
 
@@ -84,6 +114,9 @@ class RayJobContext(JobContext):
             Capability.TASK_ENV_VARS,
             Capability.TASK_PACKAGES,
             Capability.CANCEL_RUNNING,
+            Capability.STREAMING,
+            Capability.SPMD_GROUPS,
+            Capability.ASYNC_ACTORS,
             Capability.PROCESS_ISOLATION,
             Capability.MULTI_HOST,
             Capability.ZERO_COPY_OBJECTS,
@@ -118,6 +151,7 @@ class RayJobContext(JobContext):
         self._gets = PathStats()  # this process's reads of stored values (ctx.get)
         self._gets_lock = threading.Lock()
         self._cancelled: set[bytes] = set()
+        self._groups: dict[Any, Any] = {}  # placement group id -> placement group of the groups created here
 
     def __repr__(self) -> str:
         return f"RayJobContext(namespace={self.namespace!r})"
@@ -176,8 +210,18 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ actors
     def _create_actor(
-        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], options: ActorOptions
+        self,
+        klass: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        member: Member | None = None,
+        *,
+        _ray_options: Mapping[str, Any] | None = None,
     ) -> ActorHandle:
+        """member: who the actor is in its group (fray.current_actor()) and an SPMD member's environment, both
+        set in the actor's process before klass.__init__ runs. _ray_options: extra Ray options (a group's
+        placement, a Ray name for an unnamed group's member)."""
         self._check_open()
         actor_cls = _registry.lookup(klass)
         if actor_cls is None:
@@ -191,8 +235,16 @@ class RayJobContext(JobContext):
             existing = self._lookup(name)
             if existing is not None:
                 return ActorHandle(existing, BACKEND, klass.__name__, methods, name, self)
+        ray_options = actor_options(options)
+        if _ray_options:
+            ray_options.update(_ray_options)
+        ray_kwargs = _unwrap_kwargs(kwargs)
+        if member is not None:
+            ray_kwargs = {**ray_kwargs, MEMBER_KWARG: (member.info, dict(member.env))}
+        elif name is not None:
+            ray_kwargs = {**ray_kwargs, MEMBER_KWARG: (ActorInfo(name=name), {})}
         try:
-            handle = actor_cls.options(**actor_options(options)).remote(*_unwrap_args(args), **_unwrap_kwargs(kwargs))
+            handle = actor_cls.options(**ray_options).remote(*_unwrap_args(args), **ray_kwargs)
         except TypeError as exc:
             if _is_serialization_error(exc):
                 raise find_unserializable_argument(klass.__qualname__, args, kwargs, exc) from None
@@ -264,22 +316,197 @@ class RayJobContext(JobContext):
 
     def _kill(self, handle: ActorHandle) -> None:
         self._check_open()
-        ray.kill(handle.payload, no_restart=True)
-        if handle.name is None:
-            return
-        kept = self._named.get(handle.name)
-        if kept is not None and kept._actor_id == handle.payload._actor_id:
-            del self._named[handle.name]
-        # ray.kill is asynchronous; wait (briefly) until the name is free, so it can be reused at once.
+        self._kill_handles([handle])
+
+    def _kill_handles(self, handles: Iterable[ActorHandle]) -> None:
+        """ray.kill each (no restart), then wait (briefly) until their names are free, so they can be reused."""
+        named: list[tuple[str, Any]] = []
+        for handle in handles:
+            ray.kill(handle.payload, no_restart=True)
+            if handle.name is None:
+                continue
+            kept = self._named.get(handle.name)
+            if kept is not None and kept._actor_id == handle.payload._actor_id:
+                del self._named[handle.name]
+            named.append((handle.name, handle.payload._actor_id))
+        # ray.kill is asynchronous
         deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
+        for name, actor_id in named:
+            while time.monotonic() < deadline:
+                try:
+                    found = ray.get_actor(name, namespace=self.namespace)
+                except ValueError:
+                    break
+                if found._actor_id != actor_id:
+                    break
+                time.sleep(0.02)
+
+    # ------------------------------------------------------------------ groups
+    def _create_actor_group(
+        self,
+        klass: type,
+        count: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        placement: str,
+        strict: bool,
+        distributed: bool,
+    ) -> ActorGroup:
+        """The members in one placement group (see _groups), all or nothing: if any step fails, the members
+        created so far are killed and the placement group removed."""
+        self._check_open()
+        what = f"actor group {options.name or klass.__name__}"
+        pg = _groups.create_placement_group(options, count, placement, strict, what)
+        detached = options.lifetime is Lifetime.DETACHED
+        # An unnamed group's members get a Ray name too (unique), so that Ray's ActorDiedError names the rank.
+        ray_prefix = options.name or f"fray-group-{uuid.uuid4().hex[:12]}"
+        handles: list[ActorHandle] = []
+        try:
+            for member in _groups.members(pg, count, options.name, distributed):
+                rank = member.info.rank
+                extra: dict[str, Any] = {
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=rank, placement_group_capture_child_tasks=False
+                    )
+                }
+                if options.name is None:
+                    extra["name"] = f"{ray_prefix}/{rank}"
+                member_options = dataclasses.replace(options, name=member.info.name, get_if_exists=False)
+                handles.append(
+                    self._create_actor(klass, args, kwargs, member_options, member=member, _ray_options=extra)
+                )
+        except BaseException:
             try:
-                found = ray.get_actor(handle.name, namespace=self.namespace)
+                self._kill_handles(handles)
+            except Exception:  # the creation error is the one to report
+                pass
+            remove_placement_group(pg)
+            raise
+        if not detached:
+            self._groups[pg.id] = pg
+        return ActorGroup(handles, options.name, _groups.RayGroup(pg, count, detached), ctx=self)
+
+    def _call_group(
+        self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[ObjectRef]:
+        """One Ray call per member, with the arguments converted once; a large argument is put once and every
+        member reads that one object (Ray resolves a top-level ref argument to its value)."""
+        self._check_open()
+        ray_args, ray_kwargs = _unwrap_args(args), _unwrap_kwargs(kwargs)
+        if len(group.handles) > 1:
+            ray_args, ray_kwargs = _share_args(ray_args), _share_kwargs(ray_kwargs)
+        noted = ray_args is not args or ray_kwargs is not kwargs
+        refs = []
+        for handle in group.handles:
+            try:
+                ref = getattr(handle.payload, method).remote(*ray_args, **ray_kwargs)
+            except TypeError as exc:
+                if _is_serialization_error(exc):
+                    raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
+                raise
+            result = ObjectRef(ref, BACKEND)
+            if noted:
+                self._note_dependencies(result, args, kwargs)
+            refs.append(result)
+        return refs
+
+    def _kill_group(self, group: ActorGroup) -> None:
+        """Kill the members; a whole group (not a slice) also loses its placement group (removing it would kill
+        every member in it, so a slice keeps it)."""
+        self._check_open()
+        self._kill_handles(group.handles)
+        payload = group.payload
+        pg = None
+        if isinstance(payload, _groups.RayGroup):
+            if sorted(group.ranks) == list(range(payload.size)):
+                pg = payload.placement_group
+        elif group.name is not None and group.ranks == tuple(range(len(group))):
+            try:  # a group found again by name (get_if_exists): its placement group is named after it
+                pg = get_placement_group(_groups.pg_name(group.name))
             except ValueError:
+                pg = None
+        if pg is not None:
+            self._groups.pop(pg.id, None)
+            try:
+                remove_placement_group(pg)
+            except Exception:  # removed already
+                pass
+
+    # ------------------------------------------------------------------ streaming
+    def _create_stream_task(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+    ) -> ObjectRefStream:
+        """A Ray generator task. Never retried (max_retries=0): a retry would run the generator's side effects
+        again after items were delivered; Ray cannot retry only before the first item."""
+        self._check_open()
+        remote = _stream_registry.lookup(fn)
+        if remote is None:
+            check_function(fn, _checked_functions)
+            remote = _stream_registry.stream_function(fn)
+        if options.max_calls is not None:
+            remote = _stream_registry.stream_function(fn, options.max_calls)
+        ray_options = task_options(options)
+        ray_options["max_retries"] = 0
+        ray_options["retry_exceptions"] = False
+        ray_args, ray_kwargs = _unwrap_args(args), _unwrap_kwargs(kwargs)
+        try:
+            generator = remote.options(**ray_options).remote(*ray_args, **ray_kwargs)
+        except TypeError as exc:
+            if _is_serialization_error(exc):
+                name = getattr(fn, "__qualname__", repr(fn))
+                raise find_unserializable_argument(name, args, kwargs, exc) from None
+            raise
+        return ObjectRefStream(RayStreamSource(generator, self._pending_args(args, kwargs), self._is_closed), BACKEND)
+
+    def _call_actor_stream(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRefStream:
+        self._check_open()
+        ray_args, ray_kwargs = _unwrap_args(args), _unwrap_kwargs(kwargs)
+        try:
+            remote_method = getattr(handle.payload, method).options(num_returns="streaming")
+            generator = remote_method.remote(*ray_args, **ray_kwargs)
+        except TypeError as exc:
+            if _is_serialization_error(exc):
+                raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
+            raise
+        return ObjectRefStream(RayStreamSource(generator, self._pending_args(args, kwargs), self._is_closed), BACKEND)
+
+    def _pending_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """The Ray refs among the top-level arguments that may not be ready (not made by put here)."""
+        puts = self._puts
+        deps = [a.payload for a in (*args, *kwargs.values()) if type(a) is ObjectRef and a not in puts]
+        return list(dict.fromkeys(deps))
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ futures
+    def _future(self, ref: ObjectRef) -> Future[Any]:
+        """From Ray's own ObjectRef.future() (a callback, no thread per ref), with the value as get gives it and
+        the exceptions get raises."""
+        self._check_open()
+        payload = ref.payload
+        out: Future[Any] = Future()
+        if self._cancelled and payload.binary() in self._cancelled:
+            out.set_exception(TaskCancelledError(f"task {payload.hex()} was cancelled"))
+            return out
+        try:
+            inner = payload.future()
+        except AttributeError:  # not a plain Ray ObjectRef: the core's default (a thread in _get)
+            return super()._future(ref)
+
+        def settle(done: Future[Any]) -> None:
+            try:
+                value = done.result()
+            except BaseException as exc:
+                out.set_exception(translate(exc))
                 return
-            if found._actor_id != handle.payload._actor_id:
-                return
-            time.sleep(0.02)
+            out.set_result(value)
+
+        inner.add_done_callback(settle)
+        return out
 
     # ------------------------------------------------------------------ objects
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
@@ -421,5 +648,11 @@ class RayJobContext(JobContext):
             return
         self._closed = True
         self._named.clear()
+        groups, self._groups = self._groups, {}
+        for pg in groups.values():  # the non-detached groups created here (removing one kills its members)
+            try:
+                remove_placement_group(pg)
+            except Exception:  # removed already, or Ray is gone
+                pass
         if self._owns_connection:
             _connect.release()
