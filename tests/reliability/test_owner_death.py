@@ -66,9 +66,159 @@ def test_jobs_die_with_their_in_memory_owner(how: str) -> None:
 
 
 @pytest.mark.skipif("monarch" not in fray.available_backends(), reason="fray-monarch is not installed")
-@pytest.mark.parametrize("how", ["exit", "SIGKILL"])
-def test_jobs_die_with_their_monarch_owner(how: str) -> None:
-    _check_owner_death(how, "monarch?procs=1")
+@pytest.mark.parametrize("how", WAYS)
+def test_everything_of_a_monarch_owner_dies_with_it(how: str, tmp_path: Path) -> None:
+    """A JobContext that has run a task and an actor (worker processes, store files in the driver and a
+    worker) and a ClusterContext with a running job, in one driver: however it ends, within 10 s no process of
+    its tree, no entry in the TMPDIR it was given and no /dev/shm file of its is left."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    marker = f"{300 + random.random():.6f}"  # only this test's job sleeps this long
+    with open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", MONARCH_DRIVER, how, marker],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "TMPDIR": str(tmp)},
+        )
+        tree: dict[int, str] = {}
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("READY"):
+                err.seek(0)
+                pytest.fail(f"the driver did not start: {line!r} {err.read()[-3000:]}")
+            _, _, key = line.split()
+            deadline = time.monotonic() + 30
+            while len(_descendants_sleeping(marker)) < 2:  # the job's shell has started both sleeps
+                assert time.monotonic() < deadline, "the job should be running"
+                time.sleep(0.05)
+            tree = _tree(proc.pid)
+            assert len(tree) >= 5, tree  # driver, worker, job runner, the job's shell and its two sleeps
+            assert _shm_of(key, tree), "the driver and its worker should have store files"
+            if how in ("SIGINT", "SIGTERM", "SIGKILL"):
+                proc.send_signal(getattr(signal, how))
+            proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    deadline = time.monotonic() + 10
+    while True:
+        left = {pid: cmd for pid, cmd in _alive(tree).items() if pid != proc.pid}
+        entries = _entries(tmp)
+        shm = _shm_of(key, tree)
+        if not left and not entries and not shm:
+            return
+        if time.monotonic() > deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            pytest.fail(f"left behind 10 s after {how}: processes {left}, temp entries {entries}, shm {shm}")
+        time.sleep(0.2)
+
+
+MONARCH_DRIVER = textwrap.dedent(
+    """
+    import os, sys, time, fray
+    how, marker = sys.argv[1], sys.argv[2]
+    MB = 2 ** 20
+
+    def big(n):
+        return b"x" * n  # above the inline limit: stored in the worker's store
+
+    class Holder:
+        def keep(self, value):
+            self.value = value
+            return len(value)
+
+    ctx = fray.init("monarch?procs=1")
+    made = ctx.create_task(big, args=(2 * MB,))
+    put = ctx.put(b"y" * (2 * MB))  # stored in the driver's store
+    holder = ctx.create_actor(Holder)
+    assert ctx.get([holder.keep(made), holder.keep(put)], timeout=120) == [2 * MB, 2 * MB]
+    cluster = fray.cluster("monarch")
+    job = cluster.create_job(f"sleep {marker} & sleep {marker}; wait")
+    deadline = time.time() + 60
+    while cluster.get_job(job).status != "RUNNING":
+        assert time.time() < deadline, cluster.get_job(job)
+        time.sleep(0.05)
+    print("READY", os.getpid(), ctx.ctl.key, flush=True)
+    if how == "exit":
+        sys.exit(0)
+    if how == "exception":
+        raise RuntimeError("the driver fails")
+    time.sleep(600)
+    """
+)
+
+
+def _stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, start time, state) of a process, None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[1]), fields[19], fields[0]
+
+
+def _tree(root: int) -> dict[int, str]:
+    """pid -> start time of `root` and every process descended from it (a pid and its start time name one
+    process: a reused pid is never mistaken for it)."""
+    parents: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            found = _stat(int(entry.name))
+            if found is not None:
+                parents.setdefault(found[0], []).append(int(entry.name))
+                starts[int(entry.name)] = found[1]
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in starts:
+            tree[pid] = starts[pid]
+            todo.extend(parents.get(pid, []))
+    return tree
+
+
+def _alive(tree: dict[int, str]) -> dict[int, str]:
+    """The processes of `tree` still running (zombies count as gone), with their command lines."""
+    alive = {}
+    for pid, start in tree.items():
+        found = _stat(pid)
+        if found is not None and found[1] == start and found[2] != "Z":
+            try:
+                alive[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+            except OSError:
+                pass
+    return alive
+
+
+def _entries(folder: Path) -> list[str]:
+    """Everything below `folder` (os.walk skips what vanishes while it looks: removal may be under way)."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        found += [os.path.relpath(os.path.join(root, name), folder) for name in dirs + files]
+    return sorted(found)
+
+
+def _shm_of(key: str, tree: dict[int, str]) -> list[str]:
+    """/dev/shm files of the driver's context `key` (its store files and their lock file) or of a process of
+    its tree (store files are named fray.<context>.<host>.<pid>-<start time>.<n>)."""
+    if not os.path.isdir("/dev/shm"):
+        return []
+    tags = {f"{pid}-{start}" for pid, start in tree.items()}
+    return sorted(
+        n
+        for n in os.listdir("/dev/shm")
+        if n.startswith(f"fray.{key}.")
+        or (n.startswith("fray.") and len(n.split(".")) == 5 and n.split(".")[3] in tags)
+    )
 
 
 def _check_owner_death(how: str, backend: str) -> None:
