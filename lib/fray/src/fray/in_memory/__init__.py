@@ -2,6 +2,7 @@
 
 Spec options: cpus, gpus, memory (bytes), resources (JSON object of custom resources, e.g. {"disk": 4}),
 serialize (true|false; default true: values are pickled as on a cluster), namespace (for named/detached actors),
+log_to_driver (true|false; default true: lines printed in tasks and actors are prefixed with who printed them),
 and for the cluster context: root (directory for job logs).
 """
 
@@ -32,6 +33,7 @@ class InMemoryBackend(Backend):
         "serialize": to_bool,
         "namespace": str,
         "root": str,
+        "log_to_driver": to_bool,
     }
 
     def job_context(self, **options: str) -> InMemoryJobContext:
@@ -44,7 +46,10 @@ class InMemoryBackend(Backend):
             **opts.get("resources", {}),
         }
         return InMemoryJobContext(
-            totals, serialize=opts.get("serialize", True), namespace=opts.get("namespace", "default")
+            totals,
+            serialize=opts.get("serialize", True),
+            namespace=opts.get("namespace", "default"),
+            log_to_driver=opts.get("log_to_driver", True),
         )
 
     def cluster_context(self, **options: str) -> InMemoryClusterContext:

@@ -9,7 +9,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from fray import current
+from fray import current, output
 from fray.context import actor_resources
 from fray.current import ActorInfo
 from fray.errors import (
@@ -109,6 +109,7 @@ class ActorsMixin:
 
     # provided by InMemoryJobContext
     serialize: bool
+    log_to_driver: bool
     namespace: str
     _lock: threading.Lock
     _ledger: Ledger
@@ -188,6 +189,7 @@ class ActorsMixin:
                 return
         token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
         me = current.push_actor(actor.info)
+        said = output.push_label(output.label_for(actor.klass.__name__)) if self.log_to_driver else None
         try:
             args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}()")
             if actor.member is not None and actor.member.distributed:
@@ -203,6 +205,8 @@ class ActorsMixin:
             )
             attach_remote_traceback(actor.death, format_exception(exc))
         finally:
+            if said is not None:
+                output.pop_label(said)
             current.pop_actor(me)
             current.pop(token)
 
@@ -280,6 +284,7 @@ class ActorsMixin:
         else:
             token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
             me = current.push_actor(actor.info)
+            said = output.push_label(output.label_for(actor.klass.__name__)) if self.log_to_driver else None
             try:
                 args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}.{method}")
                 result = getattr(actor.instance, method)(*args, **kwargs)
@@ -295,6 +300,8 @@ class ActorsMixin:
             except BaseException as exc:
                 error = self._remote_error(exc)
             finally:
+                if said is not None:
+                    output.pop_label(said)
                 current.pop_actor(me)
                 current.pop(token)
         with actor.lock:

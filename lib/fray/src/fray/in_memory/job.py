@@ -16,7 +16,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from functools import partial
 from typing import Any
 
-from fray import current
+from fray import current, output
 from fray.capabilities import Capability
 from fray.context import JobContext, task_resources
 from fray.errors import (
@@ -46,7 +46,18 @@ class _Interrupt(BaseException):
 
 
 class _Task:
-    __slots__ = ("attempts", "call", "entry", "fn", "has_refs", "options", "request", "state", "stolen", "thread_id")
+    __slots__ = (
+        "attempts",
+        "call",
+        "entry",
+        "fn",
+        "has_refs",
+        "options",
+        "request",
+        "state",
+        "stolen",
+        "thread_id",
+    )
 
     def __init__(
         self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions, request: Signature, entry: _Entry
@@ -59,6 +70,11 @@ class _Task:
         self.state = "waiting"
         self.stolen = False  # run by a thread blocked in get on it, rather than by the worker it was queued for
         self.thread_id = 0
+
+    @property
+    def label(self) -> str:
+        """How its printed lines are prefixed: `(name pid=N)`, as Ray does."""
+        return output.label_for(str(self.options.name or getattr(self.fn, "__name__", "task")))
 
 
 def _mark_dispatched(task: _Task) -> None:  # runs under the ledger's lock, when the task's resources are taken
@@ -86,8 +102,15 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         }
     )
 
-    def __init__(self, resources: dict[str, float], serialize: bool = True, namespace: str = "default") -> None:
+    def __init__(
+        self,
+        resources: dict[str, float],
+        serialize: bool = True,
+        namespace: str = "default",
+        log_to_driver: bool = True,
+    ) -> None:
         self.serialize = serialize
+        self.log_to_driver = log_to_driver
         self.namespace = namespace
         self._ledger = Ledger(resources)
         self._lock = self._ledger.lock  # task states change together with the resources they hold
@@ -148,6 +171,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
             items = fn(*args, **kwargs)
             self._stream_items(items, queue, where)
 
+        produce.__name__ = getattr(fn, "__name__", "stream")  # its printed lines are labelled with fn's name
         ref = self._submit_task(produce, args, kwargs, options)
         end_stream_with_failure(ref.payload, queue)
         return ObjectRefStream(queue, BACKEND)
@@ -256,6 +280,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         outer_task = getattr(_tls, "task", None)
         _tls.task = task
         token = current.push(self)
+        said = output.push_label(task.label) if self.log_to_driver else None
         retry = False
         error: Any = None
         value: Any = None
@@ -292,6 +317,8 @@ class InMemoryJobContext(ActorsMixin, JobContext):
             retry = task.options.should_retry(exc) and (budget < 0 or task.attempts <= budget)
             error = self._remote_error(exc)
         finally:
+            if said is not None:
+                output.pop_label(said)
             current.pop(token)
             _tls.task = outer_task
             next_work = self._ledger.release(task.request, finishing=on_worker and not retry)

@@ -1,0 +1,123 @@
+"""Worker output the way Ray users know it: each line a task or actor prints reaches the driver's console
+prefixed with who printed it, `(square pid=4242) hello`, `(Counter pid=4243) hello`, `(... ip=10.0.0.5)` where
+there are several hosts.
+
+Process backends read their workers' output and print it with `prefix_lines`. in_memory tasks share the
+driver's pid and its sys.stdout, so there `labelled(label)` marks the running thread and a `LabelledStream`
+installed over sys.stdout / sys.stderr prefixes that thread's lines (other threads write through unchanged).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import io
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+__all__ = ["LabelledStream", "install", "label_for", "labelled", "pop_label", "prefix_lines", "push_label"]
+
+_label: contextvars.ContextVar[str | None] = contextvars.ContextVar("fray_output_label", default=None)
+_install_lock = threading.Lock()
+
+
+def label_for(name: str, pid: int | None = None, host: str | None = None) -> str:
+    """`(name pid=N)` or `(name pid=N ip=H)`: the prefix of a task's or actor's lines."""
+    where = f" ip={host}" if host else ""
+    return f"({name} pid={pid if pid is not None else os.getpid()}{where})"
+
+
+def prefix_lines(label: str, text: str) -> str:
+    """Every line of text with the label in front (text ends with a newline if it had lines)."""
+    lines = text.splitlines()
+    return "".join(f"{label} {line}\n" for line in lines)
+
+
+class LabelledStream(io.TextIOBase):
+    """Writes through to `target`; a thread (or asyncio task) running under `labelled(label)` has its output
+    buffered to whole lines and each line prefixed with its label."""
+
+    def __init__(self, target: TextIO) -> None:
+        super().__init__()
+        self.target = target
+        self._partial: dict[int, str] = {}  # thread id -> its unfinished line
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        label = _label.get()
+        if label is None:
+            return self.target.write(text)
+        me = threading.get_ident()
+        with self._lock:
+            pending = self._partial.pop(me, "") + text
+            *lines, rest = pending.split("\n")
+            if rest:
+                self._partial[me] = rest
+            if lines:
+                self.target.write("".join(f"{label} {line}\n" for line in lines))
+        return len(text)
+
+    def finish_line(self, label: str) -> None:
+        """A labelled piece of work ended: print its unfinished last line, if any."""
+        with self._lock:
+            rest = self._partial.pop(threading.get_ident(), "")
+            if rest:
+                self.target.write(f"{label} {rest}\n")
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self.target.isatty()
+
+    def fileno(self) -> int:
+        return self.target.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.target, "encoding", "utf-8")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+
+def install() -> None:
+    """Put a LabelledStream over sys.stdout and sys.stderr (again if something replaced them since)."""
+    if isinstance(sys.stdout, LabelledStream) and isinstance(sys.stderr, LabelledStream):
+        return
+    with _install_lock:
+        if not isinstance(sys.stdout, LabelledStream):
+            sys.stdout = LabelledStream(sys.stdout)  # type: ignore[assignment]
+        if not isinstance(sys.stderr, LabelledStream):
+            sys.stderr = LabelledStream(sys.stderr)  # type: ignore[assignment]
+
+
+def push_label(label: str) -> contextvars.Token[str | None]:
+    """Lines this thread prints from now until pop_label are prefixed with label."""
+    install()
+    return _label.set(label)
+
+
+def pop_label(token: contextvars.Token[str | None]) -> None:
+    label = _label.get()
+    _label.reset(token)
+    if label is not None:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, LabelledStream):
+                stream.finish_line(label)
+
+
+@contextmanager
+def labelled(label: str) -> Iterator[None]:
+    """Lines printed by this thread inside the block are prefixed with label."""
+    token = push_label(label)
+    try:
+        yield
+    finally:
+        pop_label(token)
