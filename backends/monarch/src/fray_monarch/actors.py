@@ -3,6 +3,8 @@ coordinator that lives in the controller process and serves requests from worker
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import queue
 import threading
@@ -34,6 +36,18 @@ def _mesh_index() -> int:
 def _mine(value: Any, index: int) -> Any:
     """One value for the whole mesh, or a list with one per process (by flat rank)."""
     return value[index] if isinstance(value, list) else value
+
+
+def _async_methods(klass: type) -> frozenset[str]:
+    """The public `async def` methods (and async generators) of an actor class: it then runs on an event loop."""
+    names = set()
+    for name in dir(klass):
+        if name.startswith("_"):
+            continue
+        attr = getattr(klass, name, None)
+        if inspect.iscoroutinefunction(attr) or inspect.isasyncgenfunction(attr):
+            names.add(name)
+    return frozenset(names)
 
 
 def _ensure_runtime(setup: WorkerSetup) -> WorkerRuntime:
@@ -76,6 +90,10 @@ class WorkerHost(Actor):
         self.rt.set_capacity(capacity)
 
     @endpoint
+    def unqueue(self, count: int) -> list[str]:
+        return self.rt.unqueue(count)
+
+    @endpoint
     def stop_stream(self, sid: str) -> None:
         """The consumer of a stream produced in this process has gone (handled here, not by the producing actor,
         which is busy running the generator)."""
@@ -97,7 +115,11 @@ class WorkerHost(Actor):
 class FrayActorHost(Actor):
     """Hosts one fray actor instance. With max_concurrency 1, methods run in order on this Monarch actor's own
     driver thread (Monarch 0.7 gives each synchronous actor one, so blocking here stalls no other actor); with
-    more, on up to max_concurrency threads of this actor. Replies go through the response port."""
+    more, on up to max_concurrency threads of this actor. Replies go through the response port.
+
+    An actor whose class has `async def` methods runs every call on one event loop of its own (a thread), at most
+    max_concurrency at once (an asyncio.Semaphore), in the order they arrive; its plain methods run in a thread
+    from there (asyncio.to_thread), so they count against the same limit and never block the loop."""
 
     def __init__(
         self, setup: WorkerSetup | list[WorkerSetup], max_concurrency: int, owns_process: bool = False
@@ -113,6 +135,10 @@ class FrayActorHost(Actor):
         self.threads_lock = threading.Lock()
         self.n_threads = 0
         self.idle = 0  # threads free and not yet claimed by a submitted call
+        self.init_done = threading.Event()  # __init__ has run (or raised): calls wait for it
+        self.async_methods: frozenset[str] = frozenset()
+        self.loop: asyncio.AbstractEventLoop | None = None  # an async actor's event loop
+        self.slots: asyncio.Semaphore | None = None
 
     def _args(self, call: WireValue, deps: list[str], what: str) -> tuple[Any, Any]:
         args, kwargs = self.rt.load(call.value, what)
@@ -148,6 +174,9 @@ class FrayActorHost(Actor):
             klass = loads(Blob(cls_data))
             args, kwargs = self._args(call, deps, f"the arguments of {klass.__name__}()")
             self.obj = klass(*args, **kwargs)
+            self.async_methods = _async_methods(klass)
+            if self.async_methods:
+                self._start_loop()
             return ActorReply("ok")
         except BaseException as exc:
             err = capture_exception(exc)
@@ -155,8 +184,72 @@ class FrayActorHost(Actor):
             return ActorReply("err", error=err)
         finally:
             self._leave(tokens)
+            self.init_done.set()
+
+    # ------------------------------------------------------------ async actors
+    def _start_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        self.slots = asyncio.Semaphore(self.max_threads)
+        threading.Thread(target=loop.run_forever, name="fray-actor-loop", daemon=True).start()
+        self.loop = loop
+
+    def __cleanup__(self, exc: Any) -> None:
+        loop, self.loop = self.loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+
+    def _submit_async(self, port: Any, oid: str, method: str, call: WireValue, deps: list[str]) -> None:
+        assert self.loop is not None
+        asyncio.run_coroutine_threadsafe(self._run_async(port, oid, method, call, deps), self.loop)
+
+    async def _run_async(self, port: Any, oid: str, method: str, call: WireValue, deps: list[str]) -> None:
+        assert self.slots is not None
+        async with self.slots:
+            tokens = self._enter()  # this asyncio task's own context
+            try:
+                what = f"the arguments of {type(self.obj).__name__}.{method}"
+                if deps:  # waiting for ref arguments must not block the loop
+                    args, kwargs = await asyncio.to_thread(self._args, call, deps, what)
+                else:
+                    args, kwargs = self._args(call, deps, what)
+                fn = getattr(self.obj, method)
+                if method in self.async_methods:
+                    value = await fn(*args, **kwargs)
+                else:
+                    value = await asyncio.to_thread(fn, *args, **kwargs)
+                reply = ActorReply("ok", self.rt.encode(dumps(value, f"the return value of {method}", copy=False), oid))
+            except BaseException as exc:
+                reply = ActorReply("err", error=capture_exception(exc))
+            finally:
+                self._leave(tokens)
+        port.send(reply)
+
+    def _iterate_async(self, agen: Any) -> Any:
+        """An async generator method's items, pulled one by one on the actor's loop (for a stream)."""
+        loop = self.loop
+        assert loop is not None
+
+        async def step() -> Any:
+            tokens = self._enter()
+            try:
+                return await agen.__anext__()
+            finally:
+                self._leave(tokens)
+
+        try:
+            while True:
+                try:
+                    yield asyncio.run_coroutine_threadsafe(step(), loop).result()
+                except StopAsyncIteration:
+                    return
+        finally:
+            try:
+                asyncio.run_coroutine_threadsafe(agen.aclose(), loop).result(timeout=30)
+            except BaseException:
+                pass
 
     def _invoke(self, oid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
+        self.init_done.wait()
         if self.obj is None:
             return ActorReply("dead", reason=f"the actor's __init__ raised {self.init_error}")
         tokens = self._enter()
@@ -175,10 +268,12 @@ class FrayActorHost(Actor):
         what = f"{type(self.obj).__name__}.{method}"
 
         def make() -> Any:
+            self.init_done.wait()
             if self.obj is None:
                 raise ActorDiedError(f"the actor is dead: its __init__ raised {self.init_error}")
             args, kwargs = self._args(call, deps, f"the arguments of {what}")
-            return getattr(self.obj, method)(*args, **kwargs)
+            items = getattr(self.obj, method)(*args, **kwargs)
+            return self._iterate_async(items) if hasattr(items, "__anext__") else items
 
         tokens = self._enter()
         try:
@@ -226,7 +321,12 @@ class FrayActorHost(Actor):
 
     @endpoint(explicit_response_port=True)
     def call(self, port: Any, oid: str, method: str, call: WireValue, deps: list[str]) -> None:
-        self._submit(port, self._invoke, oid, method, call, deps)
+        if self.max_threads > 1:
+            self.init_done.wait()  # (with one thread, __init__ ran on this very thread already)
+        if self.loop is not None:
+            self._submit_async(port, oid, method, call, deps)
+        else:
+            self._submit(port, self._invoke, oid, method, call, deps)
 
     @endpoint(explicit_response_port=True)
     def call_stream(self, port: Any, sid: str, method: str, call: WireValue, deps: list[str]) -> None:

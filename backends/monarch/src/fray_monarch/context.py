@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from fray.context import JobContext
@@ -17,6 +18,7 @@ from fray.serialization import dumps
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
+from fray_monarch import _runtime
 from fray_monarch.controller import Controller
 from fray_monarch.protocol import StoreConfig
 from fray_monarch.worker_runtime import BACKEND, CAPABILITIES, pack_call
@@ -125,6 +127,30 @@ class MonarchJobContext(JobContext):
         finally:
             remove()
         return {i for i, e in enumerate(entries) if e.done.is_set()}
+
+    def _future(self, ref: ObjectRef) -> Future[Any]:
+        """Settled from the directory's completion callback (no thread per ref); the value is loaded on fray's
+        callback loop, outside the controller's lock."""
+        future: Future[Any] = Future()
+        entry = self.ctl.entry(ref.payload.id)
+
+        def settle() -> None:
+            try:
+                if entry.error is not None:
+                    future.set_exception(self.ctl.error_of(entry))
+                else:
+                    future.set_result(self.ctl.value_of(entry))
+            except BaseException as exc:  # e.g. the value cannot be loaded here: the future carries it
+                future.set_exception(exc)
+            finally:
+                del keep[:]
+
+        keep = [ref.payload]  # the object lives until the future has its value
+        if entry.done.is_set():
+            settle()
+        else:
+            self.ctl.add_waiter([entry], 1, lambda: _runtime.loop().call_soon_threadsafe(settle))
+        return future
 
     def _put(self, obj: Any) -> ObjectRef:
         self._check_open()

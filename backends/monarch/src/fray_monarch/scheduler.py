@@ -61,6 +61,7 @@ class Proc:
     alive: bool = True
     env_key: tuple[tuple[str, str], ...] = ()  # non-empty: a process that only runs tasks with exactly this env
     dedicated: str = ""  # non-empty: the process of one actor (an SPMD member, a group member): no tasks, no others
+    taking_back: bool = False  # an unqueue request is in flight
 
     @property
     def general(self) -> bool:
@@ -228,6 +229,45 @@ class TaskScheduling:
                 proc.worker.run.broadcast(batch)
             except Exception:
                 _runtime.log.exception("fray: could not send tasks to %s", proc.key)
+        if not self.queue:
+            self._take_back()
+
+    def _take_back(self) -> None:
+        """Under the lock, with nothing left to send: if a process has a free slot while another has tasks
+        queued behind its running ones (sent ahead, PREFETCH), take those back to run them on the free one.
+        Without this a short task could wait behind a long one while a CPU idles."""
+        for proc in self.procs:
+            queued_there = len(proc.outstanding) - proc.blocked - proc.slots
+            if queued_there <= 0 or proc.taking_back or not proc.alive or proc.dedicated:
+                continue
+            room = sum(
+                max(0, p.slots - (len(p.outstanding) - p.blocked))
+                for p in self.procs
+                if p is not proc and p.alive and not p.dedicated and p.env_key == proc.env_key
+            )
+            if room <= 0:
+                continue
+            proc.taking_back = True
+            try:
+                fut = proc.worker.unqueue.call_one(min(room, queued_there))
+            except Exception:
+                proc.taking_back = False
+                continue
+            _runtime.on_done(fut, lambda tids, exc, p=proc: self._taken_back(p, tids, exc))
+
+    def _taken_back(self, proc: Proc, tids: list[str] | None, exc: BaseException | None) -> None:
+        with self.lock:
+            proc.taking_back = False
+            if exc is not None or not tids:
+                return
+            for tid in tids:  # the last sent first: appendleft keeps their order
+                task = self.tasks.get(tid)
+                if task is None or task.proc is not proc or task.state != "sent":
+                    continue
+                proc.outstanding.discard(tid)
+                task.proc, task.state = None, "queued"
+                self.queue.appendleft(task)
+            self._pump()
 
     def _task_result(self, proc_key: str, result: TaskResult) -> None:
         tid = result.id

@@ -39,6 +39,7 @@ CAPABILITIES = frozenset(
         Capability.ZERO_COPY_OBJECTS,
         Capability.SPMD_GROUPS,
         Capability.STREAMING,
+        Capability.ASYNC_ACTORS,
     }
 )
 RELEASE_DELAY = 0.05  # releases wait this long before being sent, so they never overtake the hold they undo
@@ -261,6 +262,12 @@ class WorkerRuntime:
                     self.fn_data[item.fn_key] = item.fn_data
                 self.queue.append(item)
             self._start_ready()
+
+    def unqueue(self, count: int) -> list[str]:
+        """Give back up to `count` tasks queued here and not started, the last sent first (the controller runs
+        them on a process with room)."""
+        with self.lock:
+            return [self.queue.pop().id for _ in range(min(count, len(self.queue)))]
 
     def set_capacity(self, capacity: dict[str, float]) -> None:
         with self.lock:
