@@ -210,3 +210,47 @@ def test_async_methods_run_on_the_actor_loop_with_fray_context(ctx: RayJobContex
         assert ctx.get(probe.relay([ctx.put(41)]), timeout=60) == 41
     finally:
         ctx.kill(probe)
+
+
+def test_detached_group_found_again_by_name_is_killed_with_its_placement_group(ctx: RayJobContext) -> None:
+    name = f"kept-{uuid.uuid4().hex[:8]}"
+    options = ActorOptions(name=name, lifetime=fray.Lifetime.DETACHED)
+    group = ctx.create_actor_group(g.Member, 2, options=options)
+    assert placement_group_table(group.payload.placement_group)["name"] == _groups.pg_name(name)
+    again = ctx.create_actor_group(g.Member, 2, options=ActorOptions(name=name, get_if_exists=True))
+    assert again.payload is None  # found by its members' names, as another driver would
+    assert [i["name"] for i in ctx.get(again.whoami(), timeout=60)] == [f"{name}/0", f"{name}/1"]
+    ctx.kill(again)
+    assert _until(lambda: _pg_state(group) == "REMOVED")
+
+
+class Sizes:
+    def size(self, value: Any) -> int:
+        return len(value)
+
+    async def items(self, n: int) -> Any:  # an async generator method, streamed from the actor's event loop
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield bytearray([i]) * 3
+
+
+def test_large_group_call_arguments_and_async_generator_streams(ctx: RayJobContext) -> None:
+    group = ctx.create_actor_group(Sizes, 3, options=ActorOptions(max_concurrency=2))
+    try:
+        big = bytearray(300_000)  # packed by fray, put once, read by each member
+        assert ctx.get(group.size(big), timeout=60) == [300_000] * 3
+        assert ctx.get(group.size(value=bytes(200_000)), timeout=60) == [200_000] * 3
+        items = [ctx.get(r, timeout=60) for r in group[1].items.stream(3)]
+        assert items == [bytearray(b"\0\0\0"), bytearray(b"\1\1\1"), bytearray(b"\2\2\2")]
+        assert all(type(i) is bytearray for i in items)  # decoded like any result (Ray alone gives bytes)
+    finally:
+        ctx.kill(group)
+
+
+def test_closed_streams_give_their_cpu_back(ctx: RayJobContext, tmp_path: Path) -> None:
+    total = ray.cluster_resources()["CPU"]
+    for i in range(int(total) + 2):  # more endless producers than CPUs: each must be gone before the next fits
+        stream = ctx.create_task(g.endless, args=(str(tmp_path / f"p{i}"),), options=TaskOptions(streaming=True))
+        assert ctx.get(stream.next_ref(timeout=60), timeout=60) == 0
+        stream.close()
+    assert _until(lambda: ray.available_resources().get("CPU", 0.0) >= total, timeout=30)
