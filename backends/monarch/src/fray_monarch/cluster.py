@@ -42,10 +42,10 @@ class JobRunner(Actor):
             return Reply(error=exc)
 
     @endpoint
-    def start(self, entrypoint: Any, env: RuntimeEnv, job_id: str) -> Any:
+    def start(self, entrypoint: Any, env: RuntimeEnv, job_id: str, working_dir: str | None = None) -> Any:
         if self.job_tmpdir is not None and "TMPDIR" not in env.env:  # a job is the user's program
             env = replace(env, env={**env.env, "TMPDIR": self.job_tmpdir})
-        return self._safe(self.jobs.start, entrypoint, env, job_id)
+        return self._safe(self.jobs.start, entrypoint, env, job_id, False, working_dir)
 
     @endpoint
     def info(self, job_id: str) -> Any:
@@ -58,6 +58,10 @@ class JobRunner(Actor):
     @endpoint
     def logs(self, job_id: str) -> Any:
         return self._safe(self.jobs.logs, job_id)
+
+    @endpoint
+    def stop_job(self, job_id: str) -> Any:  # "stop" is a name of ActorMesh
+        return self._safe(self.jobs.stop, job_id)
 
     @endpoint
     def delete(self, job_id: str) -> Any:
@@ -123,12 +127,15 @@ class MonarchClusterContext(ClusterContext):
             raise JobNotFoundError(f"no job {job_id!r} here (it never existed or was deleted)")
         return self._runners[index]
 
-    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv) -> str:
+    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
+        # detached never comes here: no persistent_jobs (the job runners are children of this driver's meshes).
+        # working_dir is this driver's path: on another host a directory that does not exist fails the job.
         with self._lock:
             index = next(self._next)
             job_id = f"monarch-job-{uuid.uuid4().hex[:12]}"
             self._where[job_id] = index
-        return str(_unwrap(self._runners[index].start.call_one(entrypoint, env, job_id).get(timeout=MARGIN)))
+        started = self._runners[index].start.call_one(entrypoint, env, job_id, working_dir)
+        return str(_unwrap(started.get(timeout=MARGIN)))
 
     def _list_jobs(self) -> list[JobInfo]:
         futures = [runner.list.call_one() for runner in self._runners]
@@ -137,6 +144,9 @@ class MonarchClusterContext(ClusterContext):
     def _get_job(self, job_id: str) -> JobInfo:
         info: JobInfo = _unwrap(self._runner(job_id).info.call_one(job_id).get(timeout=MARGIN))
         return info
+
+    def _stop_job(self, job_id: str) -> None:
+        _unwrap(self._runner(job_id).stop_job.call_one(job_id).get(timeout=MARGIN))
 
     def _delete_job(self, job_id: str) -> None:
         _unwrap(self._runner(job_id).delete.call_one(job_id).get(timeout=MARGIN))

@@ -94,6 +94,51 @@ class RayBackend(Backend):
         parsed = parse_options(self.name, options, _OPTIONS)
         return RayClusterContext(**{k: v for k, v in parsed.items() if k not in _JOB_ONLY})
 
+    # ------------------------------------------------------------------ for the `fray` command (fray.jobs_cli)
+    def persistent_address(self) -> tuple[str | None, str]:
+        """Where `fray job ...` finds jobs when no address is given: RAY_ADDRESS (a dashboard URL, as for `ray
+        job`), else the head `fray cluster start` recorded if it runs. (address or None, why there is none)."""
+        if os.environ.get("RAY_ADDRESS"):
+            return os.environ["RAY_ADDRESS"], ""
+        from fray_ray import persistent
+
+        record = persistent.recorded()
+        if record is not None and record["running"]:
+            return str(record["address"]), ""
+        if record is not None:
+            return None, (
+                f"The cluster recorded in the state directory (pid {record.get('pid')}) is not running any more: "
+                "`fray cluster start --backend ray` starts a new one."
+            )
+        return None, (
+            "Start one with `fray cluster start --backend ray` (stop it with `fray cluster stop --backend ray`), or "
+            "give the dashboard address of yours with --address or RAY_ADDRESS."
+        )
+
+    def start_cluster(self, listen: str, **options: str) -> tuple[dict[str, Any], bool]:
+        """`fray cluster start`: a head that outlives the command (sized by the spec's num_cpus, num_gpus,
+        object_store_memory, resources), recorded in the state directory. (its record, started now?)"""
+        from fray_ray import persistent
+
+        parsed = parse_options(self.name, options, _OPTIONS)
+        other = sorted(set(parsed) - set(_SIZING))
+        if other:
+            raise ValueError(
+                f"fray cluster start takes sizing options only ({', '.join(sorted(_SIZING))}), not {other}"
+            )
+        record, started = persistent.start(listen=listen, **parsed)
+        record["notes"] = [
+            f'from Python: fray.cluster("ray?address={record["address"]}") for jobs, '
+            f'fray.init("ray?address={record["gcs_address"]}") for tasks and actors'
+        ]
+        return record, started
+
+    def stop_cluster(self) -> dict[str, Any] | None:
+        """`fray cluster stop`: stop the recorded head and its jobs (None: none was recorded)."""
+        from fray_ray import persistent
+
+        return persistent.stop()
+
 
 def __getattr__(name: str) -> Any:
     if name == "RayClusterContext":

@@ -1,9 +1,14 @@
 """RayClusterContext: fray's ClusterContext on Ray's Job Submission API.
 
-With an `address` (the dashboard URL, e.g. http://10.0.0.5:8265) it talks to that cluster. Without one it starts
-a private head node (`ray start --head --block` in its own process group, listening on loopback only, on ports
-chosen here, with a private temp dir) and stops exactly that process group at shutdown. The group and the temp
-dir are handed to fray.watchdog, so they go too when this process ends without shutdown (SIGKILL included).
+With an `address` (the dashboard URL, e.g. http://10.0.0.5:8265) it talks to that cluster; its jobs outlive this
+process (persistent_jobs). Without one it starts a private head node (`ray start --head --block` in its own
+process group, listening on loopback only, on ports chosen here, with a private temp dir) and stops exactly that
+process group at shutdown. The group and the temp dir are handed to fray.watchdog, so they go too when this
+process ends without shutdown (SIGKILL included); so such a context has no detached jobs (they could not outlive
+the head): `fray cluster start --backend ray` starts a head that outlives its starter (fray_ray.persistent).
+
+Jobs run in place in their working directory when the cluster is on this machine (a private head, or an address
+on loopback), and get it uploaded as Ray's runtime_env working_dir otherwise (as `ray job submit` does).
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from fray import watchdog
@@ -24,7 +32,7 @@ from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.types import JobInfo, JobStatus, RuntimeEnv
-from fray_ray._connect import LOCAL_ONLY_ENV, LOOPBACK, enable_token_auth, short_tmp, stop_group
+from fray_ray._connect import LOCAL_ONLY_ENV, LOOPBACK, _is_loopback, enable_token_auth, short_tmp, stop_group
 from fray_ray._remote import entrypoint_options, runtime_env_dict
 
 _STATUS = {s.value: s for s in JobStatus}
@@ -38,7 +46,9 @@ def _free_port() -> int:
 
 
 class LocalHead:
-    """A private Ray head node with the dashboard (and so the Job API), owned by this process."""
+    """A Ray head node on this machine with the dashboard (and so the Job API). Owned by this process (it ends
+    with it, however it ends) unless `owned=False` (`fray cluster start`: it outlives its starter). It listens
+    on loopback unless `listen` names another address of this machine."""
 
     def __init__(
         self,
@@ -46,9 +56,15 @@ class LocalHead:
         resources: dict[str, float] | None = None,
         num_gpus: float | None = None,
         object_store_memory: int | None = None,
+        owned: bool = True,
+        listen: str = LOOPBACK,
     ) -> None:
+        self.owned = owned
         self.temp_dir = tempfile.mkdtemp(prefix="fray-rayc-", dir=short_tmp())
-        watchdog.watch_path(self.temp_dir)
+        if owned:
+            watchdog.watch_path(self.temp_dir)
+        local_only = _is_loopback(listen)
+        host = LOOPBACK if local_only else listen
         self.port = _free_port()
         self.dashboard_port = _free_port()
         cmd = [
@@ -58,8 +74,8 @@ class LocalHead:
             "--block",
             "--disable-usage-stats",
             f"--port={self.port}",
-            f"--node-ip-address={LOOPBACK}",
-            f"--dashboard-host={LOOPBACK}",
+            f"--node-ip-address={host}",
+            f"--dashboard-host={host}",
             f"--dashboard-port={self.dashboard_port}",
             f"--temp-dir={self.temp_dir}",
         ]
@@ -89,18 +105,26 @@ class LocalHead:
         # Jobs run `python ...` from the head's PATH: make that this interpreter, so fray and Ray are importable.
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env.pop("RAY_ADDRESS", None)
-        env.update(LOCAL_ONLY_ENV)  # every server of the node on loopback (see _connect)
+        if local_only:
+            env.update(LOCAL_ONLY_ENV)  # every server of the node on loopback (see _connect)
         # Ray's processes make temp files of their own (the dashboard's multiprocessing forkserver: pymp-*, left
         # behind at every stop): under the head's temp dir, they go with it.
         env["TMPDIR"] = self.temp_dir
         self.log_path = os.path.join(self.temp_dir, "ray-start.log")
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=os.getcwd()
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                cwd=os.getcwd() if owned else self.temp_dir,  # one that outlives us holds no directory of ours
             )
-        watchdog.watch_group(self.proc.pid)
-        self.address = f"http://{LOOPBACK}:{self.dashboard_port}"
-        self.gcs_address = f"{LOOPBACK}:{self.port}"
+        if owned:
+            watchdog.watch_group(self.proc.pid)
+        self.address = f"http://{host}:{self.dashboard_port}"
+        self.gcs_address = f"{host}:{self.port}"
 
     def wait_ready(self, client_factory: Any) -> Any:
         deadline = time.monotonic() + _START_TIMEOUT
@@ -129,9 +153,10 @@ class LocalHead:
                 pass
         self.proc.wait()
         stop_group(self.proc.pid, grace=2.0)  # whatever is left of exactly this process group, until it is gone
-        watchdog.forget_group(self.proc.pid)
         shutil.rmtree(self.temp_dir, ignore_errors=True)  # only now: Ray's processes write there while they stop
-        watchdog.forget_path(self.temp_dir)
+        if self.owned:
+            watchdog.forget_group(self.proc.pid)
+            watchdog.forget_path(self.temp_dir)
 
 
 # A private head's job must not outlive its head. Ray's job supervisor starts the entrypoint (`/bin/sh -c ...`) in
@@ -147,6 +172,36 @@ _GUARD = (
 
 def _guarded(command: str) -> str:
     return _GUARD + shlex.quote(command)
+
+
+def _in_place(command: str, working_dir: str) -> str:
+    """The command, run in working_dir (on this machine): Ray's own working_dir would zip and copy it."""
+    return f"cd -- {shlex.quote(working_dir)} && {{ {command}\n}}"
+
+
+_ENTRYPOINT_KEY = "fray_entrypoint"  # job metadata: the command as given (Ray's entrypoint has fray's wrapping)
+_ADDRESS_VARS = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
+_env_lock = threading.Lock()
+
+
+@contextmanager
+def _explicit_address() -> Iterator[None]:
+    """Ray's JobSubmissionClient takes RAY_API_SERVER_ADDRESS or RAY_ADDRESS over the address it is given: hide
+    them while it is made, so the address fray was given (or its own head's) is the one used."""
+    with _env_lock:
+        saved = {name: os.environ.pop(name) for name in _ADDRESS_VARS if name in os.environ}
+        try:
+            yield
+        finally:
+            os.environ.update(saved)
+
+
+def job_client(address: str) -> Any:
+    """A JobSubmissionClient for exactly this dashboard address."""
+    from ray.job_submission import JobSubmissionClient
+
+    with _explicit_address():
+        return JobSubmissionClient(address)
 
 
 def _unguarded(entrypoint: str) -> str:
@@ -171,8 +226,15 @@ def _strip_preamble(logs: str, job_id: str, entrypoint: str) -> str:
 
 class RayClusterContext(ClusterContext):
     backend: ClassVar[str] = "ray"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset(
-        {Capability.JOB_PACKAGES, Capability.JOB_RESOURCES, Capability.PROCESS_ISOLATION, Capability.MULTI_HOST}
+    # By address; a context with a private head has no persistent_jobs (set in __init__).
+    capabilities = frozenset(
+        {
+            Capability.JOB_PACKAGES,
+            Capability.JOB_RESOURCES,
+            Capability.PERSISTENT_JOBS,
+            Capability.PROCESS_ISOLATION,
+            Capability.MULTI_HOST,
+        }
     )
 
     def __init__(
@@ -185,43 +247,58 @@ class RayClusterContext(ClusterContext):
         object_store_memory: int | None = None,
     ) -> None:
         """address: a Ray dashboard URL (http://host:8265); else a private local head node is started.
-        working_dir: a local directory uploaded to the cluster as every job's working directory."""
-        from ray.job_submission import JobSubmissionClient
-
+        working_dir: the default working directory of jobs (else the caller's current directory)."""
         enable_token_auth()
         self.working_dir = working_dir
+        self.default_working_dir = working_dir
         self._head: LocalHead | None = None
         self._closed = False
         if address:
             if "://" not in address:
                 address = f"http://{address}"
             self.address = address
-            self._client = JobSubmissionClient(address)
+            self._client = job_client(address)
         else:
             self._head = LocalHead(num_cpus, resources, num_gpus, object_store_memory)
-            self._client = self._head.wait_ready(JobSubmissionClient)
+            self._client = self._head.wait_ready(job_client)
             self.address = self._head.address
+            self.capabilities = type(self).capabilities - {Capability.PERSISTENT_JOBS}
+        # On this machine: jobs run in place (and get the guard that ends them with their supervisor).
+        self._local = self._head is not None or _is_loopback(self.address)
 
     @property
     def gcs_address(self) -> str | None:
         """host:port for `fray.init("ray?address=...")` when this context started the head node."""
         return self._head.gcs_address if self._head else None
 
+    def _no_persistent_jobs(self) -> str:
+        return (
+            "this context's Ray head is private to this process and stops with it, and its jobs with it. Start a "
+            "head that outlives it with `fray cluster start --backend ray` and pass its address "
+            "(fray.cluster('ray?address=...'), printed by that command), or join a cluster of yours by address"
+        )
+
     # ------------------------------------------------------------------ jobs
-    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv) -> str:
-        command = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
+    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
+        # detached: every job of a cluster by address outlives this process (a private head refuses it, upstream)
+        given = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
         runtime_env: dict[str, Any] = runtime_env_dict(env) or {}
         # A job that calls fray.init() lands on this cluster's Ray (Ray sets RAY_ADDRESS for the job).
         runtime_env["env_vars"] = {"FRAY_BACKEND": "ray", **runtime_env.get("env_vars", {})}
-        if self.working_dir:
-            runtime_env["working_dir"] = self.working_dir
         reserved = entrypoint_options(env) if env.minimum_resources else {}
-        if self._head is not None:
-            command = _guarded(command)
+        if self._local:
+            command = _guarded(_in_place(given, working_dir))
+        else:
+            command = given
+            runtime_env["working_dir"] = working_dir  # uploaded by the client, unpacked on the node
         deadline = time.monotonic() + _START_TIMEOUT
         while True:
             try:
-                return str(self._client.submit_job(entrypoint=command, runtime_env=runtime_env, **reserved))
+                return str(
+                    self._client.submit_job(
+                        entrypoint=command, runtime_env=runtime_env, metadata={_ENTRYPOINT_KEY: given}, **reserved
+                    )
+                )
             except RuntimeError as exc:  # a fresh head node's job agent comes up after the dashboard
                 if "No available agent" not in str(exc) or time.monotonic() > deadline:
                     raise
@@ -239,9 +316,11 @@ class RayClusterContext(ClusterContext):
             submission_time=seconds(details.start_time),
             start_time=seconds(getattr(details, "driver_start_time", None) or details.start_time),
             end_time=seconds(details.end_time),
-            entrypoint=_unguarded(details.entrypoint or ""),
+            entrypoint=(getattr(details, "metadata", None) or {}).get(_ENTRYPOINT_KEY)
+            or _unguarded(details.entrypoint or ""),
             exit_code=getattr(details, "driver_exit_code", None),
-            message=details.message or "",
+            # Ray appends the job's last 20,000 characters of log to a failed job's message: they are in its logs
+            message=(details.message or "").split(", last available logs", 1)[0],
         )
 
     def _list_jobs(self) -> list[JobInfo]:
@@ -261,11 +340,14 @@ class RayClusterContext(ClusterContext):
     def _get_job(self, job_id: str) -> JobInfo:
         return self._info(self._details(job_id))
 
-    def _delete_job(self, job_id: str) -> None:
-        info = self._get_job(job_id)
-        if not info.status.is_terminal:
+    def _stop_job(self, job_id: str) -> None:
+        # Ray sends SIGTERM to the job's process group, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s)
+        if not self._get_job(job_id).status.is_terminal:
             self._client.stop_job(job_id)
-            self._wait_job(job_id, 60.0)  # Ray refuses to delete a job that has not ended
+            self._wait_job(job_id, 60.0)
+
+    def _delete_job(self, job_id: str) -> None:
+        self._stop_job(job_id)  # Ray refuses to delete a job that has not ended
         self._client.delete_job(job_id)
 
     def _get_job_logs(self, job_id: str) -> str:
@@ -284,6 +366,33 @@ class RayClusterContext(ClusterContext):
             wait = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
             time.sleep(wait)
             pause = min(pause * 1.5, 0.5)
+
+    def node_status(self) -> list[dict[str, Any]]:
+        """Each node Ray reports (its dashboard's cluster status): total and free resources, `node:*` markers
+        left out. The dashboard answers with an empty list for a few seconds after the head started."""
+        usage = self._get_json("/api/cluster_status").get("clusterStatus", {}).get("loadMetricsReport", {})
+        names: dict[str, str] = {}
+        try:
+            listed = self._get_json("/api/v0/nodes?limit=1000").get("result", {}).get("result", [])
+            names = {node["node_id"]: node.get("node_ip") or node["node_id"] for node in listed}
+        except Exception:  # names are a nicety: ids do
+            pass
+        nodes = []
+        for node_id, resources in sorted((usage.get("usageByNode") or {}).items()):
+            total, free = {}, {}
+            for name, (used, amount) in resources.items():
+                if name.startswith("node:"):
+                    continue
+                name = {"objectStoreMemory": "object_store_memory"}.get(name, name)
+                total[name], free[name] = float(amount), float(amount) - float(used)
+            nodes.append({"node": names.get(node_id, node_id), "id": node_id, "total": total, "free": free})
+        return nodes
+
+    def _get_json(self, path: str) -> dict[str, Any]:
+        response = self._client._do_request("GET", path)
+        response.raise_for_status()
+        data = response.json()
+        return dict(data.get("data") or {})
 
     def _shutdown(self) -> None:
         if self._closed:

@@ -17,6 +17,9 @@ class Capability(enum.Enum):
     TASK_PACKAGES = "task_packages"  # TaskOptions(runtime_env=RuntimeEnv(package_requirements=[...]))
     JOB_PACKAGES = "job_packages"  # ClusterContext.create_job(..., env=RuntimeEnv(package_requirements=[...]))
     JOB_RESOURCES = "job_resources"  # create_job(env=RuntimeEnv(minimum_resources=[...])): reserved for the job
+    # create_job(..., detached=True): a job that outlives the process that submitted it and that another process
+    # (another `fray job ...` command) can list, follow, stop and delete
+    PERSISTENT_JOBS = "persistent_jobs"
     CANCEL_RUNNING = "cancel_running"  # cancel(ref) of a task that has started running
     STREAMING = "streaming"  # TaskOptions(streaming=True), handle.method.stream(...): ObjectRefStream
     SPMD_GROUPS = "spmd_groups"  # create_actor_group(..., distributed=True): a process per member, torch env set

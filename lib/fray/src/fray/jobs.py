@@ -1,18 +1,21 @@
 """Jobs as local subprocesses: each in its own process group, output to a log file (never a pipe that can fill),
-status updated by a waiter thread as it happens. Used by in_memory's ClusterContext and by backends that run
-jobs on their own hosts."""
+status updated by a waiter thread as it happens, run in the working directory given (by default the job's own
+directory). Used by in_memory's ClusterContext and by backends that run jobs on their own hosts. Detached jobs,
+which outlive this process, are in fray.detached."""
 
 from __future__ import annotations
 
+import codecs
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from fray import watchdog
 from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
-__all__ = ["LocalJobs"]
+__all__ = ["LocalJobs", "ended_status", "follow_log", "job_command", "job_environment", "missing_dir_message"]
 
 
 @dataclass
@@ -32,6 +35,7 @@ class _Job:
     ended: threading.Event = field(default_factory=threading.Event)
     need: dict[str, float] = field(default_factory=dict)  # resources it holds (or waits for)
     detached: bool = False  # outlives the process that started it
+    working_dir: str | None = None  # where it runs (None: its own directory)
 
 
 def host_resources() -> dict[str, float]:
@@ -43,7 +47,7 @@ def host_resources() -> dict[str, float]:
     return {"CPU": float(os.cpu_count() or 1), "memory": memory}
 
 
-def _command(entrypoint: str | list[str], env: RuntimeEnv, site_dir: Path) -> tuple[list[str], bool]:
+def job_command(entrypoint: str | list[str], env: RuntimeEnv, site_dir: Path) -> tuple[list[str], bool]:
     """The argv to run, and whether it needs a shell. Packages are installed by the job itself, first, so the
     install's output lands in the job's log and a failed install fails the job."""
     if not env.package_requirements:
@@ -53,6 +57,56 @@ def _command(entrypoint: str | list[str], env: RuntimeEnv, site_dir: Path) -> tu
     )
     run = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
     return ([f"{install} && {{ {run}\n}}"], True)
+
+
+def job_environment(env: RuntimeEnv, site_dir: Path) -> dict[str, str]:
+    """The environment of a job: this process's, with this interpreter's bin directory first on PATH (`python` in a
+    job is the interpreter of the program that started it, as in an activated environment), the job's own
+    variables (they win), and the directory its packages are installed into on PYTHONPATH."""
+    path = os.pathsep.join(filter(None, [os.path.dirname(sys.executable), os.environ.get("PATH")]))
+    child_env = {**os.environ, "PATH": path, **env.env}
+    if env.package_requirements:
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site_dir), child_env.get("PYTHONPATH")]))
+    return child_env
+
+
+def ended_status(code: int) -> tuple[JobStatus, int, str]:
+    """Status, exit code and message of a job whose process returned `code` (negative: killed by that signal)."""
+    if code == 0:
+        return JobStatus.SUCCEEDED, code, ""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return JobStatus.FAILED, code, f"killed by {name}"
+    return JobStatus.FAILED, code, f"exited with code {code}"
+
+
+def missing_dir_message(working_dir: str) -> str:
+    return f"fray: the working directory {working_dir} does not exist on this host ({socket.gethostname()})\n"
+
+
+def follow_log(path: Path, ended: Callable[[], bool], poll: float = 0.05, max_poll: float = 0.5) -> Iterator[str]:
+    """Yield what the log file at `path` holds, then each piece written to it, until `ended()` is true and
+    everything written before was yielded. Decodes UTF-8 across reads (a character split between two reads is
+    yielded whole)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pause = poll
+    with open(path, "rb") as log:
+        while True:
+            done = ended()  # asked before reading: whatever the job wrote before it ended is read below
+            data = log.read()
+            text = decoder.decode(data, final=done)
+            if text:
+                yield text
+            if done:
+                return
+            if data:
+                pause = poll
+            else:
+                time.sleep(pause)
+                pause = min(pause * 1.5, max_poll)
 
 
 class LocalJobs:
@@ -71,9 +125,15 @@ class LocalJobs:
         self._lock = threading.Condition()
 
     def start(
-        self, entrypoint: str | list[str], env: RuntimeEnv, job_id: str | None = None, detached: bool = False
+        self,
+        entrypoint: str | list[str],
+        env: RuntimeEnv,
+        job_id: str | None = None,
+        detached: bool = False,
+        working_dir: str | None = None,
     ) -> str:
-        """Start a job; it dies with this process (fray.watchdog) unless `detached`."""
+        """Start a job in `working_dir` (default: its own directory); it dies with this process (fray.watchdog)
+        unless `detached`. A working directory that does not exist here fails the job, saying so in its log."""
         need = {r.name: float(r.quantity) for r in env.minimum_resources}
         short = {k: v for k, v in need.items() if self.totals.get(k, 0.0) < v}
         if short:
@@ -88,6 +148,7 @@ class LocalJobs:
         job.log_path.touch()
         job.need = need
         job.detached = detached
+        job.working_dir = working_dir
         with self._lock:
             self._jobs[job_id] = job
         if need:
@@ -108,14 +169,13 @@ class LocalJobs:
             self._finish(job, JobStatus.STOPPED, None, "stopped before it started")
             return
         site_dir = job.log_path.parent / "site-packages"
-        argv, shell = _command(entrypoint, env, site_dir)
-        # `python` in a job is the interpreter (virtual environment) of the program that started it, as in an
-        # activated environment; the job's own env vars still win.
-        path = os.pathsep.join(filter(None, [os.path.dirname(sys.executable), os.environ.get("PATH")]))
-        child_env = {**os.environ, "PATH": path, **env.env}
-        if env.package_requirements:
-            child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site_dir), child_env.get("PYTHONPATH")]))
+        argv, shell = job_command(entrypoint, env, site_dir)
+        child_env = job_environment(env, site_dir)
         with open(job.log_path, "ab") as log:
+            if job.working_dir is not None and not os.path.isdir(job.working_dir):
+                log.write(missing_dir_message(job.working_dir).encode())
+                self._finish(job, JobStatus.FAILED, None, f"the working directory {job.working_dir} does not exist")
+                return
             try:
                 proc = subprocess.Popen(
                     argv[0] if shell else argv,
@@ -124,7 +184,7 @@ class LocalJobs:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=child_env,
-                    cwd=job.log_path.parent,
+                    cwd=job.working_dir or job.log_path.parent,
                     start_new_session=True,  # its own process group, so stop reaches every child
                 )
             except OSError as exc:  # e.g. argv[0] not found: the job fails, with the reason in its log
@@ -145,10 +205,8 @@ class LocalJobs:
             watchdog.forget_group(job.proc.pid)  # its number may be reused once its group is empty
         if job.stop_requested:
             self._finish(job, JobStatus.STOPPED, code, "stopped by request")
-        elif code == 0:
-            self._finish(job, JobStatus.SUCCEEDED, code, "")
         else:
-            self._finish(job, JobStatus.FAILED, code, f"exited with code {code}")
+            self._finish(job, *ended_status(code))
 
     def _finish(self, job: _Job, status: JobStatus, code: int | None, message: str) -> None:
         with self._lock:
@@ -166,6 +224,10 @@ class LocalJobs:
             raise JobNotFoundError(f"no job {job_id!r} here (it never existed or was deleted)")
         return job
 
+    def has(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._jobs
+
     def info(self, job_id: str) -> JobInfo:
         return self._job(job_id).info
 
@@ -175,6 +237,11 @@ class LocalJobs:
 
     def logs(self, job_id: str) -> str:
         return self._job(job_id).log_path.read_bytes().decode(errors="replace")
+
+    def tail(self, job_id: str) -> Iterator[str]:
+        """The job's output as it comes, until it has ended (see follow_log)."""
+        job = self._job(job_id)
+        return follow_log(job.log_path, job.ended.is_set)
 
     def stop(self, job_id: str) -> None:
         """SIGTERM the job's process group; SIGKILL it if it is still there after stop_grace seconds."""

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import shlex
+import subprocess
 import sys
 import time
 import uuid
 import zipfile
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
 from fray import GetTimeoutError, JobNotFoundError, JobStatus, Resource, RuntimeEnv
 from fray.context import ClusterContext
 from fray.testing import requires_capability
+from fray.testing.plugin import _spec_options
 
 PY = shlex.quote(sys.executable)
 
@@ -142,3 +146,82 @@ def test_job_minimum_resources_are_reserved(fray_cluster: ClusterContext) -> Non
 def test_job_maximum_resources_are_refused(fray_cluster: ClusterContext) -> None:
     with pytest.raises(ValueError, match="maximum_resources"):
         fray_cluster.create_job("true", env=RuntimeEnv(maximum_resources=[Resource("CPU", 1)]))
+
+
+def test_job_runs_in_its_working_dir(
+    fray_cluster: ClusterContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "fray_wd_probe.py").write_text("import os\nprint('ran in', os.path.realpath(os.getcwd()))\n")
+    where = f"ran in {os.path.realpath(tmp_path)}"
+    job = fray_cluster.create_job(f"{PY} fray_wd_probe.py", working_dir=tmp_path)
+    assert fray_cluster.wait_job(job, timeout=120).status is JobStatus.SUCCEEDED, fray_cluster.get_job_logs(job)
+    assert where in fray_cluster.get_job_logs(job)
+    monkeypatch.chdir(tmp_path)  # by default a job runs where its submitter is
+    job = fray_cluster.create_job([sys.executable, "fray_wd_probe.py"])
+    assert fray_cluster.wait_job(job, timeout=120).status is JobStatus.SUCCEEDED, fray_cluster.get_job_logs(job)
+    assert where in fray_cluster.get_job_logs(job)
+    with pytest.raises(ValueError, match="not a directory"):
+        fray_cluster.create_job("true", working_dir=tmp_path / "missing")
+
+
+def test_stop_job_keeps_it_listed_as_stopped(fray_cluster: ClusterContext) -> None:
+    job = fray_cluster.create_job(_python("import time; print('started', flush=True); time.sleep(300)"))
+    _wait_for(lambda: "started" in fray_cluster.get_job_logs(job), 60, "the job's first line")
+    start = time.monotonic()
+    fray_cluster.stop_job(job)
+    assert time.monotonic() - start < 30
+    info = fray_cluster.get_job(job)
+    assert info.status is JobStatus.STOPPED, info
+    assert job in {i.id for i in fray_cluster.list_jobs()}
+    assert "started" in fray_cluster.get_job_logs(job)
+    fray_cluster.stop_job(job)  # a job that has ended is left as it is
+    assert fray_cluster.get_job(job).status is JobStatus.STOPPED
+    fray_cluster.delete_job(job)
+
+
+def test_tail_job_logs_follows_a_running_job_to_its_end(fray_cluster: ClusterContext, tmp_path: Path) -> None:
+    gate = tmp_path / "go"
+    code = (
+        "import os, time\nprint('first', flush=True)\ndeadline = time.time() + 120\n"
+        f"while not os.path.exists({str(gate)!r}) and time.time() < deadline:\n    time.sleep(0.05)\n"
+        "print('second', flush=True)\n"
+    )
+    job = fray_cluster.create_job(_python(code))
+    seen = ""
+    for piece in fray_cluster.tail_job_logs(job):
+        assert isinstance(piece, str) and piece
+        seen += piece
+        if "first" in seen and not gate.exists():
+            assert "second" not in seen
+            assert not fray_cluster.get_job(job).status.is_terminal  # it is followed while it runs
+            gate.write_text("go")
+    assert gate.exists() and seen.index("first") < seen.index("second"), seen
+    assert fray_cluster.get_job(job).status is JobStatus.SUCCEEDED  # the iterator ended with the job
+    with pytest.raises(JobNotFoundError):
+        fray_cluster.tail_job_logs("no-such-job")
+
+
+@requires_capability("persistent_jobs")
+def test_detached_job_outlives_its_submitter(
+    fray_cluster: ClusterContext, fray_backend_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FRAY_STATE_DIR", str(tmp_path / "state"))  # in_memory keeps detached jobs there
+    options = _spec_options(fray_backend_name, "cluster_test_spec")
+    if getattr(fray_cluster, "address", None):
+        options["address"] = fray_cluster.address  # type: ignore[attr-defined]
+    spec = fray_backend_name + ("?" + urlencode(options) if options else "")
+    command = _python("import time\nfor i in range(300):\n    print('tick', i, flush=True)\n    time.sleep(0.2)")
+    submit = f"import fray\nc = fray.cluster({spec!r})\nprint(c.create_job({command!r}, detached=True))\nc.shutdown()"
+    done = subprocess.run([sys.executable, "-c", submit], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().splitlines()[-1]
+    try:
+        _wait_for(lambda: "tick 3" in fray_cluster.get_job_logs(job), 60, "the detached job's output")
+        assert fray_cluster.get_job(job).status is JobStatus.RUNNING  # its submitter has ended, it has not
+        assert job in {info.id for info in fray_cluster.list_jobs()}
+        fray_cluster.stop_job(job)
+        assert fray_cluster.get_job(job).status is JobStatus.STOPPED
+    finally:
+        fray_cluster.delete_job(job)
+    with pytest.raises(JobNotFoundError):
+        fray_cluster.get_job(job)

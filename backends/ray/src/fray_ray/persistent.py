@@ -1,0 +1,102 @@
+"""A Ray head that outlives the command that started it: `fray cluster start --backend ray` / `fray cluster stop`.
+
+The same head as a private one (fray_ray.cluster.LocalHead: `ray start --head --block` in a process group of its
+own, ports chosen free, a temp dir of its own, on loopback unless told otherwise) but not tied to its starter's
+life. It is recorded in the state directory (`clusters/ray.json`: addresses, process group, temp dir), where later
+commands find it: `fray job ... --backend ray` talk to it by address, `fray cluster stop` stops its jobs, then
+exactly its process group, and removes its temp dir.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from typing import Any
+
+from fray import state
+from fray_ray._connect import LOOPBACK, enable_token_auth
+from fray_ray.cluster import LocalHead, job_client
+
+__all__ = ["recorded", "start", "stop"]
+
+NAME = "ray"
+
+
+def recorded() -> dict[str, Any] | None:
+    """The head `fray cluster start` recorded, with "running": whether its process still runs."""
+    record = state.read_cluster(NAME)
+    if record is None:
+        return None
+    return {**record, "running": state.same_process(record.get("pid"), record.get("pid_start"))}
+
+
+def start(
+    num_cpus: float | None = None,
+    resources: dict[str, float] | None = None,
+    num_gpus: float | None = None,
+    object_store_memory: int | None = None,
+    listen: str = LOOPBACK,
+) -> tuple[dict[str, Any], bool]:
+    """Start and record a head (or find the running one): (its record, whether it was started now)."""
+    current = recorded()
+    if current is not None and current["running"]:
+        return current, False
+    if current is not None:  # its process is gone: clear what is left of it
+        _clean(current)
+    enable_token_auth()
+    head = LocalHead(num_cpus, resources, num_gpus, object_store_memory, owned=False, listen=listen)
+    head.wait_ready(job_client)  # stops the head and raises if it does not come up
+    record = {
+        "backend": NAME,
+        "address": head.address,
+        "gcs_address": head.gcs_address,
+        "pid": head.proc.pid,
+        "pid_start": state.process_start(head.proc.pid),
+        "pgid": head.proc.pid,
+        "temp_dir": head.temp_dir,
+        "listen": listen,
+        "started": time.time(),
+    }
+    state.record_cluster(NAME, record)
+    return {**record, "running": True}, True
+
+
+def stop(job_grace: float = 15.0) -> dict[str, Any] | None:
+    """Stop the recorded head: its running jobs through the Job API first (so their processes end the way Ray
+    ends them), then its `ray start --block` process (which stops what it started), then whatever is left of its
+    process group; remove its temp dir and the record. Returns the record, or None if there was none."""
+    current = recorded()
+    if current is None:
+        return None
+    if current["running"]:
+        enable_token_auth()
+        try:
+            client = job_client(current["address"])
+            running = [d.submission_id for d in client.list_jobs() if d.submission_id and not d.status.is_terminal()]
+            for job_id in running:
+                client.stop_job(job_id)
+            deadline = time.monotonic() + job_grace
+            while running and time.monotonic() < deadline:
+                time.sleep(0.2)
+                running = [j for j in running if not client.get_job_status(j).is_terminal()]
+        except Exception:  # the head is going anyway, and its jobs' guards end them with their supervisors
+            pass
+        try:
+            os.kill(int(current["pid"]), signal.SIGTERM)  # --block: Ray stops every process it started
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 30.0
+        while state.same_process(current["pid"], current.get("pid_start")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    _clean(current)
+    return current
+
+
+def _clean(record: dict[str, Any]) -> None:
+    if record.get("pgid"):
+        state.stop_group(int(record["pgid"]), grace=3.0)
+    if record.get("temp_dir"):
+        shutil.rmtree(record["temp_dir"], ignore_errors=True)
+    state.forget_cluster(NAME)

@@ -1,0 +1,362 @@
+"""Detached local jobs: jobs that outlive the process that started them, kept in the state directory.
+
+    <state dir>/jobs/<job id>/       (see fray.state for where the state directory is)
+        job.json    what to run, written once by the submitter: entrypoint, env, working dir, submission time
+        state.json  written by the job's runner as things happen: status, pids, times, exit code, message
+        log         the job's stdout and stderr
+        stop        there once someone asked the job to stop (holds the reason)
+        runner.log  the runner's own errors (normally empty)
+
+Each job has a small runner process (`python -m fray.detached JOB_DIR`) in a session of its own: it starts the
+job (a process group of its own), records its pid, waits for it and records how it ended. So any process can
+read a job's status, follow its log, stop it (SIGTERM to its group, SIGKILL after a grace period) or delete it.
+A job whose runner died before recording the end is reported FAILED, saying so; stop and delete still end
+whatever is left of its processes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import re
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from fray.errors import GetTimeoutError, JobNotFoundError
+from fray.jobs import ended_status, follow_log, job_command, job_environment, missing_dir_message
+from fray.state import group_members, process_start, read_json, same_process, state_dir, stop_group, write_json
+from fray.types import JobInfo, JobStatus, RuntimeEnv
+
+__all__ = ["DetachedJobs"]
+
+_STARTED = b"started\n"  # the runner's one line to its submitter: the job's state is recorded
+_RUNNER_START_TIMEOUT = 30.0
+_NO_RUNNER_AFTER = 60.0  # a job with no state this long after submission: its runner never started
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class DetachedJobs:
+    """The detached jobs in `root` (default: the jobs directory of the state directory, read at each use)."""
+
+    def __init__(self, root: Path | None = None, stop_grace: float = 3.0) -> None:
+        self._root = Path(root) if root is not None else None
+        self.stop_grace = stop_grace
+
+    @property
+    def root(self) -> Path:
+        return self._root if self._root is not None else state_dir() / "jobs"
+
+    # ------------------------------------------------------------------ start
+    def start(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, job_id: str | None = None) -> str:
+        """Start a job that outlives this process; return once its runner has recorded it running (or failed)."""
+        job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        job_dir = self.root / job_id
+        job_dir.mkdir(mode=0o700)
+        write_json(
+            job_dir / "job.json",
+            {
+                "id": job_id,
+                "entrypoint": entrypoint,
+                "text": entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint),
+                "env": dict(env.env),
+                "packages": list(env.package_requirements),
+                "working_dir": working_dir,
+                "submission_time": time.time(),
+            },
+        )
+        (job_dir / "log").touch(mode=0o600)
+        with open(job_dir / "runner.log", "ab") as errors:
+            runner = subprocess.Popen(
+                [sys.executable, "-m", "fray.detached", str(job_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                cwd=job_dir,
+                start_new_session=True,  # not in this process's group or session: a Ctrl-C here does not reach it
+            )
+        assert runner.stdout is not None
+        started = _read_line(runner.stdout, _RUNNER_START_TIMEOUT) == _STARTED
+        runner.stdout.close()
+        # Reap it if it ends while this process lives (it is our child until then).
+        threading.Thread(target=runner.wait, name=f"fray-runner-{job_id}", daemon=True).start()
+        if not started:
+            if runner.poll() is None:
+                runner.kill()
+            why = (job_dir / "runner.log").read_text(errors="replace")[-2000:].strip() or "no output"
+            state = read_json(job_dir / "state.json") or {}
+            if not JobStatus(state.get("status", "PENDING")).is_terminal:
+                write_json(
+                    job_dir / "state.json",
+                    {**state, "status": "FAILED", "end_time": time.time(), "message": f"its runner failed: {why}"},
+                )
+        return job_id
+
+    # ------------------------------------------------------------------ reading
+    def _dir(self, job_id: str) -> Path:
+        if not isinstance(job_id, str) or not _ID.fullmatch(job_id) or not (self.root / job_id / "job.json").is_file():
+            raise JobNotFoundError(f"no job {job_id!r} here (it never existed or was deleted)")
+        return self.root / job_id
+
+    def has(self, job_id: str) -> bool:
+        try:
+            self._dir(job_id)
+        except JobNotFoundError:
+            return False
+        return True
+
+    def info(self, job_id: str) -> JobInfo:
+        job_dir = self._dir(job_id)
+        spec = read_json(job_dir / "job.json")
+        if spec is None:
+            raise JobNotFoundError(f"no job {job_id!r} here (it was just deleted)")
+        state = read_json(job_dir / "state.json") or {}
+        status = JobStatus(state.get("status", "PENDING"))
+        message = str(state.get("message", ""))
+        if not status.is_terminal and not self._runner_alive(spec, state):
+            state = read_json(job_dir / "state.json") or state  # it may have recorded the end just now
+            status = JobStatus(state.get("status", "PENDING"))
+            message = str(state.get("message", ""))
+            if not status.is_terminal:
+                status, message = JobStatus.FAILED, _runner_gone(job_id, state)
+        return JobInfo(
+            id=job_id,
+            status=status,
+            submission_time=spec.get("submission_time"),
+            start_time=state.get("start_time"),
+            end_time=state.get("end_time"),
+            entrypoint=str(spec.get("text", "")),
+            exit_code=state.get("exit_code"),
+            message=message,
+        )
+
+    @staticmethod
+    def _runner_alive(spec: dict[str, Any], state: dict[str, Any]) -> bool:
+        if "runner_pid" not in state:  # not started yet, or it never will
+            return time.time() - float(spec.get("submission_time") or 0) < _NO_RUNNER_AFTER
+        return same_process(state.get("runner_pid"), state.get("runner_start"))
+
+    def list(self) -> list[JobInfo]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        infos = []
+        for name in names:
+            try:
+                infos.append(self.info(name))
+            except JobNotFoundError:  # being created or deleted right now
+                continue
+        infos.sort(key=lambda info: info.submission_time or 0.0)
+        return infos
+
+    def log_path(self, job_id: str) -> Path:
+        return self._dir(job_id) / "log"
+
+    def logs(self, job_id: str) -> str:
+        return self.log_path(job_id).read_bytes().decode(errors="replace")
+
+    def tail(self, job_id: str) -> Iterator[str]:
+        """The job's output as it comes, until it has ended."""
+        return follow_log(self.log_path(job_id), lambda: self.info(job_id).status.is_terminal)
+
+    def processes(self, job_id: str) -> builtins.list[int]:
+        """The process groups of a running job: its runner's and its own (what ends it if killed)."""
+        state = read_json(self._dir(job_id) / "state.json") or {}
+        return [int(state[key]) for key in ("runner_pid", "pgid") if state.get(key)]
+
+    def wait(self, job_id: str, timeout: float | None) -> JobInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            info = self.info(job_id)
+            if info.status.is_terminal:
+                return info
+            if deadline is not None and time.monotonic() >= deadline:
+                raise GetTimeoutError(f"job {job_id} did not end within {timeout} s (status {info.status.name})")
+            time.sleep(pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 1.5, 0.5)
+
+    # ------------------------------------------------------------------ stopping
+    def stop(self, job_id: str) -> None:
+        """End the job's process group (SIGTERM, SIGKILL after stop_grace seconds); it ends STOPPED. Returns once
+        it has ended. A job that has already ended is left as it was (what is left of a job whose runner died is
+        ended all the same)."""
+        job_dir = self._dir(job_id)
+        info = self.info(job_id)
+        state = read_json(job_dir / "state.json") or {}
+        if info.status.is_terminal:
+            if state.get("pgid") and not same_process(state.get("runner_pid"), state.get("runner_start")):
+                stop_group(int(state["pgid"]), self.stop_grace)
+            return
+        _mark_stop(job_dir, "stopped by request")
+        deadline = time.monotonic() + 10.0
+        while not state.get("pgid") and not JobStatus(state.get("status", "PENDING")).is_terminal:
+            if time.monotonic() > deadline or not self._runner_alive(read_json(job_dir / "job.json") or {}, state):
+                break
+            time.sleep(0.05)  # its runner is about to start it (or to see the stop request first)
+            state = read_json(job_dir / "state.json") or {}
+        if state.get("pgid"):
+            stop_group(int(state["pgid"]), self.stop_grace)
+        deadline = time.monotonic() + 10.0  # its runner records the end once it has reaped the job
+        while time.monotonic() < deadline:
+            state = read_json(job_dir / "state.json") or {}
+            if JobStatus(state.get("status", "PENDING")).is_terminal:
+                return
+            if not same_process(state.get("runner_pid"), state.get("runner_start")):
+                break
+            time.sleep(0.05)
+        state = read_json(job_dir / "state.json") or {}
+        if not JobStatus(state.get("status", "PENDING")).is_terminal:
+            write_json(
+                job_dir / "state.json",
+                {
+                    **state,
+                    "status": "STOPPED",
+                    "end_time": time.time(),
+                    "message": "stopped by request (its runner was gone)",
+                },
+            )
+
+    def delete(self, job_id: str) -> None:
+        """Stop the job if it runs, then forget it (its directory and log go)."""
+        job_dir = self._dir(job_id)
+        self.stop(job_id)
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _runner_gone(job_id: str, state: dict[str, Any]) -> str:
+    message = f"its runner process (pid {state.get('runner_pid', '?')}) died before the job ended: exit status unknown"
+    pgid = state.get("pgid")
+    if pgid and group_members(int(pgid)):
+        message += f"; its processes (group {pgid}) still run: `fray job stop {job_id}` ends them"
+    return message
+
+
+def _mark_stop(job_dir: Path, reason: str) -> None:
+    try:
+        (job_dir / "stop").write_text(reason)
+    except FileExistsError:
+        pass
+
+
+def _stop_reason(job_dir: Path) -> str | None:
+    try:
+        return (job_dir / "stop").read_text().strip() or "stopped by request"
+    except OSError:
+        return None
+
+
+def _read_line(stream: IO[bytes], timeout: float) -> bytes:
+    """One line from a pipe, or b"" at EOF or after timeout seconds."""
+    fd = stream.fileno()
+    deadline = time.monotonic() + timeout
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return b""
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return line
+        line += chunk
+    return line
+
+
+# ---------------------------------------------------------------------- the runner (its own process)
+def run(job_dir: Path) -> int:
+    """Start the job described in job_dir/job.json, record its state, wait for it and record how it ended."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only a stop request (SIGTERM) ends it
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    spec = read_json(job_dir / "job.json")
+    if spec is None:
+        print(f"fray.detached: no job.json in {job_dir}", file=sys.stderr)
+        return 2
+    state: dict[str, Any] = {"status": "PENDING", "runner_pid": os.getpid(), "runner_start": process_start(os.getpid())}
+    write_json(job_dir / "state.json", state)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def on_term(signum: int, frame: object) -> None:
+        _mark_stop(job_dir, f"stopped: its runner received {signal.Signals(signum).name}")
+        if proc is not None:
+            _killpg(proc.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+    def record(**changes: Any) -> None:
+        state.update(changes)
+        write_json(job_dir / "state.json", state)
+
+    def started() -> None:  # tell the submitter, then let go of its pipe
+        try:
+            os.write(1, _STARTED)
+        except OSError:  # the submitter is gone: nobody is waiting
+            pass
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+
+    def fail(message: str, log_line: str) -> int:
+        with open(job_dir / "log", "ab") as log:
+            log.write(log_line.encode())
+        record(status="FAILED", end_time=time.time(), message=message)
+        started()
+        return 0
+
+    env = RuntimeEnv(env=dict(spec.get("env") or {}), package_requirements=list(spec.get("packages") or []))
+    site_dir = job_dir / "site-packages"
+    argv, shell = job_command(spec["entrypoint"], env, site_dir)
+    working_dir = str(spec["working_dir"])
+    if _stop_reason(job_dir) is not None:
+        record(status="STOPPED", end_time=time.time(), message="stopped before it started")
+        started()
+        return 0
+    if not os.path.isdir(working_dir):
+        return fail(f"the working directory {working_dir} does not exist", missing_dir_message(working_dir))
+    with open(job_dir / "log", "ab") as log:
+        try:
+            proc = subprocess.Popen(
+                argv[0] if shell else argv,
+                shell=shell,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=job_environment(env, site_dir),
+                cwd=working_dir,
+                start_new_session=True,  # its own process group: a stop reaches every process of the job
+            )
+        except OSError as exc:  # e.g. argv[0] not found
+            return fail(str(exc), f"fray: could not start {spec.get('text')!r}: {exc}\n")
+    record(status="RUNNING", pid=proc.pid, pgid=proc.pid, start_time=time.time())
+    if _stop_reason(job_dir) is not None:  # asked while it was being started
+        _killpg(proc.pid, signal.SIGTERM)
+    started()
+    code = proc.wait()
+    reason = _stop_reason(job_dir)
+    if reason is not None:
+        record(status="STOPPED", end_time=time.time(), exit_code=code, message=reason)
+    else:
+        status, exit_code, message = ended_status(code)
+        record(status=status.value, end_time=time.time(), exit_code=exit_code, message=message)
+    return 0
+
+
+def _killpg(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(run(Path(sys.argv[1])))
