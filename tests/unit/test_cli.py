@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 
-def _fray(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fray.cli", *args], capture_output=True, text=True, timeout=120)
+def _fray(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fray.cli", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_backends_lists_in_memory_with_capabilities() -> None:
@@ -15,9 +19,10 @@ def test_backends_lists_in_memory_with_capabilities() -> None:
     assert "in_memory" in out and "installed" in out and "cancel_running" in out
 
 
-def test_run_follows_the_log_and_exits_with_the_job_status() -> None:
-    ok = _fray("run", "--backend", "in_memory", "--", sys.executable, "-c", "print('hello from the job')")
+def test_run_follows_the_log_and_exits_with_the_job_exit_code(tmp_path: Path) -> None:
+    env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path)}  # attached jobs are listed there too
+    ok = _fray("run", "--backend", "in_memory", "--", sys.executable, "-c", "print('hello from the job')", env=env)
     assert ok.returncode == 0 and "hello from the job" in ok.stdout, ok.stderr
-    failed = _fray("run", "--backend", "in_memory", "--", sys.executable, "-c", "raise SystemExit(4)")
-    assert failed.returncode == 1 and "FAILED" in failed.stderr
+    failed = _fray("run", "--backend", "in_memory", "--", sys.executable, "-c", "raise SystemExit(4)", env=env)
+    assert failed.returncode == 4 and "FAILED" in failed.stderr
     assert _fray("run", "--").returncode == 2
