@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import fray
+from fray.detached import DetachedJobs
 from fray.state import group_members
 
 FRAY = str(Path(sys.executable).parent / "fray")
@@ -29,9 +30,27 @@ def _env(state: Path) -> dict[str, str]:
     return env
 
 
+_running: list[subprocess.Popen[str]] = []  # `fray` commands a test started: ended after it, whatever happened
+
+
+@pytest.fixture(autouse=True)
+def _end_what_a_test_started() -> Iterator[None]:
+    yield
+    while _running:
+        proc = _running.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    return _env(tmp_path / "state")
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = _env(tmp_path / "state")
+    yield env
+    jobs = DetachedJobs(tmp_path / "state" / "jobs")  # a failed test must not leave a detached job running
+    for info in jobs.list():
+        if not info.status.is_terminal:
+            jobs.stop(info.id)
 
 
 def _fray(
@@ -41,7 +60,9 @@ def _fray(
 
 
 def _start(env: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([FRAY, *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([FRAY, *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _running.append(proc)
+    return proc
 
 
 def _json(done: subprocess.CompletedProcess[str]) -> object:
