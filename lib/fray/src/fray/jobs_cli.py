@@ -130,6 +130,9 @@ def run_command(args: argparse.Namespace) -> int:
     except (FrayError, ValueError, TypeError) as exc:  # unknown job, bad spec or directory, missing capability
         print(f"fray: error: {exc}", file=sys.stderr)
         return 1
+    except (ConnectionError, RuntimeError) as exc:  # the engine's: no cluster at that address, refused auth, ...
+        print(f"fray: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     except BrokenPipeError:  # `fray job logs ID | head`: the reader has gone
