@@ -124,7 +124,7 @@ class MonarchBackend(Backend):
                 except Exception:
                     pass
 
-        return MonarchJobContext(hosts, procs, resources, stores, on_shutdown=stop_hosts)
+        return MonarchJobContext(hosts, procs, resources, stores, on_shutdown=stop_hosts, host_mesh=host_mesh)
 
     def cluster_context(self, **options: str) -> Any:
         from fray_monarch.cluster import MonarchClusterContext

@@ -49,6 +49,9 @@ class ActorRec:
     dedicated: bool = False  # it owns its process (an SPMD member, a member of a group's own mesh)
     host: int = 0  # the fray host of its own process (dedicated)
     claim: Proc | None = None  # the process whose share of the host its resources are taken from
+    group: Any = None  # the GroupRec of a group member (meshgroups.py)
+    slot: tuple[int, int] | None = None  # (block, flat index) in its group's mesh; None once on a process of its own
+    inflight: set[str] = field(default_factory=set)  # its calls sent by group broadcast, not answered yet
 
     @property
     def can_restart(self) -> bool:
@@ -71,6 +74,7 @@ class ActorRegistry:
     procs: list[Proc]
     actors: dict[str, ActorRec]
     names: dict[str, str]
+    inflight: dict[str, Entry]  # group-broadcast calls not answered yet, by object id
 
     if TYPE_CHECKING:  # provided by the Controller or its other parts
 
@@ -192,8 +196,9 @@ class ActorRegistry:
     def _place_actor(self, rec: ActorRec) -> None:
         """Under the lock: spawn the actor on the least loaded live process that can hold its resources, or on a
         fresh process of its own (a dedicated actor: an SPMD member; a group member coming back)."""
-        if rec.dedicated:
+        if rec.dedicated:  # (a group member coming back: on a fresh process, never on its group's mesh)
             proc = self._spawn_proc(rec.host, dedicated=rec.id)
+            rec.slot = None
             self._claim_on_host(rec, rec.host)
         else:
             pool = self._general_procs()
@@ -221,7 +226,16 @@ class ActorRegistry:
             proc.actors.discard(rec.id)
         self._unclaim(rec)
         rec.keep = []
+        self._fail_inflight(rec, RuntimeError(reason))
         self._pump()
+
+    def _fail_inflight(self, rec: ActorRec, exc: BaseException) -> None:
+        """Under the lock: its calls sent by group broadcast will not be answered (it died, or is restarting)."""
+        for oid in list(rec.inflight):
+            entry = self.inflight.pop(oid, None)
+            if entry is not None:
+                self._resolve_reply(entry, None, exc)
+        rec.inflight.clear()
 
     def actor(self, aid: str) -> ActorRec:
         rec = self.actors.get(aid)
@@ -273,6 +287,7 @@ class ActorRegistry:
             self._actor_dead(rec, "it was killed")
             mesh = rec.mesh
             own = rec.proc if rec.dedicated else None
+            in_group_mesh = rec.slot is not None
             if own is not None and own.alive:  # its whole process goes with it, and what that process stored
                 own.alive = False
                 if own in self.procs:
@@ -280,6 +295,9 @@ class ActorRegistry:
                 self.objects.forget_holder(own.key)
                 self.objects.mark_lost(own.key, f"it was stored by actor {rec.label}, which was killed")
         try:
-            _runtime.on_done((own.mesh if own is not None else mesh).stop(), lambda _v, _e: None)
+            if in_group_mesh and own is not None:  # one process of its group's mesh (a slice cannot be stopped)
+                own.worker.exit_process.broadcast()
+            else:
+                _runtime.on_done((own.mesh if own is not None else mesh).stop(), lambda _v, _e: None)
         except Exception:
             pass

@@ -90,6 +90,20 @@ class WorkerHost(Actor):
         self.rt.set_capacity(capacity)
 
     @endpoint
+    def exit_process(self) -> None:
+        """This process belongs to one member of a group's mesh, which was killed (a slice of a proc mesh cannot
+        be stopped): end it."""
+        self.rt.stop()
+        os._exit(0)
+
+    @endpoint
+    def free_port(self, bind: str) -> int:
+        """A TCP port free on this host now (MASTER_PORT of an SPMD group whose rank 0 is here)."""
+        from fray.groups import free_port
+
+        return free_port(bind)
+
+    @endpoint
     def unqueue(self, count: int) -> list[str]:
         return self.rt.unqueue(count)
 
@@ -110,6 +124,19 @@ class WorkerHost(Actor):
     @endpoint
     def ping(self) -> ProcInfo:
         return ProcInfo(os.getpid(), _runtime.machine_id())
+
+
+class _Tagged:
+    """A member's answer to a group broadcast: sent to the shared reply port with its object id."""
+
+    __slots__ = ("oid", "port")
+
+    def __init__(self, port: Any, oid: str) -> None:
+        self.port = port
+        self.oid = oid
+
+    def send(self, reply: ActorReply) -> None:
+        self.port.send((self.oid, reply))
 
 
 class FrayActorHost(Actor):
@@ -249,7 +276,6 @@ class FrayActorHost(Actor):
                 pass
 
     def _invoke(self, oid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
-        self.init_done.wait()
         if self.obj is None:
             return ActorReply("dead", reason=f"the actor's __init__ raised {self.init_error}")
         tokens = self._enter()
@@ -268,7 +294,8 @@ class FrayActorHost(Actor):
         what = f"{type(self.obj).__name__}.{method}"
 
         def make() -> Any:
-            self.init_done.wait()
+            if self.max_threads > 1:  # (with one thread, __init__ ran on this very thread already)
+                self.init_done.wait()
             if self.obj is None:
                 raise ActorDiedError(f"the actor is dead: its __init__ raised {self.init_error}")
             args, kwargs = self._args(call, deps, f"the arguments of {what}")
@@ -332,6 +359,21 @@ class FrayActorHost(Actor):
     def call_stream(self, port: Any, sid: str, method: str, call: WireValue, deps: list[str]) -> None:
         self._submit(port, self._stream, sid, method, call, deps)
 
+    @endpoint
+    def call_group(self, oids: dict[int, str], method: str, call: WireValue, deps: list[str], replies: Any) -> None:
+        """One broadcast to (a slice of) a group's mesh: each member answers its own call, under its own object
+        id, on the controller's reply port, as soon as it is done."""
+        oid = oids.get(self.index)
+        if oid is None:
+            return
+        port = _Tagged(replies, oid)
+        if self.max_threads > 1:
+            self.init_done.wait()
+        if self.loop is not None:
+            self._submit_async(port, oid, method, call, deps)
+        else:
+            self._submit(port, self._invoke, oid, method, call, deps)
+
 
 class Coordinator(Actor):
     """Lives in the controller process; serves workers' create_task/create_actor/get/put... against the
@@ -376,6 +418,20 @@ class Coordinator(Actor):
     @endpoint
     def call_actor(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Any:
         return self._safe(self._ctl().call_actor_remote, proc_key, aid, method, call, deps)
+
+    @endpoint
+    def create_group(
+        self, proc_key: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, spec: Any
+    ) -> Any:
+        return self._safe(self._ctl().create_group_remote, proc_key, cls_data, call, deps, options, spec)
+
+    @endpoint
+    def call_group(self, proc_key: str, aids: list[str], method: str, call: WireValue, deps: list[str]) -> Any:
+        return self._safe(self._ctl().call_group_remote, proc_key, aids, method, call, deps)
+
+    @endpoint
+    def kill_group(self, aids: list[str]) -> Any:
+        return self._safe(self._ctl().kill_group, aids)
 
     @endpoint
     def call_actor_stream(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError
-from fray.groups import Member
+from fray.groups import ActorGroup, Member
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import dumps
 from fray.streams import ObjectRefStream
@@ -37,8 +37,9 @@ class MonarchJobContext(JobContext):
         host_resources: dict[str, float],
         stores: StoreConfig,
         on_shutdown: Callable[[], None] | None = None,
+        host_mesh: Any = None,
     ) -> None:
-        self.ctl = Controller(hosts, procs_per_host, host_resources, stores)
+        self.ctl = Controller(hosts, procs_per_host, host_resources, stores, host_mesh)
         self._on_shutdown = on_shutdown
         self._closed = False
         self._close_lock = threading.Lock()
@@ -94,6 +95,52 @@ class MonarchJobContext(JobContext):
             cls_data, klass.__name__, public_methods(klass), call, [d.id for d in deps], [*keep, *deps], options, member
         )
         return ActorHandle(aid, BACKEND, class_name, methods, name, ctx=self)
+
+    def _create_actor_group(
+        self,
+        klass: type,
+        count: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        placement: str,
+        strict: bool,
+        distributed: bool,
+    ) -> ActorGroup:
+        """One Monarch actor mesh over a process mesh of its own (see meshgroups.py)."""
+        self._check_open()
+        cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
+        blob, deps = pack_call(klass.__qualname__, args, kwargs)
+        call, keep = self.ctl.encode_call(blob)
+        methods = public_methods(klass)
+        gid, members = self.ctl.create_group(
+            cls_data,
+            klass.__name__,
+            methods,
+            call,
+            [d.id for d in deps],
+            [*keep, *deps],
+            options,
+            count,
+            placement,
+            distributed,
+        )
+        handles = [ActorHandle(aid, BACKEND, klass.__name__, methods, name, ctx=self) for aid, name in members]
+        return ActorGroup(handles, options.name, gid, ctx=self)
+
+    def _call_group(
+        self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[ObjectRef]:
+        self._check_open()
+        blob, deps = pack_call(f"{group.class_name}.{method}", args, kwargs)
+        call, keep = self.ctl.encode_call(blob)
+        if deps:
+            keep = [*keep, *deps]
+        payloads = self.ctl.call_group([h.payload for h in group.handles], method, call, [d.id for d in deps], keep)
+        return [self._ref(p) for p in payloads]
+
+    def _kill_group(self, group: ActorGroup) -> None:
+        self.ctl.kill_group([h.payload for h in group.handles])
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         self._check_open()

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from monarch.actor import this_proc
+from monarch.actor import Channel, this_proc
 
 from fray import watchdog
 from fray.errors import (
@@ -33,6 +33,7 @@ from fray_monarch.actor_registry import ActorRec, ActorRegistry
 from fray_monarch.actors import Coordinator, WorkerHost
 from fray_monarch.arena import SHM_DIR, reclaim_dead_segments, remove_segments
 from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.meshgroups import GroupRec, GroupRegistry
 from fray_monarch.objects import RefPayload, Tracker, owner_key, set_tracker
 from fray_monarch.protocol import (
     Inline,
@@ -62,12 +63,17 @@ TRACKER = Tracker(_on_first, _on_zero)
 set_tracker(TRACKER)
 
 
-class Controller(TaskScheduling, ActorRegistry, StreamRegistry, WorkerService):
+class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, WorkerService):
     """Processes and objects of one context; tasks (scheduler.py), actors (actor_registry.py) and requests from
     workers (service.py) are its other parts."""
 
     def __init__(
-        self, hosts: list[Any], procs_per_host: int, host_resources: dict[str, float], stores: StoreConfig
+        self,
+        hosts: list[Any],
+        procs_per_host: int,
+        host_resources: dict[str, float],
+        stores: StoreConfig,
+        host_mesh: Any = None,
     ) -> None:
         self.key = uuid.uuid4().hex[:10]
         self.lock = threading.RLock()
@@ -79,6 +85,11 @@ class Controller(TaskScheduling, ActorRegistry, StreamRegistry, WorkerService):
         self.actors: dict[str, ActorRec] = {}
         self.names: dict[str, str] = {}
         self.streams: dict[str, StreamRec] = {}
+        self.groups: dict[str, GroupRec] = {}
+        self.inflight: dict[str, Entry] = {}  # group-broadcast calls not answered yet
+        self.host_mesh = host_mesh  # all attached hosts as one mesh (a group spread over them is one mesh)
+        self.reply_port, self.reply_receiver = Channel.open()  # where group members answer broadcasts
+        self.reply_thread: threading.Thread | None = None
         self.hosts = hosts
         self.procs_per_host = procs_per_host
         self.share = {k: v / procs_per_host for k, v in host_resources.items()}
@@ -191,9 +202,37 @@ class Controller(TaskScheduling, ActorRegistry, StreamRegistry, WorkerService):
                 if rec.can_restart:
                     rec.restarts += 1
                     self._place_actor(rec)
+                    self._fail_inflight(rec, RuntimeError(reason))  # -> ActorUnavailableError
                 else:
                     self._actor_dead(rec, f"its process crashed: {reason}")
             self._pump()
+
+    def _start_replies(self) -> None:
+        """Under the lock: the thread that reads group members' answers (started with the first group)."""
+        if self.reply_thread is None:
+            self.reply_thread = threading.Thread(target=self._read_replies, name="fray-monarch-replies", daemon=True)
+            self.reply_thread.start()
+
+    def _read_replies(self) -> None:
+        pending = None
+        while not self.closed:
+            if pending is None:
+                pending = self.reply_receiver.recv()
+            try:
+                oid, reply = pending.get(timeout=0.25)  # a timeout leaves the future usable
+            except TimeoutError:
+                continue
+            except Exception:
+                if not self.closed:
+                    _runtime.log.exception("fray: reading a group member's answer failed")
+                    time.sleep(0.05)
+                pending = None
+                continue
+            pending = None
+            try:
+                self.group_reply(oid, reply)
+            except Exception:
+                _runtime.log.exception("fray: bad group member answer for %s", oid)
 
     # ------------------------------------------------------------ objects
     def new_oid(self) -> str:
@@ -308,8 +347,12 @@ class Controller(TaskScheduling, ActorRegistry, StreamRegistry, WorkerService):
             procs = list(self.procs)
         self.objects.close()
         stops = []
+        meshes: set[int] = set()  # a group's members share one proc mesh: stopped once
         for proc in procs:
             proc.alive = False
+            if id(proc.mesh) in meshes:
+                continue
+            meshes.add(id(proc.mesh))
             try:
                 stops.append(proc.mesh.stop())
             except Exception:
@@ -324,6 +367,8 @@ class Controller(TaskScheduling, ActorRegistry, StreamRegistry, WorkerService):
             self.coord.stop().get(timeout=5)
         except Exception:
             pass
+        if self.reply_thread is not None:
+            self.reply_thread.join(timeout=2)
         with self.lock:
             for stream in list(self.streams.values()):
                 self._end_stream(stream, FrayError("the fray-monarch context was shut down"))

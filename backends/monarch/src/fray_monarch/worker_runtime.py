@@ -17,8 +17,8 @@ import fray.current as fray_current
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
-from fray.groups import Member
-from fray.refs import ActorHandle, ObjectRef
+from fray.groups import ActorGroup, Member
+from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, find_unserializable_argument, loads
 from fray.streams import ObjectRefStream
@@ -507,6 +507,46 @@ class WorkerJobContext(JobContext):
             ).get(timeout=REPLY_MARGIN)
         )
         return ObjectRefStream(RemoteStream(self.rt, sid), BACKEND)
+
+    def _create_actor_group(
+        self,
+        klass: type,
+        count: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        placement: str,
+        strict: bool,
+        distributed: bool,
+    ) -> ActorGroup:
+        cls_blob = dumps(klass, f"actor class {klass.__qualname__}")
+        blob, deps = pack_call(klass.__qualname__, args, kwargs)
+        call, _keep = self.rt.encode_call(blob)
+        spec = (count, placement, distributed)
+        gid, members = _checked(
+            self.rt.coord.create_group.call_one(
+                self.rt.proc_key, cls_blob.data, call, [d.id for d in deps], options, spec
+            ).get(timeout=REPLY_MARGIN + 120)
+        )
+        methods = public_methods(klass)
+        handles = [ActorHandle(aid, BACKEND, klass.__name__, methods, name, ctx=self) for aid, name in members]
+        return ActorGroup(handles, options.name, gid, ctx=self)
+
+    def _call_group(
+        self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[ObjectRef]:
+        blob, deps = pack_call(f"{group.class_name}.{method}", args, kwargs)
+        call, _keep = self.rt.encode_call(blob)
+        aids = [h.payload for h in group.handles]
+        oids = _checked(
+            self.rt.coord.call_group.call_one(self.rt.proc_key, aids, method, call, [d.id for d in deps]).get(
+                timeout=REPLY_MARGIN
+            )
+        )
+        return [self._ref(oid) for oid in oids]
+
+    def _kill_group(self, group: ActorGroup) -> None:
+        _checked(self.rt.coord.kill_group.call_one([h.payload for h in group.handles]).get(timeout=REPLY_MARGIN))
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         tid = self.rt.block()

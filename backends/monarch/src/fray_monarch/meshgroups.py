@@ -1,0 +1,387 @@
+"""Actor groups, a part of the Controller: a group is one Monarch actor mesh over a process mesh of its own (a
+process per member), and a call to the whole group is one Monarch broadcast.
+
+Placement over fray hosts: "pack" fills the host with the most room first; "spread" shares the members out over
+the hosts as evenly as it can. Members on one host, or spread evenly over a contiguous range of attached hosts,
+are ONE mesh (hosts x procs); an uneven spread is one mesh per host ("block"), and a group call is then one
+broadcast per block. Each member answers a broadcast on the controller's reply port with its own object id, so
+its result is available as soon as it is done, and a member that dies fails only its own refs.
+
+Per-member sends (call_one to the member's slice of the mesh) serve: a call through one handle (`group[i].m()`),
+and every call to a member that was restarted after a crash: it comes back on a fresh process of its own, never
+on its group's mesh, which lost a process (Monarch hangs spawning on such a mesh). A group call to a slice
+(`group[2:5]`), or to a group with dead or restarted members, is one broadcast per contiguous run of live
+members still on the mesh (Monarch slices only ranges).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fray.current import ActorInfo
+from fray.errors import ActorAlreadyExistsError, FrayError
+from fray.groups import free_port, member_name, spmd_env
+from fray.types import ActorOptions, normalize_resources
+from fray_monarch import _runtime
+from fray_monarch.actor_registry import ActorRec
+from fray_monarch.actors import FrayActorHost, WorkerHost
+from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.objects import RefPayload
+from fray_monarch.protocol import ActorReply, StoreConfig, WireValue, WorkerSetup
+from fray_monarch.scheduler import Proc
+
+
+@dataclass
+class Block:
+    """One process mesh of a group and the two actor meshes on it (the members, and a WorkerHost per process for
+    frees, stream stops and death watches). 1-D (procs) on one host, or 2-D (hosts x procs) over attached hosts."""
+
+    procs: Any
+    actors: Any
+    workers: Any
+    hosts: list[int]  # the fray host of each row
+    per_host: int
+    two_d: bool
+    first_rank: int  # the group rank of flat index 0
+    size: int
+
+    def member(self, mesh: Any, index: int) -> Any:
+        """The one-actor slice of `mesh` (actors or workers) at flat index `index`."""
+        if self.two_d:
+            return mesh.slice(hosts=index // self.per_host, procs=index % self.per_host)
+        return mesh.slice(procs=index)
+
+    def targets(self, indices: list[int]) -> list[Any]:
+        """The fewest slices of the member mesh that cover exactly these (sorted) flat indices."""
+        if indices == list(range(self.size)):
+            return [self.actors]
+        runs: list[list[int]] = []
+        for index in indices:
+            if runs and index == runs[-1][-1] + 1 and (not self.two_d or index % self.per_host != 0):
+                runs[-1].append(index)  # the next one, in the same host row
+            else:
+                runs.append([index])
+        out = []
+        for run in runs:
+            if len(run) == 1:
+                out.append(self.member(self.actors, run[0]))
+            elif self.two_d:
+                row = run[0] // self.per_host
+                start = run[0] % self.per_host
+                out.append(self.actors.slice(hosts=row, procs=slice(start, start + len(run))))
+            else:
+                out.append(self.actors.slice(procs=slice(run[0], run[-1] + 1)))
+        return out
+
+
+@dataclass
+class GroupRec:
+    id: str
+    name: str | None
+    blocks: list[Block] = field(default_factory=list)
+    members: list[ActorRec] = field(default_factory=list)  # by rank
+
+
+class GroupRegistry:
+    """The group half of the Controller (mixed into it; its state is set by Controller.__init__)."""
+
+    lock: threading.RLock
+    objects: ObjectDirectory
+    procs: list[Proc]
+    actors: dict[str, ActorRec]
+    names: dict[str, str]
+    groups: dict[str, GroupRec]
+    inflight: dict[str, Entry]
+    hosts: list[Any]
+    host_mesh: Any  # the whole mesh of attached hosts (None for this machine alone)
+    stores: StoreConfig
+    closed: bool
+    key: str
+    ids: Any
+    reply_port: Any
+
+    if TYPE_CHECKING:  # provided by the Controller or its other parts
+
+        def new_oid(self) -> str: ...
+        def actor(self, aid: str) -> ActorRec: ...
+        def _worker_setup(self, host: int, proc_key: str, capacity: dict[str, float] | None = None) -> WorkerSetup: ...
+        def _watch_proc(self, proc: Proc) -> None: ...
+        def _claim_on_host(self, rec: ActorRec, host: int) -> None: ...
+        def _general_procs(self, host: int | None = None) -> list[Proc]: ...
+        def _actor_dead(self, rec: ActorRec, reason: str) -> None: ...
+        def _resolve_reply(self, entry: Entry, reply: ActorReply | None, exc: BaseException | None) -> None: ...
+        def _start_replies(self) -> None: ...
+        def kill_actor(self, aid: str) -> None: ...
+
+    # ------------------------------------------------------------ placement
+    def _host_room(self, host: int, resources: dict[str, float]) -> float:
+        """How many members asking `resources` the free share of `host` still holds (inf when they ask none)."""
+        if not any(q > 0 for q in resources.values()):
+            return math.inf
+        free: dict[str, float] = {}
+        for proc in self._general_procs(host):
+            for k, q in proc.free_capacity.items():
+                free[k] = free.get(k, 0.0) + q
+        return min(math.floor(free.get(k, 0.0) / q + 1e-9) for k, q in resources.items() if q > 0)
+
+    def _layout(self, count: int, placement: str, resources: dict[str, float]) -> list[tuple[int, int]]:
+        """(host, members) in host order: pack fills the roomiest host first; spread shares out evenly. Best
+        effort: what does not fit goes to the roomiest host (the core refused what could never fit)."""
+        hosts = range(len(self.hosts))
+        room = {h: self._host_room(h, resources) for h in hosts}
+        order = sorted(hosts, key=lambda h: -room[h])  # stable: the first host wins a tie
+        share: dict[int, int] = {}
+        if placement == "spread":
+            chosen = order[: min(count, len(order))]
+            base, extra = divmod(count, len(chosen))
+            share = {h: base + (1 if i < extra else 0) for i, h in enumerate(chosen)}
+        else:
+            left = count
+            for h in order:
+                take = left if room[h] == math.inf else min(left, max(0, int(room[h])))
+                if take:
+                    share[h] = take
+                    left -= take
+                if not left:
+                    break
+            if left:
+                share[order[0]] = share.get(order[0], 0) + left
+        return sorted((h, n) for h, n in share.items() if n > 0)
+
+    def _blocks(self, layout: list[tuple[int, int]]) -> list[tuple[list[int], int, bool]]:
+        """(hosts, members per host, 2-D) of each process mesh: one mesh when all members are on one host, or
+        evenly on a contiguous range of attached hosts; else one per host."""
+        hosts = [h for h, _ in layout]
+        even = len({n for _, n in layout}) == 1
+        contiguous = hosts == list(range(hosts[0], hosts[0] + len(hosts)))
+        if len(layout) > 1 and even and contiguous and self.host_mesh is not None:
+            return [(hosts, layout[0][1], True)]
+        return [([h], n, False) for h, n in layout]
+
+    def _master_port(self, host: int) -> int:
+        """A TCP port free now on `host` (rank 0's), asked of a process there unless it is this machine's."""
+        bind = self.stores.bind_hosts[host]
+        if self.stores.host_ids[host] == "local":
+            return free_port(bind)
+        with self.lock:
+            pool = self._general_procs(host)
+        if not pool:
+            return free_port(bind)
+        return int(pool[0].worker.free_port.call_one(bind).get(timeout=60))
+
+    # ------------------------------------------------------------ creation
+    def create_group(
+        self,
+        cls_data: bytes,
+        class_name: str,
+        methods: frozenset[str],
+        args: WireValue,
+        deps: list[str],
+        keep: list[Any],
+        options: ActorOptions,
+        count: int,
+        placement: str,
+        distributed: bool,
+    ) -> tuple[str, list[tuple[str, str | None]]]:
+        """Spawn the group's process mesh(es) and its members on them; returns its id and each member's (actor
+        id, name), by rank. All or nothing: if a mesh cannot be spawned, what was made is stopped."""
+        resources = normalize_resources(options.resources)
+        with self.lock:
+            layout = self._layout(count, placement, resources)
+        envs: list[dict[str, str]] = [{} for _ in range(count)]
+        if distributed:  # torch.distributed's variables: rank 0's host is the master; LOCAL_RANK per host
+            master = layout[0][0]
+            addr, port = self.stores.bind_hosts[master], self._master_port(master)
+            rank = 0
+            for _host, n in layout:
+                for local in range(n):
+                    envs[rank] = spmd_env(rank, count, addr, port, local, n)
+                    rank += 1
+        with self.lock:
+            if self.closed:
+                raise FrayError("the fray-monarch context is shut down")
+            names = [member_name(options.name, rank) for rank in range(count)]
+            for name in names:
+                existing = self.names.get(name) if name is not None else None
+                if existing is not None and self.actors[existing].state != "dead":
+                    raise ActorAlreadyExistsError(f"an actor named {name!r} exists already")
+            group = GroupRec(f"{self.key}-g{next(self.ids)}", options.name)
+            try:
+                for hosts, per_host, two_d in self._blocks(layout):
+                    actor = (cls_data, class_name, methods, args, deps, keep, options)
+                    self._spawn_block(group, hosts, per_host, two_d, names, envs, actor)
+            except BaseException:
+                self._drop_group(group, "its group could not be created")
+                raise
+            self.groups[group.id] = group
+            self._start_replies()
+            return group.id, [(m.id, m.name) for m in group.members]
+
+    def _spawn_block(
+        self,
+        group: GroupRec,
+        hosts: list[int],
+        per_host: int,
+        two_d: bool,
+        names: list[str | None],
+        envs: list[dict[str, str]],
+        actor: tuple[bytes, str, frozenset[str], WireValue, list[str], list[Any], ActorOptions],
+    ) -> None:
+        """Under the lock: one process mesh of the group, its members on it, their init broadcast."""
+        cls_data, class_name, methods, args, deps, keep, options = actor
+        count = len(names)
+        size = len(hosts) * per_host
+        where = self.host_mesh.slice(hosts=slice(hosts[0], hosts[-1] + 1)) if two_d else self.hosts[hosts[0]]
+        procs = where.spawn_procs(per_host={"procs": per_host}, name=f"fray_{self.key}_{group.id}_{len(group.blocks)}")
+        keys = [f"p{next(self.ids)}" for _ in range(size)]
+        host_of = [hosts[i // per_host] for i in range(size)]
+        setups = [self._worker_setup(host_of[i], keys[i], {}) for i in range(size)]
+        workers = procs.spawn("fray_worker", WorkerHost, setups, {})
+        actors = procs.spawn(f"fray_group_{group.id}", FrayActorHost, setups, options.max_concurrency, True)
+        block = Block(procs, actors, workers, hosts, per_host, two_d, len(group.members), size)
+        group.blocks.append(block)
+        members: list[tuple[ActorInfo, dict[str, str]]] = []
+        resources = normalize_resources(options.resources)
+        for index in range(size):
+            rank = len(group.members)
+            aid = f"{self.key}-a{next(self.ids)}"
+            info = ActorInfo(names[rank], rank, count, group.name)
+            rec = ActorRec(
+                aid,
+                names[rank],
+                class_name,
+                methods,
+                cls_data,
+                args,
+                deps,
+                keep,
+                options,
+                resources,
+                info=info,
+                env=envs[rank],
+                dedicated=True,
+                host=host_of[index],
+                group=group,
+                slot=(len(group.blocks) - 1, index),
+            )
+            proc = Proc(keys[index], host_of[index], procs, block.member(workers, index), {}, dedicated=aid)
+            self.procs.append(proc)
+            self._watch_proc(proc)
+            rec.proc = proc
+            proc.actors.add(aid)
+            rec.mesh = block.member(actors, index)
+            self.actors[aid] = rec
+            if rec.name is not None:
+                self.names[rec.name] = aid
+            self._claim_on_host(rec, rec.host)
+            group.members.append(rec)
+            members.append((info, envs[rank]))
+        _runtime.on_done(actors.init.call(cls_data, args, deps, members), lambda _v, _e: None)
+
+    def _drop_group(self, group: GroupRec, reason: str) -> list[Any]:
+        """Under the lock: every member dead, their processes forgotten; returns the meshes to stop."""
+        meshes = [block.procs for block in group.blocks]
+        for rec in group.members:
+            if rec.state != "dead":
+                self._actor_dead(rec, reason)
+            proc = rec.proc
+            if proc is not None and proc.alive:
+                proc.alive = False
+                if proc in self.procs:
+                    self.procs.remove(proc)
+                self.objects.forget_holder(proc.key)
+                self.objects.mark_lost(proc.key, f"it was stored by actor {rec.label}, which was killed")
+                if rec.slot is None:  # restarted on a process of its own
+                    meshes.append(proc.mesh)
+        self.groups.pop(group.id, None)
+        return meshes
+
+    def create_group_remote(
+        self, proc_key: str, cls_data: bytes, args: WireValue, deps: list[str], options: ActorOptions, spec: Any
+    ) -> tuple[str, list[tuple[str, str | None]]]:
+        """A group created inside a task or actor (its creation is long: the coordinator's caller waits)."""
+        from fray.refs import public_methods
+        from fray.serialization import Blob, loads
+
+        klass = loads(Blob(cls_data))
+        keep = [RefPayload(i) for i in (*args.contained, *deps)]
+        count, placement, distributed = spec
+        methods = public_methods(klass)
+        return self.create_group(
+            cls_data, klass.__name__, methods, args, deps, keep, options, count, placement, distributed
+        )
+
+    # ------------------------------------------------------------ calls
+    def call_group(
+        self,
+        aids: list[str],
+        method: str,
+        args: WireValue,
+        deps: list[str],
+        keep: list[Any],
+        proc_key: str | None = None,
+    ) -> list[RefPayload]:
+        """One ref per member, in the order given. Members still on their group's mesh get one broadcast per
+        block (per contiguous run, for a slice); the others (restarted ones) a call of their own."""
+        out: list[RefPayload] = []
+        sends: dict[tuple[str, int], dict[int, Entry]] = {}
+        with self.lock:
+            for aid in aids:
+                rec = self.actor(aid)
+                entry, payload = self.objects.new(self.new_oid())
+                entry.actor = rec
+                entry.actor_restarts = rec.restarts
+                if proc_key is not None:
+                    entry.remote[proc_key] = 1
+                out.append(payload)
+                if rec.state == "dead":
+                    self._resolve_reply(entry, ActorReply("dead", reason=rec.reason), None)
+                    continue
+                entry.keep = keep
+                proc = rec.proc
+                if rec.group is not None and rec.slot is not None and proc is not None and proc.alive:
+                    sends.setdefault((rec.group.id, rec.slot[0]), {})[rec.slot[1]] = entry
+                    rec.inflight.add(entry.id)
+                    self.inflight[entry.id] = entry
+                else:
+                    entry.future = rec.mesh.call.call_one(entry.id, method, args, deps)
+            for (gid, b), entries in sends.items():
+                block = self.groups[gid].blocks[b]
+                oids = {index: entry.id for index, entry in entries.items()}
+                for target in block.targets(sorted(oids)):
+                    target.call_group.broadcast(oids, method, args, deps, self.reply_port)
+        return out
+
+    def call_group_remote(self, proc_key: str, aids: list[str], method: str, args: WireValue, deps: list[str]) -> Any:
+        keep = [RefPayload(i) for i in (*args.contained, *deps)]
+        return [p.id for p in self.call_group(aids, method, args, deps, keep, proc_key)]
+
+    def group_reply(self, oid: str, reply: ActorReply) -> None:
+        with self.lock:
+            entry = self.inflight.pop(oid, None)
+            if entry is None:
+                return  # failed already (its member died), or shut down
+            if entry.actor is not None:
+                entry.actor.inflight.discard(oid)
+            self._resolve_reply(entry, reply, None)
+
+    # ------------------------------------------------------------ kill
+    def kill_group(self, aids: list[str]) -> None:
+        """The whole group: its meshes stopped at once. A part of it (a slice): member by member."""
+        with self.lock:
+            recs = [self.actor(aid) for aid in aids]
+            group = recs[0].group
+            whole = group is not None and {r.id for r in recs} == {m.id for m in group.members}
+            meshes = self._drop_group(group, "it was killed") if whole and group is not None else None
+        if meshes is None:
+            for aid in aids:
+                self.kill_actor(aid)
+            return
+        for mesh in meshes:
+            try:
+                _runtime.on_done(mesh.stop(), lambda _v, _e: None)
+            except Exception:
+                _runtime.log.debug("fray: stop of a group mesh failed", exc_info=True)

@@ -1,0 +1,173 @@
+"""Monarch-native actor groups: one actor mesh over the group's own processes, one broadcast per group call,
+pack/spread over two fray hosts (loopback), SPMD over hosts, the per-member fallback after a restart; streams
+consumed inside a task."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+from _hosts import host_workers
+
+import fray
+from fray import ActorOptions, ActorUnavailableError, TaskOptions
+from fray.testing.suite import _group_helpers as g
+from fray_monarch import meshgroups
+
+
+class Caster:
+    """Reports how Monarch delivered the message it is answering: the size of the mesh (slice) it was cast to."""
+
+    def cast_size(self) -> dict[str, int]:
+        from monarch.actor import current_size
+
+        return dict(current_size())
+
+    def where(self) -> tuple[int, int, str | None]:
+        return fray.current_actor().rank, os.getppid(), os.environ.get("LOCAL_RANK")
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def crash(self) -> None:
+        os._exit(1)
+
+
+@pytest.fixture
+def ctx() -> Any:
+    context = fray.init("monarch?procs=2")
+    yield context
+    fray.shutdown()
+
+
+@pytest.fixture
+def broadcasts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many Monarch casts each group call made (the mesh slices it was sent to)."""
+    seen: list[int] = []
+    original = meshgroups.Block.targets
+
+    def counting(self: meshgroups.Block, indices: list[int]) -> list[Any]:
+        targets = original(self, indices)
+        seen.append(len(targets))
+        return targets
+
+    monkeypatch.setattr(meshgroups.Block, "targets", counting)
+    return seen
+
+
+def test_group_call_is_one_broadcast_to_one_mesh(ctx: Any, broadcasts: list[int]) -> None:
+    group = ctx.create_actor_group(Caster, 4)
+    try:
+        assert ctx.get(group.cast_size(), timeout=120) == [{"procs": 4}] * 4  # every member got the same cast
+        assert broadcasts == [1]
+        pids = ctx.get(group.pid(), timeout=60)
+        assert len(set(pids)) == 4 and os.getpid() not in pids  # a process of its own per member
+        assert ctx.get(group[1:3].cast_size(), timeout=60) == [{"procs": 2}] * 2  # a slice: one cast to it
+        assert ctx.get(group[[3, 0]].cast_size(), timeout=60) == [{}, {}]  # not a range: one cast per member
+        assert ctx.get(group[2].cast_size(), timeout=60) == {}  # a handle: a message of its own
+    finally:
+        ctx.kill(group)
+
+
+def test_restarted_member_is_served_by_its_own_send(ctx: Any, broadcasts: list[int]) -> None:
+    group = ctx.create_actor_group(Caster, 3, options=ActorOptions(max_restarts=1))
+    try:
+        before = ctx.get(group[1].pid(), timeout=120)
+        with pytest.raises(ActorUnavailableError):
+            ctx.get(group[1].crash(), timeout=60)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                sizes = ctx.get(group.cast_size(), timeout=60)
+                break
+            except ActorUnavailableError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        # ranks 0 and 2 stay on the group's mesh (a cast each: 0 and 2 are no range); rank 1 has a process and a
+        # one-process mesh of its own, reached by a call of its own
+        assert sizes == [{}, {"procs": 1}, {}]
+        assert broadcasts[-1] == 2
+        assert ctx.get(group[1].pid(), timeout=60) != before
+        assert [w[0] for w in ctx.get(group.where(), timeout=60)] == [0, 1, 2]
+    finally:
+        ctx.kill(group)
+
+
+def test_group_members_count_against_the_hosts_cpus() -> None:
+    ctx = fray.init("monarch?procs=2&cpus=2")
+    try:
+        group = ctx.create_actor_group(Caster, 2, options=ActorOptions(resources={"CPU": 1}))
+        ctl = ctx.ctl  # type: ignore[attr-defined]
+        general = [p for p in ctl.procs if p.general]
+        assert sum(p.free_capacity.get("CPU", 0.0) for p in general) == pytest.approx(0.0)
+        ctx.kill(group)
+        assert sum(p.free_capacity.get("CPU", 0.0) for p in general) == pytest.approx(2.0)
+    finally:
+        fray.shutdown()
+
+
+def test_pack_and_spread_over_two_hosts() -> None:
+    with host_workers(2) as (addresses, workers):
+        ctx = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
+        try:
+            hosts = [w.pid for w in workers]  # a member's parent is the host worker that spawned it
+            packed = ctx.create_actor_group(Caster, 2, placement="pack")
+            assert len({parent for _, parent, _ in ctx.get(packed.where(), timeout=120)}) == 1
+            ctx.kill(packed)
+            spread = ctx.create_actor_group(Caster, 4, placement="spread")
+            where = ctx.get(spread.where(), timeout=120)
+            assert [parent for _, parent, _ in where] == [hosts[0], hosts[0], hosts[1], hosts[1]]
+            assert ctx.get(spread.cast_size(), timeout=60) == [{"hosts": 2, "procs": 2}] * 4  # one 2-D mesh
+            ctx.kill(spread)
+            uneven = ctx.create_actor_group(Caster, 3, placement="spread")  # 2 + 1: a mesh per host
+            assert [parent for _, parent, _ in ctx.get(uneven.where(), timeout=120)] == [hosts[0], hosts[0], hosts[1]]
+            assert ctx.get(uneven.cast_size(), timeout=60) == [{"procs": 2}, {"procs": 2}, {"procs": 1}]
+            ctx.kill(uneven)
+        finally:
+            fray.shutdown()
+
+
+def test_spmd_group_over_two_hosts_all_reduces_with_gloo() -> None:
+    pytest.importorskip("torch")
+    with host_workers(2) as (addresses, _workers):
+        ctx = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
+        try:
+            group = ctx.create_actor_group(g.GlooMember, 2, placement="spread", distributed=True)
+            assert ctx.get(group.all_reduce(2.0), timeout=180) == [[4.0], [4.0]]
+            # one rank per host: LOCAL_RANK 0 on both, MASTER_ADDR is rank 0's host
+            assert ctx.get(group.world(), timeout=60) == [(0, 2, "0", "127.0.0.1"), (1, 2, "0", "127.0.0.1")]
+        finally:
+            fray.shutdown()
+
+
+def squares(n: int) -> Any:
+    for i in range(n):
+        yield i * i
+
+
+def endless() -> Any:
+    i = 0
+    while True:
+        yield i
+        i += 1
+
+
+def consume_streams(n: int) -> tuple[list[int], int]:
+    """A stream consumed inside a task (through the coordinator), and one closed early there."""
+    ctx = fray.get_job_context()
+    streamed = ctx.create_task(squares, args=(n,), options=TaskOptions(streaming=True))
+    values = [ctx.get(ref, timeout=60) for ref in streamed]
+    stream = ctx.create_task(endless, options=TaskOptions(streaming=True))
+    first = ctx.get(next(stream), timeout=60)
+    stream.close()
+    return values, first
+
+
+def test_stream_consumed_inside_a_task(ctx: Any) -> None:
+    assert ctx.get(ctx.create_task(consume_streams, args=(4,)), timeout=120) == ([0, 1, 4, 9], 0)
+    deadline = time.monotonic() + 30
+    while ctx.ctl.streams and time.monotonic() < deadline:  # every stream ended and closed: nothing kept
+        time.sleep(0.1)
+    assert not ctx.ctl.streams
