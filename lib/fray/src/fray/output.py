@@ -73,6 +73,12 @@ class LabelledStream(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
+    @property
+    def closed(self) -> bool:  # type: ignore[override]
+        # The target's state, not this wrapper's: code that checks `stream.closed` before using a stream it kept
+        # (Ray's colorama does at exit) must not call into a target that is gone.
+        return bool(getattr(self.target, "closed", False))
+
     def isatty(self) -> bool:
         return self.target.isatty()
 
