@@ -18,7 +18,7 @@ from fray.errors import ActorDiedError
 from fray.remote_errors import capture_exception, portable
 from fray.serialization import Blob, dumps, loads
 from fray_monarch import _runtime, instances
-from fray_monarch.protocol import ActorReply, ProcInfo, Reply, WireValue, WorkerSetup
+from fray_monarch.protocol import ActorReply, ProcInfo, Reply, WireValue, WorkerSetup, compact, expand
 from fray_monarch.worker_runtime import WorkerRuntime, fill_deps
 
 _runtime_lock = threading.Lock()
@@ -136,7 +136,7 @@ class _Tagged:
         self.oid = oid
 
     def send(self, reply: ActorReply) -> None:
-        self.port.send((self.oid, reply))
+        self.port.send((self.oid, compact(reply, reply.value.value if reply.value is not None else None)))
 
 
 class FrayActorHost(Actor):
@@ -163,6 +163,7 @@ class FrayActorHost(Actor):
         self.n_threads = 0
         self.idle = 0  # threads free and not yet claimed by a submitted call
         self.init_done = threading.Event()  # __init__ has run (or raised): calls wait for it
+        self.replies: Any = None
         self.async_methods: frozenset[str] = frozenset()
         self.loop: asyncio.AbstractEventLoop | None = None  # an async actor's event loop
         self.slots: asyncio.Semaphore | None = None
@@ -342,8 +343,15 @@ class FrayActorHost(Actor):
 
     @endpoint(explicit_response_port=True)
     def init(
-        self, port: Any, cls_data: bytes, call: WireValue, deps: list[str], members: list[tuple[ActorInfo, Any]]
+        self,
+        port: Any,
+        cls_data: bytes,
+        call: WireValue,
+        deps: list[str],
+        members: list[tuple[ActorInfo, Any]],
+        replies: Any = None,
     ) -> None:
+        self.replies = replies  # a group member: where it answers group broadcasts
         self._submit(port, self._init, cls_data, call, deps, members)
 
     @endpoint(explicit_response_port=True)
@@ -360,13 +368,12 @@ class FrayActorHost(Actor):
         self._submit(port, self._stream, sid, method, call, deps)
 
     @endpoint
-    def call_group(self, oids: dict[int, str], method: str, call: WireValue, deps: list[str], replies: Any) -> None:
+    def call_group(self, base: str, method: str, call: Any, deps: list[str]) -> None:
         """One broadcast to (a slice of) a group's mesh: each member answers its own call, under its own object
-        id, on the controller's reply port, as soon as it is done."""
-        oid = oids.get(self.index)
-        if oid is None:
-            return
-        port = _Tagged(replies, oid)
+        id ("{base}.{rank}"), on the controller's reply port (given at init), as soon as it is done."""
+        oid = f"{base}.{self.info.rank}"
+        port = _Tagged(self.replies, oid)
+        call = expand(call)
         if self.max_threads > 1:
             self.init_done.wait()
         if self.loop is not None:

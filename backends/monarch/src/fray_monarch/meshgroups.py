@@ -30,7 +30,7 @@ from fray_monarch.actor_registry import ActorRec
 from fray_monarch.actors import FrayActorHost, WorkerHost
 from fray_monarch.directory import Entry, ObjectDirectory
 from fray_monarch.objects import RefPayload
-from fray_monarch.protocol import ActorReply, StoreConfig, WireValue, WorkerSetup
+from fray_monarch.protocol import ActorReply, StoreConfig, WireValue, WorkerSetup, compact, expand
 from fray_monarch.scheduler import Proc
 
 
@@ -279,7 +279,7 @@ class GroupRegistry:
             self._claim_on_host(rec, rec.host)
             group.members.append(rec)
             members.append((info, envs[rank]))
-        _runtime.on_done(actors.init.call(cls_data, args, deps, members), lambda _v, _e: None)
+        _runtime.on_done(actors.init.call(cls_data, args, deps, members, self.reply_port), lambda _v, _e: None)
 
     def _drop_group(self, group: GroupRec, reason: str) -> list[Any]:
         """Under the lock: every member dead, their processes forgotten; returns the meshes to stop."""
@@ -327,11 +327,16 @@ class GroupRegistry:
         """One ref per member, in the order given. Members still on their group's mesh get one broadcast per
         block (per contiguous run, for a slice); the others (restarted ones) a call of their own."""
         out: list[RefPayload] = []
-        sends: dict[tuple[str, int], dict[int, Entry]] = {}
+        sends: dict[tuple[str, int], list[int]] = {}
         with self.lock:
+            base = self.new_oid()  # a member's answer to the broadcast is object "{base}.{rank}"
+            cast: set[str] = set()
             for aid in aids:
                 rec = self.actor(aid)
-                entry, payload = self.objects.new(self.new_oid())
+                in_mesh = rec.group is not None and rec.slot is not None and rec.proc is not None and rec.proc.alive
+                in_mesh = in_mesh and aid not in cast  # (a member listed twice: the second call is its own send)
+                cast.add(aid)
+                entry, payload = self.objects.new(f"{base}.{rec.info.rank}" if in_mesh else self.new_oid())
                 entry.actor = rec
                 entry.actor_restarts = rec.restarts
                 if proc_key is not None:
@@ -341,25 +346,26 @@ class GroupRegistry:
                     self._resolve_reply(entry, ActorReply("dead", reason=rec.reason), None)
                     continue
                 entry.keep = keep
-                proc = rec.proc
-                if rec.group is not None and rec.slot is not None and proc is not None and proc.alive:
-                    sends.setdefault((rec.group.id, rec.slot[0]), {})[rec.slot[1]] = entry
+                if in_mesh:
+                    assert rec.slot is not None
+                    sends.setdefault((rec.group.id, rec.slot[0]), []).append(rec.slot[1])
                     rec.inflight.add(entry.id)
                     self.inflight[entry.id] = entry
                 else:
                     entry.future = rec.mesh.call.call_one(entry.id, method, args, deps)
-            for (gid, b), entries in sends.items():
-                block = self.groups[gid].blocks[b]
-                oids = {index: entry.id for index, entry in entries.items()}
-                for target in block.targets(sorted(oids)):
-                    target.call_group.broadcast(oids, method, args, deps, self.reply_port)
+            if sends:
+                message = compact(args, args.value)
+                for (gid, b), indices in sends.items():
+                    for target in self.groups[gid].blocks[b].targets(sorted(set(indices))):
+                        target.call_group.broadcast(base, method, message, deps)
         return out
 
     def call_group_remote(self, proc_key: str, aids: list[str], method: str, args: WireValue, deps: list[str]) -> Any:
         keep = [RefPayload(i) for i in (*args.contained, *deps)]
         return [p.id for p in self.call_group(aids, method, args, deps, keep, proc_key)]
 
-    def group_reply(self, oid: str, reply: ActorReply) -> None:
+    def group_reply(self, oid: str, reply: Any) -> None:
+        reply = expand(reply)
         with self.lock:
             entry = self.inflight.pop(oid, None)
             if entry is None:

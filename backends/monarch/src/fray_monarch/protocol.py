@@ -6,6 +6,7 @@ the control plane; the bytes stay in the owner's shared-memory store and go stra
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +169,19 @@ class Reply:
 
             raise rebuild(self.error)
         return self.value
+
+
+def compact(message: Any, value: Value | None) -> Any:
+    """A message whose value is Inline (or absent), pickled here with the C pickler: Monarch's own pickling of
+    these dataclasses cost ~0.1 ms per message (measured on a group broadcast). A Stored value may carry an
+    RDMABuffer, which only Monarch's pickling handles: such a message goes as it is."""
+    if isinstance(value, Stored):
+        return message
+    return pickle.dumps(message, protocol=5)
+
+
+def expand(message: Any) -> Any:
+    return pickle.loads(message) if isinstance(message, bytes) else message
 
 
 @dataclass(frozen=True)
