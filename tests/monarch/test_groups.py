@@ -171,3 +171,44 @@ def test_stream_consumed_inside_a_task(ctx: Any) -> None:
     while ctx.ctl.streams and time.monotonic() < deadline:  # every stream ended and closed: nothing kept
         time.sleep(0.1)
     assert not ctx.ctl.streams
+
+
+class Member:
+    def __init__(self) -> None:
+        self.me = fray.current_actor()
+
+    def rank(self) -> int:
+        return self.me.rank
+
+    def items(self, n: int) -> Any:
+        for i in range(n):
+            yield self.me.rank, i
+
+
+def group_inside_a_task(n: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """A group created, called (a broadcast and a member's stream) and killed from inside a task."""
+    ctx = fray.get_job_context()
+    group = ctx.create_actor_group(Member, n)
+    try:
+        return ctx.get(group.rank(), timeout=60), ctx.get(list(group[1].items.stream(2)), timeout=60)
+    finally:
+        ctx.kill(group)
+
+
+def test_group_created_and_used_inside_a_task(ctx: Any) -> None:
+    assert ctx.get(ctx.create_task(group_inside_a_task, args=(3,)), timeout=180) == ([0, 1, 2], [(1, 0), (1, 1)])
+    assert not ctx.ctl.groups and all(p.general for p in ctx.ctl.procs)  # its processes are gone
+
+
+class AsyncItems:
+    async def items(self, n: int) -> Any:
+        import asyncio
+
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+
+
+def test_async_generator_method_streams(ctx: Any) -> None:
+    actor = ctx.create_actor(AsyncItems)
+    assert ctx.get(list(actor.items.stream(3)), timeout=60) == [0, 1, 2]
