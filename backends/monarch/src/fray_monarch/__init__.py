@@ -97,7 +97,7 @@ def _topology(options: dict[str, str]) -> tuple[list[Any], int, dict[str, float]
 
 class MonarchBackend(Backend):
     name = "monarch"
-    test_spec: str = "monarch?procs=2"
+    test_spec: str = "monarch?procs=2&cpus=4"  # 4 CPUs like the other backends' test specs, on 2 processes
 
     @property
     def capabilities(self) -> frozenset[Any]:  # type: ignore[override]
