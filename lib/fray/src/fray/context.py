@@ -658,6 +658,12 @@ class ClusterContext(ABC):
         quantity}, "free": {...}}` each (resource names as in node_resources). Empty where it cannot tell."""
         return []
 
+    def running_work(self) -> dict[str, list[dict[str, Any]]] | None:
+        """Tasks running and actors alive on the cluster, where another process can see them: `{"tasks":
+        [{"name", "state", "node"}...], "actors": [{"name", "class", "state", "node"}...]}`; None where it cannot
+        (in_memory and monarch tasks live inside their own driver)."""
+        return None
+
     def shutdown(self) -> None:
         """Release what this context started: its jobs that are not detached end; detached ones go on."""
         self._shutdown()

@@ -444,6 +444,7 @@ def _status(args: argparse.Namespace) -> int:
     with _open(args, "fray status") as ctx:
         nodes = ctx.node_status()
         jobs = ctx.list_jobs()
+        work = ctx.running_work()
         where = {"backend": ctx.backend}
         address = getattr(ctx, "address", None)
         if address:
@@ -451,7 +452,8 @@ def _status(args: argparse.Namespace) -> int:
         if ctx.backend == "in_memory":
             where["state_dir"] = str(state_dir())
     if args.json:
-        print(json.dumps({**where, "nodes": nodes, "jobs": [_as_dict(info) for info in jobs]}, indent=1))
+        seen = {"nodes": nodes, "jobs": [_as_dict(info) for info in jobs], **(work or {})}
+        print(json.dumps({**where, **seen}, indent=1))
         return 0
     print("  ".join(f"{key}: {value}" for key, value in where.items() if key != "address"))
     print(f"nodes: {len(nodes)}")
@@ -464,6 +466,16 @@ def _status(args: argparse.Namespace) -> int:
             for key, qty in sorted(total.items())
         ]
         print(f"  {node.get('node')}: " + ", ".join(parts))
+    if work is not None:
+        for kind in ("tasks", "actors"):
+            items = work.get(kind, [])
+            print(f"{kind}: {len(items)} {'running' if kind == 'tasks' else 'alive'}")
+            names: dict[str, int] = {}
+            for item in items:
+                label = str(item.get("class") or item.get("name") or "?")
+                names[label] = names.get(label, 0) + 1
+            for label, n in sorted(names.items(), key=lambda kv: -kv[1])[:10]:
+                print(f"  {label} x{n}")
     counts: dict[str, int] = {}
     for info in jobs:
         counts[info.status.value] = counts.get(info.status.value, 0) + 1

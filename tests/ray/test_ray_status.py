@@ -1,0 +1,52 @@
+"""`fray status` on a Ray cluster by address shows its nodes, its running tasks and live actors, and its jobs
+(seen from another process, through Ray's dashboard)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fray
+from fray.testing.suite import _group_helpers as g
+from fray.testing.suite import _helpers as h
+
+# The workers of a cluster joined by address import what they run by module (this test module is not on their
+# path): use the suite's installed helpers.
+
+
+def test_status_shows_running_tasks_and_live_actors(tmp_path: Path) -> None:
+    flag = str(tmp_path / "flag")
+    with fray.cluster("ray") as jobs:
+        ctx = fray.init(f"ray?address={jobs.gcs_address}")
+        try:
+            keeper = ctx.create_actor(h.Counter)
+            assert ctx.get(keeper.incr(), timeout=120) == 1
+            running = ctx.create_task(g.wait_then, args=(flag, 1))
+            deadline = time.monotonic() + 60
+            while True:
+                work = jobs.running_work()
+                assert work is not None
+                if any(t["name"] == "wait_then" for t in work["tasks"]):
+                    break
+                assert time.monotonic() < deadline, work
+                time.sleep(0.5)
+            assert any(a["class"] == "Counter" for a in work["actors"]), work
+            env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state")}
+            out = subprocess.run(
+                [sys.executable, "-m", "fray.cli", "status", "--backend", "ray", "--address", jobs.address, "--json"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+            )
+            assert out.returncode == 0, out.stderr
+            seen = json.loads(out.stdout)
+            assert seen["nodes"] and any(t["name"] == "wait_then" for t in seen["tasks"]), seen
+            Path(flag).write_text("go")
+            assert ctx.get(running, timeout=60) == 1
+        finally:
+            fray.shutdown()
