@@ -77,7 +77,7 @@ def first_item_seconds(ctx: fray.JobContext, repeats: int) -> tuple[float, float
 
 
 def run_one(backend: str, members: int, repeats: int) -> None:
-    spec = {"in_memory": "in_memory", "ray": "ray", "monarch": f"monarch?procs={members}"}[backend]
+    spec = {"in_memory": "in_memory", "ray": "ray", "monarch": "monarch?procs=2"}[backend]
     ctx = fray.init(spec)
     group = ctx.create_actor_group(Echo, members)
     ctx.get(group.echo(0), timeout=120)
