@@ -2,7 +2,8 @@
 
 Options: procs (worker processes per host, default CPU count), cpus / gpus (per host, default CPU count / 0),
 resources ("name:qty,name:qty" custom resources per host), hosts ("tcp://h:p,tcp://h2:p2": attach to workers
-started with `python -m fray_monarch.worker --address tcp://h:p`).
+started with `python -m fray_monarch.worker --address tcp://h:p`), log_to_driver (true|false, default true: what
+tasks and actors print reaches the driver's console as `(square pid=4242) ...`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def _transport(raw: str) -> str:
     return raw
 
 
+def _flag(raw: str) -> bool:
+    if raw.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"must be true or false, got {raw!r}")
+    return raw.lower() in ("true", "1")
+
+
 SCHEMA = {
     "procs": positive_int,
     "cpus": non_negative,
@@ -45,6 +52,7 @@ SCHEMA = {
     "object_store_memory": _bytes,
     "memory": _bytes,
     "transport": _transport,
+    "log_to_driver": _flag,
 }
 
 
@@ -116,6 +124,7 @@ class MonarchBackend(Backend):
         from fray_monarch.context import MonarchJobContext
 
         hosts, procs, resources, host_mesh, stores = _topology(options)
+        log_to_driver = parse_options("monarch", options, SCHEMA).get("log_to_driver", True)
 
         def stop_hosts() -> None:
             if host_mesh is not None:
@@ -124,7 +133,9 @@ class MonarchBackend(Backend):
                 except Exception:
                     pass
 
-        return MonarchJobContext(hosts, procs, resources, stores, on_shutdown=stop_hosts, host_mesh=host_mesh)
+        return MonarchJobContext(
+            hosts, procs, resources, stores, on_shutdown=stop_hosts, host_mesh=host_mesh, log_to_driver=log_to_driver
+        )
 
     def cluster_context(self, **options: str) -> Any:
         from fray_monarch.cluster import MonarchClusterContext

@@ -13,6 +13,7 @@ from typing import Any
 from monarch.actor import Actor, current_rank, endpoint
 
 import fray.current as fray_current
+import fray.output as fray_output
 from fray.current import ActorInfo
 from fray.errors import ActorDiedError
 from fray.remote_errors import capture_exception, portable
@@ -167,6 +168,7 @@ class FrayActorHost(Actor):
         self.async_methods: frozenset[str] = frozenset()
         self.loop: asyncio.AbstractEventLoop | None = None  # an async actor's event loop
         self.slots: asyncio.Semaphore | None = None
+        self.label: str | None = None  # `(ClassName pid=N)`: the prefix of this actor's output lines
 
     def _args(self, call: WireValue, deps: list[str], what: str) -> tuple[Any, Any]:
         args, kwargs = self.rt.load(call.value, what)
@@ -178,13 +180,17 @@ class FrayActorHost(Actor):
             args, kwargs = fill_deps(args, kwargs, values)
         return args, kwargs
 
-    def _enter(self) -> tuple[Any, Any]:
-        """Make this actor's job context (and, where it shares its process, its ActorInfo) current here."""
+    def _enter(self) -> tuple[Any, Any, Any]:
+        """Make this actor's job context (and, where it shares its process, its ActorInfo) current here, and its
+        label that of the lines printed here."""
         token = fray_current.push(self.rt.ctx)
-        return token, (None if self.owns_process else fray_current.push_actor(self.info))
+        label = None if self.label is None else fray_output.push_label(self.label)
+        return token, (None if self.owns_process else fray_current.push_actor(self.info)), label
 
     @staticmethod
-    def _leave(tokens: tuple[Any, Any]) -> None:
+    def _leave(tokens: tuple[Any, Any, Any]) -> None:
+        if tokens[2] is not None:
+            fray_output.pop_label(tokens[2])
         if tokens[1] is not None:
             fray_current.pop_actor(tokens[1])
         fray_current.pop(tokens[0])
@@ -198,8 +204,11 @@ class FrayActorHost(Actor):
         if self.owns_process:
             fray_current.set_process_actor(self.info)
         tokens = self._enter()
+        label_token = None
         try:
             klass = loads(Blob(cls_data))
+            self.label = fray_output.label_for(klass.__name__, host=self.rt.label_host)
+            label_token = fray_output.push_label(self.label)
             args, kwargs = self._args(call, deps, f"the arguments of {klass.__name__}()")
             self.obj = klass(*args, **kwargs)
             self.async_methods = _async_methods(klass)
@@ -211,6 +220,8 @@ class FrayActorHost(Actor):
             self.init_error = f"{err.type_name}: {err.message}"
             return ActorReply("err", error=err)
         finally:
+            if label_token is not None:
+                fray_output.pop_label(label_token)
             self._leave(tokens)
             self.init_done.set()
 

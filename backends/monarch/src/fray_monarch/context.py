@@ -38,8 +38,9 @@ class MonarchJobContext(JobContext):
         stores: StoreConfig,
         on_shutdown: Callable[[], None] | None = None,
         host_mesh: Any = None,
+        log_to_driver: bool = True,
     ) -> None:
-        self.ctl = Controller(hosts, procs_per_host, host_resources, stores, host_mesh)
+        self.ctl = Controller(hosts, procs_per_host, host_resources, stores, host_mesh, log_to_driver)
         self._on_shutdown = on_shutdown
         self._closed = False
         self._close_lock = threading.Lock()
@@ -223,5 +224,10 @@ class MonarchJobContext(JobContext):
                 return
             self._closed = True
         self.ctl.shutdown()
+        if self.ctl.log_file is not None:
+            try:
+                os.unlink(self.ctl.log_file)
+            except OSError:
+                pass
         if self._on_shutdown is not None:
             self._on_shutdown()

@@ -74,8 +74,12 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
         host_resources: dict[str, float],
         stores: StoreConfig,
         host_mesh: Any = None,
+        log_to_driver: bool = True,
     ) -> None:
         self.key = uuid.uuid4().hex[:10]
+        # log_to_driver=false: worker processes write their output to this file of the private directory instead
+        # of the console (the context removes it at shutdown)
+        self.log_file = None if log_to_driver else os.path.join(_runtime.private_dir(), f"worker-output-{self.key}.log")
         self.lock = threading.RLock()
         self.ids = itertools.count()
         self.objects = ObjectDirectory(self.key, self.lock, TRACKER, self._free_stored, self.watch)
@@ -159,6 +163,7 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
             store_budget=self.stores.budget,
             inline_limit=self.stores.inline_limit,
             transport=self.stores.transport,
+            log_file=self.log_file,
         )
 
     def _watch_pid(self, proc: Proc, reply: Any, exc: BaseException | None) -> None:

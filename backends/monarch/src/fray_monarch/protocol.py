@@ -118,6 +118,7 @@ class TaskItem:
     deps: tuple[Value, ...]  # the values of top-level ref arguments, in order
     resources: dict[str, float] = field(default_factory=dict)
     stream: bool = False  # a generator: each item is reported as a StreamItem as it is produced
+    name: str | None = None  # TaskOptions.name: its output lines' label (default: the function's __name__)
 
 
 @dataclass(frozen=True)
@@ -207,3 +208,4 @@ class WorkerSetup:
     store_budget: int
     inline_limit: int
     transport: str
+    log_file: str | None = None  # log_to_driver=false: the process's fds 1 and 2 go to this file (None: console)

@@ -221,6 +221,7 @@ class TaskScheduling:
                 tuple(task.dep_values or ()),
                 task.resources,
                 task.options.streaming,
+                task.options.name,
             )
             batches.setdefault(proc.key, (proc, []))[1].append(item)
         self.queue.extendleft(reversed(skipped))

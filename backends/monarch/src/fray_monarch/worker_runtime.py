@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import queue
 import sys
 import threading
@@ -14,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import fray.current as fray_current
+import fray.output as fray_output
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
@@ -87,6 +89,30 @@ def contained_ids(blob: Blob) -> tuple[str, ...]:
     return tuple(p.id for p in blob.contained if isinstance(p, RefPayload))
 
 
+def _route_output(log_file: str | None) -> None:
+    """Once per worker process. Its output goes to the driver's console (the fds it inherited), line-buffered so
+    lines arrive as printed; with log_to_driver=false, fds 1 and 2 go to the context's log file instead (on a
+    host where the driver's directory does not exist, nowhere)."""
+    if log_file is not None:
+        try:
+            fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            fd = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        except (AttributeError, OSError, ValueError):
+            pass
+
+
 class WorkerRuntime:
     """One per worker process: runs tasks by local free resources, reports results and ref holds in batches."""
 
@@ -95,6 +121,9 @@ class WorkerRuntime:
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         self.ctl_key, self.proc_key, self.coord = setup.ctl_key, setup.proc_key, setup.coord
+        _route_output(setup.log_file)
+        # ` ip=<host>` in output labels only where the context has several hosts (attached ones; local means one)
+        self.label_host = setup.bind_host if setup.host_id != "local" else None
         self.free = dict(setup.capacity)
         self.capacity = dict(setup.capacity)
         self.oids = itertools.count()
@@ -366,9 +395,12 @@ class WorkerRuntime:
         tid = item.id
         _current_task.id = tid
         token = fray_current.push(self.ctx)
+        label_token = None
         try:
             fn = self.load_fn(item.fn_key)
             name = getattr(fn, "__qualname__", "task")
+            label = item.name or getattr(fn, "__name__", None) or name
+            label_token = fray_output.push_label(fray_output.label_for(label, host=self.label_host))
             args, kwargs = self.load(item.args.value, f"the arguments of task {name}")
             if item.deps:
                 values = [self.load(d, f"ref argument {i} of task {name}") for i, d in enumerate(item.deps)]
@@ -391,6 +423,8 @@ class WorkerRuntime:
         except BaseException as exc:
             result = TaskResult(tid, "err", error=capture_exception(exc))
         finally:
+            if label_token is not None:
+                fray_output.pop_label(label_token)
             fray_current.pop(token)
             _current_task.id = None
         if result is not None:
