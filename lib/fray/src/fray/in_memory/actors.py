@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -262,6 +263,7 @@ class ActorsMixin:
                 queue.append(ObjectRef(entry, BACKEND))
                 if queue.stopped.is_set():
                     break
+                time.sleep(0)  # let a waiting consumer take the GIL now, not after the 5 ms switch interval
             if inspect.isgenerator(items):
                 items.close()
         except BaseException as exc:
