@@ -230,14 +230,59 @@ def user_tmpdir() -> str:
     return _private[2]
 
 
+# Monarch 0.7 prints this line to stderr once per process, when the process's first client context is made (an
+# unconditional eprintln in its HostAgent::init). fray makes that context itself, early, with fd 2 captured.
+BANNER = b"Monarch internal logs are being written to "
+_client_started = False
+
+
+def without_banner(start: Callable[[], Any]) -> Any:
+    """Run start() with this process's fd 2 captured in a temp file, then write back every captured line but
+    Monarch's banner. Other threads' stderr lines of that moment come out a few ms late, in order."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            return start()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().splitlines(keepends=True) if not line.startswith(BANNER)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
+def start_client_context() -> None:
+    """In a Monarch process (a worker, an actor's or a job runner's): make its client context now, from a thread
+    of its own (a call from an actor thread uses the actor's), so its banner is dropped, not printed later by the
+    first report a worker sends."""
+    global _client_started
+    with _private_lock:
+        if _client_started:
+            return
+        _client_started = True
+    thread = threading.Thread(target=lambda: without_banner(_monarch_actor.context), name="fray-monarch-client")
+    thread.start()
+    thread.join(timeout=30)
+
+
 def _start_monarch_in(path: str) -> None:
     """Start Monarch's runtime of this process (its first `context()`) with TMPDIR = path, so the socket
     directory it makes for its children is in there; TMPDIR is restored at once. A runtime started earlier (by
     the user's own Monarch code) keeps its directory where it is."""
+    global _client_started
     saved = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = path
     try:
-        _monarch_actor.context()
+        without_banner(_monarch_actor.context)
+        _client_started = True
     finally:
         if saved is None:
             del os.environ["TMPDIR"]

@@ -64,6 +64,7 @@ class WorkerHost(Actor):
 
     def __init__(self, setup: WorkerSetup | list[WorkerSetup], env: dict[str, str]) -> None:
         os.environ.update(env)  # a process started for tasks with these env vars (see Controller._env_procs)
+        _runtime.start_client_context()  # before anything prints Monarch's banner (see _runtime.BANNER)
         self.rt = _ensure_runtime(_mine(setup, _mesh_index()))
         self.watchers: list[Any] = []
 

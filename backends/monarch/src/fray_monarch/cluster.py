@@ -32,6 +32,7 @@ class JobRunner(Actor):
 
     def __init__(self, root: str, job_tmpdir: str | None = None) -> None:
         watchdog.watch_path(root)  # this process dies with the driver; its jobs and their logs go with it
+        _runtime.start_client_context()  # Monarch's banner dropped (see _runtime.BANNER)
         self.jobs = LocalJobs(Path(root))
         self.job_tmpdir = job_tmpdir  # the user's TMPDIR (this process has a private one that fray removes)
 
