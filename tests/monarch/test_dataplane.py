@@ -12,6 +12,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,8 +26,10 @@ from fray_monarch.arena import _proc_tag
 MiB = 1024 * 1024
 
 
-def _fray_files() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("fray.")}
+def _fray_files(ctx: Any = None) -> set[str]:
+    """fray's /dev/shm files: of one context (`fray.<context key>.`), else of every context on the machine."""
+    prefix = f"fray.{ctx.ctl.key}." if ctx is not None else "fray."
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
 
 
 def _shm_ranges() -> list[tuple[int, int]]:
@@ -125,7 +128,7 @@ def test_value_of_a_dead_worker_is_lost_and_its_files_removed() -> None:
     with fray.init("monarch?procs=2") as c:
         ref = c.create_task(make_array, args=(4 * MiB,))
         c.wait([ref], timeout=60)
-        before = _fray_files()
+        before = _fray_files(c)  # this context's only: never kill another fray session's processes
         owners = {n.split(".")[3] for n in before if n.count(".") == 4}
         for tag in owners:  # kill the process that holds the value (the driver's own files have no value yet)
             pid = int(tag.split("-")[0])
@@ -140,8 +143,8 @@ def test_value_of_a_dead_worker_is_lost_and_its_files_removed() -> None:
                 c.get(ref, timeout=30)
                 time.sleep(0.2)
         deadline = time.monotonic() + 10
-        while any(f.split(".")[3] != _proc_tag(os.getpid()) for f in _fray_files() if f.count(".") == 4):
-            assert time.monotonic() < deadline, _fray_files()
+        while any(f.split(".")[3] != _proc_tag(os.getpid()) for f in _fray_files(c) if f.count(".") == 4):
+            assert time.monotonic() < deadline, _fray_files(c)
             time.sleep(0.2)
         assert c.get(c.create_task(pow, args=(2, 3)), timeout=60) == 8
 
