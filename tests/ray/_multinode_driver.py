@@ -21,9 +21,8 @@ import tempfile
 TEMP_DIR = tempfile.mkdtemp(prefix="fray-mn-", dir="/tmp")
 os.environ["RAY_TMPDIR"] = TEMP_DIR
 os.makedirs(os.path.join(TEMP_DIR, "ray"))
-# The nodes run in token-auth mode, as fray's drivers join them (fray opts in to token mode when a token exists).
-# With the nodes started in Ray's default mode instead, a fray driver's non-detached actors were never created
-# ("SchedulingCancelled: Actor creation cancelled") while tasks and detached actors worked.
+# The nodes (and, by this choice, the drivers) run in token-auth mode, as a `ray start` cluster does by default.
+# Nodes in Ray's other mode (no token auth) are joined in test_join_default_auth.py.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import ray  # noqa: E402

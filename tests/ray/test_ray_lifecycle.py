@@ -5,6 +5,7 @@ its logs. Real Ray, no mocks."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,18 @@ def test_private_head_listens_on_loopback_only(cluster: RayClusterContext) -> No
         cluster.delete_job(job)
 
 
+# ---------------------------------------------------------------------------------------- token auth
+def test_private_ray_and_private_head_enforce_token_auth(ctx: RayJobContext, cluster: RayClusterContext) -> None:
+    """Clusters fray starts refuse a request without a token (their GCS answers UNAUTHENTICATED)."""
+    import ray
+
+    conn = _connect._conn
+    if conn is not None and conn.started_here:
+        assert _connect.cluster_auth_mode(ray.get_runtime_context().gcs_address) == "token"
+    assert cluster.gcs_address is not None
+    assert _connect.cluster_auth_mode(cluster.gcs_address) == "token"
+
+
 # ---------------------------------------------------------------------------------------- shut down
 def test_every_method_of_a_shut_down_context_raises_fray_error() -> None:
     ctx = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
@@ -135,27 +148,45 @@ def test_temp_base_leaves_room_for_rays_socket_paths(monkeypatch: pytest.MonkeyP
 
 
 def test_private_head_starts_with_a_long_tmpdir_and_a_driver_joins_it() -> None:
+    """Also: on a machine without a Ray token (a fresh HOME, no RAY_AUTH_*), the head fray starts still runs in
+    token mode (a token is made, as ray.init does), and a driver joins it in token mode."""
     long_tmp = tempfile.mkdtemp(prefix="fray-long-tmpdir", dir="/tmp")  # 29 characters
+    home = tempfile.mkdtemp(prefix="fray-home-")
     try:
         assert len(long_tmp) == 29
         driver = textwrap.dedent(
             """
+            import os
             import fray
+            from fray_ray import _connect
             with fray.cluster("ray?num_cpus=1&object_store_memory=80000000") as cluster:
+                assert os.path.isfile(os.path.expanduser("~/.ray/auth_token"))  # made for the head
+                assert _connect.cluster_auth_mode(cluster.gcs_address) == "token"
                 job = cluster.create_job("echo hello")
                 assert cluster.wait_job(job, timeout=120).status == "SUCCEEDED"
                 print(cluster.get_job_logs(job), end="")
-                # a driver joins the loopback-only head by its address (Ray would rewrite 127.0.0.1)
+                # a driver joins the loopback-only head by its address (Ray would rewrite 127.0.0.1), in token
+                # mode (fray started that head), and its ordinary actors are created
                 ctx = fray.init(f"ray?address={cluster.gcs_address}")
+                from ray._raylet import AuthenticationMode, get_authentication_mode
+                assert get_authentication_mode() == AuthenticationMode.TOKEN
                 assert ctx.get(ctx.create_task(sum, args=([1, 2],)), timeout=60) == 3
+                class Echo:
+                    def echo(self, x):
+                        return x
+                assert ctx.get(ctx.create_actor(Echo).echo(3), timeout=60) == 3
                 fray.shutdown()
             """
         )
         env = {**os.environ, "TMPDIR": long_tmp}
         env.pop("RAY_TMPDIR", None)
+        env["HOME"] = home  # no token yet
+        for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+            env.pop(name, None)  # fray picks the mode (this process's private Ray may have set RAY_AUTH_MODE)
         out = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=180, env=env)
         assert out.stdout == "hello\n", out.stderr[-3000:]
     finally:
+        shutil.rmtree(home, ignore_errors=True)
         os.rmdir(long_tmp)  # fails if anything was left in it
 
 

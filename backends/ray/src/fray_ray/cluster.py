@@ -32,7 +32,16 @@ from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.types import JobInfo, JobStatus, RuntimeEnv
-from fray_ray._connect import LOCAL_ONLY_ENV, LOOPBACK, _is_loopback, enable_token_auth, short_tmp, stop_group
+from fray_ray._connect import (
+    LOCAL_ONLY_ENV,
+    LOOPBACK,
+    _is_loopback,
+    note_own_cluster,
+    own_cluster_mode,
+    short_tmp,
+    stop_group,
+    token_headers,
+)
 from fray_ray._remote import entrypoint_options, runtime_env_dict
 
 _STATUS = {s.value: s for s in JobStatus}
@@ -102,6 +111,8 @@ class LocalHead:
 
             cmd.append(f"--resources={json.dumps(resources)}")
         env = dict(os.environ)
+        # token auth (a token made if none exists) unless the user chose a mode; the clients send the token
+        env["RAY_AUTH_MODE"] = own_cluster_mode()
         # Jobs run `python ...` from the head's PATH: make that this interpreter, so fray and Ray are importable.
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env.pop("RAY_ADDRESS", None)
@@ -125,6 +136,7 @@ class LocalHead:
             watchdog.watch_group(self.proc.pid)
         self.address = f"http://{host}:{self.dashboard_port}"
         self.gcs_address = f"{host}:{self.port}"
+        note_own_cluster(self.gcs_address)  # drivers of this process join it in token mode without asking
 
     def wait_ready(self, client_factory: Any) -> Any:
         deadline = time.monotonic() + _START_TIMEOUT
@@ -201,7 +213,7 @@ def job_client(address: str) -> Any:
     from ray.job_submission import JobSubmissionClient
 
     with _explicit_address():
-        return JobSubmissionClient(address)
+        return JobSubmissionClient(address, headers=token_headers())
 
 
 def _unguarded(entrypoint: str) -> str:
@@ -248,7 +260,6 @@ class RayClusterContext(ClusterContext):
     ) -> None:
         """address: a Ray dashboard URL (http://host:8265); else a private local head node is started.
         working_dir: the default working directory of jobs (else the caller's current directory)."""
-        enable_token_auth()
         self.working_dir = working_dir
         self.default_working_dir = working_dir
         self._head: LocalHead | None = None
@@ -387,6 +398,27 @@ class RayClusterContext(ClusterContext):
                 total[name], free[name] = float(amount), float(amount) - float(used)
             nodes.append({"node": names.get(node_id, node_id), "id": node_id, "total": total, "free": free})
         return nodes
+
+    def running_work(self) -> dict[str, list[dict[str, Any]]] | None:
+        """Running tasks and live actors, from Ray's state API (the dashboard's /api/v0 endpoints)."""
+        found: dict[str, list[dict[str, Any]]] = {}
+        queries = {
+            "tasks": "/api/v0/tasks?limit=1000&filter_keys=state&filter_predicates=%3D&filter_values=RUNNING",
+            "actors": "/api/v0/actors?limit=1000&filter_keys=state&filter_predicates=%3D&filter_values=ALIVE",
+        }
+        for kind, path in queries.items():
+            rows = self._get_json(path).get("result", {}).get("result", [])
+            found[kind] = [
+                {
+                    "name": row.get("name") or row.get("func_or_class_name") or "",
+                    "class": row.get("class_name") or "",
+                    "state": row.get("state", ""),
+                    "node": row.get("node_id") or (row.get("address") or {}).get("ip_address", ""),
+                }
+                for row in rows
+                if not str(row.get("class_name") or row.get("name") or "").startswith("JobSupervisor")
+            ]
+        return found
 
     def _get_json(self, path: str) -> dict[str, Any]:
         response = self._client._do_request("GET", path)

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from fray import state
-from fray_ray._connect import LOOPBACK, enable_token_auth
+from fray_ray._connect import LOOPBACK
 from fray_ray.cluster import LocalHead, job_client
 
 __all__ = ["recorded", "start", "stop"]
@@ -45,7 +45,6 @@ def start(
         return current, False
     if current is not None:  # its process is gone: clear what is left of it
         _clean(current)
-    enable_token_auth()
     head = LocalHead(num_cpus, resources, num_gpus, object_store_memory, owned=False, listen=listen)
     head.wait_ready(job_client)  # stops the head and raises if it does not come up
     record = {
@@ -71,7 +70,6 @@ def stop(job_grace: float = 15.0) -> dict[str, Any] | None:
     if current is None:
         return None
     if current["running"]:
-        enable_token_auth()
         try:
             client = job_client(current["address"])
             running = [d.submission_id for d in client.list_jobs() if d.submission_id and not d.status.is_terminal()]

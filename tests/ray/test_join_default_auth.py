@@ -1,0 +1,92 @@
+"""Joining a Ray cluster whose nodes run without token auth (Ray's default for nodes started without a token
+or with RAY_AUTH_MODE=disabled): fray's driver follows the cluster's mode. Before, fray switched the driver to
+token mode whenever a token file existed; the cluster could then not reach the driver, and its ordinary actors
+were never created ("Actor creation cancelled") while tasks worked. One cluster, started and stopped by a
+subprocess (_default_auth_driver.py; one Ray connection per process). Plus the decision rule without a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fray_ray")
+
+from fray_ray import _connect
+
+DRIVER = Path(__file__).with_name("_default_auth_driver.py")
+
+
+def test_driver_joins_a_cluster_without_token_auth_and_creates_actors_and_groups() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    proc = subprocess.Popen(
+        [sys.executable, str(DRIVER)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # exactly that driver's process group (its cluster's nodes too)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"default-auth driver timed out:\n{stderr[-3000:]}")
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"driver failed ({proc.returncode}):\n{stderr[-3000:]}"
+    out: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    assert out["probe"] == "disabled"  # the GCS answered a request without a token
+    expected = {"driver_mode": "disabled", "actor": 2, "group": [0, 1], "task": 3}
+    assert out["by_address"] == expected
+    assert out["by_env"] == expected  # RAY_ADDRESS instead of address=
+    assert out["mode_after"] is None  # what fray set for the connection is gone with it
+    # RAY_AUTH_MODE set by the user is theirs: kept, with a warning naming the consequence
+    assert out["user_token_mode"] == "token"
+    assert out["user_token_warned"] is True
+    assert out["user_mode_after"] == "token"
+
+
+# ---------------------------------------------------------------------------------------- the rule, no cluster
+def _no_probe(address: str, timeout: float = 0.0) -> str | None:
+    raise AssertionError("the cluster should not have been asked")
+
+
+def test_a_cluster_fray_started_is_joined_in_token_mode_without_asking(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setattr(_connect, "cluster_auth_mode", _no_probe)
+    monkeypatch.setattr(_connect, "_own_clusters", {"127.0.0.1:6390"})
+    assert _connect.join_auth_mode("127.0.0.1:6390") == "token"
+
+
+@pytest.mark.parametrize(
+    "answer, token, expected",
+    [("disabled", True, "disabled"), ("token", False, "token"), (None, True, "token"), (None, False, None)],
+)
+def test_a_joined_cluster_decides_the_mode(
+    monkeypatch: pytest.MonkeyPatch, answer: str | None, token: bool, expected: str | None
+) -> None:
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setattr(_connect, "cluster_auth_mode", lambda address, timeout=0.0: answer)
+    monkeypatch.setattr(_connect, "token_available", lambda: token)
+    monkeypatch.setattr(_connect, "is_own_cluster", lambda address: False)
+    assert _connect.join_auth_mode("10.0.0.5:6379") == expected
+
+
+def test_the_users_mode_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setattr(_connect, "_fray_auth_mode", None)  # fray did not write it
+    monkeypatch.setattr(_connect, "cluster_auth_mode", _no_probe)
+    assert _connect.join_auth_mode("10.0.0.5:6379") is None
+
+
+def test_an_unreachable_or_ray_client_address_cannot_be_told() -> None:
+    assert _connect.cluster_auth_mode("ray://10.0.0.5:10001") is None
+    assert _connect.cluster_auth_mode("127.0.0.1:1", timeout=0.5) is None  # nothing listens on port 1
