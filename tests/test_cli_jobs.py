@@ -8,12 +8,14 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,19 +251,24 @@ def ray_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         assert again.returncode == 0 and "running already" in again.stderr
         yield env
     finally:
-        stopped = _fray(env, "cluster", "stop", "--backend", "ray", timeout=120)
-        if record is not None:
-            leftover = group_members(record["pgid"]) + _marked(record["temp_dir"])
-            if leftover:  # never leave a Ray behind, even when the command failed
-                for pid in leftover:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            shutil.rmtree(record["temp_dir"], ignore_errors=True)
-            assert stopped.returncode == 0 and "stopped the ray cluster" in stopped.stderr, stopped.stderr
-            assert not leftover, f"processes of the ray cluster left after fray cluster stop: {leftover}"
-            assert not (state / "clusters" / "ray.json").exists()
+        _stop_ray_cluster(env, state, record)
+
+
+def _stop_ray_cluster(env: dict[str, str], state: Path, record: dict[str, Any] | None) -> None:
+    """`fray cluster stop`, then check that nothing of the cluster is left (and kill what is, to leave nothing)."""
+    stopped = _fray(env, "cluster", "stop", "--backend", "ray", timeout=120)
+    if record is not None:
+        leftover = group_members(record["pgid"]) + _marked(record["temp_dir"])
+        if leftover:  # never leave a Ray behind, even when the command failed
+            for pid in leftover:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        shutil.rmtree(record["temp_dir"], ignore_errors=True)
+        assert stopped.returncode == 0 and "stopped the ray cluster" in stopped.stderr, stopped.stderr
+        assert not leftover, f"processes of the ray cluster left after fray cluster stop: {leftover}"
+        assert not (state / "clusters" / "ray.json").exists()
 
 
 def test_ray_submit_exit_code_working_dir_list_status(ray_env: dict[str, str], tmp_path: Path) -> None:
@@ -309,3 +316,53 @@ def test_ray_without_a_cluster_says_how_to_start_one(tmp_path: Path) -> None:
     pytest.importorskip("fray_ray")
     done = _fray(_env(tmp_path / "empty"), "job", "list", "--backend", "ray")
     assert done.returncode == 1 and "fray cluster start --backend ray" in done.stderr and "Traceback" not in done.stderr
+
+
+def _machine_address() -> str | None:
+    """This machine's own non-loopback IPv4 address (the one that routes out; no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.123", 9))
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def test_ray_cluster_listening_elsewhere_gets_the_working_dir_uploaded(tmp_path: Path) -> None:
+    """A cluster not on loopback is treated as remote: --working-dir is uploaded as Ray's working_dir (the job
+    runs in Ray's unpacked copy), as `ray job submit` does; `fray cluster start --listen` makes such a cluster."""
+    pytest.importorskip("fray_ray")
+    address = _machine_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address for the cluster to listen on")
+    state = tmp_path / "state"
+    env = _env(state)
+    spec = "ray?num_cpus=1&object_store_memory=100000000"
+    started = _fray(env, "cluster", "start", "--backend", spec, "--listen", address, timeout=180)
+    record = json.loads((state / "clusters" / "ray.json").read_text()) if started.returncode == 0 else None
+    try:
+        assert record is not None, started.stderr
+        assert record["address"].startswith(f"http://{address}:"), record
+        project = tmp_path / "project"
+        project.mkdir()
+        (project / "data.txt").write_text("uploaded\n")
+        (project / "job.py").write_text("import os\nprint(open('data.txt').read().strip(), os.getcwd())\n")
+        done = _fray(
+            env,
+            "job",
+            "submit",
+            "--backend",
+            "ray",
+            "--working-dir",
+            str(project),
+            "--",
+            "python",
+            "job.py",
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stderr
+        text, cwd = done.stdout.split()
+        assert text == "uploaded" and cwd != str(project), done.stdout  # Ray's unpacked copy, not the directory
+    finally:
+        _stop_ray_cluster(env, state, record)
