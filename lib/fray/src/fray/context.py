@@ -19,6 +19,7 @@ from fray import current
 from fray.capabilities import Capability
 from fray.current import ActorInfo, clear_job_context, get_job_context, set_job_context
 from fray.errors import (
+    ActorAlreadyExistsError,
     ActorNotFoundError,
     FrayError,
     GetTimeoutError,
@@ -210,8 +211,6 @@ class JobContext(ABC):
         except ActorNotFoundError:
             return None
         if not get_if_exists:
-            from fray.errors import ActorAlreadyExistsError
-
             raise ActorAlreadyExistsError(
                 f"an actor group named {name!r} exists already; pass ActorOptions(get_if_exists=True) to reuse it, "
                 "or pick another name"

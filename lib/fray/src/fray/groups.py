@@ -92,21 +92,20 @@ class ActorGroup:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[ObjectRef]:
         """Call `method` on every member (also a method whose name a group attribute takes, like `handles`)."""
+        self._check_method(method)
+        return self._context()._call_group_checked(self, method, args, kwargs)
+
+    def _check_method(self, method: str) -> None:
         if method.startswith("_") or method not in self.handles[0].methods:
             raise AttributeError(
                 f"actor {self.class_name} has no method {method!r}; its methods are: "
                 f"{', '.join(sorted(self.handles[0].methods))}"
             )
-        return self._context()._call_group_checked(self, method, args, kwargs)
 
     def __getattr__(self, attr: str) -> GroupMethod:
         if attr.startswith("_"):
             raise AttributeError(attr)
-        if attr not in self.handles[0].methods:
-            raise AttributeError(
-                f"actor {self.class_name} has no method {attr!r}; its methods are: "
-                f"{', '.join(sorted(self.handles[0].methods))}"
-            )
+        self._check_method(attr)
         return GroupMethod(self, attr)
 
     def __len__(self) -> int:

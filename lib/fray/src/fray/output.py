@@ -2,9 +2,9 @@
 prefixed with who printed it, `(square pid=4242) hello`, `(Counter pid=4243) hello`, `(... ip=10.0.0.5)` where
 there are several hosts.
 
-Process backends read their workers' output and print it with `prefix_lines`. in_memory tasks share the
-driver's pid and its sys.stdout, so there `labelled(label)` marks the running thread and a `LabelledStream`
-installed over sys.stdout / sys.stderr prefixes that thread's lines (other threads write through unchanged).
+`push_label(label)` / `pop_label(token)` mark the thread (or asyncio task) running a task or actor call, and a
+`LabelledStream` installed over sys.stdout / sys.stderr prefixes that thread's lines (other threads write through
+unchanged). in_memory does this in the driver; monarch inside each worker process (whose stdout is the driver's).
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ import io
 import os
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, TextIO
 
-__all__ = ["LabelledStream", "install", "label_for", "labelled", "pop_label", "prefix_lines", "push_label"]
+__all__ = ["LabelledStream", "install", "label_for", "pop_label", "push_label"]
 
 _label: contextvars.ContextVar[str | None] = contextvars.ContextVar("fray_output_label", default=None)
 _install_lock = threading.Lock()
@@ -28,12 +26,6 @@ def label_for(name: str, pid: int | None = None, host: str | None = None) -> str
     """`(name pid=N)` or `(name pid=N ip=H)`: the prefix of a task's or actor's lines."""
     where = f" ip={host}" if host else ""
     return f"({name} pid={pid if pid is not None else os.getpid()}{where})"
-
-
-def prefix_lines(label: str, text: str) -> str:
-    """Every line of text with the label in front (text ends with a newline if it had lines)."""
-    lines = text.splitlines()
-    return "".join(f"{label} {line}\n" for line in lines)
 
 
 class LabelledStream(io.TextIOBase):
@@ -117,13 +109,3 @@ def pop_label(token: contextvars.Token[str | None]) -> None:
         for stream in (sys.stdout, sys.stderr):
             if isinstance(stream, LabelledStream):
                 stream.finish_line(label)
-
-
-@contextmanager
-def labelled(label: str) -> Iterator[None]:
-    """Lines printed by this thread inside the block are prefixed with label."""
-    token = push_label(label)
-    try:
-        yield
-    finally:
-        pop_label(token)

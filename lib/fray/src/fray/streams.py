@@ -114,6 +114,3 @@ class ItemQueue:
 
     def close(self) -> None:
         self.stopped.set()
-
-    def __len__(self) -> int:
-        return len(self._items)
