@@ -54,6 +54,8 @@ class LabelledStream(io.TextIOBase):
 
     def finish_line(self, label: str) -> None:
         """A labelled piece of work ended: print its unfinished last line, if any."""
+        if threading.get_ident() not in self._partial:  # the usual case, on every task: no lock needed
+            return  # (only this thread adds or removes its own key)
         with self._lock:
             rest = self._partial.pop(threading.get_ident(), "")
             if rest:
