@@ -16,4 +16,3 @@ def test_a_labelled_stream_is_closed_when_its_target_is() -> None:
     target.close()
     assert stream.closed
     assert not (not stream.closed and stream.isatty())
-
