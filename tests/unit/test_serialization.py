@@ -87,3 +87,34 @@ def test_torch_read_from_a_stored_copy_is_private() -> None:
     first, second = loads(blob), loads(blob)
     first += 1
     assert second.sum().item() == 0 and loads(blob).sum().item() == 0
+
+
+def test_scalars_take_the_plain_pickle_path_and_keep_their_types() -> None:
+    import enum
+
+    class Colour(enum.IntEnum):  # an int subclass: not a plain scalar, pickled by fray's own pickler
+        RED = 1
+
+    for value in (0, -7, 2**80, 1.5, True, None, "text", "", 3j, Colour.RED):
+        blob = dumps(value, "a scalar")
+        assert blob.buffers == [] and blob.contained == []
+        back = loads(blob)
+        assert back == value and type(back) is type(value)
+    big = "x" * (1 << 20)  # a large str stays in band, like the C pickler writes it
+    assert loads(dumps(big)) == big
+
+
+def test_transfer_stats_count_by_path() -> None:
+    from fray.transfers import PathStats, TransferStats, merge
+
+    stats = TransferStats()
+    stats.record("inline", 10, 0.5)
+    stats.record("inline", 5, 0.25)
+    stats.record("shm", 100, 1.0)
+    snap = stats.snapshot()
+    assert snap == {"inline": PathStats(2, 15, 0.75), "shm": PathStats(1, 100, 1.0)}
+    stats.record("inline", 1, 0.0)
+    assert snap["inline"].count == 2  # a snapshot does not move
+    assert merge(snap, stats.snapshot())["inline"] == PathStats(5, 31, 1.5)
+    stats.reset()
+    assert stats.snapshot() == {}

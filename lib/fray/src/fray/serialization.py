@@ -244,12 +244,19 @@ def _pickle_with(cls: type, obj: Any, buffers: list[pickle.PickleBuffer]) -> tup
     return out.getvalue(), pickler
 
 
+# Values that hold no refs, buffers or tensors: pickled by the plain C pickler, without a Pickler object of
+# fray's own (6.5 -> 0.5 us for an int; a group call to 8 members pays it 8 times in 8 processes).
+_SCALARS = frozenset({int, float, bool, complex, str, type(None)})
+
+
 def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
     """Serialize obj. Raises SerializationError (naming `what`) if it cannot be pickled.
 
     copy=True: each out-of-band buffer is copied once (as an object store does), so later mutation of obj
     cannot change the stored value. copy=False: buffers are views of obj's own memory, for a caller that
     writes them out (to shared memory, a socket) before obj can change."""
+    if type(obj) in _SCALARS:
+        return Blob(pickle.dumps(obj, protocol=5))
     buffers: list[pickle.PickleBuffer] = []
     outer = getattr(_local, "contained", None)  # dumps may nest (a payload's __reduce__ pickling more)
     contained: list[Any] = []

@@ -46,11 +46,16 @@ class TransferStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._paths: dict[str, PathStats] = {}
+        self._paths: dict[str, list[float]] = {}  # path -> [count, bytes, seconds]: every value read pays this
 
     def record(self, path: str, nbytes: int, seconds: float) -> None:
         with self._lock:
-            self._paths[path] = self._paths.get(path, PathStats()) + PathStats(1, nbytes, seconds)
+            counts = self._paths.get(path)
+            if counts is None:
+                counts = self._paths[path] = [0, 0, 0.0]
+            counts[0] += 1
+            counts[1] += nbytes
+            counts[2] += seconds
 
     @contextmanager
     def timed(self, path: str, nbytes: int) -> Iterator[None]:
@@ -60,7 +65,7 @@ class TransferStats:
 
     def snapshot(self) -> dict[str, PathStats]:
         with self._lock:
-            return dict(self._paths)
+            return {path: PathStats(int(c[0]), int(c[1]), c[2]) for path, c in self._paths.items()}
 
     def reset(self) -> None:
         with self._lock:
