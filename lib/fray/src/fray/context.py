@@ -231,9 +231,11 @@ class JobContext(ABC):
     def get(
         self, refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None, progress: ProgressMode = False
     ) -> Any:
-        """The value of a ref, or the values of a list of refs in order. Raises the task's exception, or
-        GetTimeoutError (a TimeoutError) when `timeout` seconds pass first. progress=True shows a progress bar
-        of a list's refs on a terminal ("always": also when stderr is not one)."""
+        """The value of a ref, or the values of a list of refs in order. Raises the task's exception: for a
+        list, as soon as one of its refs has failed (the first failed one in list order), without waiting for
+        the others, as Ray's get does. GetTimeoutError (a TimeoutError) when `timeout` seconds pass first.
+        progress=True shows a progress bar of a list's refs on a terminal ("always": also when stderr is not
+        one)."""
         self._refuse_if_shut_down()
         deadline = _check_timeout(timeout)
         if isinstance(refs, ObjectRef):
@@ -248,8 +250,8 @@ class JobContext(ABC):
         raise ValueError(f"get needs an ObjectRef or a list of them, got {type(refs).__name__}")
 
     def _get_with_progress(self, refs: list[ObjectRef], timeout: float | None, mode: ProgressMode) -> list[Any]:
-        """get, fetching each ref as it completes to count it (and its failure) on the bar; the first failed ref
-        in input order is raised at the end, as get does."""
+        """get, fetching each ref as it completes to count it (and its failure) on the bar; a failure is raised
+        when it is seen (the first in input order among those seen together), as get does."""
         deadline = None if timeout is None else time.monotonic() + timeout
         values: dict[int, Any] = {}
         errors: dict[int, BaseException] = {}
@@ -269,10 +271,10 @@ class JobContext(ABC):
                         errors[i] = exc
                         failed += 1
                 bar.advance(len(finished), failed)
+                if errors:
+                    raise errors[min(errors)]
                 done_set = set(finished)
                 pending = [i for i in pending if i not in done_set]
-        if errors:
-            raise errors[min(errors)]
         return [values[i] for i in range(len(refs))]
 
     def wait(

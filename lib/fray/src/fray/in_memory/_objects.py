@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from concurrent.futures import Future, InvalidStateError
-from typing import Any
+from typing import Any, NoReturn
 
 from fray.errors import FrayError
 from fray.remote_errors import RemoteError
@@ -58,7 +58,7 @@ class _Failure(Exception):
         super().__init__()
         self.error = error
 
-    def raise_it(self) -> None:
+    def raise_it(self) -> NoReturn:
         if isinstance(self.error, RemoteError):
             raise self.error.rebuild() from None
         raise self.error

@@ -11,7 +11,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from functools import partial
 from typing import Any
@@ -395,39 +395,43 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         futures = [ref.payload.future for ref in refs]
         if not all(f.done() for f in futures):
             held = self._blocking()
-            deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                for ref, future in zip(refs, futures, strict=True):
-                    if not future.done():
-                        task: _Task | None = ref.payload.task  # without a deadline, run a task not yet started here
-                        # (only for a lone ref: inlining a list's tasks makes this thread compete with the
-                        # workers for the GIL and costs more than it saves)
-                        if deadline is None and len(refs) == 1 and task is not None and task.state == "dispatched":
-                            if self._tasks.get(task.entry.id) is task:
-                                self._run_inline(task)
-                            if future.done():
-                                continue
-                        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                        try:
-                            future.exception(left)  # waits on the future's own condition; never raises its error
-                        except FutureTimeoutError:
-                            pass
-                        if not future.done():
-                            missing = sum(not f.done() for f in futures)
-                            raise GetTimeoutError(
-                                f"get timed out after {timeout} s: {missing} of {len(futures)} refs not ready"
-                            )
+                if len(futures) == 1:
+                    self._wait_one(refs[0], timeout)
+                else:  # all done, or the first failure (as Ray's get: a failed pipeline does not wait on the rest)
+                    wait(futures, timeout, return_when=FIRST_EXCEPTION)
+                if not all(f.done() for f in futures) and not any(_failed(f) for f in futures):
+                    missing = sum(not f.done() for f in futures)
+                    raise GetTimeoutError(
+                        f"get timed out after {timeout} s: {missing} of {len(futures)} refs not ready"
+                    )
             finally:
                 if held:
                     self._ledger.reacquire(held)
-        values = []
         decode = self._decode
-        for ref, future in zip(refs, futures, strict=True):
-            try:
-                values.append(decode(future.result(), f"the value of {ref!r}"))
-            except _Failure as failure:
-                failure.raise_it()
-        return values
+        try:
+            for future in futures:  # the first failure in ref order, even where an earlier ref is not done
+                if _failed(future):
+                    future.result()
+            return [decode(f.result(), f"the value of {ref!r}") for ref, f in zip(refs, futures, strict=True)]
+        except _Failure as failure:
+            failure.raise_it()
+
+    def _wait_one(self, ref: ObjectRef, timeout: float | None) -> None:
+        """Without a deadline, a task not started yet runs here, on the waiting thread (a lone ref only:
+        inlining a list's tasks makes this thread compete with the workers for the GIL and costs more than it
+        saves)."""
+        future = ref.payload.future
+        task: _Task | None = ref.payload.task
+        if timeout is None and task is not None and task.state == "dispatched":
+            if self._tasks.get(task.entry.id) is task:
+                self._run_inline(task)
+            if future.done():
+                return
+        try:
+            future.exception(timeout)  # waits on the future's own condition; never raises its error
+        except FutureTimeoutError:
+            pass
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         futures = [ref.payload.future for ref in refs]
@@ -456,6 +460,10 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         for task in tasks:
             self._finish_task(task, error=TaskCancelledError("the context was shut down before the task ran"))
         self._ledger.close()
+
+
+def _failed(future: Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is not None
 
 
 def _top_level_entries(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[_Entry]:

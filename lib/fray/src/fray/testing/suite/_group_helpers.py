@@ -38,6 +38,14 @@ class Member:
     def crash(self) -> None:
         os._exit(1)
 
+    def fail_or_wait(self, flag: str) -> int:
+        """Rank 0 raises at once; the others return only when the flag exists."""
+        rank = fray.current_actor().rank
+        if rank == 0:
+            raise ValueError("rank 0 fails")
+        wait_for_file(flag, timeout=120)
+        return rank
+
     def env(self, *names: str) -> dict[str, str | None]:
         return {name: os.environ.get(name) for name in names}
 

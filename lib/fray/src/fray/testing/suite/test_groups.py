@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -125,6 +126,22 @@ def test_killed_member_fails_alone(fray_ctx: JobContext) -> None:
         fray_ctx.kill(group)
     with pytest.raises(ActorDiedError):
         fray_ctx.get(group[0].whoami(), timeout=60)
+
+
+def test_get_of_a_group_call_raises_a_failure_without_waiting_for_the_rest(
+    fray_ctx: JobContext, tmp_path: Path
+) -> None:
+    group = fray_ctx.create_actor_group(g.Member, 2)
+    flag = tmp_path / "release"
+    try:
+        refs = group.fail_or_wait(str(flag))
+        with pytest.raises(ValueError, match="rank 0 fails"):  # (a get waiting for rank 1 would time out)
+            fray_ctx.get(refs, timeout=100)
+        flag.write_text("go")
+        assert fray_ctx.get(refs[1], timeout=60) == 1
+    finally:
+        flag.write_text("go")
+        fray_ctx.kill(group)
 
 
 @requires_capability("process_isolation")
