@@ -90,6 +90,68 @@ def on_done(fut: Any, callback: Callable[[Any, BaseException | None], None]) -> 
     return asyncio.run_coroutine_threadsafe(watch(), loop())
 
 
+RECEIVE_FAILURES = 10  # receive errors in a row after which a port counts as gone
+
+
+def receive_each(receiver: Any, handle: Callable[[Any], None], name: str) -> threading.Thread:
+    """Hand every message of a Monarch port receiver to handle(message), in order, on fray's loop, until a
+    message is None (the owner sends one to stop it).
+
+    One Monarch coroutine receives them all. A public `receiver.recv().get()` per message makes a Monarch task
+    and wakes a Python thread each time: ~0.25 ms a message, which made a group call to 8 members 1.5x Monarch's
+    own `call` of the same mesh. The loop uses two Monarch 0.7 internals (`Future._from_coro`,
+    `PortReceiver._recv`) and falls back to the public way if they are gone. Messages are handled on fray's loop,
+    not on the Tokio thread that received them: handlers take the controller's lock, and a Tokio worker must
+    never block on it."""
+    lp = loop()
+
+    def deliver(message: Any) -> bool:
+        if message is None:
+            return False
+        lp.call_soon_threadsafe(handle, message)
+        return True
+
+    async def receive_all() -> None:
+        failures = 0
+        while True:
+            try:
+                message = await receiver._recv()
+            except Exception:  # one bad message; many in a row: the port is gone (the runtime is stopping)
+                failures += 1
+                log.debug("fray: receiving a message on %s failed", name, exc_info=True)
+                if failures >= RECEIVE_FAILURES:
+                    return
+                continue
+            failures = 0
+            if not deliver(message):
+                return
+
+    def run() -> None:
+        try:
+            from monarch._src.actor.future import Future  # internal: see above
+
+            if hasattr(receiver, "_recv"):
+                Future._from_coro(receive_all()).get()
+                return
+        except ImportError:
+            pass
+        failures = 0
+        while failures < RECEIVE_FAILURES:  # the public way
+            try:
+                message = receiver.recv().get()
+            except Exception:
+                failures += 1
+                log.debug("fray: receiving a message on %s failed", name, exc_info=True)
+                continue
+            failures = 0
+            if not deliver(message):
+                return
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 def call_later(delay: float, callback: Callable[[], None]) -> Callable[[], None]:
     """Run callback on the loop after delay seconds; returns a function that cancels it."""
     cancelled = threading.Event()

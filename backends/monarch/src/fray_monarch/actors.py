@@ -19,7 +19,16 @@ from fray.errors import ActorDiedError
 from fray.remote_errors import capture_exception, portable
 from fray.serialization import Blob, dumps, loads
 from fray_monarch import _runtime, instances
-from fray_monarch.protocol import ActorReply, ProcInfo, Reply, WireValue, WorkerSetup, compact, expand
+from fray_monarch.protocol import (
+    ActorReply,
+    Inline,
+    ProcInfo,
+    Reply,
+    WireValue,
+    WorkerSetup,
+    expand,
+    group_answer,
+)
 from fray_monarch.worker_runtime import WorkerRuntime, fill_deps
 
 _runtime_lock = threading.Lock()
@@ -138,7 +147,7 @@ class _Tagged:
         self.oid = oid
 
     def send(self, reply: ActorReply) -> None:
-        self.port.send((self.oid, compact(reply, reply.value.value if reply.value is not None else None)))
+        self.port.send(group_answer(self.oid, reply))
 
 
 class FrayActorHost(Actor):
@@ -380,12 +389,13 @@ class FrayActorHost(Actor):
         self._submit(port, self._stream, sid, method, call, deps)
 
     @endpoint
-    def call_group(self, base: str, method: str, call: Any, deps: list[str]) -> None:
+    def call_group(self, base: str, method: str, data: bytes | None, call: Any, deps: list[str]) -> None:
         """One broadcast to (a slice of) a group's mesh: each member answers its own call, under its own object
-        id ("{base}.{rank}"), on the controller's reply port (given at init), as soon as it is done."""
+        id ("{base}.{rank}"), on the controller's reply port (given at init), as soon as it is done. Plain
+        arguments come as their pickle (`data`), others as `call` (protocol.plain_data)."""
         oid = f"{base}.{self.info.rank}"
         port = _Tagged(self.replies, oid)
-        call = expand(call)
+        call = WireValue(Inline(data)) if data is not None else expand(call)
         if self.max_threads > 1:
             self.init_done.wait()
         if self.loop is not None:

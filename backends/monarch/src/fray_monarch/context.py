@@ -154,6 +154,17 @@ class MonarchJobContext(JobContext):
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         entries = [self.ctl.entry(r.payload.id) for r in refs]
+        pending = [e for e in entries if not e.done.is_set()]
+        if len(pending) > 1:  # one wake-up for all (a group call's answers), not one per entry; or the first failure
+            all_done = threading.Event()
+            remove = self.ctl.add_waiter(pending, len(pending), all_done.set, or_error=True)
+            try:
+                all_done.wait(timeout)
+            finally:
+                remove()
+        for entry in entries:  # the first failure in ref order, even where an earlier ref is not done (as Ray)
+            if entry.done.is_set() and entry.error is not None:
+                raise self.ctl.error_of(entry)
         out = []
         for ref, entry in zip(refs, entries, strict=True):
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())

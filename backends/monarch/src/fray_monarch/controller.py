@@ -213,31 +213,17 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
             self._pump()
 
     def _start_replies(self) -> None:
-        """Under the lock: the thread that reads group members' answers (started with the first group)."""
+        """Under the lock: start reading group members' answers (with the first group)."""
         if self.reply_thread is None:
-            self.reply_thread = threading.Thread(target=self._read_replies, name="fray-monarch-replies", daemon=True)
-            self.reply_thread.start()
+            self.reply_thread = _runtime.receive_each(self.reply_receiver, self._group_answer, "fray-monarch-replies")
 
-    def _read_replies(self) -> None:
-        pending = None
-        while not self.closed:
-            if pending is None:
-                pending = self.reply_receiver.recv()
-            try:
-                oid, reply = pending.get(timeout=0.25)  # a timeout leaves the future usable
-            except TimeoutError:
-                continue
-            except Exception:
-                if not self.closed:
-                    _runtime.log.exception("fray: reading a group member's answer failed")
-                    time.sleep(0.05)
-                pending = None
-                continue
-            pending = None
-            try:
-                self.group_reply(oid, reply)
-            except Exception:
-                _runtime.log.exception("fray: bad group member answer for %s", oid)
+    def _group_answer(self, message: tuple[str, bytes | None, Any]) -> None:
+        if self.closed:
+            return
+        try:
+            self.group_reply(message)
+        except Exception:
+            _runtime.log.exception("fray: bad group member answer %r", message[:1])
 
     # ------------------------------------------------------------ objects
     def new_oid(self) -> str:
@@ -323,8 +309,10 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
         assert entry.value is not None
         return self.store.load(entry.value, f"the value of object {entry.id}")
 
-    def add_waiter(self, entries: list[Entry], need: int, on_ready: Callable[[], None]) -> Callable[[], None]:
-        return self.objects.add_waiter(entries, need, on_ready)
+    def add_waiter(
+        self, entries: list[Entry], need: int, on_ready: Callable[[], None], or_error: bool = False
+    ) -> Callable[[], None]:
+        return self.objects.add_waiter(entries, need, on_ready, or_error)
 
     # ------------------------------------------------------------ shutdown
     def debug_state(self) -> str:
@@ -343,6 +331,11 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
                 f"workers={workers} procs={procs} queue={len(self.queue)} {queued} tasks={len(self.tasks)} "
                 f"entries={len(self.objects.entries)}"
             )
+
+    def abandon(self) -> None:
+        """At interpreter exit without shutdown(): stop reacting to anything (the watchdog removes the files)."""
+        with self.lock:
+            self.closed = True
 
     def shutdown(self) -> None:
         with self.lock:
@@ -373,6 +366,7 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
         except Exception:
             pass
         if self.reply_thread is not None:
+            self.reply_port.send(None)  # ends the reader
             self.reply_thread.join(timeout=2)
         with self.lock:
             for stream in list(self.streams.values()):

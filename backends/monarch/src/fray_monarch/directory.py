@@ -160,24 +160,29 @@ class ObjectDirectory:
             freed.append(entry.value)
 
     # ------------------------------------------------------------ waiting
-    def add_waiter(self, entries: list[Entry], need: int, on_ready: Callable[[], None]) -> Callable[[], None]:
-        """Call on_ready once `need` of entries are done. Returns a function that unregisters it."""
+    def add_waiter(
+        self, entries: list[Entry], need: int, on_ready: Callable[[], None], or_error: bool = False
+    ) -> Callable[[], None]:
+        """Call on_ready once `need` of entries are done (or_error: or once one of them failed). Returns a
+        function that unregisters it."""
         state = {"count": 0, "fired": False}
 
-        def cb(_entry: Entry) -> None:
+        def cb(entry: Entry) -> None:
             state["count"] += 1
-            if state["count"] >= need and not state["fired"]:
+            if (state["count"] >= need or (or_error and entry.error is not None)) and not state["fired"]:
                 state["fired"] = True
                 on_ready()
 
         with self.lock:
             pending = []
+            failed = False
             for entry in entries:
                 if entry.done.is_set():
                     state["count"] += 1
+                    failed = failed or entry.error is not None
                 else:
                     pending.append(entry)
-            if state["count"] >= need:
+            if state["count"] >= need or (or_error and failed):
                 state["fired"] = True
                 on_ready()
                 return lambda: None

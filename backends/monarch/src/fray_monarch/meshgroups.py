@@ -30,7 +30,15 @@ from fray_monarch.actor_registry import ActorRec
 from fray_monarch.actors import FrayActorHost, WorkerHost
 from fray_monarch.directory import Entry, ObjectDirectory
 from fray_monarch.objects import RefPayload
-from fray_monarch.protocol import ActorReply, StoreConfig, WireValue, WorkerSetup, compact, expand
+from fray_monarch.protocol import (
+    ActorReply,
+    StoreConfig,
+    WireValue,
+    WorkerSetup,
+    compact,
+    plain_data,
+    read_group_answer,
+)
 from fray_monarch.scheduler import Proc
 
 
@@ -354,18 +362,19 @@ class GroupRegistry:
                 else:
                     entry.future = rec.mesh.call.call_one(entry.id, method, args, deps)
             if sends:
-                message = compact(args, args.value)
+                data = plain_data(args)
+                message = None if data is not None else compact(args, args.value)
                 for (gid, b), indices in sends.items():
                     for target in self.groups[gid].blocks[b].targets(sorted(set(indices))):
-                        target.call_group.broadcast(base, method, message, deps)
+                        target.call_group.broadcast(base, method, data, message, deps)
         return out
 
     def call_group_remote(self, proc_key: str, aids: list[str], method: str, args: WireValue, deps: list[str]) -> Any:
         keep = [RefPayload(i) for i in (*args.contained, *deps)]
         return [p.id for p in self.call_group(aids, method, args, deps, keep, proc_key)]
 
-    def group_reply(self, oid: str, reply: Any) -> None:
-        reply = expand(reply)
+    def group_reply(self, message: tuple[str, bytes | None, Any]) -> None:
+        oid, reply = read_group_answer(message)
         with self.lock:
             entry = self.inflight.pop(oid, None)
             if entry is None:

@@ -6,9 +6,11 @@ the control plane; the bytes stay in the owner's shared-memory store and go stra
 
 from __future__ import annotations
 
+import operator
 import pickle
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from fray.remote_errors import RemoteError
 from fray.serialization import Blob
@@ -30,6 +32,21 @@ __all__ = [
 ]
 
 
+_T = TypeVar("_T")
+
+
+def _positional(cls: type[_T]) -> type[_T]:
+    """Pickle instances as (class, field values). A dataclass's default pickling (a state dict, set field by
+    field) took 5 of the 8 us of packing an actor's reply; these messages ride in every call."""
+    get = operator.attrgetter(*(f.name for f in fields(cls)))  # type: ignore[arg-type]
+    if len(fields(cls)) == 1:  # type: ignore[arg-type]
+        reduce: Callable[[Any], Any] = lambda self: (cls, (get(self),))  # noqa: E731
+    else:
+        reduce = lambda self: (cls, get(self))  # noqa: E731
+    cls.__reduce__ = reduce  # type: ignore[assignment,method-assign]
+    return cls
+
+
 # Smaller values ride in control messages; larger ones stay in their owner's store. Measured (actor round trip
 # of a numpy result, median): inline 3.05 ms vs stored 3.67 ms at 1 MiB, 7.18 vs 5.07 ms at 4 MiB.
 INLINE_LIMIT = 1024 * 1024
@@ -47,6 +64,7 @@ class StoreConfig:
     transport: str = "auto"  # between hosts: auto (RDMA where ibverbs exists, else tcp), tcp, or rdma
 
 
+@_positional
 @dataclass(frozen=True)
 class Inline:
     """A small serialized value carried in the message itself."""
@@ -57,6 +75,8 @@ class Inline:
 
     @property
     def nbytes(self) -> int:
+        if not self.buffers:
+            return len(self.data)
         return len(self.data) + sum(len(b) for b in self.buffers)
 
     @staticmethod
@@ -64,12 +84,14 @@ class Inline:
         return Inline(blob.data, tuple(bytes(memoryview(b)) for b in blob.buffers), blob.private)
 
 
+@_positional
 @dataclass(frozen=True)
 class Span:
     offset: int  # from the start of the allocation
     length: int
 
 
+@_positional
 @dataclass(frozen=True)
 class Stored:
     """Where a large value lives: an allocation in the shared-memory store of its owner process.
@@ -99,6 +121,7 @@ class Stored:
 Value = Inline | Stored
 
 
+@_positional
 @dataclass(frozen=True)
 class WireValue:
     """A value and the ids of the refs pickled inside it (kept alive as long as the value is)."""
@@ -107,6 +130,7 @@ class WireValue:
     contained: tuple[str, ...] = ()
 
 
+@_positional
 @dataclass(frozen=True)
 class TaskItem:
     """One task sent to a worker process."""
@@ -121,6 +145,7 @@ class TaskItem:
     name: str | None = None  # TaskOptions.name: its output lines' label (default: the function's __name__)
 
 
+@_positional
 @dataclass(frozen=True)
 class StreamItem:
     """One item of a stream (a streaming task's or an actor method's generator), sent as it is produced: a value
@@ -135,6 +160,7 @@ class StreamItem:
     end: bool = False
 
 
+@_positional
 @dataclass(frozen=True)
 class TaskResult:
     """A worker's report of one task: ok (value), err (RemoteError) or cancelled."""
@@ -145,6 +171,7 @@ class TaskResult:
     error: RemoteError | None = None
 
 
+@_positional
 @dataclass(frozen=True)
 class ActorReply:
     """An actor host's answer to init or a method call: ok (value), err (RemoteError) or dead (reason)."""
@@ -155,6 +182,7 @@ class ActorReply:
     reason: str = ""
 
 
+@_positional
 @dataclass(frozen=True)
 class Reply:
     """The answer of the coordinator (or a job runner) to a request: a value, an error to raise, or a timeout."""
@@ -183,6 +211,32 @@ def compact(message: Any, value: Value | None) -> Any:
 
 def expand(message: Any) -> Any:
     return pickle.loads(message) if isinstance(message, bytes) else message
+
+
+def plain_data(value: WireValue | None) -> bytes | None:
+    """The pickle of a value that is small, has no out-of-band buffers and holds no refs (most arguments and
+    results), else None. Such a value travels in a group message as these bytes alone: unpickling the
+    dataclasses around it, in every member and in the driver for every answer, cost more than the rest of
+    fray's part of a group call."""
+    if value is None or value.contained or type(value.value) is not Inline or value.value.buffers:
+        return None
+    return value.value.data
+
+
+def group_answer(oid: str, reply: ActorReply) -> tuple[str, bytes | None, Any]:
+    """A member's answer to a group broadcast: (object id, the value's pickle, None) for an ok reply with a
+    plain value; (object id, None, the whole reply compacted) otherwise."""
+    data = plain_data(reply.value) if reply.status == "ok" else None
+    if data is not None:
+        return (oid, data, None)
+    return (oid, None, compact(reply, reply.value.value if reply.value is not None else None))
+
+
+def read_group_answer(message: tuple[str, bytes | None, Any]) -> tuple[str, ActorReply]:
+    oid, data, rest = message
+    if data is not None:
+        return oid, ActorReply("ok", WireValue(Inline(data)))
+    return oid, expand(rest)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,78 @@
+"""The wire messages between the monarch driver and its workers: every typed message survives pickling (they
+pickle positionally), and a group member's answer travels as the value's bytes alone when it can."""
+
+from __future__ import annotations
+
+import pickle
+
+from fray.remote_errors import capture_exception
+from fray.serialization import dumps, loads
+from fray_monarch.protocol import (
+    ActorReply,
+    Inline,
+    Reply,
+    Span,
+    Stored,
+    StreamItem,
+    TaskItem,
+    TaskResult,
+    WireValue,
+    compact,
+    expand,
+    group_answer,
+    plain_data,
+    read_group_answer,
+)
+
+
+def _wire(value: object, contained: tuple[str, ...] = ()) -> WireValue:
+    return WireValue(Inline.of(dumps(value)), contained)
+
+
+def test_every_message_round_trips() -> None:
+    stored = Stored(
+        "o1", "local", "p3", "127.0.0.1:5", "tok", "seg", 4096, 64, Span(0, 8), (Span(8, 8),), frozenset({0}), 7
+    )
+    messages = [
+        Inline(b"data", (b"buf",), frozenset({0})),
+        Span(1, 2),
+        stored,
+        _wire([1, 2], ("ref-1",)),
+        TaskItem("t1", "fn", None, _wire(((1,), {})), (Inline(b"x"),), {"CPU": 1.0}, True, "name"),
+        StreamItem("s1", 3, "o2", _wire(5)),
+        TaskResult("t1", "ok", _wire("x")),
+        ActorReply("dead", reason="gone"),
+        Reply(value=[1], timed_out=True),
+    ]
+    for message in messages:
+        assert pickle.loads(pickle.dumps(message)) == message
+        assert expand(compact(message, None)) == message
+
+
+def test_group_answer_is_the_value_bytes_alone_for_a_plain_value() -> None:
+    reply = ActorReply("ok", _wire({"a": 1}))
+    oid, data, rest = message = group_answer("base.3", reply)
+    assert (oid, rest) == ("base.3", None) and data == plain_data(reply.value)
+    back_oid, back = read_group_answer(message)
+    assert back_oid == "base.3" and back.status == "ok" and back.value is not None
+    assert loads_value(back) == {"a": 1}
+
+
+def test_group_answer_carries_the_whole_reply_otherwise() -> None:
+    with_refs = ActorReply("ok", _wire("x", ("ref-9",)))
+    with_buffers = ActorReply("ok", WireValue(Inline(b"d", (b"buffer",))))
+    try:
+        raise KeyError("k")
+    except KeyError as exc:
+        failed = ActorReply("err", error=capture_exception(exc))
+    for reply in (with_refs, with_buffers, failed, ActorReply("dead", reason="its process died")):
+        oid, data, rest = group_answer("b.0", reply)
+        assert data is None and rest is not None
+        assert read_group_answer((oid, data, rest)) == ("b.0", reply)
+
+
+def loads_value(reply: ActorReply) -> object:
+    assert reply.value is not None and isinstance(reply.value.value, Inline)
+    from fray.serialization import Blob
+
+    return loads(Blob(reply.value.value.data, list(reply.value.value.buffers)))
