@@ -25,6 +25,8 @@ from _common import paired_medians, report
 
 import fray
 
+CLEANUPS: list[Callable[[], object]] = []  # the engines' own actors, stopped before fray shuts down
+
 
 class Echo:
     def echo(self, x: int) -> int:
@@ -50,6 +52,7 @@ def raw_monarch(members: int) -> Callable[[], object]:
     procs = this_host().spawn_procs(per_host={"procs": members})
     mesh = procs.spawn("raw_echo", RawEcho)
     mesh.echo.call(0).get()
+    CLEANUPS.append(lambda: procs.stop().get(timeout=30))
     return lambda: list(mesh.echo.call(1).get())
 
 
@@ -58,6 +61,7 @@ def raw_ray(members: int) -> Callable[[], object]:
 
     actors = [ray.remote(num_cpus=0)(Echo).remote() for _ in range(members)]
     ray.get([a.echo.remote(0) for a in actors])
+    CLEANUPS.append(lambda: [ray.kill(a) for a in actors])
     return lambda: ray.get([a.echo.remote(1) for a in actors])
 
 
@@ -96,6 +100,8 @@ def run_one(backend: str, members: int, repeats: int) -> None:
     rows.append(("stream first item vs plain task round trip", "us", first * 1e6, task * 1e6))
     report(f"{backend}: actor groups and streaming (medians of {repeats})", rows)
     ctx.kill(group)
+    for cleanup in CLEANUPS:
+        cleanup()
     fray.shutdown()
 
 

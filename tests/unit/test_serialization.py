@@ -102,6 +102,11 @@ def test_scalars_take_the_plain_pickle_path_and_keep_their_types() -> None:
         assert back == value and type(back) is type(value)
     big = "x" * (1 << 20)  # a large str stays in band, like the C pickler writes it
     assert loads(dumps(big)) == big
+    for value in (((1, "a"), {"k": None}), [b"small", 2.0], {"a": [1, 2]}, [[[1]]], list(range(100))):
+        assert loads(dumps(value)) == value  # small containers of scalars: plain; deeper or longer: fray's
+    large = (b"x" * (1 << 20),)  # large bytes still go out of band, inside a container too
+    blob = dumps(large)
+    assert len(blob.buffers) == 1 and loads(blob) == large
 
 
 def test_transfer_stats_count_by_path() -> None:

@@ -26,12 +26,43 @@ from fray_monarch.protocol import Stored, Value
 FREE_GRACE = 0.05
 
 
+class DoneFlag:
+    """threading.Event's is_set / set / wait, with the Event made only when somebody waits on this one object:
+    most are waited on together (a get of several refs) or not at all, and an Event (a Condition and a lock)
+    cost the driver 8 constructions per group call."""
+
+    __slots__ = ("_event", "_set")
+    _making = threading.Lock()
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True  # before reading _event; wait() publishes _event before reading _set
+        event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        with DoneFlag._making:
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return True if self._set else event.wait(timeout)
+
+
 @dataclass
 class Entry:
     """One object: pending, a value, or an error. `future` is an unresolved actor-call reply."""
 
     id: str
-    done: threading.Event = field(default_factory=threading.Event)
+    done: DoneFlag = field(default_factory=DoneFlag)
     value: Value | None = None
     error: Any = None
     future: Any = None

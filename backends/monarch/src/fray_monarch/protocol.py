@@ -81,6 +81,8 @@ class Inline:
 
     @staticmethod
     def of(blob: Blob) -> Inline:
+        if not blob.buffers:
+            return Inline(blob.data)
         return Inline(blob.data, tuple(bytes(memoryview(b)) for b in blob.buffers), blob.private)
 
 

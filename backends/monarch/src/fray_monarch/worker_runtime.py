@@ -86,6 +86,8 @@ def pack_call(what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
 
 
 def contained_ids(blob: Blob) -> tuple[str, ...]:
+    if not blob.contained:
+        return ()
     return tuple(p.id for p in blob.contained if isinstance(p, RefPayload))
 
 

@@ -245,8 +245,25 @@ def _pickle_with(cls: type, obj: Any, buffers: list[pickle.PickleBuffer]) -> tup
 
 
 # Values that hold no refs, buffers or tensors: pickled by the plain C pickler, without a Pickler object of
-# fray's own (6.5 -> 0.5 us for an int; a group call to 8 members pays it 8 times in 8 processes).
+# fray's own (6.5 -> 0.5 us for an int; a group call to 8 members pays it 8 times in 8 processes, and every
+# call's (args, kwargs) once).
 _SCALARS = frozenset({int, float, bool, complex, str, type(None)})
+_PLAIN_ITEMS = 16  # containers up to this many items, two levels deep, are checked for plainness
+
+
+def _plain(obj: Any, depth: int = 0) -> bool:
+    """obj is a scalar, small bytes, or a small tuple/list/dict of such (two levels): nothing fray's pickler
+    would treat specially."""
+    t = type(obj)
+    if t in _SCALARS:
+        return True
+    if t is bytes:
+        return len(obj) < OOB_THRESHOLD
+    if t not in (tuple, list, dict) or depth >= 2 or len(obj) > _PLAIN_ITEMS:
+        return False
+    if t is dict:
+        return all(type(k) in _SCALARS and _plain(v, depth + 1) for k, v in obj.items())
+    return all(_plain(v, depth + 1) for v in obj)
 
 
 def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
@@ -255,7 +272,7 @@ def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
     copy=True: each out-of-band buffer is copied once (as an object store does), so later mutation of obj
     cannot change the stored value. copy=False: buffers are views of obj's own memory, for a caller that
     writes them out (to shared memory, a socket) before obj can change."""
-    if type(obj) in _SCALARS:
+    if _plain(obj):
         return Blob(pickle.dumps(obj, protocol=5))
     buffers: list[pickle.PickleBuffer] = []
     outer = getattr(_local, "contained", None)  # dumps may nest (a payload's __reduce__ pickling more)
