@@ -1,10 +1,19 @@
-"""Processes and their listening sockets, from /proc (no psutil): which addresses a set of processes listens on."""
+"""Processes and their listening sockets, from /proc (no psutil): which addresses a set of processes listens on.
+And the driver scripts that tests run in a subprocess of their own (Ray allows one connection per process)."""
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+import signal
 import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 
 def _listening_inodes() -> dict[str, tuple[str, int]]:
@@ -88,3 +97,26 @@ def cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:100]
     except OSError:
         return "?"
+
+
+def run_driver(script: Path, what: str, timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    """Run a driver script in a session of its own and return what it printed last as `RESULT <json>`. On a
+    timeout exactly that driver's process group is killed (the cluster nodes it started too) and the test fails."""
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{what} timed out:\n{stderr[-3000:]}")
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"{what} failed ({proc.returncode}):\n{stderr[-3000:]}"
+    out: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return out

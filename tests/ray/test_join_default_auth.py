@@ -7,17 +7,14 @@ subprocess (_default_auth_driver.py; one Ray connection per process). Plus the d
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("fray_ray")
+
+from _procs import run_driver
 
 from fray_ray import _connect
 
@@ -26,23 +23,7 @@ DRIVER = Path(__file__).with_name("_default_auth_driver.py")
 
 def test_driver_joins_a_cluster_without_token_auth_and_creates_actors_and_groups() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    proc = subprocess.Popen(
-        [sys.executable, str(DRIVER)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # exactly that driver's process group (its cluster's nodes too)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"default-auth driver timed out:\n{stderr[-3000:]}")
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"driver failed ({proc.returncode}):\n{stderr[-3000:]}"
-    out: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    out = run_driver(DRIVER, "default-auth driver", 240, env)
     assert out["probe"] == "disabled"  # the GCS answered a request without a token
     expected = {"driver_mode": "disabled", "actor": 2, "group": [0, 1], "task": 3}
     assert out["by_address"] == expected

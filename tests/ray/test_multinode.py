@@ -6,11 +6,7 @@ it started; on a timeout the fixture kills exactly that subprocess's process gro
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,30 +14,16 @@ import pytest
 
 pytest.importorskip("fray_ray")
 
+from _procs import run_driver
+
 DRIVER = Path(__file__).with_name("_multinode_driver.py")
 
 
 @pytest.fixture(scope="module")
 def driver_result() -> dict[str, Any]:
     """What the driver saw (it starts one cluster for every test of this module)."""
-    proc = subprocess.Popen(
-        [sys.executable, str(DRIVER)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=420)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"multi-node driver timed out:\n{stderr[-3000:]}")
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"driver failed ({proc.returncode}):\n{stderr[-3000:]}"
-    out: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
-    return out
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return run_driver(DRIVER, "multi-node driver", 420, env)
 
 
 def test_two_nodes_placement_and_detached_actor_from_second_driver(driver_result: dict[str, Any]) -> None:
