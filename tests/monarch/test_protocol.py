@@ -4,6 +4,9 @@ pickle positionally), and a group member's answer travels as the value's bytes a
 from __future__ import annotations
 
 import pickle
+import threading
+
+import pytest
 
 from fray.remote_errors import capture_exception
 from fray.serialization import dumps, loads
@@ -76,3 +79,35 @@ def loads_value(reply: ActorReply) -> object:
     from fray.serialization import Blob
 
     return loads(Blob(reply.value.value.data, list(reply.value.value.buffers)))
+
+
+class _PublicOnly:
+    """A real Monarch port receiver seen only through its public `recv()` (as if Monarch's internals were gone)."""
+
+    def __init__(self, receiver: object) -> None:
+        self.recv = receiver.recv  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("public_only", [False, True], ids=["one-coroutine", "public-fallback"])
+def test_receive_each_hands_over_every_message_in_order_until_none(public_only: bool) -> None:
+    from monarch.actor import Channel
+
+    from fray_monarch import _runtime
+
+    port, receiver = Channel.open()
+    got: list[object] = []
+    all_in = threading.Event()
+
+    def handle(message: object) -> None:
+        got.append(message)
+        if len(got) == 3:
+            all_in.set()
+
+    reader = _runtime.receive_each(_PublicOnly(receiver) if public_only else receiver, handle, "test-reader")
+    for message in (("a", 1), ("b", 2), ("c", 3)):
+        port.send(message)
+    assert all_in.wait(30)
+    port.send(None)
+    reader.join(30)
+    assert not reader.is_alive()
+    assert got == [("a", 1), ("b", 2), ("c", 3)]
