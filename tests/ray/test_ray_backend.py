@@ -115,3 +115,14 @@ def test_options_map_to_ray(ctx: RayJobContext) -> None:
     assert ctx.get([ctx.create_task(square, args=(i,), options=opts) for i in range(4)], timeout=60) == [0, 1, 4, 9]
     with pytest.raises(fray.InfeasibleResourcesError):
         ctx.create_task(square, args=(1,), options=TaskOptions(resources={"no_such_resource": 1}))
+
+
+def test_a_call_right_after_kill_fails_every_time(ctx: RayJobContext) -> None:
+    """ray.kill is asynchronous; a call made right after it could reach the live worker and succeed (before the
+    fix, this test failed every run). fray's kill returns once this driver sees the actor dead."""
+    group = ctx.create_actor_group(Probe, 8)
+    ctx.get(group.context_type(), timeout=120)
+    for member in group:
+        ctx.kill(member)
+        with pytest.raises(fray.ActorDiedError):
+            ctx.get(member.context_type(), timeout=60)
