@@ -72,8 +72,10 @@ def test_log_to_driver_false_keeps_worker_lines_off_the_console(backend: str) ->
         pytest.skip(f"backend {backend!r} is not installed here (make test installs it)")
     sep = "&" if "?" in SPECS[backend] else "?"
     text = _run(f"{SPECS[backend]}{sep}log_to_driver=false")
-    if backend == "in_memory":  # one process: the lines are printed, just not labelled
-        assert re.search(r"^squaring 0$", text, re.M) and "(square pid=" not in text, text
+    if backend == "in_memory":
+        # One process: the lines are printed, just not labelled. Unlabelled prints from two task threads are plain
+        # Python prints, which may interleave ("squaring 0squaring 1\n\n": print writes text and newline apart).
+        assert "squaring 0" in text and "squaring 1" in text and "(square pid=" not in text, text
     else:
         assert "squaring" not in text and "hello fray" not in text, text
     assert "driver says bye" in text
