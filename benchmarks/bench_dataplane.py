@@ -40,7 +40,6 @@ import gc
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from typing import Any
 import numpy as np
 
 import fray
+from fray.groups import free_ports
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -554,14 +554,8 @@ def phase_rdma(res: Results, sizes: list[int], repeats_of: Callable[[int], int])
             raw.rdma_drop.call_one().get(timeout=60)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def phase_hosts(res: Results, sizes: list[int], repeats_of: Callable[[int], int]) -> None:
-    addresses = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports(2)]
     workers = [
         subprocess.Popen(
             [sys.executable, "-m", "fray_monarch.worker", "--address", addr],

@@ -17,7 +17,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
+from fray.groups import free_ports
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 from fray_ray._connect import (
     LOCAL_ONLY_ENV,
@@ -46,12 +46,6 @@ from fray_ray._remote import entrypoint_options, runtime_env_dict
 
 _STATUS = {s.value: s for s in JobStatus}
 _START_TIMEOUT = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LocalHead:
@@ -74,8 +68,19 @@ class LocalHead:
             watchdog.watch_path(self.temp_dir)
         local_only = _is_loopback(listen)
         host = LOOPBACK if local_only else listen
-        self.port = _free_port()
-        self.dashboard_port = _free_port()
+        # Every fixed default port (agent 52365, metrics, runtime env agent, ...) may be held by another Ray on
+        # this machine (a private ray.init in the same process, say); then the job agent never comes up. The ports
+        # are distinct: `ray start` refuses two components on one port.
+        port_flags = (
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "metrics-export-port",
+            "runtime-env-agent-port",
+            "node-manager-port",
+            "object-manager-port",
+            "ray-client-server-port",
+        )
+        self.port, self.dashboard_port, *other_ports = free_ports(2 + len(port_flags))
         cmd = [
             os.path.join(os.path.dirname(sys.executable), "ray"),
             "start",
@@ -88,18 +93,7 @@ class LocalHead:
             f"--dashboard-port={self.dashboard_port}",
             f"--temp-dir={self.temp_dir}",
         ]
-        # Every fixed default port (agent 52365, metrics, runtime env agent, ...) may be held by another Ray on
-        # this machine (a private ray.init in the same process, say); then the job agent never comes up.
-        for flag in (
-            "dashboard-agent-listen-port",
-            "dashboard-agent-grpc-port",
-            "metrics-export-port",
-            "runtime-env-agent-port",
-            "node-manager-port",
-            "object-manager-port",
-            "ray-client-server-port",
-        ):
-            cmd.append(f"--{flag}={_free_port()}")
+        cmd += [f"--{flag}={port}" for flag, port in zip(port_flags, other_ports, strict=True)]
         if num_cpus is not None:
             cmd.append(f"--num-cpus={num_cpus}")
         if num_gpus is not None:
