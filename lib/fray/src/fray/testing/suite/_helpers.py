@@ -205,3 +205,20 @@ def wait_for_file(path: str, timeout: float = 30.0) -> None:
         if time.time() > end:
             raise TimeoutError(f"{path} did not appear within {timeout} s")
         time.sleep(0.02)
+
+
+def progress_stopped(progress: Path, timeout: float = 30.0) -> bool:
+    """True once a producer's progress file stops advancing (it was stopped), within timeout.
+
+    Polled rather than read once after a fixed sleep: a cancel is asynchronous on every engine, so the producer
+    may write a few more times before it stops.
+    """
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        now = progress.read_text() if progress.exists() else None
+        if now is not None and now == last:
+            return True
+        last = now
+        time.sleep(0.5)
+    return False

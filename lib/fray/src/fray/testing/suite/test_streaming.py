@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from fray import GetTimeoutError, ObjectRef, ObjectRefStream, TaskOptions
 from fray.context import JobContext
 from fray.testing import requires_capability
 from fray.testing.suite import _group_helpers as g
+from fray.testing.suite._helpers import progress_stopped
 
 STREAM = TaskOptions(streaming=True)
 
@@ -21,19 +21,6 @@ def _open(ctx: JobContext, fn: Callable[..., Any], *args: Any) -> ObjectRefStrea
     stream: Any = ctx.create_task(fn, args=args, options=STREAM)  # a streaming task gives an ObjectRefStream
     assert isinstance(stream, ObjectRefStream), f"streaming=True returned {type(stream).__name__}"
     return stream
-
-
-def _stopped(progress: Path, timeout: float = 30.0) -> bool:
-    """True once the producer's progress file stops advancing (it was stopped), within timeout."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        now = progress.read_text() if progress.exists() else None
-        if now is not None and now == last:
-            return True
-        last = now
-        time.sleep(0.5)
-    return False
 
 
 @requires_capability("streaming")
@@ -78,7 +65,7 @@ def test_breaking_out_early_stops_the_producer(fray_ctx: JobContext, tmp_path: P
             break
     assert seen == [0, 1, 2]
     stream.close()
-    assert _stopped(progress), "the producer kept running after the stream was closed"
+    assert progress_stopped(progress), "the producer kept running after the stream was closed"
 
 
 @requires_capability("streaming")
@@ -131,7 +118,7 @@ def test_closing_an_actor_stream_frees_the_actor(fray_ctx: JobContext, tmp_path:
         stream = actor.endless.stream(str(progress))
         assert fray_ctx.get(next(stream), timeout=60) == 0
         stream.close()
-        assert _stopped(progress)
+        assert progress_stopped(progress)
         assert fray_ctx.get(actor.count(), timeout=60) == 0  # its next call runs: the generator gave way
     finally:
         fray_ctx.kill(actor)
