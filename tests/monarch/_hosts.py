@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,8 +20,7 @@ def host_workers(count: int) -> Iterator[tuple[list[str], list[subprocess.Popen[
         for addr in addresses
     ]
     try:
-        time.sleep(2)
-        yield addresses, workers
+        yield addresses, workers  # no wait for them to listen: Monarch's attach retries until they do
     finally:
         for w in workers:
             w.kill()

@@ -25,7 +25,7 @@ def test_status_shows_running_tasks_and_live_actors(tmp_path: Path) -> None:
         try:
             keeper = ctx.create_actor(h.Counter)
             assert ctx.get(keeper.incr(), timeout=120) == 1
-            running = ctx.create_task(g.wait_then, args=(flag, 1))
+            running = ctx.create_task(g.wait_then, args=(flag, 1, 600))  # outlives the polling and status below
             deadline = time.monotonic() + 60
             while True:
                 work = jobs.running_work()

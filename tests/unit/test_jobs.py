@@ -74,14 +74,19 @@ def test_minimum_resources_queue_jobs_and_infeasible_is_refused(tmp_path: Path) 
     one_cpu = RuntimeEnv(minimum_resources=[Resource("CPU", 1)])
     with pytest.raises(InfeasibleResourcesError):
         jobs.start("true", RuntimeEnv(minimum_resources=[Resource("CPU", 2)]))
-    first = jobs.start("sleep 1", one_cpu)
+    first = jobs.start("sleep 60", one_cpu)  # holds the CPU until stopped below: no race with its end
     second = jobs.start("echo second ran", one_cpu)
     third = jobs.start("echo never", one_cpu)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while jobs.info(first).status is not JobStatus.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert jobs.info(first).status is JobStatus.RUNNING
     assert jobs.info(second).status is JobStatus.PENDING  # waits for the CPU the first job holds
     jobs.stop(third)
     assert jobs.wait(third, timeout=10).status is JobStatus.STOPPED
+    assert jobs.info(second).status is JobStatus.PENDING
+    jobs.stop(first)
+    assert jobs.wait(first, timeout=10).status is JobStatus.STOPPED
     assert jobs.wait(second, timeout=10).status is JobStatus.SUCCEEDED
     assert jobs.info(second).start_time >= jobs.info(first).end_time  # type: ignore[operator]
     assert "second ran" in jobs.logs(second)

@@ -136,8 +136,8 @@ class Streamer:
         return self.calls
 
 
-def wait_then(flag: str, value: Any) -> Any:
-    wait_for_file(flag, 60.0)
+def wait_then(flag: str, value: Any, timeout: float = 60.0) -> Any:
+    wait_for_file(flag, timeout)
     return value
 
 

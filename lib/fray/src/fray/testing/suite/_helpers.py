@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,10 @@ def call_actor(handle: Any, value: int) -> int:
     return int(get_job_context().get(handle.incr(value), timeout=60))
 
 
+# One condition for every Counter in a process (an actor's own would not pickle); each waiter checks its own count.
+_MEETING = threading.Condition()
+
+
 class Counter:
     def __init__(self, start: int = 0) -> None:
         self.value = start
@@ -151,6 +156,13 @@ class Counter:
     def sleep(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds
+
+    def meet(self, n: int, timeout: float = 30.0) -> bool:
+        """True once n calls have arrived while this one waits (they overlap); False if none came in time."""
+        with _MEETING:
+            self.arrived = getattr(self, "arrived", 0) + 1
+            _MEETING.notify_all()
+            return _MEETING.wait_for(lambda: self.arrived >= n, timeout)
 
     def submit_task(self, a: int, b: int) -> int:
         ctx = get_job_context()

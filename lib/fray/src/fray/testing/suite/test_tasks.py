@@ -38,7 +38,7 @@ def test_get_timeout_raises_after_about_timeout(fray_ctx: JobContext) -> None:
         fray_ctx.get(ref, timeout=0.5)
     elapsed = time.monotonic() - start
     assert isinstance(info.value, TimeoutError)
-    assert 0.4 <= elapsed < 3.0, elapsed
+    assert 0.4 <= elapsed < 4.5, elapsed  # the timeout, not the task's 5 s
     with pytest.raises(GetTimeoutError):
         fray_ctx.get([ref], timeout=0)
 
