@@ -8,7 +8,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 # torch 2.13.0 is the one version served here as a local CPU build; it must be installed before torchmonarch.
 TORCH := torch==2.13.0
 
-.PHONY: demo test install-core install-all lint docs bench clean
+.PHONY: demo test install-core install-all system-packages lint docs bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,19 @@ install-all: $(PY)
 demo: install-core
 	$(PY) examples/pipeline.py
 
-test: install-all
+# The multi-host tests run real sshd and Slurm daemons in network namespaces (iproute2, util-linux); as root
+# with apt-get, what is missing is installed. Elsewhere those tests skip, naming what they lack.
+SYSTEM_PACKAGES := iproute2 util-linux openssh-server openssh-client slurm-wlm munge
+
+system-packages:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  if [ -n "$$missing" ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  fi; \
+	else echo "make: not root or no apt-get: tests needing $(SYSTEM_PACKAGES) will skip, naming why"; fi
+
+test: install-all system-packages
 	$(PY) -m pytest tests
 
 lint: install-all

@@ -23,8 +23,7 @@ Systems (`--backends`, comma separated; default all):
   the actor in a first call).
 - rdma: Monarch's `RDMABuffer` read of the size (here its TCP fallback): a cell stops once its 60 s budget
   would be exceeded, and is skipped (with a note) if one read is predicted to take longer.
-- hosts: two "fray hosts" on this machine (`python -m fray_monarch.worker` twice): numpy made by an actor on
-  host A and read by an actor on host B (transfer_stats must show tcp-direct), and the driver's RSS growth.
+Between hosts (separate network namespaces, beside a plain TCP socket between them): benchmarks/bench_hosts.py.
 
 memcpy (np.copyto of the size into preallocated, pre-touched memory) is sampled in every phase: the machine's
 limit under the same load. Repeats: 7 below 1 GiB, 3 at 1 GiB (`--repeats` sets all), after one warm-up
@@ -41,7 +40,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -54,14 +52,13 @@ from typing import Any
 import numpy as np
 
 import fray
-from fray.groups import free_ports
 
 MiB = 1 << 20
 GiB = 1 << 30
 TIMEOUT = 900.0  # seconds for any one get / wait
 RDMA_BUDGET = 60.0  # seconds for one RDMABuffer cell
 RAY_STORE = 4 * GiB
-BACKENDS = ("in_memory", "ray", "monarch", "rdma", "hosts")
+BACKENDS = ("in_memory", "ray", "monarch", "rdma")
 KINDS = ("numpy", "torch")
 PUT_TASK, GET_ONLY, CREATE_GET, ACTOR_ARG = (
     "put -> task",
@@ -69,10 +66,9 @@ PUT_TASK, GET_ONLY, CREATE_GET, ACTOR_ARG = (
     "task -> get (create+get)",
     "actor arg",
 )
-HOSTS_READ, HOSTS_WHOLE = "host A -> host B (read)", "host A -> host B (make+read)"
 RDMA_READ = "RDMABuffer read_into"
-CASE_ORDER = (PUT_TASK, GET_ONLY, CREATE_GET, ACTOR_ARG, HOSTS_READ, HOSTS_WHOLE, RDMA_READ, "np.copyto")
-SYSTEM_ORDER = ("memcpy", "in_memory", "fray-ray", "raw-ray", "fray-monarch", "raw-monarch", "raw-rdma", "fray-2hosts")
+CASE_ORDER = (PUT_TASK, GET_ONLY, CREATE_GET, ACTOR_ARG, RDMA_READ, "np.copyto")
+SYSTEM_ORDER = ("memcpy", "in_memory", "fray-ray", "raw-ray", "fray-monarch", "raw-monarch", "raw-rdma")
 PAIRS = {"fray-ray": "raw-ray", "fray-monarch": "raw-monarch"}
 
 
@@ -99,9 +95,6 @@ class Sink:
 
     def make(self, kind: str, n: int) -> Any:
         return make(kind, n)
-
-    def host(self) -> int:
-        return os.getppid()  # on a fray host: that host's fray_monarch.worker process
 
 
 # ---------------------------------------------------------------- results
@@ -554,71 +547,6 @@ def phase_rdma(res: Results, sizes: list[int], repeats_of: Callable[[int], int])
             raw.rdma_drop.call_one().get(timeout=60)
 
 
-def phase_hosts(res: Results, sizes: list[int], repeats_of: Callable[[int], int]) -> None:
-    addresses = [f"tcp://127.0.0.1:{port}" for port in free_ports(2)]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "fray_monarch.worker", "--address", addr],
-            start_new_session=True,  # its own process group: killed whole at the end
-            stdin=subprocess.DEVNULL,
-            stdout=sys.stderr,  # its "serving on" line: keep stdout for the table
-        )
-        for addr in addresses
-    ]
-    try:
-        time.sleep(2)
-        ctx = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
-        try:
-            maker, reader = ctx.create_actor(Sink), ctx.create_actor(Sink)
-            host_a, host_b = ctx.get([maker.host(), reader.host()], timeout=120)
-            if host_a == host_b:
-                res.note(f"hosts: both actors landed on the same fray host ({host_a}): not a host-to-host path")
-            pair = (maker, reader)
-            rss_move(res, ctx, "", MiB, tasks=False, actors=pair, record=False)  # warm-up
-            label = "fray-monarch, two hosts: an actor on A makes it, an actor on B reads it"
-            rss_move(res, ctx, label, max(sizes), tasks=False, actors=pair)
-            for size in sizes:
-                n = size // 4
-                memcpy_samples(res, size, repeats_of(size))
-                before = stats_snapshot(ctx)
-
-                def move(n: int = n) -> dict[str, float]:
-                    start = time.perf_counter()
-                    ref = maker.make("numpy", n)
-                    done, _ = ctx.wait([ref], timeout=TIMEOUT)
-                    if not done:
-                        raise TimeoutError("host A did not make the value")
-                    made = time.perf_counter()
-                    check(ctx.get(reader.read(ref), timeout=TIMEOUT), n)
-                    end = time.perf_counter()
-                    del ref
-                    return {HOSTS_READ: end - made, HOSTS_WHOLE: end - start}
-
-                log(f"  hosts numpy {size_label(size)}")
-                interleave(res, "numpy", size, [("fray-2hosts", move)], repeats_of(size), warmup_of(size))
-                moved = stats_delta(before, stats_snapshot(ctx))
-                expected = size * (repeats_of(size) + warmup_of(size))
-                got = moved.get("tcp-direct", 0)
-                verdict = "ok" if got >= expected else "NOT MET"
-                res.note(
-                    f"hosts {size_label(size)}: transfer_stats tcp-direct {got / MiB:.1f} MiB, expected >= "
-                    f"{expected / MiB:.1f} MiB ({verdict}); all paths in bytes: {moved}"
-                )
-            res.stats["fray-2hosts"] = stats_snapshot(ctx)
-        finally:
-            ctx.shutdown()
-    finally:
-        for w in workers:
-            try:
-                os.killpg(w.pid, 9)
-            except OSError:
-                w.kill()
-            try:
-                w.wait(15)
-            except subprocess.TimeoutExpired:
-                res.note(f"host worker {w.pid} did not exit")
-
-
 # ---------------------------------------------------------------- report
 def warmup_of(size: int) -> int:
     return 1 if size < GiB else 0
@@ -700,19 +628,6 @@ def targets(res: Results, sizes: list[int]) -> list[dict[str, Any]]:
             fm = med("fray-monarch", case, kind)
             add(f"fray-monarch {case} {kind} / memcpy", fm, memcpy, "<= 3", lambda r: r <= 3)
             add(f"fray-monarch {case} {kind} / raw Ray", fm, med("raw-ray", case, kind), "< 1", lambda r: r < 1)
-    for s in (res.cell("fray-2hosts", HOSTS_READ, "numpy", size),):
-        if s:
-            gbps_m, gbps_b = size / statistics.median(s) / 1e9, size / min(s) / 1e9
-            out.append(
-                {
-                    "size": size,
-                    "what": "fray-monarch two hosts, numpy, GB/s",
-                    "median": gbps_m,
-                    "best": gbps_b,
-                    "target": ">= 1 GB/s",
-                    "met": gbps_m >= 1,
-                }
-            )
     for case in (PUT_TASK, GET_ONLY, ACTOR_ARG):
         add(
             f"fray-ray / raw Ray {case} numpy",
@@ -779,7 +694,6 @@ def main() -> None:
         "ray": phase_ray,
         "monarch": phase_monarch,
         "rdma": phase_rdma,
-        "hosts": phase_hosts,
     }
     try:
         for name in BACKENDS:

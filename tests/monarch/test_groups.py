@@ -1,6 +1,6 @@
 """Monarch-native actor groups: one actor mesh over the group's own processes, one broadcast per group call,
-pack/spread over two fray hosts (loopback), SPMD over hosts, the per-member fallback after a restart; streams
-consumed inside a task."""
+the per-member fallback after a restart; streams consumed inside a task. (Placement and SPMD over several hosts:
+test_multihost.py, on namespaced hosts.)"""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import time
 from typing import Any
 
 import pytest
-from _hosts import host_workers
 
 import fray
 from fray import ActorOptions, ActorUnavailableError, TaskOptions
-from fray.testing.suite import _group_helpers as g
 from fray_monarch import meshgroups
 
 
@@ -106,40 +104,6 @@ def test_group_members_count_against_the_hosts_cpus() -> None:
         assert sum(p.free_capacity.get("CPU", 0.0) for p in general) == pytest.approx(2.0)
     finally:
         fray.shutdown()
-
-
-def test_pack_and_spread_over_two_hosts() -> None:
-    with host_workers(2) as (addresses, workers):
-        ctx = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
-        try:
-            hosts = [w.pid for w in workers]  # a member's parent is the host worker that spawned it
-            packed = ctx.create_actor_group(Caster, 2, placement="pack")
-            assert len({parent for _, parent, _ in ctx.get(packed.where(), timeout=120)}) == 1
-            ctx.kill(packed)
-            spread = ctx.create_actor_group(Caster, 4, placement="spread")
-            where = ctx.get(spread.where(), timeout=120)
-            assert [parent for _, parent, _ in where] == [hosts[0], hosts[0], hosts[1], hosts[1]]
-            assert ctx.get(spread.cast_size(), timeout=60) == [{"hosts": 2, "procs": 2}] * 4  # one 2-D mesh
-            ctx.kill(spread)
-            uneven = ctx.create_actor_group(Caster, 3, placement="spread")  # 2 + 1: a mesh per host
-            assert [parent for _, parent, _ in ctx.get(uneven.where(), timeout=120)] == [hosts[0], hosts[0], hosts[1]]
-            assert ctx.get(uneven.cast_size(), timeout=60) == [{"procs": 2}, {"procs": 2}, {"procs": 1}]
-            ctx.kill(uneven)
-        finally:
-            fray.shutdown()
-
-
-def test_spmd_group_over_two_hosts_all_reduces_with_gloo() -> None:
-    pytest.importorskip("torch")
-    with host_workers(2) as (addresses, _workers):
-        ctx = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
-        try:
-            group = ctx.create_actor_group(g.GlooMember, 2, placement="spread", distributed=True)
-            assert ctx.get(group.all_reduce(2.0), timeout=180) == [[4.0], [4.0]]
-            # one rank per host: LOCAL_RANK 0 on both, MASTER_ADDR is rank 0's host
-            assert ctx.get(group.world(), timeout=60) == [(0, 2, "0", "127.0.0.1"), (1, 2, "0", "127.0.0.1")]
-        finally:
-            fray.shutdown()
 
 
 def squares(n: int) -> Any:

@@ -1,4 +1,4 @@
-"""Multi-host over loopback TCP, crash reporting time, and leaving nothing behind."""
+"""Crash reporting time, leaving nothing behind, spec options. (Several hosts: test_multihost.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from _hosts import host_workers
 
 import fray
 from fray import TaskOptions, WorkerCrashedError
@@ -29,18 +28,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
-
-
-def test_two_hosts_over_loopback_tcp() -> None:
-    with host_workers(2) as (addresses, workers):
-        ctx = fray.init("monarch?hosts=" + ",".join(addresses) + "&procs=1")
-        try:
-            assert len(ctx.node_resources()) == 2
-            seen = set(ctx.get([ctx.create_task(pid_and_ppid) for _ in range(20)], timeout=120))
-            parents = {ppid for _, ppid in seen}
-            assert parents == {w.pid for w in workers}, (seen, [w.pid for w in workers])
-        finally:
-            fray.shutdown()
 
 
 def crash() -> None:

@@ -53,6 +53,39 @@ def install_fault_hook() -> None:
 install_fault_hook()
 
 
+def _own_address_transport() -> None:
+    """In a process Monarch started on another host: listen on this host's own address.
+
+    A driver whose processes span machines listens on one address of its own (network.use_tcp), and Monarch
+    hands that same setting to every process it spawns, on every host: a process on another machine then fails
+    to make its client context ("listen: tcp:<driver's address>:0 Cannot assign requested address"). So a
+    process given an explicit address that is not its machine's takes its own address that routes there."""
+    import socket
+
+    from monarch._rust_bindings.monarch_hyperactor.config import configure, get_global_config
+
+    spec = str(get_global_config().get("default_transport", ""))  # "tcp:10.0.0.1:0", "tcp(Hostname)", "unix"...
+    if not spec.startswith("tcp:"):
+        return
+    host = spec[len("tcp:") :].rsplit(":", 1)[0].strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((host, 0))
+            return  # that address is this machine's: keep it
+        except OSError:
+            pass
+        try:
+            probe.connect((host, 9))  # no packet is sent: the kernel picks the route
+        except OSError:
+            return
+        own = probe.getsockname()[0]
+    configure(default_transport=f"tcp://[{own}]:0" if family == socket.AF_INET6 else f"tcp://{own}:0")
+
+
+_own_address_transport()
+
+
 class _Loop:
     """One asyncio loop in a daemon thread, to turn Monarch futures into completion callbacks."""
 

@@ -108,11 +108,12 @@ class WorkerHost(Actor):
         os._exit(0)
 
     @endpoint
-    def free_port(self, bind: str) -> int:
-        """A TCP port free on this host now (MASTER_PORT of an SPMD group whose rank 0 is here)."""
+    def spmd_master(self) -> tuple[str, int]:
+        """This host's address and a TCP port free on it now (MASTER_ADDR and MASTER_PORT of an SPMD group whose
+        rank 0 is here)."""
         from fray.groups import free_port
 
-        return free_port(bind)
+        return self.rt.bind, free_port(self.rt.bind)
 
     @endpoint
     def unqueue(self, count: int) -> list[str]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.jobs import LocalJobs
 from fray.types import JobInfo, RuntimeEnv
 from fray_monarch import _runtime  # environment and fault hook first
+from fray_monarch.launchers import HostSet
+from fray_monarch.lifeline import LifelineServer, hold
 from fray_monarch.protocol import Reply
 
 MARGIN = 30.0
@@ -30,8 +34,10 @@ MARGIN = 30.0
 class JobRunner(Actor):
     """Runs jobs on its host. Each endpoint returns a Reply (a value, or the exception to raise)."""
 
-    def __init__(self, root: str, job_tmpdir: str | None = None) -> None:
+    def __init__(self, root: str, job_tmpdir: str | None = None, lifeline: tuple[str, bytes] | None = None) -> None:
         watchdog.watch_path(root)  # this process dies with the driver; its jobs and their logs go with it
+        if lifeline is not None:  # on another host: this process ends when its driver ends
+            hold(*lifeline)
         _runtime.start_client_context()  # Monarch's banner dropped (see _runtime.BANNER)
         self.jobs = LocalJobs(Path(root))
         self.job_tmpdir = job_tmpdir  # the user's TMPDIR (this process has a private one that fray removes)
@@ -79,6 +85,29 @@ class JobRunner(Actor):
         threading.Thread(target=run, daemon=True).start()
 
     @endpoint
+    def host_facts(self) -> dict[str, Any]:
+        """This host as `fray status` shows it: name, CPUs, memory, and how many processes run under the
+        process that started this one (its host worker, or the driver on the driver's machine)."""
+        from fray.jobs import host_resources
+
+        parent = os.getppid()
+        children = 0
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        stat = f.read()
+                except OSError:
+                    continue
+                children += int(stat[stat.rfind(")") + 2 :].split()[1]) == parent
+        total = host_resources()
+        return {
+            "hostname": socket.gethostname(),
+            "processes": children,
+            "total": {"CPU": float(total["CPU"]), "memory": float(total["memory"])},
+        }
+
+    @endpoint
     def close(self) -> Any:
         root = self.jobs.root
         result = self._safe(self.jobs.close)
@@ -96,11 +125,21 @@ class MonarchClusterContext(ClusterContext):
         {Capability.JOB_PACKAGES, Capability.JOB_RESOURCES, Capability.MULTI_HOST, Capability.PROCESS_ISOLATION}
     )
 
-    def __init__(self, hosts: list[Any], host_mesh: Any = None) -> None:
-        self._host_mesh = host_mesh
+    def __init__(
+        self,
+        hosts: list[Any],
+        driver_bind: str = "127.0.0.1",
+        release: Callable[[], None] | None = None,
+        remote: bool = False,
+        hostset: HostSet | None = None,
+    ) -> None:
+        self._release = release  # ends the hosts this context launched
+        self._hostset = hostset
         # On this host, the job runners' TMPDIR (Monarch's socket directories) and the jobs' logs are in a
         # directory of this context, removed at shutdown or with the driver's private directory by the watchdog.
-        self._tmpdir = _runtime.context_dir() if host_mesh is None else None
+        self._tmpdir = None if remote else _runtime.context_dir()
+        self._lifeline = LifelineServer(driver_bind) if remote else None
+        lifeline = None if self._lifeline is None else (self._lifeline.address, self._lifeline.token)
         boot = {"bootstrap_command": _runtime.bootstrap_command(self._tmpdir)} if self._tmpdir else {}
         self._procs = [
             host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}", **boot) for host in hosts
@@ -113,7 +152,7 @@ class MonarchClusterContext(ClusterContext):
             roots = [os.path.join(tempfile.gettempdir(), f"fray-monarch-jobs-{uuid.uuid4().hex[:12]}") for _ in hosts]
             user_tmp = None
         self._runners = [
-            procs.spawn("fray_job_runner", JobRunner, root, user_tmp)
+            procs.spawn("fray_job_runner", JobRunner, root, user_tmp, lifeline)
             for procs, root in zip(self._procs, roots, strict=True)
         ]
         self._where: dict[str, int] = {}
@@ -165,6 +204,29 @@ class MonarchClusterContext(ClusterContext):
             raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from exc
         return info
 
+    def node_status(self) -> list[dict[str, Any]]:
+        """Each host: its name and worker address, who holds it (ssh, a Slurm job, the user...), how many
+        processes run under its host worker, and its CPUs and memory."""
+        names = self._hostset.names if self._hostset and self._hostset.names else []
+        addresses = self._hostset.addresses if self._hostset else []
+        holder = self._hostset.holder if self._hostset else "this machine"
+        facts = [runner.host_facts.call_one() for runner in self._runners]
+        nodes = []
+        for i, fut in enumerate(facts):
+            try:
+                seen: dict[str, Any] = fut.get(timeout=MARGIN)
+            except Exception as exc:
+                seen = {"hostname": "?", "error": str(exc)}
+            nodes.append(
+                {
+                    "node": names[i] if i < len(names) else seen.get("hostname", "?"),
+                    "address": addresses[i] if i < len(addresses) else "",
+                    "held_by": holder,
+                    **seen,
+                }
+            )
+        return nodes
+
     def _shutdown(self) -> None:
         with self._lock:
             if self._closed:
@@ -180,10 +242,9 @@ class MonarchClusterContext(ClusterContext):
                 procs.stop().get(timeout=20)
             except Exception:
                 pass
-        if self._host_mesh is not None:
-            try:
-                self._host_mesh.shutdown().get(timeout=20)
-            except Exception:
-                pass
+        if self._lifeline is not None:
+            self._lifeline.close()
+        if self._release is not None:
+            self._release()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)

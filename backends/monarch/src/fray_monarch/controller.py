@@ -33,6 +33,7 @@ from fray_monarch.actor_registry import ActorRec, ActorRegistry
 from fray_monarch.actors import Coordinator, WorkerHost
 from fray_monarch.arena import SHM_DIR, reclaim_dead_segments, remove_segments
 from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.lifeline import LifelineServer
 from fray_monarch.meshgroups import GroupRec, GroupRegistry
 from fray_monarch.objects import RefPayload, Tracker, owner_key, set_tracker
 from fray_monarch.protocol import (
@@ -122,6 +123,8 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
             stores.transport,
             several_hosts=stores.host_ids != ("local",),
         )
+        # processes on other hosts end with this driver (the watchdog cannot reach them): see lifeline.py
+        self.lifeline = LifelineServer(stores.driver_bind) if stores.host_ids != ("local",) else None
         instances.register(self.key, self)
         self.coord = this_proc().spawn(f"fray_coord_{self.key}", Coordinator, self.key)
         for host in range(len(hosts)):
@@ -164,6 +167,8 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
             inline_limit=self.stores.inline_limit,
             transport=self.stores.transport,
             log_file=self.log_file,
+            lifeline=None if self.lifeline is None else (self.lifeline.address, self.lifeline.token),
+            driver_host=self.stores.driver_bind,
         )
 
     def _watch_pid(self, proc: Proc, reply: Any, exc: BaseException | None) -> None:
@@ -368,6 +373,8 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
         if self.reply_thread is not None:
             self.reply_port.send(None)  # ends the reader
             self.reply_thread.join(timeout=2)
+        if self.lifeline is not None:  # after the stops: any process they missed ends now
+            self.lifeline.close()
         with self.lock:
             for stream in list(self.streams.values()):
                 self._end_stream(stream, FrayError("the fray-monarch context was shut down"))

@@ -169,16 +169,18 @@ class GroupRegistry:
             return [(hosts, layout[0][1], True)]
         return [([h], n, False) for h, n in layout]
 
-    def _master_port(self, host: int) -> int:
-        """A TCP port free now on `host` (rank 0's), asked of a process there unless it is this machine's."""
+    def _master(self, host: int) -> tuple[str, int]:
+        """The address of `host` (rank 0's) and a TCP port free there now, asked of a process there unless it is
+        this machine's."""
         bind = self.stores.bind_hosts[host]
         if self.stores.host_ids[host] == "local":
-            return free_port(bind)
+            return bind, free_port(bind)
         with self.lock:
             pool = self._general_procs(host)
         if not pool:
-            return free_port(bind)
-        return int(pool[0].worker.free_port.call_one(bind).get(timeout=60))
+            raise FrayError(f"no live worker process on host {host} to place an SPMD group's rank 0 on")
+        address, port = pool[0].worker.spmd_master.call_one().get(timeout=60)
+        return str(address), int(port)
 
     # ------------------------------------------------------------ creation
     def create_group(
@@ -202,7 +204,7 @@ class GroupRegistry:
         envs: list[dict[str, str]] = [{} for _ in range(count)]
         if distributed:  # torch.distributed's variables: rank 0's host is the master; LOCAL_RANK per host
             master = layout[0][0]
-            addr, port = self.stores.bind_hosts[master], self._master_port(master)
+            addr, port = self._master(master)
             rank = 0
             for _host, n in layout:
                 for local in range(n):

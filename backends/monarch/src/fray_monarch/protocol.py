@@ -260,8 +260,11 @@ class WorkerSetup:
     nodes: list[dict[str, float]]
     sys_path: list[str]
     host_id: str  # the fray host this process belongs to
-    bind_host: str  # where its transfer server listens
+    bind_host: str  # where its transfer server listens ("": its address that routes to driver_host)
     store_budget: int
     inline_limit: int
     transport: str
     log_file: str | None = None  # log_to_driver=false: the process's fds 1 and 2 go to this file (None: console)
+    # ("host:port", token) of the driver's lifeline (lifeline.py), for processes on other hosts: None on this one
+    lifeline: tuple[str, bytes] | None = None
+    driver_host: str = "127.0.0.1"  # the address the driver listens on

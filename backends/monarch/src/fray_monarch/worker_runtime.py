@@ -26,7 +26,8 @@ from fray.serialization import Blob, dumps, find_unserializable_argument, loads
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
-from fray_monarch.arena import reclaim_dead_segments
+from fray_monarch import lifeline, network
+from fray_monarch.arena import reclaim_dead_segments, remove_segments, segment_prefix
 from fray_monarch.objects import DepMarker, RefPayload, Tracker, set_tracker
 from fray_monarch.protocol import Inline, Reply, StreamItem, TaskItem, TaskResult, Value, WireValue, WorkerSetup
 from fray_monarch.store import ObjectStore
@@ -123,9 +124,18 @@ class WorkerRuntime:
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         self.ctl_key, self.proc_key, self.coord = setup.ctl_key, setup.proc_key, setup.coord
+        if setup.lifeline is not None:  # a process on another host: it ends when its driver ends
+            prefix = segment_prefix(setup.ctl_key, setup.host_id)
+
+            def driver_gone(address: str) -> None:
+                remove_segments(prefix)  # the whole context is gone: every store file of it on this host too
+                lifeline.end_process(address)
+
+            lifeline.hold(*setup.lifeline, on_lost=driver_gone)
         _route_output(setup.log_file)
+        self.bind = bind = setup.bind_host or network.route_address([setup.driver_host]) or "127.0.0.1"
         # ` ip=<host>` in output labels only where the context has several hosts (attached ones; local means one)
-        self.label_host = setup.bind_host if setup.host_id != "local" else None
+        self.label_host = bind if setup.host_id != "local" else None
         self.free = dict(setup.capacity)
         self.capacity = dict(setup.capacity)
         self.oids = itertools.count()
@@ -135,7 +145,7 @@ class WorkerRuntime:
             setup.host_id,
             setup.proc_key,
             setup.store_budget,
-            setup.bind_host,
+            bind,
             lambda oid: RefPayload(oid, arrived=True),
             setup.inline_limit,
             setup.transport,

@@ -106,6 +106,12 @@ def add_commands(sub: Any) -> None:
     start = actions.add_parser("start", help="start a cluster and record it in the state directory")
     _cluster_options(start, address=False)
     start.add_argument("--listen", default="127.0.0.1", help="the address it listens on (default: loopback only)")
+    launch = start.add_argument_group("hosts to launch (monarch; also spec options: --backend 'monarch?job=ssh&...')")
+    launch.add_argument("--job", default=None, help="how: ssh (--hosts NAMES), slurm (--nodes N), process (--hosts N)")
+    launch.add_argument("--hosts", default=None, help="host names to log in to (ssh), or a count (process)")
+    launch.add_argument("--nodes", default=None, help="Slurm nodes to allocate")
+    launch.add_argument("--partition", default=None, help="the Slurm partition")
+    launch.add_argument("--time", default=None, help="the Slurm time limit, e.g. 00:30:00")
     _cluster_options(actions.add_parser("stop", help="stop the recorded cluster and its jobs"), address=False)
     overview = sub.add_parser("status", help="nodes with their total and free resources, and jobs")
     _cluster_options(overview)
@@ -396,8 +402,12 @@ _JOB_VERBS = {
 
 
 # ---------------------------------------------------------------------- cluster start / stop, status
+_LAUNCH_FLAGS = ("job", "hosts", "nodes", "partition", "time")
+
+
 def _cluster_start(args: argparse.Namespace) -> int:
     name, options, backend = _resolve(args)
+    options.update({flag: getattr(args, flag) for flag in _LAUNCH_FLAGS if getattr(args, flag, None) is not None})
     start = getattr(backend, "start_cluster", None)
     if start is None:
         if Capability.PERSISTENT_JOBS in backend.capabilities:
@@ -447,8 +457,10 @@ def _status(args: argparse.Namespace) -> int:
         work = ctx.running_work()
         where = {"backend": ctx.backend}
         address = getattr(ctx, "address", None)
-        if address:
-            where.update(address=address, dashboard=address)
+        if address:  # ray: its dashboard's URL; monarch: its head's socket
+            where.update(
+                address=address, **({"dashboard": address} if address.startswith("http") else {"head": address})
+            )
         if ctx.backend == "in_memory":
             where["state_dir"] = str(state_dir())
     if args.json:
@@ -465,7 +477,10 @@ def _status(args: argparse.Namespace) -> int:
             else f"{key} {_amount(key, qty)}"
             for key, qty in sorted(total.items())
         ]
-        print(f"  {node.get('node')}: " + ", ".join(parts))
+        seen_at = [
+            f"{key.replace('_', ' ')} {node[key]}" for key in ("address", "processes", "held_by") if node.get(key)
+        ]
+        print(f"  {node.get('node')}: " + ", ".join(parts) + ("  (" + ", ".join(seen_at) + ")" if seen_at else ""))
     if work is not None:
         for kind in ("tasks", "actors"):
             items = work.get(kind, [])

@@ -126,8 +126,16 @@ def _resolve(spec: str | None, options: Mapping[str, Any]) -> tuple[Backend, dic
     if spec is None:
         spec = os.environ.get(ENV_VAR) or DEFAULT_BACKEND
     name, spec_options = parse_spec(spec)
-    merged = {**spec_options, **{k: str(v) for k, v in options.items()}}
+    # Keyword options are the spec's query values, as strings; objects that have no string form (a Monarch job
+    # object: fray.init("monarch", job=job)) pass through as they are, for the backend to check.
+    merged = {**spec_options, **{k: _option_value(v) for k, v in options.items()}}
     return get_backend(name), merged
+
+
+def _option_value(value: Any) -> Any:
+    if value is None or isinstance(value, (str, bool, int, float, list, tuple, dict)):
+        return str(value)
+    return value
 
 
 def init(spec: str | None = None, **options: Any) -> JobContext:

@@ -3,8 +3,9 @@
 SIGKILL cannot be caught, and what fray starts is not always the owner's child (a Ray head's agents, a job's
 own children). So the owner starts one small watchdog process (lazily, the first time something needs
 watching) and keeps the write end of a pipe to it. The watchdog reads what to clean from the pipe; when the
-pipe closes, the owner is gone (exit, exception, SIGINT, SIGTERM, SIGKILL alike): the watchdog sends SIGTERM to
-the process groups it was given, SIGKILL to what is left after a grace period, removes the paths, and exits.
+pipe closes, the owner is gone (exit, exception, SIGINT, SIGTERM, SIGKILL alike): the watchdog runs
+the commands it was given (e.g. `scancel` of a Slurm allocation a driver launched), sends SIGTERM to
+the process groups it was given and SIGKILL to what is left after a grace period, removes the paths, and exits.
 
     python -m fray.watchdog OWNER_PID     (started by `watch_group` / `watch_path`; reads its stdin)
 
@@ -14,6 +15,7 @@ Things the owner stops itself (a clean shutdown) are taken off the list with `fo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,9 +24,19 @@ import sys
 import threading
 import time
 
-__all__ = ["forget_group", "forget_path", "forget_prefix", "watch_group", "watch_path", "watch_prefix"]
+__all__ = [
+    "forget_command",
+    "forget_group",
+    "forget_path",
+    "forget_prefix",
+    "watch_command",
+    "watch_group",
+    "watch_path",
+    "watch_prefix",
+]
 
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL of a watched group
+COMMAND_TIMEOUT = 30.0  # seconds a cleanup command may take
 
 _lock = threading.Lock()
 _pipe: int | None = None
@@ -80,6 +92,35 @@ def forget_prefix(prefix: str) -> None:
     _send(f"-prefix {os.path.abspath(prefix)}")
 
 
+def _command_line(argv: list[str], env: dict[str, str] | None) -> str:
+    return json.dumps({"argv": list(argv), "env": dict(env or {})}, sort_keys=True)
+
+
+def watch_command(argv: list[str], env: dict[str, str] | None = None) -> None:
+    """Run `argv` (with `env` added to the watchdog's environment) when this process ends, unless forgotten first:
+    for what no signal on this machine can end (a Slurm allocation: `scancel ID`)."""
+    _send(f"command {_command_line(argv, env)}")
+
+
+def forget_command(argv: list[str], env: dict[str, str] | None = None) -> None:
+    _send(f"-command {_command_line(argv, env)}")
+
+
+def _run_command(line: str) -> None:
+    try:
+        spec = json.loads(line)
+        subprocess.run(
+            spec["argv"],
+            env={**os.environ, **spec.get("env", {})},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=COMMAND_TIMEOUT,
+        )
+    except (OSError, ValueError, KeyError, TypeError, subprocess.SubprocessError):
+        pass
+
+
 def _alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -93,6 +134,7 @@ def main(argv: list[str]) -> int:
     groups: set[int] = set()
     paths: list[str] = []
     prefixes: list[str] = []
+    commands: list[str] = []
     for raw in sys.stdin.buffer:  # until EOF: the owner's end of the pipe closed
         kind, _, value = raw.decode(errors="replace").strip().partition(" ")
         if kind == "group":
@@ -107,6 +149,12 @@ def main(argv: list[str]) -> int:
             prefixes.append(value)
         elif kind == "-prefix" and value in prefixes:
             prefixes.remove(value)
+        elif kind == "command":
+            commands.append(value)
+        elif kind == "-command" and value in commands:
+            commands.remove(value)
+    for command in commands:  # first: an allocation cancelled ends its processes on every host
+        _run_command(command)
     for pgid in groups:
         try:
             os.killpg(pgid, signal.SIGTERM)

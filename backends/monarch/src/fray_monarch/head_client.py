@@ -1,0 +1,69 @@
+"""The ClusterContext of a monarch cluster that `fray cluster start` started: every call is one request to its
+head (head.py), so jobs outlive the process that submitted them and any process of this user can reach them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fray.capabilities import Capability
+from fray.context import ClusterContext
+from fray.types import JobInfo, RuntimeEnv
+from fray_monarch.head import REQUEST_TIMEOUT, decode_info, request
+
+__all__ = ["MonarchHeadClient"]
+
+
+class MonarchHeadClient(ClusterContext):
+    backend = "monarch"
+    capabilities = frozenset(
+        {
+            Capability.JOB_PACKAGES,
+            Capability.MULTI_HOST,
+            Capability.PERSISTENT_JOBS,
+            Capability.PROCESS_ISOLATION,
+        }
+    )
+
+    def __init__(self, address: str) -> None:
+        self.address = address  # the head's socket
+        self._ask({"op": "list"})  # fails now, naming the socket, if no head answers there
+
+    def _ask(self, message: dict[str, Any], timeout: float | None = REQUEST_TIMEOUT) -> Any:
+        return request(self.address, message, timeout)
+
+    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
+        # A job of the head's lives as long as the head, whether detached was asked or not: the cluster was
+        # started to outlive its commands, as a Ray cluster's jobs do.
+        message = {
+            "op": "submit",
+            "entrypoint": entrypoint,
+            "env": dict(env.env),
+            "packages": list(env.package_requirements),
+            "working_dir": working_dir,
+        }
+        return str(self._ask(message))
+
+    def _list_jobs(self) -> list[JobInfo]:
+        return [decode_info(item) for item in self._ask({"op": "list"})]
+
+    def _get_job(self, job_id: str) -> JobInfo:
+        return decode_info(self._ask({"op": "info", "id": job_id}))
+
+    def _stop_job(self, job_id: str) -> None:
+        self._ask({"op": "stop", "id": job_id})
+
+    def _delete_job(self, job_id: str) -> None:
+        self._ask({"op": "delete", "id": job_id})
+
+    def _get_job_logs(self, job_id: str) -> str:
+        return str(self._ask({"op": "logs", "id": job_id}))
+
+    def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
+        limit = None if timeout is None else timeout + REQUEST_TIMEOUT
+        return decode_info(self._ask({"op": "wait", "id": job_id, "timeout": timeout}, limit))
+
+    def node_status(self) -> list[dict[str, Any]]:
+        return list(self._ask({"op": "status"}))
+
+    def _shutdown(self) -> None:
+        return None  # the head and its jobs go on: `fray cluster stop --backend monarch` ends them

@@ -1,0 +1,298 @@
+"""Where a monarch context's hosts come from, and who ends them.
+
+- this machine (the default, or `job=local`);
+- host workers the user started (`hosts=tcp://h:p,...`): attached to, never ended by fray (like Ray's worker
+  nodes, they are the user's); the processes fray starts on them end with the context;
+- hosts launched through Monarch's own job API: `job=ssh&hosts=h2,h3` (SSHJob), `job=slurm&nodes=2` (SlurmJob),
+  `job=process&hosts=2` (ProcessJob, one machine), or any Monarch job object (`fray.init("monarch", job=job)`);
+  a context that launched its hosts ends them at shutdown and when its process ends however it ends;
+- the hosts `fray cluster start --backend monarch` recorded, while its head runs (`fray.init("monarch")` with
+  neither hosts= nor job=; `job=local` keeps to this machine).
+
+Launching needs no Monarch runtime; attaching does, and it must come after the transport is chosen (network.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from monarch._src.job.job import LoginJob, ProcessState, SSHJob
+from monarch._src.job.service_identity import service_proc_addr, service_proc_addrs
+from monarch.job import JobTrait, ProcessJob, SlurmJob
+
+from fray import watchdog
+from fray.errors import FrayError
+from fray.state import state_dir
+from fray_monarch.network import host_of, is_loopback
+
+__all__ = ["FraySSHJob", "FraySlurmJob", "HostSet", "launch"]
+
+DEFAULT_PORT = 22222  # Monarch's own default for SSHJob and SlurmJob workers
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")  # never prompt: a launch must fail, not hang
+
+
+@dataclass
+class HostSet:
+    """The hosts of one context: their Monarch worker addresses (none: this machine only) and who holds them."""
+
+    addresses: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # each host's name or address (errors, status, routes)
+    holder: str = "this machine"  # "started by you", "ssh", "slurm job 42", "process job", "fray cluster (pid N)"
+    release: Callable[[], None] | None = None  # ends them; None: not this context's to end
+    local: bool = True  # every host is this machine (no TCP needed to reach them)
+    job: JobTrait | None = None  # a Monarch job object whose state() gives the host mesh (no addresses then)
+    explain: Callable[[], str] = lambda: ""  # what the launch printed, for an error that it did not come up
+
+
+class FraySSHJob(SSHJob):  # type: ignore[misc]  # Monarch is untyped
+    """Monarch's SSHJob with fray's host worker, which ends when its ssh connection ends (its stdin closes): the
+    driver holds the other end of that stdin, so hosts it launched go with it however it ends (Monarch's own
+    `ssh -n` leaves the remote worker running when the client dies)."""
+
+    def __init__(self, hosts: list[str], python_exe: str, ssh_args: tuple[str, ...], port: int, log_dir: str) -> None:
+        LoginJob.__init__(self)  # not SSHJob's: it fixes Monarch's transport to the host name; fray chooses it
+        self._python_exe, self._ssh_args, self._port = python_exe, tuple(ssh_args), port
+        self._transport, self._scheme = "tcp", "tcp"
+        self._service_proc_ids_by_host: dict[str, Any] = {}
+        self._log_dir = log_dir
+        self._clients: list[subprocess.Popen[bytes]] = []
+        self.add_mesh("hosts", list(hosts))
+
+    def _start_host(self, host: str) -> ProcessState:
+        address = service_proc_addr(f"tcp://{host}:{self._port}", self._service_proc_ids_by_host[host])
+        remote = [self._python_exe, "-m", "fray_monarch.worker", "--address", address, "--end-with-stdin"]
+        with open(self._log(host), "wb", opener=_private_opener) as out:
+            client = subprocess.Popen(
+                ["ssh", *SSH_OPTIONS, *self._ssh_args, host, shlex.join(remote)],
+                stdin=subprocess.PIPE,  # held by this process only (not inheritable): its end is the worker's end
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+            )
+        watchdog.watch_group(client.pid)
+        self._clients.append(client)
+        return ProcessState(client.pid, address)
+
+    def addresses(self) -> list[str]:
+        return [str(self._host_to_pid[h].channel) for h in self._meshes["hosts"]]
+
+    def explain(self) -> str:
+        """How the ssh logins that have ended went (a host worker that answers never ends its ssh)."""
+        said = []
+        for host, client in zip(self._meshes["hosts"], self._clients, strict=False):
+            if client.poll() is not None:
+                said.append(f"ssh to {host} ended with exit code {client.returncode}: {_tail(self._log(host))}")
+        return "".join(f"\n  {line}" for line in said)
+
+    def _log(self, host: str) -> str:
+        return os.path.join(self._log_dir, f"ssh-{host}.log")
+
+    def _kill(self) -> None:
+        for client in self._clients:
+            if client.stdin is not None:
+                client.stdin.close()  # the remote worker's stdin ends: it exits, and ssh with it
+        for client in self._clients:
+            try:
+                client.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                client.wait(timeout=10)
+            watchdog.forget_group(client.pid)
+        self._clients.clear()
+        self._host_to_pid.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_clients"}
+
+
+class FraySlurmJob(SlurmJob):  # type: ignore[misc]
+    """Monarch's SlurmJob, reading its own job from squeue in the shape it expects. Slurm 22.05 (OpenAPI v0.0.38)
+    differs from what SlurmJob reads in two ways: `squeue --job ID --json` lists every job, oldest first (SlurmJob
+    reads the first, so it took someone else's old job for its own), and a job's nodes are a string with
+    `allocated_nodes[].nodename` beside it, not `nodes.allocation[].name`."""
+
+    def _get_job_info_json(self, job_id: str) -> dict[str, Any] | None:
+        import json
+
+        try:
+            out = subprocess.run(["squeue", "--job", job_id, "--json"], capture_output=True, text=True, check=True)
+            jobs = json.loads(out.stdout or "{}").get("jobs", [])
+        except (subprocess.CalledProcessError, ValueError, OSError):
+            return None
+        for job in jobs:
+            if str(job.get("job_id")) == str(job_id):
+                return _newer_shape(dict(job))
+        return None
+
+    def hostnames(self, timeout: float) -> list[str]:
+        if not getattr(self, "_all_hostnames", None):
+            job_id = self._slurm_job_id
+            assert job_id is not None, "apply() first"
+            self._all_hostnames = self._wait_for_job_start(job_id, sum(self._meshes.values()), timeout=int(timeout))
+        return [str(name) for name in getattr(self, "_all_hostnames", [])]
+
+    def addresses(self, timeout: float) -> list[str]:
+        workers = [f"tcp://{name}:{self._port}" for name in self.hostnames(timeout)]
+        return [str(a) for a in service_proc_addrs(workers, self._service_proc_ids)]
+
+
+def _newer_shape(job: dict[str, Any]) -> dict[str, Any]:
+    """A Slurm 22.05 squeue job in the shape of later Slurm releases (which SlurmJob reads)."""
+    if isinstance(job.get("job_state"), str):
+        job["job_state"] = [job["job_state"]]
+    resources = job.get("job_resources") or {}
+    if isinstance(resources.get("nodes"), str):
+        names = [n["nodename"] for n in resources.get("allocated_nodes", []) if "nodename" in n]
+        names = names or [n for n in resources["nodes"].split(",") if n]
+        job["job_resources"] = {**resources, "nodes": {"allocation": [{"name": n} for n in names]}}
+    return job
+
+
+def _tail(path: str, size: int = 600) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            text = f.read().decode(errors="replace").strip()
+    except OSError:
+        return "(no output)"
+    return " | ".join(text.splitlines()[-4:]) or "(no output)"
+
+
+def _private_opener(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o600)
+
+
+def _log_dir(kind: str) -> str:
+    """Where launch logs go (ssh clients' output, Slurm's job output): the state directory, which a cluster's
+    hosts usually share through the home directory. Private to this user."""
+    path = state_dir() / "monarch" / kind
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return str(path)
+
+
+def _release(job: JobTrait, forget: Callable[[], None]) -> Callable[[], None]:
+    def release() -> None:
+        try:
+            job.kill()
+        finally:
+            forget()
+
+    return release
+
+
+def _ssh(opts: dict[str, Any]) -> HostSet:
+    names = opts.get("hosts")
+    if not names or not isinstance(names, list) or any(n.startswith("tcp://") for n in names):
+        raise ValueError("job=ssh takes hosts=NAME,NAME (the machines to log in to), e.g. job=ssh&hosts=h2,h3")
+    python = str(opts.get("python", sys.executable))
+    job = FraySSHJob(
+        names, python, tuple(shlex.split(opts.get("ssh_options", ""))), opts.get("port", DEFAULT_PORT), _log_dir("ssh")
+    )
+    job.apply()
+    return HostSet(job.addresses(), names, "ssh", _release(job, lambda: None), local=False, explain=job.explain)
+
+
+def _slurm(opts: dict[str, Any], timeout: float) -> HostSet:
+    nodes = int(opts.get("nodes", 1))
+    job = FraySlurmJob(
+        {"hosts": nodes},
+        python_exe=str(opts.get("python", sys.executable)),
+        monarch_port=opts.get("port", DEFAULT_PORT),
+        job_name="fray",
+        time_limit=opts.get("time"),
+        partition=opts.get("partition"),
+        log_dir=_log_dir("slurm"),
+        job_start_timeout=int(timeout),
+    )
+    job.apply()
+    job_id = str(job._slurm_job_id)
+    cancel = ["scancel", job_id]
+    watchdog.watch_command(cancel)  # a driver killed by SIGKILL cannot cancel its allocation itself
+    try:
+        addresses = job.addresses(timeout)
+    except Exception as exc:
+        job.kill()
+        watchdog.forget_command(cancel)
+        raise FrayError(f"the Slurm job {job_id} for {nodes} node(s) did not start: {exc}") from exc
+    return HostSet(
+        addresses,
+        job.hostnames(timeout),
+        f"slurm job {job_id}",
+        _release(job, lambda: watchdog.forget_command(cancel)),
+        local=False,
+    )
+
+
+def _process(opts: dict[str, Any]) -> HostSet:
+    count = opts.get("hosts", 1)
+    if not isinstance(count, int):
+        raise ValueError("job=process takes hosts=N (how many host workers to start on this machine)")
+    job = ProcessJob({"hosts": count})
+    job.apply()
+    pids = [state.pid for state in job._host_to_pid.values()]
+    for pid in pids:  # each worker leads its own session and group; its processes die with it
+        watchdog.watch_group(pid)
+
+    def forget() -> None:
+        for pid in pids:
+            watchdog.forget_group(pid)
+
+    addresses = [job._host_to_pid[f"hosts_{i}"].channel for i in range(count)]
+    return HostSet(addresses, [f"process {i}" for i in range(count)], "process job", _release(job, forget))
+
+
+def _job_object(job: Any) -> HostSet:
+    """A Monarch job the user made: applied here (and then ended with the context) unless it runs already."""
+    if not isinstance(job, JobTrait):
+        raise ValueError(f"job= takes ssh, slurm, process or local, or a Monarch job object; got {job!r}")
+    release = None
+    if not job.active:
+        job.apply()
+        release = job.kill
+    return HostSet([], [], type(job).__name__, release, local=False, job=job)
+
+
+def _recorded() -> HostSet | None:
+    """The hosts of the cluster `fray cluster start --backend monarch` recorded, if its head runs (it holds
+    them: this context ends only what it starts there)."""
+    from fray_monarch.head import recorded
+
+    record = recorded()
+    if record is None or not record["running"] or not record.get("hosts"):
+        return None
+    holder = f"the cluster `fray cluster start` started (pid {record['pid']}, {record.get('holder')})"
+    return HostSet(list(record["hosts"]), list(record["names"]), holder, None, local=bool(record.get("local")))
+
+
+def launch(opts: dict[str, Any], timeout: float) -> HostSet:
+    """The hosts the spec asks for, launched if it asks for that (no Monarch runtime is started here)."""
+    job = opts.get("job")
+    hosts = opts.get("hosts")
+    if job is None and not hosts:
+        return _recorded() or HostSet()
+    if job is None or job == "local":
+        if job == "local" and hosts:
+            raise ValueError("job=local runs on this machine only: it takes no hosts=")
+        if not hosts:
+            return HostSet()
+        if not isinstance(hosts, list) or not all(h.startswith("tcp://") for h in hosts):
+            raise ValueError(
+                "hosts= takes the addresses of host workers you started (tcp://HOST:PORT,...); to launch hosts, "
+                "add job=ssh (host names), job=slurm (nodes=N) or job=process (hosts=N)"
+            )
+        names = [host_of(a)[0] for a in hosts]
+        return HostSet(list(hosts), names, "started by you", None, local=all(is_loopback(n) for n in names))
+    if job == "ssh":
+        return _ssh(opts)
+    if job == "slurm":
+        return _slurm(opts, timeout)
+    if job == "process":
+        return _process(opts)
+    return _job_object(job)

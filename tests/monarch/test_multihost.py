@@ -1,0 +1,320 @@
+"""Monarch over three hosts that are separate machines to it: each its own network namespace (own address,
+hostname, loopback and /dev/shm), sharing only the file system. The driver runs in host 0; hosts 1 and 2 are
+host workers the test started (attach), hosts launched over ssh (an sshd in each), or a Slurm allocation
+(slurmctld in host 0, a slurmd in each of hosts 1 and 2). Each way runs every cross-host check of
+_multihost_driver.py, then the driver is SIGKILLed and nothing it started may be left on any host within 15 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _netns import Host, namespaced_hosts, require_namespaced_hosts
+
+HERE = Path(__file__).parent
+DRIVER = HERE / "_multihost_driver.py"
+PY = sys.executable
+GONE_WITHIN = 15.0
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[list[Host]]:
+    require_namespaced_hosts()
+    with namespaced_hosts(3) as made:
+        yield made
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The driver's environment: a state directory of the test's own (launch logs, recorded clusters)."""
+    return {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state")}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _fray_processes(host: Host, spare: Callable[[str], bool]) -> list[str]:
+    """What fray or Monarch runs in `host`, but what `spare` says the test started itself."""
+    found = [_cmdline(pid) for pid in host.pids()]
+    return [c for c in found if ("fray" in c or "monarch" in c) and not spare(c)]
+
+
+def _lines_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> list[str]:
+    """The lines `proc` prints, up to the one starting with `marker`. A thread reads them: select() on a pipe
+    that Python already buffered says nothing is left while a line waits in the buffer."""
+    assert proc.stdout is not None
+    stream = proc.stdout
+    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if line.startswith(marker):
+            return seen
+    raise AssertionError(f"the driver did not print {marker} within {timeout:.0f} s: {seen[-5:]}")
+
+
+def run_then_kill(
+    hosts: list[Host],
+    spec: str,
+    big: int,
+    env: dict[str, str],
+    log: Path,
+    spare: Callable[[str], bool] = bool,
+    extra: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], float]:
+    """Run the driver in host 0 with `spec`; return what it saw and how long after its SIGKILL every host was
+    free of what it started (fray and Monarch processes, /dev/shm files). Fails if that took over 15 s."""
+    with open(log, "w") as errors:
+        driver = hosts[0].popen(
+            [PY, str(DRIVER), spec, str(big), *extra],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            cwd=HERE,
+            env=env,
+        )
+    try:
+        lines = _lines_until(driver, "HOLDING", 420)
+    except AssertionError as exc:
+        driver.kill()
+        raise AssertionError(f"{exc}\n{log.read_text(errors='replace')[-4000:]}") from None
+    result = json.loads(next(line for line in lines if line.startswith("RESULT "))[len("RESULT ") :])
+    driver.kill()  # SIGKILL of the driver alone: what it started must go by itself
+    driver.wait()
+    killed = time.monotonic()
+    while True:
+        left = {h.name: _fray_processes(h, lambda c: bool(spare(c))) + h.shm_files() for h in hosts}
+        if not any(left.values()):
+            return result, time.monotonic() - killed
+        if time.monotonic() - killed > GONE_WITHIN:
+            raise AssertionError(f"left {GONE_WITHIN:.0f} s after the driver's SIGKILL: {left}")
+        time.sleep(0.25)
+
+
+def check_cross_host(result: dict[str, Any], hosts: list[Host]) -> None:
+    driver, others = hosts[0].name, sorted(h.name for h in hosts[1:])
+    assert result["driver"] == driver
+    assert result["nodes"] == 2
+    assert result["task_hosts"] == others  # tasks ran on both other hosts, none on the driver's
+    assert [r[1:] for r in result["put_read"]] == [[32 * 2**20, 32 * 2**20]] * len(result["put_read"])
+    assert {r[0] for r in result["put_read"]} <= set(others)
+    assert result["task_result"] == [2 * 16 * 2**20, 16 * 2**20]  # made on another host, read by the driver
+    remote, nested = result["nested"]
+    assert remote in others and set(nested) <= set(others)  # a remote task's own tasks ran
+    assert sorted(result["actors"]) == others  # one actor per host
+    reader, total = result["actor_to_actor"]
+    assert reader == result["actors"][1] != result["actors"][0] and total > 0  # made on A, read on B
+    assert {"tcp-direct", "rdma-tcp", "rdma-ibverbs"} & set(result["paths"]), result["paths"]  # host to host
+    assert result["all_reduce"] == [3.0, 3.0]  # gloo over the two hosts
+    ranks = result["spmd_world"]
+    assert {r[0] for r in ranks} == set(others) and [r[1:3] for r in ranks] == [["0", "2"], ["1", "2"]]
+    master = next(h.address for h in hosts if h.name == ranks[0][0])
+    assert {r[3] for r in ranks} == {master}  # MASTER_ADDR: rank 0's host address
+
+
+@pytest.fixture
+def user_workers(hosts: list[Host]) -> Iterator[str]:
+    """Host workers started by hand on hosts 1 and 2, as a user would: the spec that attaches to them."""
+    workers = [
+        h.popen([PY, "-m", "fray_monarch.worker", "--address", f"tcp://{h.name}:29500"], stdout=subprocess.DEVNULL)
+        for h in hosts[1:]
+    ]
+    try:
+        yield f"monarch?hosts=tcp://{hosts[1].name}:29500,tcp://{hosts[2].name}:29500&procs=1"
+        assert all(w.poll() is None for w in workers)  # the user's workers outlive the drivers
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait(10)
+
+
+def _user_worker(cmdline: str) -> bool:
+    return "fray_monarch.worker" in cmdline
+
+
+def test_attached_hosts(hosts: list[Host], user_workers: str, env: dict[str, str], tmp_path: Path) -> None:
+    """Host workers the user started: the driver attaches over TCP and its processes end with it; the workers,
+    being the user's, stay. 1 GiB moves from an actor on host 1 to one on host 2 without touching the driver;
+    groups are packed on one host, spread evenly as one 2-D mesh (hosts x procs), unevenly as a mesh per host."""
+    log = tmp_path / "driver.log"
+    result, _ = run_then_kill(hosts, user_workers, 2**30, env, log, _user_worker, ("placement",))
+    check_cross_host(result, hosts)
+    assert result["actor_to_actor"][1] == 2**30
+    assert result["driver_rss_growth"] < 64 * 2**20, result["driver_rss_growth"]  # the GiB never came here
+    assert result["paths"]["tcp-direct"][1] >= 2**30 and result["paths"].get("shm", [0, 0])[1] < 2**30
+    h1, h2 = hosts[1].name, hosts[2].name
+    assert len(set(result["pack"])) == 1
+    assert result["spread"] == [h1, h1, h2, h2] and result["spread_casts"] == [{"hosts": 2, "procs": 2}] * 4
+    assert result["uneven"] == [h1, h1, h2]
+    assert result["uneven_casts"] == [{"procs": 2}, {"procs": 2}, {"procs": 1}]  # one mesh per host
+
+
+def test_rdma_transport_between_hosts(
+    hosts: list[Host], user_workers: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """transport=rdma: Monarch's RDMABuffer between hosts (its TCP fallback here: there is no ibverbs device)."""
+    result, _ = run_then_kill(
+        hosts, user_workers + "&transport=rdma", 16 * 2**20, env, tmp_path / "d.log", _user_worker
+    )
+    rdma = result["paths"].get("rdma-ibverbs") or result["paths"].get("rdma-tcp")
+    assert rdma is not None and rdma[1] >= 16 * 2**20 and "tcp-direct" not in result["paths"], result["paths"]
+    assert result["actor_to_actor"][1] == 16 * 2**20
+
+
+def test_hosts_launched_over_ssh(hosts: list[Host], env: dict[str, str], tmp_path: Path) -> None:
+    from _sshd import require_sshd, start_sshd
+
+    require_sshd()
+    servers = [start_sshd(h, tmp_path / f"sshd-{h.index}") for h in hosts[1:]]
+    try:
+        options = shlex.join([arg for s in servers for arg in s.client_args()])
+        query = {"job": "ssh", "hosts": f"{hosts[1].name},{hosts[2].name}", "procs": "1", "ssh_options": options}
+        result, _ = run_then_kill(
+            hosts, "monarch?" + urllib.parse.urlencode(query), 64 * 2**20, env, tmp_path / "d.log"
+        )
+        check_cross_host(result, hosts)
+    finally:
+        for s in servers:
+            s.close()
+
+
+def test_hosts_allocated_by_slurm(hosts: list[Host], env: dict[str, str], tmp_path: Path) -> None:
+    from _slurm import require_slurm, start_slurm
+
+    require_slurm()
+    with start_slurm(hosts[1:], tmp_path / "slurm", controller=hosts[0]) as slurm:
+        slurm_env = {**env, **slurm.env()}
+        spec = f"monarch?job=slurm&nodes=2&partition={slurm.partition}&time=00:10:00&procs=1"
+        result, _ = run_then_kill(hosts, spec, 64 * 2**20, slurm_env, tmp_path / "driver.log")
+        check_cross_host(result, hosts)
+        deadline = time.monotonic() + GONE_WITHIN  # the allocation is cancelled when the driver dies
+        while (jobs := slurm.run(["squeue", "-h", "-t", "all", "-o", "%i %T"]).stdout.split())[1::2] != ["CANCELLED"]:
+            assert time.monotonic() < deadline, jobs  # (COMPLETING on the way)
+            time.sleep(0.5)
+
+
+def _in_host(host: Host, code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return host.run([PY, "-c", code], timeout=timeout, capture_output=True, text=True, cwd=HERE, env=env)
+
+
+def test_a_silent_host_is_named_with_how_long_fray_waited(hosts: list[Host], env: dict[str, str]) -> None:
+    code = f"import fray\nfray.init('monarch?hosts=tcp://{hosts[1].name}:29599&attach_timeout=3')"
+    out = _in_host(hosts[0], code, env)
+    assert out.returncode != 0
+    error = out.stderr.strip().splitlines()[-1]
+    assert error.startswith("fray.errors.FrayError: attaching to 1 host(s) failed after "), error
+    assert f"tcp://{hosts[1].name}:29599: connection refused: nothing listens there" in error, error
+    assert "python -m fray_monarch.worker --address" in error  # and the fix
+
+
+def test_a_runtime_started_on_unix_sockets_is_refused_naming_the_fix(hosts: list[Host], env: dict[str, str]) -> None:
+    """Monarch fixes a process's transport when its runtime starts: a local context first (Unix sockets), then
+    one with other machines, must fail at once saying what to do, not time out after a minute."""
+    code = (
+        "import time, fray\nfray.init('monarch?procs=1')\nfray.shutdown()\nstart = time.monotonic()\ntry:\n"
+        f"    fray.init('monarch?hosts=tcp://{hosts[1].name}:29599&attach_timeout=30')\n"
+        "except fray.FrayError as exc:\n    print('REFUSED', round(time.monotonic() - start), exc)\n"
+    )
+    out = _in_host(hosts[0], code, env)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("REFUSED")), out.stderr[-2000:])
+    assert line.startswith("REFUSED 0 this process's Monarch runtime already started on Unix sockets"), line
+    assert "run the multi-host context in a new process" in line and 'enable_transport("tcp")' in line
+
+
+def _fray_cli(
+    host: Host, args: list[str], env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    fray_command = str(Path(PY).with_name("fray"))
+    return host.run([fray_command, *args], timeout=timeout, capture_output=True, text=True, cwd=HERE, env=env)
+
+
+def test_a_cluster_started_once_serves_later_commands_and_drivers(
+    hosts: list[Host], env: dict[str, str], tmp_path: Path
+) -> None:
+    """`fray cluster start --backend monarch --job ssh`: a head process launches the hosts and outlives the
+    command; `fray status`, `fray job ...` and a later `fray.init("monarch")` in other processes use them; a driver
+    killed on them leaves the hosts up (the cluster holds them) but nothing of its own; `fray cluster stop` ends
+    it all."""
+    from _sshd import require_sshd, start_sshd
+
+    require_sshd()
+    servers = [start_sshd(h, tmp_path / f"sshd-{h.index}") for h in hosts[1:]]
+    names = f"{hosts[1].name},{hosts[2].name}"
+    try:
+        options = shlex.join([arg for s in servers for arg in s.client_args()])
+        backend = "monarch?" + urllib.parse.urlencode({"ssh_options": options, "procs": "1"})
+        started = _fray_cli(hosts[0], ["cluster", "start", "--backend", backend, "--job", "ssh", "--hosts", names], env)
+        assert started.returncode == 0, started.stderr
+        try:
+            status = _fray_cli(hosts[0], ["status", "--backend", "monarch", "--json"], env)
+            nodes = json.loads(status.stdout)["nodes"]
+            assert sorted(n["hostname"] for n in nodes) == sorted(names.split(",")), nodes
+            assert {n["held_by"] for n in nodes} == {"ssh"} and all(n["processes"] >= 1 for n in nodes), nodes
+            job = _fray_cli(hosts[0], ["job", "submit", "--backend", "monarch", "--", "hostname"], env)
+            assert job.returncode == 0 and job.stdout.strip() in names.split(","), (job.stdout, job.stderr)
+            listed = _fray_cli(hosts[0], ["job", "list", "--backend", "monarch", "--json"], env)
+            assert [j["status"] for j in json.loads(listed.stdout)] == ["SUCCEEDED"], listed.stdout
+            before = {h.name: _fray_processes(h, bool) for h in hosts[1:]}
+            code = (
+                "import fray, socket\nctx = fray.init('monarch')\nprint(ctx.get(ctx.create_task(socket.gethostname)))"
+            )
+            code += "\nimport time\nprint('HOLDING', flush=True)\ntime.sleep(600)"
+            driver = hosts[0].popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, cwd=HERE, env=env)
+            lines = _lines_until(driver, "HOLDING", 240)
+            assert lines[0].strip() in names.split(",")
+            driver.kill()
+            driver.wait()
+            deadline = time.monotonic() + GONE_WITHIN
+            while {h.name: _fray_processes(h, bool) for h in hosts[1:]} != before:  # its own processes went
+                assert time.monotonic() < deadline, ({h.name: _fray_processes(h, bool) for h in hosts[1:]}, before)
+                time.sleep(0.25)
+        finally:
+            stopped = _fray_cli(hosts[0], ["cluster", "stop", "--backend", "monarch"], env)
+            assert stopped.returncode == 0, stopped.stderr
+        deadline = time.monotonic() + GONE_WITHIN
+        while any(_fray_processes(h, bool) or h.shm_files() for h in hosts):
+            assert time.monotonic() < deadline, {h.name: _fray_processes(h, bool) for h in hosts}
+            time.sleep(0.25)
+    finally:
+        for s in servers:
+            s.close()
+
+
+def test_a_failed_ssh_launch_is_reported_at_once_with_what_ssh_said(hosts: list[Host], env: dict[str, str]) -> None:
+    start = time.monotonic()
+    out = _in_host(hosts[0], f"import fray\nfray.init('monarch?job=ssh&hosts={hosts[1].name}&attach_timeout=120')", env)
+    assert out.returncode != 0 and time.monotonic() - start < 60  # not the attach timeout: ssh already ended
+    error = out.stderr.strip()
+    assert "FrayError: the hosts' launch failed:" in error, error[-2000:]
+    assert f"ssh to {hosts[1].name} ended with exit code 255: ssh: connect to host {hosts[1].name} port 22" in error
