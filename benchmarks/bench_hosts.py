@@ -114,6 +114,7 @@ def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
             h.popen(
                 [sys.executable, "-m", "fray_monarch.worker", "--address", f"tcp://{h.name}:{PORT}"],
                 stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,  # Monarch's host agent prints its log banner
             )
             for h in hosts[1:]
         ]

@@ -1,0 +1,174 @@
+"""Ray nodes on namespaced hosts (tests/_netns.py): one `ray start --block` per host, in a session and a temp dir
+of its own, stopped by signals to exactly its process group (never `ray stop`: it kills every Ray process on the
+machine, other people's included).
+
+The nodes run in token-auth mode, what a 2.60 `ray start --head` does wherever a token is available (any machine
+where `ray.init()` ran); a worker node's `ray start` does not follow the head by itself, so RAY_AUTH_MODE=token is
+set for both. The token is a private file named by RAY_AUTH_TOKEN_PATH rather than ~/.ray/auth_token: making that
+file would switch every later default `ray start` on this shared machine into token mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _netns import Host
+
+PORT = 6379  # each host has a network stack of its own: Ray's default port collides with nobody's
+RAY = str(Path(sys.executable).with_name("ray"))  # absolute: nsenter enters the host's mount namespace
+STOP_GRACE = 15.0  # seconds between SIGTERM and SIGKILL of a node's process group
+OBJECT_STORE = 100_000_000
+# On SIGTERM a 2.60 node first drains (waits up to 30 s for its work to move elsewhere): pointless for a test
+# cluster that is going away whole, and it held `ray start` and its GCS past any reasonable grace.
+NO_DRAIN = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+STARTED = b"Ray runtime started."
+
+_PROBE = """
+import json, sys, time
+from ray._raylet import GcsClient
+address, count, deadline = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+seen = []
+while time.monotonic() < deadline:
+    try:
+        infos = GcsClient(address=address).get_all_node_info(timeout=10)
+        seen = [
+            {"node_id": i.hex(), "address": n.node_manager_address, "resources": dict(n.resources_total)}
+            for i, n in infos.items() if n.state == 0  # GcsNodeInfo.ALIVE
+        ]
+    except Exception as exc:  # the GCS is not up yet
+        seen = [repr(exc)]
+    if len(seen) == count and all(isinstance(s, dict) for s in seen):
+        print(json.dumps(seen), flush=True)
+        sys.exit(0)
+    time.sleep(1)
+print(json.dumps(seen), flush=True)
+sys.exit(1)
+"""
+
+
+@dataclass
+class RayNode:
+    host: Host
+    proc: subprocess.Popen[bytes]
+    temp_dir: Path
+    output: Path  # `ray start`'s stdout and stderr
+
+
+def cluster_env(base: Path) -> dict[str, str]:
+    """The environment of the nodes and of the drivers: token auth with a private token, no inherited address."""
+    token = base / "auth_token"
+    if not token.exists():
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+    dropped = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR")  # RAY_AUTH_TOKEN beats the file
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env["RAY_AUTH_TOKEN_PATH"] = str(token)
+    return env
+
+
+def start_node(host: Host, base: Path, env: dict[str, str], resources: dict[str, float], head: Host | None) -> RayNode:
+    """`ray start --block` in `host`: the head when `head` is None, else a worker node joining `head`'s GCS."""
+    temp_dir = base / f"h{host.index}"  # short: Ray's unix socket paths live under it (at most 107 bytes)
+    temp_dir.mkdir()
+    output = base / f"ray-start-{host.index}.out"
+    args = [RAY, "start", "--block", f"--node-ip-address={host.address}", "--num-cpus=1"]
+    args += [f"--resources={json.dumps(resources)}", f"--object-store-memory={OBJECT_STORE}"]
+    args += ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
+    if head is None:
+        args += ["--head", f"--port={PORT}", "--include-dashboard=false"]
+    else:
+        args += [f"--address={head.address}:{PORT}"]
+    node_env = {**env, "RAY_AUTH_MODE": "token", "RAY_TMPDIR": str(temp_dir), **NO_DRAIN}
+    with open(output, "wb") as out:
+        # A session of its own (Host.popen's default): its process group is exactly this node's to signal.
+        proc = host.popen(args, cwd=str(base), env=node_env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    return RayNode(host, proc, temp_dir, output)
+
+
+def wait_started(nodes: list[RayNode], deadline: float) -> None:
+    """Until every node's `ray start` says it started (by time.monotonic() `deadline`, else AssertionError with
+    the nodes' log tails). A worker node is best started once its head has: it then finds the GCS at once."""
+    # Also what makes stopping clean: a `ray start` still starting (it waits for its raylet to show in the GCS)
+    # defers its SIGTERM handler, and in 2.60 then hangs once its raylet is gone.
+    while not all(STARTED in node.output.read_bytes() for node in nodes):
+        codes = [node.proc.poll() for node in nodes]
+        if time.monotonic() > deadline or any(code is not None for code in codes):
+            raise AssertionError(f"Ray nodes not started in time (exit codes {codes}):\n{log_tails(nodes)}")
+        time.sleep(0.2)
+
+
+def wait_for_nodes(nodes: list[RayNode], env: dict[str, str], deadline: float) -> list[dict[str, Any]]:
+    """The live nodes as the head's (nodes[0]'s) GCS lists them once all have started, asked from inside the
+    head's host; AssertionError with the nodes' log tails if that is not so by time.monotonic() `deadline`."""
+    wait_started(nodes, deadline)
+    head = nodes[0]
+    left = max(deadline - time.monotonic(), 30.0)
+    cmd = [sys.executable, "-c", _PROBE, f"{head.host.address}:{PORT}", str(len(nodes)), str(left)]
+    probe_env = {**env, "RAY_AUTH_MODE": "token"}
+    try:
+        done = head.host.run(cmd, timeout=left + 60, cwd=str(head.temp_dir), env=probe_env, capture_output=True)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the node probe hung:\n{log_tails(nodes)}") from None
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    if done.returncode != 0 or not lines:
+        seen = lines[-1] if lines else done.stderr.decode(errors="replace")[-2000:]
+        raise AssertionError(f"{len(nodes)} Ray nodes not alive in the GCS (seen: {seen}):\n{log_tails(nodes)}")
+    alive: list[dict[str, Any]] = json.loads(lines[-1])
+    return alive
+
+
+def stop_nodes(nodes: list[RayNode]) -> None:
+    """Stop each node, worker nodes first (they leave while the head's GCS still answers): SIGTERM to its process
+    group (`ray start --block` then stops what it started), SIGKILL to what is left after a grace. A group is
+    named by its leader's pid, which stays ours until we reap it here."""
+    for node in reversed(nodes):
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            if not _group_alive(node.proc.pid):
+                break
+            try:
+                os.killpg(node.proc.pid, signum)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + STOP_GRACE
+            while _group_alive(node.proc.pid) and time.monotonic() < deadline:
+                node.proc.poll()  # reap the leader: a zombie is no member, and its pid must stay ours until then
+                time.sleep(0.1)
+        node.proc.wait(STOP_GRACE)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Does process group pgid have a member that is not a zombie?"""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+def log_tails(nodes: list[RayNode], lines: int = 12) -> str:
+    """The last lines of each node's `ray start` output and main Ray logs: what a failed start-up shows."""
+    parts = []
+    for node in nodes:
+        logs = node.temp_dir / "session_latest" / "logs"
+        paths = [node.output, *(logs / name for name in ("gcs_server.out", "raylet.out", "raylet.err"))]
+        for path in paths:
+            try:
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            parts.append(f"--- host {node.host.index}: {path.name}\n" + "\n".join(tail))
+    return "\n".join(parts)[-6000:]
