@@ -21,7 +21,7 @@ import pytest
 
 import fray
 from fray.detached import DetachedJobs
-from fray.state import group_members
+from fray.procfs import group_members
 
 FRAY = str(Path(sys.executable).parent / "fray")
 
@@ -223,7 +223,9 @@ def test_on_interrupt_leave_leaves_the_job_running(env: dict[str, str]) -> None:
     assert not _sleeping(marker)
 
 
-def test_monarch_names_the_capability_it_lacks(env: dict[str, str]) -> None:
+def test_monarch_without_a_cluster_says_how_to_start_one(env: dict[str, str]) -> None:
+    """Monarch keeps jobs across commands on a cluster `fray cluster start` started (tests/monarch/
+    test_multihost.py); without one, each command says how to start it."""
     pytest.importorskip("fray_monarch")
     for args in (["job", "list"], ["job", "submit", "--no-wait"], ["status"]):
         done = (
@@ -231,8 +233,8 @@ def test_monarch_names_the_capability_it_lacks(env: dict[str, str]) -> None:
             if "submit" in args
             else _fray(env, *args, "--backend", "monarch")
         )
-        assert done.returncode == 1 and "persistent_jobs" in done.stderr, (args, done.stderr)
-        assert "Traceback" not in done.stderr
+        assert done.returncode == 1 and "no monarch cluster to talk to" in done.stderr, (args, done.stderr)
+        assert "fray cluster start --backend monarch" in done.stderr and "Traceback" not in done.stderr
 
 
 # ---------------------------------------------------------------------------------------------- ray
@@ -258,7 +260,7 @@ def _stop_ray_cluster(env: dict[str, str], state: Path, record: dict[str, Any] |
     """`fray cluster stop`, then check that nothing of the cluster is left (and kill what is, to leave nothing)."""
     stopped = _fray(env, "cluster", "stop", "--backend", "ray", timeout=120)
     if record is not None:
-        leftover = group_members(record["pgid"]) + _marked(record["temp_dir"])
+        leftover = group_members(record["leader"]["pid"]) + _marked(record["temp_dir"])
         if leftover:  # never leave a Ray behind, even when the command failed
             for pid in leftover:
                 try:

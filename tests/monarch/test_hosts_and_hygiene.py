@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import fray
-from fray import TaskOptions, WorkerCrashedError
+from fray import TaskOptions, WorkerCrashedError, procfs
 
 
 def pid_and_ppid() -> tuple[int, int]:
@@ -20,14 +20,7 @@ def pid_and_ppid() -> tuple[int, int]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+    return procfs.alive(pid)  # a zombie is dead for our purposes
 
 
 def crash() -> None:

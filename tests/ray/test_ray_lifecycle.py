@@ -52,11 +52,11 @@ class Pid:
 # ---------------------------------------------------------------------------------------- where it listens
 def test_private_ray_listens_on_loopback_only(ctx: RayJobContext) -> None:
     conn = _connect._conn
-    if conn is None or not conn.started_here or conn.pgid is None:
+    if conn is None or not conn.started_here or conn.leader is None:
         pytest.skip("this process's Ray connection is not a private instance started by fray")
     actor = ctx.create_actor(Pid)
     worker_pids = ctx.get([ctx.create_task(pid), actor.pid()], timeout=60)
-    pids = group_and_descendants(conn.pgid)
+    pids = group_and_descendants(conn.leader.pid)
     assert set(worker_pids) <= set(pids)  # the workers are found (they have groups of their own)
     _assert_loopback_only([os.getpid(), *pids])
     ctx.kill(actor)
@@ -120,12 +120,13 @@ def test_clean_shutdown_leaves_no_process_and_no_temp_dir() -> None:
     driver = textwrap.dedent(
         """
         import os, time, fray
+        from fray.procfs import group_members
         from fray_ray import _connect
         ctx = fray.init("ray?num_cpus=1&object_store_memory=80000000&log_to_driver=false")
         assert ctx.get(ctx.create_task(os.getpid), timeout=60)
         conn = _connect._conn
         fray.shutdown()
-        assert not _connect.group_members(conn.pgid), _connect.group_members(conn.pgid)
+        assert not group_members(conn.leader.pid), group_members(conn.leader.pid)
         assert not os.path.exists(conn.temp_dir), os.listdir(conn.temp_dir)
         time.sleep(2)  # nothing of Ray's refills it
         assert not os.path.exists(conn.temp_dir), os.listdir(conn.temp_dir)

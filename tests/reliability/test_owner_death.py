@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import fray
+from fray import procfs
 
 WAYS = ["exit", "exception", "SIGINT", "SIGTERM", "SIGKILL"]
 
@@ -23,10 +24,10 @@ DRIVER = textwrap.dedent(
     import os, sys, time, fray
     how, backend = sys.argv[1], sys.argv[2]
     cluster = fray.cluster(backend)
-    marker = sys.argv[3]
-    job = cluster.create_job(f"sleep {marker} & sleep {marker}; wait")
+    marker, started = sys.argv[3], sys.argv[4]
+    job = cluster.create_job(f"sleep {marker} & sleep {marker} & touch {started}; wait")
     deadline = time.time() + 60
-    while cluster.get_job(job).status != "RUNNING":
+    while not os.path.exists(started):  # both sleeps run: the owner may end now
         assert time.time() < deadline, cluster.get_job(job)
         time.sleep(0.05)
     print("READY", os.getpid(), flush=True)
@@ -47,10 +48,9 @@ def _descendants_sleeping(marker: str) -> list[int]:
             continue
         try:
             cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if cmd[:2] == [b"sleep", marker.encode()] and stat.split()[2] != "Z":
+        if cmd[:2] == [b"sleep", marker.encode()] and procfs.alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
@@ -61,8 +61,8 @@ def _fray_job_dirs() -> set[str]:
 
 
 @pytest.mark.parametrize("how", WAYS)
-def test_jobs_die_with_their_in_memory_owner(how: str) -> None:
-    _check_owner_death(how, "in_memory")
+def test_jobs_die_with_their_in_memory_owner(how: str, tmp_path: Path) -> None:
+    _check_owner_death(how, "in_memory", tmp_path)
 
 
 @pytest.mark.skipif("monarch" not in fray.available_backends(), reason="fray-monarch is not installed")
@@ -76,7 +76,7 @@ def test_everything_of_a_monarch_owner_dies_with_it(how: str, tmp_path: Path) ->
     marker = f"{300 + random.random():.6f}"  # only this test's job sleeps this long
     with open(tmp_path / "stderr", "w+") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-c", MONARCH_DRIVER, how, marker],
+            [sys.executable, "-c", MONARCH_DRIVER, how, marker, str(tmp_path / "started")],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -124,7 +124,7 @@ def test_everything_of_a_monarch_owner_dies_with_it(how: str, tmp_path: Path) ->
 MONARCH_DRIVER = textwrap.dedent(
     """
     import os, sys, time, fray
-    how, marker = sys.argv[1], sys.argv[2]
+    how, marker, started = sys.argv[1], sys.argv[2], sys.argv[3]
     MB = 2 ** 20
 
     def big(n):
@@ -141,9 +141,9 @@ MONARCH_DRIVER = textwrap.dedent(
     holder = ctx.create_actor(Holder)
     assert ctx.get([holder.keep(made), holder.keep(put)], timeout=120) == [2 * MB, 2 * MB]
     cluster = fray.cluster("monarch")
-    job = cluster.create_job(f"sleep {marker} & sleep {marker}; wait")
+    job = cluster.create_job(f"sleep {marker} & sleep {marker} & touch {started}; wait")
     deadline = time.time() + 60
-    while cluster.get_job(job).status != "RUNNING":
+    while not os.path.exists(started):  # both sleeps run: the owner may end now
         assert time.time() < deadline, cluster.get_job(job)
         time.sleep(0.05)
     print("READY", os.getpid(), ctx.ctl.key, flush=True)
@@ -221,11 +221,11 @@ def _shm_of(key: str, tree: dict[int, str]) -> list[str]:
     )
 
 
-def _check_owner_death(how: str, backend: str) -> None:
+def _check_owner_death(how: str, backend: str, tmp_path: Path) -> None:
     before_dirs = _fray_job_dirs()
     marker = f"{300 + random.random():.6f}"  # only this test's job sleeps this long
     proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, how, backend, marker],
+        [sys.executable, "-c", DRIVER, how, backend, marker, str(tmp_path / "started")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

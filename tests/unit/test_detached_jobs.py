@@ -11,7 +11,8 @@ import pytest
 
 from fray import JobNotFoundError, JobStatus, RuntimeEnv
 from fray.detached import DetachedJobs
-from fray.state import group_members, state_dir
+from fray.procfs import group_members
+from fray.state import state_dir
 
 
 def test_state_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

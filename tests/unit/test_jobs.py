@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
-from fray import JobStatus, RuntimeEnv
+from fray import JobStatus, RuntimeEnv, procfs
 from fray.jobs import LocalJobs
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); it is dead for our purposes
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
+    return procfs.alive(pid)  # a zombie is dead for our purposes
 
 
 def test_delete_stops_grandchildren(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ os.environ.setdefault("HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE", "5s")
 
 import monarch.actor as _monarch_actor
 
-from fray import watchdog
+from fray import procfs, watchdog
 from fray_monarch.arena import _proc_tag
 
 log = logging.getLogger("fray_monarch")
@@ -200,11 +200,7 @@ def call_later(delay: float, callback: Callable[[], None]) -> Callable[[], None]
 
 def machine_id() -> str:
     """Identifies this machine's boot (same value = same kernel, so the same PIDs)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
+    boot = procfs.boot_id()
     return f"{os.uname().nodename}/{boot}" if boot else ""
 
 

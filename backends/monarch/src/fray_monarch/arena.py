@@ -20,6 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from fray import procfs
 from fray._pool import FreeList
 from fray._pool import align as _align
 from fray.errors import ObjectStoreFullError
@@ -33,15 +34,8 @@ RETAIN_FREE = 512 * 1024 * 1024
 
 def _proc_tag(pid: int) -> str | None:
     """pid-starttime of a live process (None if it is gone): survives pid reuse."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    if fields[0] == b"Z":
-        return None
-    return f"{pid}-{int(fields[19])}"
+    found = procfs.stat(pid)
+    return f"{pid}-{found.start}" if found is not None and found.live else None
 
 
 def segment_prefix(ctl: str, host: str) -> str:

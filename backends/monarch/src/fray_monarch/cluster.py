@@ -22,6 +22,7 @@ from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.jobs import LocalJobs
+from fray.procfs import children_of
 from fray.types import JobInfo, RuntimeEnv
 from fray_monarch import _runtime  # environment and fault hook first
 from fray_monarch.launchers import HostSet
@@ -90,20 +91,10 @@ class JobRunner(Actor):
         process that started this one (its host worker, or the driver on the driver's machine)."""
         from fray.jobs import host_resources
 
-        parent = os.getppid()
-        children = 0
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        stat = f.read()
-                except OSError:
-                    continue
-                children += int(stat[stat.rfind(")") + 2 :].split()[1]) == parent
         total = host_resources()
         return {
             "hostname": socket.gethostname(),
-            "processes": children,
+            "processes": len(children_of(os.getppid())),
             "total": {"CPU": float(total["CPU"]), "memory": float(total["memory"])},
         }
 

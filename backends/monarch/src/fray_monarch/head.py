@@ -4,7 +4,7 @@
 
 The head is one process, in a session of its own, that launches the hosts the spec asks for (job=ssh|slurm|
 process, or attaches to hosts= workers), runs a job runner on each, and records itself in the state directory
-(`clusters/monarch.json`: its pid and start time, the hosts' addresses, who holds them, its socket). Later
+(`clusters/monarch.json`: its process identity, the hosts' addresses, who holds them, its socket). Later
 commands reach it through that Unix socket (a directory of its own, mode 0700): `fray job ...` and `fray status`
 ask it, one JSON request per connection, JSON answers (nothing is unpickled); `fray.init("monarch")` attaches to
 the recorded hosts itself. SIGTERM (`fray cluster stop`) stops its jobs, ends the hosts it launched and removes
@@ -28,6 +28,7 @@ from typing import Any
 
 from fray import state
 from fray.errors import FrayError, GetTimeoutError, JobNotFoundError
+from fray.procfs import Identity
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
 __all__ = ["NAME", "decode_info", "encode_info", "recorded", "request"]
@@ -51,21 +52,13 @@ def decode_info(data: dict[str, Any]) -> JobInfo:
 
 
 def recorded() -> dict[str, Any] | None:
-    """The head `fray cluster start` recorded, with "running": whether its process still runs (pid and start
-    time, on this machine's boot)."""
+    """The head `fray cluster start` recorded, with "running": whether its process still runs (proven by its
+    pid, start time and boot: fray.procfs.Identity)."""
     record = state.read_cluster(NAME)
     if record is None:
         return None
-    same_boot = record.get("boot_id") == _boot_id()
-    running = same_boot and state.same_process(record.get("pid"), record.get("pid_start"))
-    return {**record, "running": running}
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+    leader = Identity.from_record(record.get("leader"))
+    return {**record, "running": leader is not None and leader.running()}
 
 
 def _private_socket_dir(path: str) -> None:
@@ -175,8 +168,7 @@ def main(argv: list[str]) -> int:
         record = {
             "backend": NAME,
             "pid": os.getpid(),
-            "pid_start": state.process_start(os.getpid()),
-            "boot_id": _boot_id(),
+            "leader": me.record() if (me := Identity.of(os.getpid())) else None,
             "socket": path,
             "hosts": head.hostset.addresses,
             "names": head.hostset.names,

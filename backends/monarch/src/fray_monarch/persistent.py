@@ -13,6 +13,7 @@ from typing import Any
 
 from fray import state
 from fray.errors import FrayError
+from fray.procfs import Identity
 from fray_monarch.head import NAME, recorded
 
 __all__ = ["start", "stop"]
@@ -90,13 +91,13 @@ def stop() -> dict[str, Any] | None:
     current = recorded()
     if current is None:
         return None
-    pid, start_time = int(current["pid"]), current.get("pid_start")
-    if current["running"]:  # proven ours: same pid, start time and boot as recorded
-        os.kill(pid, signal.SIGTERM)
+    leader = Identity.from_record(current.get("leader"))
+    if leader is not None and leader.running():  # proven ours: same pid, start time and boot as recorded
+        os.kill(leader.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT
-        while state.same_process(pid, start_time) and time.monotonic() < deadline:
+        while leader.running() and time.monotonic() < deadline:
             time.sleep(0.1)
-        if state.same_process(pid, start_time):
-            os.kill(pid, signal.SIGKILL)
+        if leader.running():
+            os.kill(leader.pid, signal.SIGKILL)
     state.forget_cluster(NAME)
     return current

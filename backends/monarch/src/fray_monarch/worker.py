@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+from fray.procfs import children_of
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
 
 
@@ -58,34 +59,19 @@ def _end_with_stdin() -> None:
     except OSError:
         pass
     try:  # whatever fails here, the process ends (its stderr may be the ssh connection that just closed)
-        for pid in _children():
+        for pid in children_of(os.getpid()):
             try:
                 os.kill(pid, signal.SIGKILL)  # our own children (their parent pid is ours): no one else's
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 10
-        while _children() and time.monotonic() < deadline:
+        while children_of(os.getpid()) and time.monotonic() < deadline:
             time.sleep(0.05)
         from fray_monarch.arena import reclaim_dead_segments
 
         reclaim_dead_segments()
     finally:
         os._exit(0)
-
-
-def _children() -> list[int]:
-    """This process's live children."""
-    me, found = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[1]) == me and fields[0] not in ("Z", "X"):
-                found.append(int(entry))
-    return found
 
 
 if __name__ == "__main__":

@@ -22,11 +22,9 @@ import ipaddress
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ import ray._private.ray_constants as ray_constants
 import ray._private.services as ray_services
 
 from fray import watchdog
+from fray.procfs import Identity, stop_group
 
 log = logging.getLogger("fray_ray")
 
@@ -48,7 +47,7 @@ class _Connection:
     connected_here: bool  # we called ray.init (so we call ray.shutdown)
     temp_dir: str | None
     users: int = 0
-    pgid: int | None = None  # the process group of a private instance's processes
+    leader: Identity | None = None  # the leader of a private instance's process group (its first process)
     auth: tuple[str | None, str | None] | None = None  # RAY_AUTH_MODE before we connected (restored after)
 
 
@@ -151,11 +150,8 @@ def is_own_cluster(address: str) -> bool:
         from fray import state
 
         record = state.read_cluster("ray")
-        return bool(
-            record
-            and record.get("gcs_address") == address
-            and state.same_process(record.get("pid"), record.get("pid_start"))
-        )
+        leader = Identity.from_record(record.get("leader")) if record else None
+        return bool(record and record.get("gcs_address") == address and leader is not None and leader.running())
     except Exception:  # no readable record
         return False
 
@@ -290,11 +286,11 @@ def acquire(
         except BaseException:
             if ray.is_initialized():
                 ray.shutdown()
-            _stop_private(spawn.pgid, temp_dir)
+            _stop_private(spawn.leader, temp_dir)
             _restore_auth(saved)
             raise
         _conn = _Connection(
-            started_here=True, connected_here=True, temp_dir=temp_dir, users=1, pgid=spawn.pgid, auth=saved
+            started_here=True, connected_here=True, temp_dir=temp_dir, users=1, leader=spawn.leader, auth=saved
         )
 
 
@@ -310,7 +306,7 @@ def release() -> None:
         if conn.connected_here:
             ray.shutdown()
         if conn.started_here and conn.temp_dir:
-            _stop_private(conn.pgid, conn.temp_dir)
+            _stop_private(conn.leader, conn.temp_dir)
         if conn.auth is not None:
             _restore_auth(conn.auth)
 
@@ -351,6 +347,7 @@ class _GroupedSpawn:
 
     def __init__(self) -> None:
         self.pgid: int | None = None
+        self.leader: Identity | None = None
 
     def __enter__(self) -> _GroupedSpawn:
         original = self._original = ray_services.ConsolePopen
@@ -370,6 +367,7 @@ class _GroupedSpawn:
                 super().__init__(*args, **kwargs)
                 if spawn.pgid is None:
                     spawn.pgid = self.pid
+                    spawn.leader = Identity.of(self.pid, zombie_ok=True)
                     watchdog.watch_group(self.pid)
 
         ray_services.ConsolePopen = GroupedPopen  # type: ignore[misc]
@@ -382,45 +380,13 @@ class _GroupedSpawn:
         ray_constants.ENABLE_RAY_CLUSTER = self._cluster_flag
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group pgid."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry))
-    return members
-
-
-def stop_group(pgid: int, grace: float = 5.0) -> None:
-    """SIGTERM what is left of process group pgid, SIGKILL it after `grace` seconds, and wait until it is gone."""
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        if not group_members(pgid):
-            return
-        try:
-            os.killpg(pgid, signum)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + grace
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    if group_members(pgid):
-        log.warning("process group %d of a private Ray did not end", pgid)
-
-
-def _stop_private(pgid: int | None, temp_dir: str) -> None:
+def _stop_private(leader: Identity | None, temp_dir: str) -> None:
     """After ray.shutdown(): end whatever of the instance's group is left, then remove its temp dir (only once
     nothing writes there any more), and take both off the watchdog's list."""
-    if pgid is not None:
-        stop_group(pgid)
-        watchdog.forget_group(pgid)
+    if leader is not None:
+        if not stop_group(leader, grace=5.0):
+            log.warning("process group %d of a private Ray did not end", leader.pid)
+        watchdog.forget_group(leader.pid)
     shutil.rmtree(temp_dir, ignore_errors=True)
     watchdog.forget_path(temp_dir)
 

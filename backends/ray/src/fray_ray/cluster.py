@@ -31,6 +31,7 @@ from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.groups import free_ports
+from fray.procfs import Identity, stop_group
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 from fray_ray._connect import (
     LOCAL_ONLY_ENV,
@@ -39,7 +40,6 @@ from fray_ray._connect import (
     note_own_cluster,
     own_cluster_mode,
     short_tmp,
-    stop_group,
     token_headers,
 )
 from fray_ray._remote import entrypoint_options, runtime_env_dict
@@ -126,6 +126,7 @@ class LocalHead:
                 start_new_session=True,
                 cwd=os.getcwd() if owned else self.temp_dir,  # one that outlives us holds no directory of ours
             )
+        self.leader = Identity.of(self.proc.pid, zombie_ok=True)  # our child: nothing reaps it before we do
         if owned:
             watchdog.watch_group(self.proc.pid)
         self.address = f"http://{host}:{self.dashboard_port}"
@@ -158,7 +159,8 @@ class LocalHead:
             except subprocess.TimeoutExpired:
                 pass
         self.proc.wait()
-        stop_group(self.proc.pid, grace=2.0)  # whatever is left of exactly this process group, until it is gone
+        if self.leader is not None:  # whatever is left of exactly this process group, until it is gone
+            stop_group(self.leader, grace=2.0)
         shutil.rmtree(self.temp_dir, ignore_errors=True)  # only now: Ray's processes write there while they stop
         if self.owned:
             watchdog.forget_group(self.proc.pid)

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from fray import state
+from fray.procfs import Identity, stop_group
 from fray_ray._connect import LOOPBACK
 from fray_ray.cluster import LocalHead, job_client
 
@@ -29,7 +30,8 @@ def recorded() -> dict[str, Any] | None:
     record = state.read_cluster(NAME)
     if record is None:
         return None
-    return {**record, "running": state.same_process(record.get("pid"), record.get("pid_start"))}
+    leader = Identity.from_record(record.get("leader"))
+    return {**record, "running": leader is not None and leader.running()}
 
 
 def start(
@@ -52,8 +54,7 @@ def start(
         "address": head.address,
         "gcs_address": head.gcs_address,
         "pid": head.proc.pid,
-        "pid_start": state.process_start(head.proc.pid),
-        "pgid": head.proc.pid,
+        "leader": head.leader.record() if head.leader else None,  # the head's process: its group's leader
         "temp_dir": head.temp_dir,
         "listen": listen,
         "started": time.time(),
@@ -86,15 +87,17 @@ def stop(job_grace: float = 15.0) -> dict[str, Any] | None:
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + 30.0
-        while state.same_process(current["pid"], current.get("pid_start")) and time.monotonic() < deadline:
+        leader = Identity.from_record(current.get("leader"))
+        while leader is not None and leader.running() and time.monotonic() < deadline:
             time.sleep(0.1)
     _clean(current)
     return current
 
 
 def _clean(record: dict[str, Any]) -> None:
-    if record.get("pgid"):
-        state.stop_group(int(record["pgid"]), grace=3.0)
+    leader = Identity.from_record(record.get("leader"))
+    if leader is not None:  # only a group proven to be the head's: after a reboot its number is anyone's
+        stop_group(leader, grace=3.0)
     if record.get("temp_dir"):
         shutil.rmtree(record["temp_dir"], ignore_errors=True)
     state.forget_cluster(NAME)

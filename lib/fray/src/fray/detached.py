@@ -2,7 +2,8 @@
 
     <state dir>/jobs/<job id>/       (see fray.state for where the state directory is)
         job.json    what to run, written once by the submitter: entrypoint, env, working dir, submission time
-        state.json  written by the job's runner as things happen: status, pids, times, exit code, message
+        state.json  written by the job's runner as things happen: status, its own and the job's process identities
+                    (pid, start time, boot: fray.procfs), times, exit code, message
         log         the job's stdout and stderr
         stop        there once someone asked the job to stop (holds the reason)
         runner.log  the runner's own errors (normally empty)
@@ -11,7 +12,8 @@ Each job has a small runner process (`python -m fray.detached JOB_DIR`) in a ses
 job (a process group of its own), records its pid, waits for it and records how it ended. So any process can
 read a job's status, follow its log, stop it (SIGTERM to its group, SIGKILL after a grace period) or delete it.
 A job whose runner died before recording the end is reported FAILED, saying so; stop and delete still end
-whatever is left of its processes.
+whatever is left of its processes. A group is signalled only while the job may still run (its runner recorded no
+end) and only once it is proven the job's (fray.procfs.Identity): a recorded pid may since belong to anyone.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from typing import IO, Any
 
 from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.jobs import ended_status, follow_log, job_command, job_environment, missing_dir_message
-from fray.state import group_members, process_start, read_json, same_process, state_dir, stop_group, write_json
+from fray.procfs import Identity, group_members, stop_group
+from fray.state import read_json, state_dir, write_json
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
 __all__ = ["DetachedJobs"]
@@ -142,9 +145,10 @@ class DetachedJobs:
 
     @staticmethod
     def _runner_alive(spec: dict[str, Any], state: dict[str, Any]) -> bool:
-        if "runner_pid" not in state:  # not started yet, or it never will
+        runner = Identity.from_record(state.get("runner"))
+        if runner is None:  # not started yet, or it never will
             return time.time() - float(spec.get("submission_time") or 0) < _NO_RUNNER_AFTER
-        return same_process(state.get("runner_pid"), state.get("runner_start"))
+        return runner.running()
 
     def list(self) -> list[JobInfo]:
         try:
@@ -171,9 +175,11 @@ class DetachedJobs:
         return follow_log(self.log_path(job_id), lambda: self.info(job_id).status.is_terminal)
 
     def processes(self, job_id: str) -> builtins.list[int]:
-        """The process groups of a running job: its runner's and its own (what ends it if killed)."""
+        """The process groups of a running job that are proven its own: its runner's and the job's (what ends it
+        if killed)."""
         state = read_json(self._dir(job_id) / "state.json") or {}
-        return [int(state[key]) for key in ("runner_pid", "pgid") if state.get(key)]
+        leaders = (Identity.from_record(state.get(key)) for key in ("runner", "leader"))
+        return [leader.pid for leader in leaders if leader is not None and leader.group_is_ours()]
 
     def wait(self, job_id: str, timeout: float | None) -> JobInfo:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -195,25 +201,27 @@ class DetachedJobs:
         job_dir = self._dir(job_id)
         info = self.info(job_id)
         state = read_json(job_dir / "state.json") or {}
-        if info.status.is_terminal:
-            if state.get("pgid") and not same_process(state.get("runner_pid"), state.get("runner_start")):
-                stop_group(int(state["pgid"]), self.stop_grace)
+        if JobStatus(state.get("status", "PENDING")).is_terminal:
+            return  # its runner reaped it and recorded the end: nothing of it is signalled again
+        if info.status.is_terminal:  # its runner died first: end what is left of the job, if proven its own
+            self._stop_leader(state)
             return
         _mark_stop(job_dir, "stopped by request")
         deadline = time.monotonic() + 10.0
-        while not state.get("pgid") and not JobStatus(state.get("status", "PENDING")).is_terminal:
+        while "leader" not in state and not JobStatus(state.get("status", "PENDING")).is_terminal:
             if time.monotonic() > deadline or not self._runner_alive(read_json(job_dir / "job.json") or {}, state):
                 break
             time.sleep(0.05)  # its runner is about to start it (or to see the stop request first)
             state = read_json(job_dir / "state.json") or {}
-        if state.get("pgid"):
-            stop_group(int(state["pgid"]), self.stop_grace)
+        if not JobStatus(state.get("status", "PENDING")).is_terminal:
+            self._stop_leader(state)
+        runner = Identity.from_record(state.get("runner"))
         deadline = time.monotonic() + 10.0  # its runner records the end once it has reaped the job
         while time.monotonic() < deadline:
             state = read_json(job_dir / "state.json") or {}
             if JobStatus(state.get("status", "PENDING")).is_terminal:
                 return
-            if not same_process(state.get("runner_pid"), state.get("runner_start")):
+            if runner is None or not runner.running():
                 break
             time.sleep(0.05)
         state = read_json(job_dir / "state.json") or {}
@@ -228,6 +236,11 @@ class DetachedJobs:
                 },
             )
 
+    def _stop_leader(self, state: dict[str, Any]) -> None:
+        leader = Identity.from_record(state.get("leader"))
+        if leader is not None:
+            stop_group(leader, self.stop_grace)
+
     def delete(self, job_id: str) -> None:
         """Stop the job if it runs, then forget it (its directory and log go)."""
         job_dir = self._dir(job_id)
@@ -236,10 +249,12 @@ class DetachedJobs:
 
 
 def _runner_gone(job_id: str, state: dict[str, Any]) -> str:
-    message = f"its runner process (pid {state.get('runner_pid', '?')}) died before the job ended: exit status unknown"
-    pgid = state.get("pgid")
-    if pgid and group_members(int(pgid)):
-        message += f"; its processes (group {pgid}) still run: `fray job stop {job_id}` ends them"
+    runner = Identity.from_record(state.get("runner"))
+    pid = runner.pid if runner is not None else "?"
+    message = f"its runner process (pid {pid}) died before the job ended: exit status unknown"
+    leader = Identity.from_record(state.get("leader"))
+    if leader is not None and leader.group_is_ours() and group_members(leader.pid):
+        message += f"; its processes (group {leader.pid}) still run: `fray job stop {job_id}` ends them"
     return message
 
 
@@ -282,7 +297,8 @@ def run(job_dir: Path) -> int:
     if spec is None:
         print(f"fray.detached: no job.json in {job_dir}", file=sys.stderr)
         return 2
-    state: dict[str, Any] = {"status": "PENDING", "runner_pid": os.getpid(), "runner_start": process_start(os.getpid())}
+    runner = Identity.of(os.getpid())
+    state: dict[str, Any] = {"status": "PENDING", "runner": runner.record() if runner else None}
     write_json(job_dir / "state.json", state)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -337,7 +353,14 @@ def run(job_dir: Path) -> int:
             )
         except OSError as exc:  # e.g. argv[0] not found
             return fail(str(exc), f"fray: could not start {spec.get('text')!r}: {exc}\n")
-    record(status="RUNNING", pid=proc.pid, pgid=proc.pid, start_time=time.time())
+    leader = Identity.of(proc.pid, zombie_ok=True)  # our child: nothing reaps it before we do
+    record(
+        status="RUNNING",
+        pid=proc.pid,
+        pgid=proc.pid,
+        leader=leader.record() if leader else None,
+        start_time=time.time(),
+    )
     if _stop_reason(job_dir) is not None:  # asked while it was being started
         _killpg(proc.pid, signal.SIGTERM)
     started()

@@ -2,35 +2,22 @@
 
     $FRAY_STATE_DIR, else $XDG_STATE_HOME/fray, else ~/.local/state/fray
         jobs/<job id>/        a detached local job (see fray.detached): job.json, state.json, log
-        clusters/<name>.json  a cluster `fray cluster start` started (address, process group, temp dir)
+        clusters/<name>.json  a cluster `fray cluster start` started (address, its leader's identity, temp dir)
 
 The directory is read at each use, so a change of FRAY_STATE_DIR takes effect at once. Files are written whole
-(to a temporary name, then renamed), so a reader never sees half of one.
+(to a temporary name, then renamed), so a reader never sees half of one. Processes are recorded as
+fray.procfs.Identity (pid, start time, boot): nothing recorded here is signalled without that proof.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "ENV_VAR",
-    "forget_cluster",
-    "group_members",
-    "process_start",
-    "read_cluster",
-    "read_json",
-    "record_cluster",
-    "same_process",
-    "state_dir",
-    "stop_group",
-    "write_json",
-]
+__all__ = ["ENV_VAR", "forget_cluster", "read_cluster", "read_json", "record_cluster", "state_dir", "write_json"]
 
 ENV_VAR = "FRAY_STATE_DIR"
 
@@ -68,75 +55,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2 :].split()  # fields from the state on (the name may hold spaces)
-
-
-def process_start(pid: int) -> str | None:
-    """An identity for the live process `pid` (its start time in clock ticks), None if none runs (or a zombie).
-
-    Stored next to a pid so that a later reader does not take another process that got the same number for it.
-    Where there is no /proc, only whether the pid exists ("?")."""
-    if not os.path.isdir("/proc/self"):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return "?"
-    fields = _stat(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    return fields[19]  # field 22 of /proc/PID/stat: starttime
-
-
-def same_process(pid: int | None, start: str | None) -> bool:
-    """True if the process recorded as (pid, start) is still running."""
-    if not pid:
-        return False
-    now = process_start(int(pid))
-    return now is not None and (start is None or now == start or "?" in (now, start))
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group pgid."""
-    if not os.path.isdir("/proc/self"):
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return []
-        return [pgid]
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fields = _stat(int(entry))
-        if fields is not None and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry))
-    return members
-
-
-def stop_group(pgid: int, grace: float = 3.0) -> bool:
-    """SIGTERM process group pgid, SIGKILL what is left after `grace` seconds; True once none of it runs."""
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        if not group_members(pgid):
-            return True
-        try:
-            os.killpg(pgid, signum)
-        except (ProcessLookupError, PermissionError):
-            return not group_members(pgid)
-        deadline = time.monotonic() + grace
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    return not group_members(pgid)
 
 
 def _cluster_file(backend: str) -> Path:

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from fray.procfs import Identity, group_members
+
 __all__ = [
     "forget_command",
     "forget_group",
@@ -62,8 +64,12 @@ def _send(line: str) -> None:
 
 
 def watch_group(pgid: int) -> None:
-    """Kill process group `pgid` when this process ends, unless forgotten first."""
-    _send(f"group {pgid}")
+    """Kill process group `pgid` when this process ends, unless forgotten first. Its leader (process `pgid`, alive
+    now) is recorded with its start time and boot: the watchdog signals the group only while it is proven the same
+    one (fray.procfs.Identity.group_is_ours), never a group that later got that number."""
+    leader = Identity.of(pgid, zombie_ok=True)
+    if leader is not None:
+        _send(f"group {json.dumps(leader.record())}")
 
 
 def forget_group(pgid: int) -> None:
@@ -121,26 +127,20 @@ def _run_command(line: str) -> None:
         pass
 
 
-def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe's end means the owner is gone
-    groups: set[int] = set()
+    groups: dict[int, Identity] = {}
     paths: list[str] = []
     prefixes: list[str] = []
     commands: list[str] = []
     for raw in sys.stdin.buffer:  # until EOF: the owner's end of the pipe closed
         kind, _, value = raw.decode(errors="replace").strip().partition(" ")
         if kind == "group":
-            groups.add(int(value))
+            leader = Identity.from_record(json.loads(value))
+            if leader is not None:
+                groups[leader.pid] = leader
         elif kind == "-group":
-            groups.discard(int(value))
+            groups.pop(int(value), None)
         elif kind == "path":
             paths.append(value)
         elif kind == "-path" and value in paths:
@@ -155,19 +155,7 @@ def main(argv: list[str]) -> int:
             commands.remove(value)
     for command in commands:  # first: an allocation cancelled ends its processes on every host
         _run_command(command)
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + GRACE
-    while any(_alive(g) for g in groups) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    _stop_groups(list(groups.values()))
     for prefix in prefixes:
         folder, start = os.path.split(prefix)
         try:
@@ -178,6 +166,20 @@ def main(argv: list[str]) -> int:
     for path in paths:
         _remove(path)
     return 0
+
+
+def _stop_groups(leaders: list[Identity]) -> None:
+    """SIGTERM every group proven ours, SIGKILL what is left of them after GRACE seconds (all in parallel)."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        ours = [leader for leader in leaders if leader.group_is_ours()]
+        for leader in ours:
+            try:
+                os.killpg(leader.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + GRACE
+        while signum == signal.SIGTERM and any(group_members(g.pid) for g in ours) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def _remove(path: str) -> None:

@@ -1,0 +1,164 @@
+"""This machine's processes, as /proc shows them: the one place fray reads them, and the proof that a recorded
+process is still the one fray started before anything signals it.
+
+A pid alone proves nothing: after the process ends, or after a reboot, the number goes to whatever starts next.
+So fray records a process as an `Identity` (pid, start time in clock ticks, the kernel's boot id) and signals a
+process or its group only while that identity still holds. A process group is signalled when its leader is
+proven to be the recorded one, or when the leader has ended and the group lives on in the same boot: Linux hands
+out no pid that is still the id of a live process group, so such a group can only be the recorded leader's.
+
+/proc/PID/stat is parsed after the last ')': a process name may hold spaces and parentheses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Identity",
+    "ProcStat",
+    "alive",
+    "boot_id",
+    "children_of",
+    "group_members",
+    "stat",
+    "stop_group",
+]
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/PID/stat fray uses."""
+
+    pid: int
+    state: str  # R, S, D, Z (zombie), X (dead), T (stopped)...
+    ppid: int
+    pgid: int
+    session: int
+    start: int  # clock ticks after boot
+
+    @property
+    def live(self) -> bool:
+        return self.state not in ("Z", "X")
+
+
+def stat(pid: int) -> ProcStat | None:
+    """The process `pid` as /proc shows it now, or None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return ProcStat(pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """A process `pid` runs (a zombie does not)."""
+    found = stat(pid)
+    return found is not None and found.live
+
+
+def _live() -> list[ProcStat]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            seen = stat(int(entry))
+            if seen is not None and seen.live:
+                found.append(seen)
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid`."""
+    return [p.pid for p in _live() if p.pgid == pgid]
+
+
+def children_of(pid: int) -> list[int]:
+    """Live children of process `pid`."""
+    return [p.pid for p in _live() if p.ppid == pid]
+
+
+_boot: str | None = None
+
+
+def boot_id() -> str:
+    """This boot of the kernel ("" where there is no /proc): the same pid in another boot is another process."""
+    global _boot
+    if _boot is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _boot = f.read().strip()
+        except OSError:
+            _boot = ""
+    return _boot
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A process as fray recorded it: pid, start time and boot."""
+
+    pid: int
+    start: int
+    boot: str
+
+    @staticmethod
+    def of(pid: int, zombie_ok: bool = False) -> Identity | None:
+        """The identity of the live process `pid` now (None if none runs). `zombie_ok`: also of one that has
+        ended but is not reaped yet (the caller's own child, recorded right after it started)."""
+        found = stat(pid)
+        if found is None or not (found.live or zombie_ok):
+            return None
+        return Identity(pid, found.start, boot_id())
+
+    @staticmethod
+    def from_record(data: Any) -> Identity | None:
+        """An identity stored by `record()` (None for a record without one)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return Identity(int(data["pid"]), int(data["start"]), str(data["boot"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def record(self) -> dict[str, Any]:
+        return {"pid": self.pid, "start": self.start, "boot": self.boot}
+
+    def running(self) -> bool:
+        """The recorded process still runs (same pid, start time and boot)."""
+        now = Identity.of(self.pid)
+        return now is not None and now == self
+
+    def group_is_ours(self) -> bool:
+        """The process group this process leads may be signalled: it leads it still, or it ended and its group
+        lives on in the same boot (a pid is never handed out while a live group has that id)."""
+        if self.boot != boot_id():
+            return False
+        now = stat(self.pid)
+        if now is not None and now.live:
+            return now.start == self.start
+        return bool(group_members(self.pid))
+
+
+def stop_group(leader: Identity, grace: float = 3.0) -> bool:
+    """SIGTERM the process group `leader` leads, SIGKILL what is left after `grace` seconds; True once none of
+    it runs. Nothing is signalled unless the group is proven to be the recorded leader's (Identity.group_is_ours):
+    a group that is not is left alone, and counts as stopped."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        if not leader.group_is_ours():
+            return True
+        try:
+            os.killpg(leader.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return not group_members(leader.pid)
+        deadline = time.monotonic() + grace
+        while group_members(leader.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return not group_members(leader.pid)
