@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,7 +43,7 @@ def require_slurm() -> None:
         pytest.skip(reason)
 
 
-def _config(hosts: Sequence[Host], controller: Host, workdir: Path, munge_socket: Path) -> str:
+def _config(hosts: Sequence[Host], controller: Host, workdir: Path, munge_socket: Path, spool: Path) -> str:
     nodes = ",".join(h.name for h in hosts)
     return "".join(
         f"{line}\n"
@@ -57,7 +58,7 @@ def _config(hosts: Sequence[Host], controller: Host, workdir: Path, munge_socket
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={workdir / 'state'}",
-            f"SlurmdSpoolDir={workdir / 'spool' / '%n'}",
+            f"SlurmdSpoolDir={spool / '%n'}",
             f"SlurmctldPidFile={workdir / 'slurmctld.pid'}",
             f"SlurmdPidFile={workdir / 'slurmd-%n.pid'}",
             f"SlurmctldLogFile={workdir / 'slurmctld.log'}",
@@ -102,6 +103,10 @@ class SlurmCluster:
         self.conf = workdir / "slurm.conf"
         self.munge_socket = workdir / "munge" / "munge.socket"
         self.daemons: dict[str, subprocess.Popen[bytes]] = {}  # by log name
+        # slurmstepd binds a Unix socket in the spool directory (`<spool>/<node>_<job>.<step>`), and such a path
+        # holds at most 108 bytes: under a deep work directory (pytest's tmp_path) the batch step failed to start
+        # ("Unix socket path ... is too long", then the job held as "launch failed requeued held").
+        self.spool = Path(tempfile.mkdtemp(prefix="frslurm-", dir="/tmp"))
 
     def env(self) -> dict[str, str]:
         """What a client's environment needs on top of the usual (slurm.conf's AuthInfo names the munge socket)."""
@@ -138,8 +143,8 @@ class SlurmCluster:
         os.chmod(key, 0o400)
         (self.workdir / "state").mkdir(exist_ok=True)
         for host in self.hosts:
-            (self.workdir / "spool" / host.name).mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(_config(self.hosts, self.controller, self.workdir, self.munge_socket))
+            (self.spool / host.name).mkdir(parents=True, exist_ok=True)
+        self.conf.write_text(_config(self.hosts, self.controller, self.workdir, self.munge_socket, self.spool))
         # Found next to slurm.conf. slurmd initialises a cgroup plugin even with proctrack/linuxproc and task/none,
         # and autodetection fails in a host, whose fresh /sys has no /sys/fs/cgroup ("No filesystem mounted on
         # /sys/fs/cgroup", then "Unable to initialize cgroup plugin"); a named plugin is loaded but never used.
@@ -187,6 +192,7 @@ class SlurmCluster:
             daemon.wait(10)
         self.daemons = {}
         shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.spool, ignore_errors=True)
 
     def __enter__(self) -> SlurmCluster:
         return self

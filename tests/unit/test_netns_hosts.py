@@ -155,6 +155,8 @@ def test_slurm_batch_job_runs_a_task_on_each_node(tmp_path: Path) -> None:
         out = tmp_path / "job.out"
         submit = ["sbatch", "--parsable", "-N", "2", "--ntasks-per-node=1", "-p", cluster.partition, "-o", str(out)]
         job = cluster.run([*submit, "--wrap", "srun hostname"], host=hosts[1]).stdout.strip()
-        # `squeue --job ID --json` lists every job in this Slurm (22.05): the plain form filters.
-        assert _eventually(lambda: not cluster.run(["squeue", "-h", "-j", job]).stdout.strip(), timeout=60)
+        # `squeue --job ID --json` lists every job in this Slurm (22.05): the plain form filters. A finished job
+        # stays listed (MinJobAge), so wait for its state.
+        state = ["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"]
+        assert _eventually(lambda: cluster.run(state).stdout.strip() == "COMPLETED", timeout=60), cluster.log_tails()
         assert sorted(out.read_text().split()) == sorted(cluster.nodes) == sorted(h.name for h in hosts)
