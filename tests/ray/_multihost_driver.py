@@ -1,4 +1,4 @@
-"""Driver for test_multihost.py, run inside namespaced host 0 (its own network stack, hostname and /dev/shm) against
+"""Driver for test_ray_multihost.py, run inside namespaced host 0 (its own network stack, hostname and /dev/shm) against
 a Ray cluster of two hosts: the head on host 0 (resource "head_tag"), a worker node on host 1 ("worker_tag").
 
 Checks placement by resources, a named DETACHED actor seen from a second driver on host 1, infeasible resources

@@ -3,7 +3,6 @@ And the driver scripts that tests run in a subprocess of their own (Ray allows o
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import signal
@@ -54,13 +53,6 @@ def listening(pids: list[int]) -> dict[int, list[tuple[str, int]]]:
             if target.startswith("socket:[") and target[8:-1] in inodes:
                 out.setdefault(pid, []).append(inodes[target[8:-1]])
     return out
-
-
-def is_loopback(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
 
 
 def processes() -> dict[int, tuple[int, int, str]]:

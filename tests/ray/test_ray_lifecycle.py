@@ -17,9 +17,10 @@ import pytest
 
 pytest.importorskip("fray_ray")
 
-from _procs import cmdline, group_and_descendants, is_loopback, listening
+from _procs import cmdline, group_and_descendants, listening
 
 import fray
+from fray.net import is_loopback
 from fray.registry import parse_spec
 from fray_ray import RayBackend, RayClusterContext, RayJobContext, _connect
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from fray.groups import free_port, free_ports
+from fray.net import free_port, free_ports
 
 
 def test_ports_chosen_together_are_distinct() -> None:

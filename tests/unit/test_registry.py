@@ -90,7 +90,7 @@ def test_shut_down_context_refuses_work() -> None:
 
 
 def test_resources_option_accepts_json_or_pairs() -> None:
-    from fray.registry import parse_resources
+    from fray.options import parse_resources
 
     assert parse_resources('{"disk": 4, "tag": 1}') == {"disk": 4.0, "tag": 1.0}
     assert parse_resources("disk:4, tag") == {"disk": 4.0, "tag": 1.0}
@@ -137,3 +137,21 @@ def test_using_makes_a_context_current_in_a_block() -> None:
 def test_spec_options_are_range_checked(spec: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         fray.init(spec)
+
+
+def test_every_backend_declares_its_options_and_shares_the_converters() -> None:
+    """One converter per meaning: `log_to_driver=yes` means the same on every backend (monarch once refused it)."""
+    from fray.backend import PersistentClusters
+    from fray.errors import BackendNotAvailableError
+    from fray.options import flag, parse_options
+    from fray.registry import get_backend
+
+    for name in FIRST_PARTY:
+        try:
+            backend = get_backend(name)
+        except BackendNotAvailableError:
+            continue
+        assert backend.options["log_to_driver"] is flag, name
+        for raw, want in (("yes", True), ("Off", False), (" true", True)):
+            assert parse_options(name, {"log_to_driver": raw}, backend.options) == {"log_to_driver": want}
+        assert (name != "in_memory") == isinstance(backend, PersistentClusters), name

@@ -17,6 +17,7 @@ from fray.errors import (
 )
 from fray.groups import Member
 from fray.refs import public_methods
+from fray.resources import add, subtract
 from fray.serialization import Blob, loads
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
@@ -170,15 +171,13 @@ class ActorRegistry:
         """Under the lock: rec's resources are taken from proc's share of its host (tasks there see less room)."""
         rec.claim = proc
         if rec.resources:
-            for k, q in rec.resources.items():
-                proc.claims[k] = proc.claims.get(k, 0.0) + q
+            add(proc.claims, rec.resources)
             proc.worker.set_capacity.broadcast(proc.free_capacity)
 
     def _unclaim(self, rec: ActorRec) -> None:
         proc, rec.claim = rec.claim, None
         if proc is not None and rec.resources:
-            for k, q in rec.resources.items():
-                proc.claims[k] = proc.claims.get(k, 0.0) - q
+            subtract(proc.claims, rec.resources)
             if proc.alive:
                 proc.worker.set_capacity.broadcast(proc.free_capacity)
 

@@ -111,7 +111,7 @@ class WorkerHost(Actor):
     def spmd_master(self) -> tuple[str, int]:
         """This host's address and a TCP port free on it now (MASTER_ADDR and MASTER_PORT of an SPMD group whose
         rank 0 is here)."""
-        from fray.groups import free_port
+        from fray.net import free_port
 
         return self.rt.bind, free_port(self.rt.bind)
 

@@ -149,7 +149,6 @@ class MonarchClusterContext(ClusterContext):
         self._where: dict[str, int] = {}
         self._next = itertools.cycle(range(len(self._runners)))
         self._lock = threading.Lock()
-        self._closed = False
 
     def _runner(self, job_id: str) -> Any:
         with self._lock:
@@ -219,10 +218,6 @@ class MonarchClusterContext(ClusterContext):
         return nodes
 
     def _shutdown(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
         for runner in self._runners:
             try:
                 runner.close.call_one().get(timeout=MARGIN)

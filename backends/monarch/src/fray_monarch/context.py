@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.context import JobContext
-from fray.errors import FrayError, GetTimeoutError
+from fray.errors import GetTimeoutError
 from fray.groups import ActorGroup, Member
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import dumps
@@ -40,17 +40,12 @@ class MonarchJobContext(JobContext):
         host_mesh: Any = None,
         log_to_driver: bool = True,
     ) -> None:
+        super().__init__()
         self.ctl = Controller(hosts, procs_per_host, host_resources, stores, host_mesh, log_to_driver)
         self._on_shutdown = on_shutdown
-        self._closed = False
-        self._close_lock = threading.Lock()
 
     def node_resources(self) -> list[dict[str, float]]:
         return self.ctl.node_resources()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise FrayError("this fray-monarch context is shut down")
 
     def _ref(self, payload: Any) -> ObjectRef:
         return ObjectRef(payload, BACKEND)
@@ -58,7 +53,7 @@ class MonarchJobContext(JobContext):
     def _create_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRef:
-        self._check_open()
+        self._refuse_if_shut_down()
         fn_key, fn_data = self.ctl.fn_blob(fn)
         blob, deps = pack_call(getattr(fn, "__qualname__", "task"), args, kwargs)
         call, keep = self.ctl.encode_call(blob)
@@ -74,7 +69,7 @@ class MonarchJobContext(JobContext):
     def _call_actor_stream(
         self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> ObjectRefStream:
-        self._check_open()
+        self._refuse_if_shut_down()
         blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
         call, keep = self.ctl.encode_call(blob)
         sid = self.ctl.call_actor_stream(handle.payload, method, call, [d.id for d in deps], [*keep, *deps])
@@ -88,7 +83,7 @@ class MonarchJobContext(JobContext):
         options: ActorOptions,
         member: Member | None = None,
     ) -> ActorHandle:
-        self._check_open()
+        self._refuse_if_shut_down()
         cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
         call, keep = self.ctl.encode_call(blob)
@@ -109,7 +104,7 @@ class MonarchJobContext(JobContext):
         distributed: bool,
     ) -> ActorGroup:
         """One Monarch actor mesh over a process mesh of its own (see meshgroups.py)."""
-        self._check_open()
+        self._refuse_if_shut_down()
         cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
         call, keep = self.ctl.encode_call(blob)
@@ -132,7 +127,7 @@ class MonarchJobContext(JobContext):
     def _call_group(
         self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> list[ObjectRef]:
-        self._check_open()
+        self._refuse_if_shut_down()
         blob, deps = pack_call(f"{group.class_name}.{method}", args, kwargs)
         call, keep = self.ctl.encode_call(blob)
         if deps:
@@ -144,7 +139,7 @@ class MonarchJobContext(JobContext):
         self.ctl.kill_group([h.payload for h in group.handles])
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
-        self._check_open()
+        self._refuse_if_shut_down()
         blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
         call, keep = self.ctl.encode_call(blob)
         if deps:
@@ -212,11 +207,11 @@ class MonarchJobContext(JobContext):
         return future
 
     def _put(self, obj: Any) -> ObjectRef:
-        self._check_open()
+        self._refuse_if_shut_down()
         return self._ref(self.ctl.put_blob(dumps(obj, f"put value {type(obj).__name__}", copy=False)))
 
     def _transfer_stats(self) -> dict[str, PathStats]:
-        self._check_open()
+        self._refuse_if_shut_down()
         return self.ctl.transfer_stats()
 
     def _get_actor(self, name: str) -> ActorHandle:
@@ -230,10 +225,6 @@ class MonarchJobContext(JobContext):
         self.ctl.cancel(ref.payload.id)
 
     def _shutdown(self) -> None:
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
         self.ctl.shutdown()
         if self.ctl.log_file is not None:
             try:

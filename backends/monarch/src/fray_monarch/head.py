@@ -22,72 +22,15 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from fray import state
-from fray.errors import FrayError, GetTimeoutError, JobNotFoundError
 from fray.procfs import Identity
-from fray.types import JobInfo, JobStatus, RuntimeEnv
+from fray.types import RuntimeEnv
+from fray_monarch.head_record import NAME, encode_info
 
-__all__ = ["NAME", "decode_info", "encode_info", "recorded", "request"]
-
-NAME = "monarch"  # the record's name in the state directory
-REQUEST_TIMEOUT = 60.0  # seconds an answer may take (a wait asks for its own timeout more)
-ERRORS: dict[str, type[Exception]] = {
-    "JobNotFoundError": JobNotFoundError,
-    "GetTimeoutError": GetTimeoutError,
-    "ValueError": ValueError,
-    "TypeError": TypeError,
-}
-
-
-def encode_info(info: JobInfo) -> dict[str, Any]:
-    return {**asdict(info), "status": info.status.value}
-
-
-def decode_info(data: dict[str, Any]) -> JobInfo:
-    return JobInfo(**{**data, "status": JobStatus(data["status"])})
-
-
-def recorded() -> dict[str, Any] | None:
-    """The head `fray cluster start` recorded, with "running": whether its process still runs (proven by its
-    pid, start time and boot: fray.procfs.Identity)."""
-    record = state.read_cluster(NAME)
-    if record is None:
-        return None
-    leader = Identity.from_record(record.get("leader"))
-    return {**record, "running": leader is not None and leader.running()}
-
-
-def _private_socket_dir(path: str) -> None:
-    """Refuse a socket whose directory another user could have made or could replace."""
-    info = os.lstat(os.path.dirname(path))
-    if info.st_uid != os.getuid() or info.st_mode & 0o077 or not os.path.isdir(os.path.dirname(path)):
-        raise FrayError(f"the monarch head's socket directory {os.path.dirname(path)} is not private to this user")
-
-
-def request(socket_path: str, message: dict[str, Any], timeout: float | None = REQUEST_TIMEOUT) -> Any:
-    """Send one request to the head and return its answer, or raise the error it answered with."""
-    import socket
-
-    _private_socket_dir(socket_path)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(socket_path)
-        except OSError as exc:
-            raise FrayError(f"the monarch cluster's head does not answer at {socket_path}: {exc}") from None
-        sock.sendall(json.dumps(message).encode() + b"\n")
-        with sock.makefile("rb") as answer:
-            line = answer.readline()
-    if not line:
-        raise FrayError("the monarch cluster's head closed the connection without answering")
-    reply = json.loads(line)
-    if "error" in reply:
-        raise ERRORS.get(reply["error"], FrayError)(reply["message"])
-    return reply.get("value")
+__all__ = ["Head", "main"]
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -114,10 +57,10 @@ class Head:
     """What the head process serves: the jobs of its cluster context, and its hosts."""
 
     def __init__(self, options: dict[str, Any]) -> None:
-        from fray_monarch import _topology
         from fray_monarch.cluster import MonarchClusterContext
+        from fray_monarch.topology import topology
 
-        self.top = _topology(options)
+        self.top = topology(options)
         remote = self.top.host_mesh is not None
         self.hostset = self.top.hostset
         self.cluster = MonarchClusterContext(

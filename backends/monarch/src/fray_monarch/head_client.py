@@ -8,7 +8,7 @@ from typing import Any
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.types import JobInfo, RuntimeEnv
-from fray_monarch.head import REQUEST_TIMEOUT, decode_info, request
+from fray_monarch.head_record import REQUEST_TIMEOUT, decode_info, request
 
 __all__ = ["MonarchHeadClient"]
 
@@ -61,6 +61,9 @@ class MonarchHeadClient(ClusterContext):
     def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
         limit = None if timeout is None else timeout + REQUEST_TIMEOUT
         return decode_info(self._ask({"op": "wait", "id": job_id, "timeout": timeout}, limit))
+
+    def describe(self) -> dict[str, str]:
+        return {"address": self.address, "head": self.address}
 
     def node_status(self) -> list[dict[str, Any]]:
         return list(self._ask({"op": "status"}))

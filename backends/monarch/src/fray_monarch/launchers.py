@@ -262,7 +262,7 @@ def _job_object(job: Any) -> HostSet:
 def _recorded() -> HostSet | None:
     """The hosts of the cluster `fray cluster start --backend monarch` recorded, if its head runs (it holds
     them: this context ends only what it starts there)."""
-    from fray_monarch.head import recorded
+    from fray_monarch.head_record import recorded
 
     record = recorded()
     if record is None or not record["running"] or not record.get("hosts"):

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from fray.current import ActorInfo
 from fray.errors import ActorAlreadyExistsError, FrayError
-from fray.groups import free_port, member_name, spmd_env
+from fray.groups import member_name, spmd_env
+from fray.net import free_port
+from fray.resources import add, capacity
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
 from fray_monarch.actor_registry import ActorRec
@@ -131,9 +133,8 @@ class GroupRegistry:
             return math.inf
         free: dict[str, float] = {}
         for proc in self._general_procs(host):
-            for k, q in proc.free_capacity.items():
-                free[k] = free.get(k, 0.0) + q
-        return min(math.floor(free.get(k, 0.0) / q + 1e-9) for k, q in resources.items() if q > 0)
+            add(free, proc.free_capacity)
+        return capacity(free, resources)
 
     def _layout(self, count: int, placement: str, resources: dict[str, float]) -> list[tuple[int, int]]:
         """(host, members) in host order: pack fills the roomiest host first; spread shares out evenly. Best

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fray.errors import FrayError
+from fray.net import is_loopback
 
 __all__ = [
     "attach",
@@ -52,15 +53,6 @@ def resolve(host: str) -> str:
         return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
     except OSError as exc:
         raise FrayError(f"the host name {host!r} does not resolve on this machine ({exc})") from None
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def route_address(hosts: Sequence[str]) -> str | None:

@@ -14,7 +14,7 @@ from typing import Any
 from fray import state
 from fray.errors import FrayError
 from fray.procfs import Identity
-from fray_monarch.head import NAME, recorded
+from fray_monarch.head_record import NAME, recorded
 
 __all__ = ["start", "stop"]
 

@@ -12,11 +12,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fray.context import task_resources
 from fray.errors import (
     TaskCancelledError,
 )
 from fray.remote_errors import RemoteError
+from fray.resources import EPS, fits, task_resources
 from fray.types import TaskOptions
 from fray_monarch import _runtime
 from fray_monarch.directory import Entry, ObjectDirectory
@@ -74,11 +74,10 @@ class Proc:
 
     @property
     def slots(self) -> int:
-        return max(1, math.floor(self.free_capacity.get("CPU", 0.0) + 1e-9))
+        return max(1, math.floor(self.free_capacity.get("CPU", 0.0) + EPS))
 
     def fits_at_all(self, res: dict[str, float]) -> bool:
-        free = self.free_capacity
-        return all(free.get(k, 0.0) >= q - 1e-9 for k, q in res.items())
+        return fits(self.free_capacity, res)
 
 
 class TaskScheduling:

@@ -22,6 +22,7 @@ from fray.errors import FrayError, GetTimeoutError, TaskCancelledError
 from fray.groups import ActorGroup, Member
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.remote_errors import capture_exception
+from fray.resources import add, fits, subtract
 from fray.serialization import Blob, dumps, find_unserializable_argument, loads
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
@@ -332,7 +333,7 @@ class WorkerRuntime:
             return "interrupted"
 
     def _fits(self, res: Mapping[str, float]) -> bool:
-        return all(self.free.get(k, 0.0) >= q - 1e-9 for k, q in res.items())
+        return fits(self.free, res)
 
     def _start_ready(self) -> None:
         for _ in range(len(self.queue)):
@@ -341,8 +342,7 @@ class WorkerRuntime:
             if not self._fits(res) and self.running:
                 return  # in order: wait for room (a task larger than the whole process still runs alone)
             self.queue.popleft()
-            for k, q in res.items():
-                self.free[k] = self.free.get(k, 0.0) - q
+            subtract(self.free, res)
             self.running[item.id] = res
             if self.idle > 0:
                 self.idle -= 1
@@ -374,8 +374,7 @@ class WorkerRuntime:
         with self.lock:
             res = self.running.pop(tid, None)
             if res is not None:
-                for k, q in res.items():
-                    self.free[k] = self.free.get(k, 0.0) + q
+                add(self.free, res)
             self._start_ready()
 
     def block(self) -> str | None:
@@ -384,9 +383,7 @@ class WorkerRuntime:
         if tid is None:
             return None
         with self.lock:
-            res = self.running.get(tid, {})
-            for k, q in res.items():
-                self.free[k] = self.free.get(k, 0.0) + q
+            add(self.free, self.running.get(tid, {}))
             self._start_ready()
         return tid
 
@@ -394,8 +391,7 @@ class WorkerRuntime:
         if tid is None:
             return
         with self.lock:
-            for k, q in self.running.get(tid, {}).items():
-                self.free[k] = self.free.get(k, 0.0) - q  # may go below zero for a moment (oversubscribed)
+            subtract(self.free, self.running.get(tid, {}))  # may go below zero for a moment (oversubscribed)
 
     def load_fn(self, key: str) -> Any:
         fn = self.fns.get(key)
@@ -483,9 +479,9 @@ class WorkerJobContext(JobContext):
 
     backend = BACKEND
     capabilities = CAPABILITIES
-    shutdown_closes = False  # it belongs to the driver's context
 
     def __init__(self, runtime: WorkerRuntime, nodes: list[dict[str, float]]) -> None:
+        super().__init__(owns_resources=False)  # it belongs to the driver's context
         self.rt = runtime
         self._nodes = nodes
 

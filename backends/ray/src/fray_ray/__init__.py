@@ -12,44 +12,26 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from fray.registry import Backend, non_negative, parse_options, parse_resources, positive_int, to_bool
+from fray.capabilities import Capability
+from fray.options import byte_count, count, directory, flag, non_empty_text, parse_options, parse_resources
+from fray.registry import Backend
 from fray_ray.job import RayJobContext
 
 __all__ = ["RayBackend", "RayClusterContext", "RayJobContext"]
 
 
-def _number(raw: str) -> float:
-    """A count >= 0 (CPUs, GPUs): a whole number stays an int (what Ray's start-up options expect)."""
-    value = non_negative(raw)
-    if value == float("inf"):
-        raise ValueError(f"must be a finite number >= 0, got {raw!r}")
-    return int(value) if value.is_integer() else value
-
-
-def _text(raw: str) -> str:
-    if not raw.strip():
-        raise ValueError("must not be empty")
-    return raw
-
-
-def _directory(raw: str) -> str:
-    if not os.path.isdir(raw):
-        raise ValueError(f"{raw!r} is not a directory")
-    return raw
-
-
 _SIZING = {
-    "num_cpus": _number,
-    "num_gpus": _number,
-    "object_store_memory": positive_int,  # bytes
+    "num_cpus": count,
+    "num_gpus": count,
+    "object_store_memory": byte_count,
     "resources": parse_resources,
 }
 # One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option and use their own.
 _OPTIONS: dict[str, Any] = {
-    "address": _text,
-    "namespace": _text,
-    "log_to_driver": to_bool,
-    "working_dir": _directory,
+    "address": non_empty_text,
+    "namespace": non_empty_text,
+    "log_to_driver": flag,
+    "working_dir": directory,
     **_SIZING,
 }
 _JOB_ONLY = ("namespace", "log_to_driver")
@@ -66,8 +48,10 @@ class RayBackend(Backend):
     # A private head node with the Job API (its own process group and temp dir), stopped at shutdown.
     cluster_test_spec: ClassVar[str] = "ray?num_cpus=2&object_store_memory=200000000"
 
+    options = _OPTIONS
+
     @property
-    def capabilities(self) -> frozenset[Any]:  # type: ignore[override]
+    def capabilities(self) -> frozenset[Capability]:
         from fray_ray.cluster import RayClusterContext
 
         return RayJobContext.capabilities | RayClusterContext.capabilities
@@ -86,7 +70,7 @@ class RayBackend(Backend):
         from fray_ray import _remote
 
         _remote.enter_worker()
-        return _remote._worker_ctx  # type: ignore[no-any-return]
+        return _remote.worker_context()  # type: ignore[no-any-return]
 
     def cluster_context(self, **options: str) -> Any:
         from fray_ray.cluster import RayClusterContext

@@ -18,7 +18,6 @@ connection and the previous value restored when it is released.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import shutil
@@ -34,6 +33,7 @@ import ray._private.ray_constants as ray_constants
 import ray._private.services as ray_services
 
 from fray import watchdog
+from fray.net import is_loopback
 from fray.procfs import Identity, stop_group
 
 log = logging.getLogger("fray_ray")
@@ -320,13 +320,8 @@ LOCAL_ONLY_ENV = {ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}
 
 
 def _is_loopback(address: str) -> bool:
-    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    """The host of a Ray address (`http://h:p`, `h:p`) is this machine's loopback."""
+    return is_loopback(address.split("://")[-1].rsplit(":", 1)[0])
 
 
 class _LocalOnly:

@@ -24,10 +24,11 @@ import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from fray.context import actor_resources
 from fray.current import ActorInfo
 from fray.errors import InfeasibleResourcesError
-from fray.groups import Member, free_port, member_name, spmd_env
+from fray.groups import Member, member_name, spmd_env
+from fray.net import free_port
+from fray.resources import EPS, actor_resources
 from fray.types import ActorOptions, Lifetime
 
 __all__ = ["DEFAULT_BUNDLE", "PLACEMENT_TIMEOUT", "RayGroup", "create_placement_group", "members", "pg_name"]
@@ -77,7 +78,7 @@ def _shortfall(per_member: dict[str, float], count: int) -> str:
     for name, qty in sorted(per_member.items()):
         need = qty * count
         have = float(available.get(name, 0.0))
-        if have + 1e-9 < need:
+        if have + EPS < need:
             short.append(f"{name}: needs {need:g}, {have:g} free")
     return "; ".join(short) if short else f"enough in total ({_fmt(available)}) but not laid out as asked"
 

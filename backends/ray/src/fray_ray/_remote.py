@@ -21,16 +21,30 @@ import ray
 import ray.exceptions as rex
 
 from fray import current, errors
-from fray.context import set_job_context, task_resources
+from fray.context import set_job_context
 from fray.current import ActorInfo
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
 from fray.remote_errors import portable as make_portable
+from fray.resources import task_resources
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
 from fray_ray._values import pack
 
 # --------------------------------------------------------------------------------------- inside a worker
 _worker_ctx: Any = None
 _worker_lock = threading.Lock()
+# Makes this worker's context (a RayJobContext attached to the worker's Ray connection); installed by
+# fray_ray.job at import, which imports this module (importing job from here would be a circle).
+_make_worker_context: Callable[[], Any] | None = None
+
+
+def install_worker_context(make: Callable[[], Any]) -> None:
+    global _make_worker_context
+    _make_worker_context = make
+
+
+def worker_context() -> Any:
+    """This worker's fray context, if it has one yet."""
+    return _worker_ctx
 
 
 def enter_worker() -> None:
@@ -38,9 +52,9 @@ def enter_worker() -> None:
     global _worker_ctx
     with _worker_lock:
         if _worker_ctx is None:
-            from fray_ray.job import RayJobContext
-
-            _worker_ctx = RayJobContext(_attach_only=True)
+            # Always installed by now: unpickling anything of fray_ray imports the package, which imports job.
+            assert _make_worker_context is not None, "fray_ray.job was not imported"
+            _worker_ctx = _make_worker_context()
     set_job_context(_worker_ctx)
 
 

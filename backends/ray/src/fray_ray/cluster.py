@@ -30,7 +30,7 @@ from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
-from fray.groups import free_ports
+from fray.net import free_ports
 from fray.procfs import Identity, stop_group
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 from fray_ray._connect import (
@@ -259,7 +259,6 @@ class RayClusterContext(ClusterContext):
         self.working_dir = working_dir
         self.default_working_dir = working_dir
         self._head: LocalHead | None = None
-        self._closed = False
         if address:
             if "://" not in address:
                 address = f"http://{address}"
@@ -277,6 +276,9 @@ class RayClusterContext(ClusterContext):
     def gcs_address(self) -> str | None:
         """host:port for `fray.init("ray?address=...")` when this context started the head node."""
         return self._head.gcs_address if self._head else None
+
+    def describe(self) -> dict[str, str]:
+        return {"address": self.address or "", "dashboard": self.address or ""}
 
     def _no_persistent_jobs(self) -> str:
         return (
@@ -423,8 +425,5 @@ class RayClusterContext(ClusterContext):
         return dict(data.get("data") or {})
 
     def _shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
         if self._head is not None:
             self._head.stop()

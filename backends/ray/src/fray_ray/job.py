@@ -7,6 +7,7 @@ pickle through Ray's own serializer (with its reference counting), so refs and h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 import uuid
@@ -26,7 +27,6 @@ from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorNotFoundError,
-    FrayError,
     InfeasibleResourcesError,
     SerializationError,
     TaskCancelledError,
@@ -37,7 +37,7 @@ from fray.serialization import check_function, find_unserializable_argument
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, Lifetime, TaskOptions
-from fray_ray import _connect, _groups
+from fray_ray import _connect, _groups, _remote
 from fray_ray._remote import MEMBER_KWARG, Registry, actor_options, is_default_task, task_options, translate
 from fray_ray._streams import RayStreamSource
 from fray_ray._values import Packed, pack, pack_args, pack_kwargs, take_unpacked_bytes
@@ -133,8 +133,8 @@ class RayJobContext(JobContext):
     ) -> None:
         """address: "host:port" of a running cluster (else RAY_ADDRESS; else a private local instance sized by
         init_kwargs: num_cpus, num_gpus, object_store_memory, resources). _attach_only: inside a Ray worker."""
+        super().__init__(owns_resources=not _attach_only)  # a worker's context belongs to its driver
         self._owns_connection = not _attach_only
-        self._closed = False
         if self._owns_connection:
             _connect.acquire(address, namespace, init_kwargs, log_to_driver)
         self.namespace: str = ray.get_runtime_context().namespace
@@ -157,12 +157,8 @@ class RayJobContext(JobContext):
         return f"RayJobContext(namespace={self.namespace!r})"
 
     # ------------------------------------------------------------------ resources
-    def _check_open(self) -> None:
-        if self._closed:
-            raise FrayError("this fray-ray context is shut down; create a new one with fray.init()")
-
     def node_resources(self) -> list[dict[str, float]]:
-        self._check_open()
+        self._refuse_if_shut_down()
         now = time.monotonic()
         if now - self._nodes_at > _NODES_TTL:
             self._nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
@@ -172,7 +168,7 @@ class RayJobContext(JobContext):
     def check_feasible(self, request: Mapping[str, float], what: str) -> None:
         # Hot path: most submissions repeat the previous request ({"CPU": 1.0}); skip the scan while the
         # node view it was checked against is current.
-        self._check_open()
+        self._refuse_if_shut_down()
         if request == self._last_feasible and time.monotonic() - self._nodes_at <= _NODES_TTL:
             return
         try:
@@ -186,7 +182,7 @@ class RayJobContext(JobContext):
     def _create_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRef:
-        self._check_open()
+        self._refuse_if_shut_down()
         remote = _registry.lookup(fn)
         if remote is None:
             check_function(fn, _checked_functions)
@@ -222,7 +218,7 @@ class RayJobContext(JobContext):
         """member: who the actor is in its group (fray.current_actor()) and an SPMD member's environment, both
         set in the actor's process before klass.__init__ runs. _ray_options: extra Ray options (a group's
         placement, a Ray name for an unnamed group's member)."""
-        self._check_open()
+        self._refuse_if_shut_down()
         actor_cls = _registry.lookup(klass)
         if actor_cls is None:
             check_function(klass, _checked_functions)
@@ -291,7 +287,7 @@ class RayJobContext(JobContext):
             pause = min(pause * 2, 0.05)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
-        self._check_open()
+        self._refuse_if_shut_down()
         ray_args, ray_kwargs = _unwrap_args(args), _unwrap_kwargs(kwargs)
         try:
             ref = getattr(handle.payload, method).remote(*ray_args, **ray_kwargs)
@@ -305,7 +301,7 @@ class RayJobContext(JobContext):
         return result
 
     def _get_actor(self, name: str) -> ActorHandle:
-        self._check_open()
+        self._refuse_if_shut_down()
         try:
             handle = ray.get_actor(name, namespace=self.namespace)
         except ValueError:
@@ -315,7 +311,7 @@ class RayJobContext(JobContext):
         return ActorHandle(handle, BACKEND, descriptor.class_name.rpartition(".")[2], methods, name, self)
 
     def _kill(self, handle: ActorHandle) -> None:
-        self._check_open()
+        self._refuse_if_shut_down()
         self._kill_handles([handle])
 
     def _kill_handles(self, handles: Iterable[ActorHandle]) -> None:
@@ -357,7 +353,7 @@ class RayJobContext(JobContext):
     ) -> ActorGroup:
         """The members in one placement group (see _groups), all or nothing: if any step fails, the members
         created so far are killed and the placement group removed."""
-        self._check_open()
+        self._refuse_if_shut_down()
         what = f"actor group {options.name or klass.__name__}"
         pg = _groups.create_placement_group(options, count, placement, strict, what)
         detached = options.lifetime is Lifetime.DETACHED
@@ -394,7 +390,7 @@ class RayJobContext(JobContext):
     ) -> list[ObjectRef]:
         """One Ray call per member, with the arguments converted once; a large argument is put once and every
         member reads that one object (Ray resolves a top-level ref argument to its value)."""
-        self._check_open()
+        self._refuse_if_shut_down()
         ray_args, ray_kwargs = _unwrap_args(args), _unwrap_kwargs(kwargs)
         if len(group.handles) > 1:
             ray_args, ray_kwargs = _share_args(ray_args), _share_kwargs(ray_kwargs)
@@ -416,7 +412,7 @@ class RayJobContext(JobContext):
     def _kill_group(self, group: ActorGroup) -> None:
         """Kill the members; a whole group (not a slice) also loses its placement group (removing it would kill
         every member in it, so a slice keeps it)."""
-        self._check_open()
+        self._refuse_if_shut_down()
         self._kill_handles(group.handles)
         payload = group.payload
         pg = None
@@ -441,7 +437,7 @@ class RayJobContext(JobContext):
     ) -> ObjectRefStream:
         """A Ray generator task. Never retried (max_retries=0): a retry would run the generator's side effects
         again after items were delivered; Ray cannot retry only before the first item."""
-        self._check_open()
+        self._refuse_if_shut_down()
         remote = _stream_registry.lookup(fn)
         if remote is None:
             check_function(fn, _checked_functions)
@@ -459,12 +455,14 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
-        return ObjectRefStream(RayStreamSource(generator, self._pending_args(args, kwargs), self._is_closed), BACKEND)
+        return ObjectRefStream(
+            RayStreamSource(generator, self._pending_args(args, kwargs), lambda: self.is_shut_down), BACKEND
+        )
 
     def _call_actor_stream(
         self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> ObjectRefStream:
-        self._check_open()
+        self._refuse_if_shut_down()
         ray_args, ray_kwargs = _unwrap_args(args), _unwrap_kwargs(kwargs)
         try:
             remote_method = getattr(handle.payload, method).options(num_returns="streaming")
@@ -473,7 +471,9 @@ class RayJobContext(JobContext):
             if _is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
-        return ObjectRefStream(RayStreamSource(generator, self._pending_args(args, kwargs), self._is_closed), BACKEND)
+        return ObjectRefStream(
+            RayStreamSource(generator, self._pending_args(args, kwargs), lambda: self.is_shut_down), BACKEND
+        )
 
     def _pending_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """The Ray refs among the top-level arguments that may not be ready (not made by put here)."""
@@ -481,14 +481,11 @@ class RayJobContext(JobContext):
         deps = [a.payload for a in (*args, *kwargs.values()) if type(a) is ObjectRef and a not in puts]
         return list(dict.fromkeys(deps))
 
-    def _is_closed(self) -> bool:
-        return self._closed
-
     # ------------------------------------------------------------------ futures
     def _future(self, ref: ObjectRef) -> Future[Any]:
         """From Ray's own ObjectRef.future() (a callback, no thread per ref), with the value as get gives it and
         the exceptions get raises."""
-        self._check_open()
+        self._refuse_if_shut_down()
         payload = ref.payload
         out: Future[Any] = Future()
         if self._cancelled and payload.binary() in self._cancelled:
@@ -512,7 +509,7 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ objects
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
-        self._check_open()
+        self._refuse_if_shut_down()
         payloads = [r.payload for r in refs]
         if self._cancelled:
             self._raise_if_cancelled(payloads)
@@ -535,13 +532,13 @@ class RayJobContext(JobContext):
         """This process's gets, all by Ray's object store: count of values, bytes where known without a walk
         (out-of-band buffers of packed values, numpy arrays, bytes; 0 for other values) and seconds in
         ray.get. Task and actor arguments resolved inside workers are not counted (Ray resolves them)."""
-        self._check_open()
+        self._refuse_if_shut_down()
         with self._gets_lock:
             stats = self._gets
         return {_STORE_PATH: stats} if stats.count else {}
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
-        self._check_open()
+        self._refuse_if_shut_down()
         payloads = [r.payload for r in refs]
         done: set[int] = set()
         if self._cancelled:  # cancelled by fray before Ray could be told: complete (with TaskCancelledError)
@@ -558,7 +555,7 @@ class RayJobContext(JobContext):
         return done | {i for i, p in zip(rest, payloads, strict=True) if p in ready_set}
 
     def _put(self, obj: Any) -> ObjectRef:
-        self._check_open()
+        self._refuse_if_shut_down()
         try:
             ref = ObjectRef(ray.put(pack(obj)), BACKEND)
         except TypeError as exc:
@@ -608,7 +605,7 @@ class RayJobContext(JobContext):
                 raise TaskCancelledError(f"task {p.hex()} was cancelled")
 
     def _cancel(self, ref: ObjectRef) -> None:
-        self._check_open()
+        self._refuse_if_shut_down()
         payload = ref.payload
         key = payload.binary()
         with self._deps_lock:
@@ -623,7 +620,7 @@ class RayJobContext(JobContext):
 
     def _cancel_when_ready(self, payload: Any, deps: list[Any]) -> None:
         try:
-            while not self._closed:
+            while not self.is_shut_down:
                 _, pending = ray.wait(deps, num_returns=len(deps), timeout=1.0, fetch_local=False)
                 if not pending:
                     time.sleep(0.2)  # let Ray's dependency resolver finish with the task first
@@ -646,9 +643,6 @@ class RayJobContext(JobContext):
             pass
 
     def _shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
         self._named.clear()
         groups, self._groups = self._groups, {}
         for pg in groups.values():  # the non-detached groups created here (removing one kills its members)
@@ -682,3 +676,6 @@ def _answers(probe: Any) -> bool:
     except rex.RayActorError:
         return False
     return True
+
+
+_remote.install_worker_context(functools.partial(RayJobContext, _attach_only=True))

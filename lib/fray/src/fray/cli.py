@@ -29,7 +29,7 @@ def _backends() -> int:
             hint = FIRST_PARTY[name][1] if name in FIRST_PARTY else "not importable"
             print(f"{name:12} not installed: {hint}")
             continue
-        have = set(getattr(backend, "capabilities", ()))
+        have = set(backend.capabilities)
         caps = sorted(c.value for c in have)
         lacks = sorted(c.value for c in Capability if c.has_api and c not in have)
         print(
@@ -49,7 +49,7 @@ def capabilities_table() -> str:
             continue
     lines = ["| capability | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends)]
     for cap in Capability:
-        cells = ["yes" if cap in getattr(b, "capabilities", ()) else "**no**" for b in backends.values()]
+        cells = ["yes" if cap in b.capabilities else "**no**" for b in backends.values()]
         lines.append(f"| `{cap.value}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

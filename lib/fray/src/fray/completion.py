@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fray import current
 from fray.errors import GetTimeoutError
@@ -14,7 +14,7 @@ from fray.refs import ObjectRef
 if TYPE_CHECKING:
     from fray.context import JobContext
 
-__all__ = ["as_completed"]
+__all__ = ["as_completed", "get_with_progress"]
 
 
 def as_completed(
@@ -59,3 +59,32 @@ def _failed(ctx: JobContext, ref: ObjectRef) -> bool:
     except Exception:  # any error its get raises is a failure to count
         return True
     return False
+
+
+def get_with_progress(ctx: JobContext, refs: list[ObjectRef], timeout: float | None, mode: ProgressMode) -> list[Any]:
+    """get, fetching each ref as it completes to count it (and its failure) on the bar; a failure is raised
+    when it is seen (the first in input order among those seen together), as get does."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    values: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+    pending = list(range(len(refs)))
+    with Progress(len(refs), mode, "fray.get") as bar:
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done = ctx._wait([refs[i] for i in pending], 1, left)
+            if not done:
+                raise GetTimeoutError(f"get timed out after {timeout} s: {len(pending)} of {len(refs)} not ready")
+            finished = [pending[j] for j in sorted(done)]
+            failed = 0
+            for i in finished:
+                try:
+                    values[i] = ctx._get([refs[i]], None)[0]
+                except Exception as exc:  # raised below, in input order
+                    errors[i] = exc
+                    failed += 1
+            bar.advance(len(finished), failed)
+            if errors:
+                raise errors[min(errors)]
+            done_set = set(finished)
+            pending = [i for i in pending if i not in done_set]
+    return [values[i] for i in range(len(refs))]

@@ -1,27 +1,40 @@
 """The current job context: the one of this task, actor or thread, else the process default (set by fray.init).
 
 A leaf module (it imports only fray.errors, itself a leaf), so contexts, refs, the registry and the
-backends can all depend on it without import circles.
+backends can all depend on it without import circles: what it needs of the registry (making the default
+context, a backend's context in a worker) the registry installs here when it is imported (`install`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fray.errors import FrayError
 
 if TYPE_CHECKING:
     from fray.context import JobContext
 
-__all__ = ["ActorInfo", "clear_job_context", "current_actor", "get_job_context", "set_job_context", "using"]
+__all__ = ["ActorInfo", "clear_job_context", "current_actor", "get_job_context", "install", "using"]
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_job_context", default=None)
 _default: JobContext | None = None
 _default_lock = threading.Lock()
+
+
+_make_default: Callable[[], JobContext] | None = None
+_context_here: Callable[[str], JobContext | None] | None = None
+
+
+def install(make_default: Callable[[], JobContext], context_here: Callable[[str], JobContext | None]) -> None:
+    """Called by fray.registry at import: how to make the default context (fray.init from FRAY_BACKEND) and
+    how to find a backend's context in this process (Backend.context_here)."""
+    global _make_default, _context_here
+    _make_default, _context_here = make_default, context_here
 
 
 def get_job_context() -> JobContext:
@@ -34,19 +47,15 @@ def get_job_context() -> JobContext:
         return ctx
     if _default is not None:
         return _default
-    from fray.registry import init
-
+    if _make_default is None:
+        raise FrayError("no fray context here, and fray.registry is not imported to make one: import fray")
     with _default_lock:
-        return _default if _default is not None else init()
+        return _default if _default is not None else _make_default()
 
 
-def set_job_context(ctx: JobContext) -> contextvars.Token[JobContext | None]:
+def set_current(ctx: JobContext) -> contextvars.Token[JobContext | None]:
     """Make ctx current for this thread/task (and the process default if there is none yet)."""
     global _default
-    from fray.context import JobContext
-
-    if not isinstance(ctx, JobContext):
-        raise TypeError(f"set_job_context needs a JobContext, got {type(ctx).__name__}")
     if _default is None:
         _default = ctx
     return _current.set(ctx)
@@ -84,19 +93,30 @@ def context_for(backend: str) -> JobContext:
     ctx = _current.get() or _default
     if ctx is not None and ctx.backend == backend:
         return ctx
-    from fray.registry import get_backend
-
-    here = get_backend(backend).context_here()
+    here = _context_here(backend) if _context_here is not None else None
     return here if here is not None else get_job_context()
 
 
-def push(ctx: JobContext) -> contextvars.Token[JobContext | None]:
-    """Make ctx current here until pop(token): `using` for code whose try/finally cannot be a with-block."""
-    return _current.set(ctx)
+_lent: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_lent_context", default=None)
 
 
-def pop(token: contextvars.Token[JobContext | None]) -> None:
-    _current.reset(token)
+def push(ctx: JobContext, lent: bool = False) -> tuple[contextvars.Token[Any], ...]:
+    """Make ctx current here until pop(token): `using` for code whose try/finally cannot be a with-block.
+    lent=True: user code runs here under a context it does not own (in_memory's tasks and actors run under
+    their driver's): its shutdown() from here is a no-op."""
+    if lent:
+        return _current.set(ctx), _lent.set(ctx)
+    return (_current.set(ctx),)
+
+
+def pop(token: tuple[contextvars.Token[Any], ...]) -> None:
+    for one in reversed(token):
+        one.var.reset(one)
+
+
+def lent(ctx: JobContext) -> bool:
+    """ctx is lent to the code running here (see push)."""
+    return _lent.get() is ctx
 
 
 def current() -> JobContext | None:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fray.current import ActorInfo, get_job_context
-from fray.errors import InfeasibleResourcesError
+from fray.errors import ActorAlreadyExistsError, ActorNotFoundError, InfeasibleResourcesError
+from fray.net import free_port
 from fray.refs import ActorHandle, ObjectRef
+from fray.resources import capacity
 
 if TYPE_CHECKING:
     from fray.context import JobContext
@@ -154,8 +154,7 @@ def member_name(group: str | None, rank: int) -> str | None:
 
 def _capacity(node: Mapping[str, float], per_member: Mapping[str, float]) -> float:
     """How many members fit on a node (inf when they ask for nothing)."""
-    fits = [math.floor(node.get(name, 0.0) / qty + 1e-9) for name, qty in per_member.items() if qty > 0]
-    return min(fits) if fits else math.inf
+    return capacity(node, per_member) if any(q > 0 for q in per_member.values()) else math.inf
 
 
 def check_group_feasible(
@@ -192,21 +191,6 @@ def check_group_feasible(
     )
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on this host now (for MASTER_PORT)."""
-    return free_ports(1, host)[0]
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """count distinct TCP ports free on this host now. The sockets stay bound until all are chosen: ports picked
-    and released one at a time may repeat (9 in a row held a duplicate about 1 time in 450 here)."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for sock in socks:
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-
-
 def spmd_env(
     rank: int,
     size: int,
@@ -227,3 +211,43 @@ def spmd_env(
     if master_addr.startswith("127."):  # gloo picks its interface from the hostname, which may not be loopback
         env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     return env
+
+
+def existing_group(ctx: JobContext, name: str, count: int, get_if_exists: bool) -> ActorGroup | None:
+    """The live group called `name` of `count` members (None if there is none); ActorAlreadyExistsError unless
+    get_if_exists."""
+    try:
+        first = ctx._get_actor(member_name(name, 0) or "")
+    except ActorNotFoundError:
+        return None
+    if not get_if_exists:
+        raise ActorAlreadyExistsError(
+            f"an actor group named {name!r} exists already; pass ActorOptions(get_if_exists=True) to reuse it, "
+            "or pick another name"
+        )
+    handles = [first]
+    try:
+        handles += [ctx._get_actor(member_name(name, rank) or "") for rank in range(1, count)]
+    except ActorNotFoundError as exc:
+        raise ActorNotFoundError(
+            f"the actor group {name!r} has lost members or has fewer than {count}: {exc}"
+        ) from None
+    try:
+        ctx._get_actor(member_name(name, count) or "")
+    except ActorNotFoundError:
+        return ActorGroup(handles, name, ctx=ctx)
+    raise ValueError(f"the actor group {name!r} has more than {count} members; ask for its real size")
+
+
+def local_members(count: int, name: str | None, distributed: bool) -> list[Member]:
+    """The members of a group all on this host (the default placement): ranks, and for an SPMD group the
+    torch.distributed environment with rank 0's address on loopback."""
+    port = free_port() if distributed else 0
+    return [
+        Member(
+            ActorInfo(member_name(name, rank), rank, count, name),
+            distributed,
+            spmd_env(rank, count, "127.0.0.1", port) if distributed else {},
+        )
+        for rank in range(count)
+    ]

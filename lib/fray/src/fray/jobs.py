@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fray import watchdog
 from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
+from fray.resources import add, fits, short_of, subtract
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
 __all__ = ["LocalJobs", "ended_status", "follow_log", "job_command", "job_environment", "missing_dir_message"]
@@ -135,7 +136,7 @@ class LocalJobs:
         """Start a job in `working_dir` (default: its own directory); it dies with this process (fray.watchdog)
         unless `detached`. A working directory that does not exist here fails the job, saying so in its log."""
         need = {r.name: float(r.quantity) for r in env.minimum_resources}
-        short = {k: v for k, v in need.items() if self.totals.get(k, 0.0) < v}
+        short = short_of(self.totals, need)
         if short:
             raise InfeasibleResourcesError(
                 f"the job needs {need} but this host has {self.totals}; lower its minimum_resources"
@@ -159,12 +160,11 @@ class LocalJobs:
 
     def _launch(self, job: _Job, entrypoint: str | list[str], env: RuntimeEnv) -> None:
         with self._lock:  # wait (PENDING) until the job's resources are free, unless it is stopped first
-            while not job.stop_requested and any(self._free.get(k, 0.0) < v for k, v in job.need.items()):
+            while not job.stop_requested and not fits(self._free, job.need):
                 self._lock.wait()
             if job.stop_requested:
                 job.need = {}
-            for key, qty in job.need.items():
-                self._free[key] -= qty
+            subtract(self._free, job.need)
         if job.stop_requested:
             self._finish(job, JobStatus.STOPPED, None, "stopped before it started")
             return
@@ -211,8 +211,7 @@ class LocalJobs:
     def _finish(self, job: _Job, status: JobStatus, code: int | None, message: str) -> None:
         with self._lock:
             job.info = replace(job.info, status=status, end_time=time.time(), exit_code=code, message=message)
-            for key, qty in job.need.items():
-                self._free[key] += qty
+            add(self._free, job.need)
             job.need = {}
             self._lock.notify_all()
         job.ended.set()

@@ -31,10 +31,11 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from fray.backend import Backend, PersistentClusters
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import FrayError
-from fray.registry import DEFAULT_BACKEND, ENV_VAR, Backend, get_backend, parse_spec
+from fray.registry import DEFAULT_BACKEND, ENV_VAR, get_backend, parse_spec
 from fray.state import state_dir
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
@@ -170,9 +171,8 @@ def _open(args: argparse.Namespace, what: str, persistent: bool = True) -> Clust
         raise _lacks_persistence(name, what)
     if getattr(args, "address", None):
         options["address"] = args.address
-    find = getattr(backend, "persistent_address", None)  # ray: RAY_ADDRESS, else the recorded head
-    if "address" not in options and find is not None:
-        found, why_not = find()
+    if "address" not in options and isinstance(backend, PersistentClusters):  # ray: RAY_ADDRESS, else its head
+        found, why_not = backend.persistent_address()
         if found:
             options["address"] = found
         elif persistent:
@@ -279,13 +279,13 @@ def _submit(args: argparse.Namespace, wait: bool) -> int:
             ctx = _open(args, what, persistent=stays)
             persistent = Capability.PERSISTENT_JOBS in ctx.capabilities
             if stays and not persistent:
-                raise CommandError(f"{what}: {ctx._no_persistent_jobs()}")
+                raise CommandError(f"{what}: {ctx.persistent_jobs_unavailable()}")
             # Where jobs can be reached from other commands, they are (detached); one waited for in "stop" mode
             # is tied to this process all the same: it ends when this command ends, however it ends.
             with interrupts.deferred():  # a Ctrl-C now is handled once the job id is known
                 job_id = ctx.create_job(command, env=env, working_dir=args.working_dir, detached=persistent)
                 if wait and args.on_interrupt == "stop":
-                    ctx._tie_job(job_id)
+                    ctx.tie_job(job_id)
             if not wait:
                 print(job_id, flush=True)
                 _say(f"job {job_id} submitted; {_follow_hint(args, job_id)}")
@@ -296,7 +296,7 @@ def _submit(args: argparse.Namespace, wait: bool) -> int:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             info = ctx.get_job(job_id)
-            ctx._untie_job(job_id)
+            ctx.untie_job(job_id)
             detail = f" ({info.message})" if info.message else ""
             _say(f"job {job_id} {info.status.value}{detail}")
             return exit_status(info)
@@ -307,7 +307,7 @@ def _submit(args: argparse.Namespace, wait: bool) -> int:
             elif args.on_interrupt == "stop" and wait:
                 _say(f"{interrupted}: stopping job {job_id}")
                 ctx.stop_job(job_id)
-                ctx._untie_job(job_id)
+                ctx.untie_job(job_id)
                 _say(f"job {job_id} {ctx.get_job(job_id).status.value}")
             else:
                 _say(f"{interrupted}: job {job_id} left running; {_follow_hint(args, job_id)}")
@@ -408,13 +408,12 @@ _LAUNCH_FLAGS = ("job", "hosts", "nodes", "partition", "time")
 def _cluster_start(args: argparse.Namespace) -> int:
     name, options, backend = _resolve(args)
     options.update({flag: getattr(args, flag) for flag in _LAUNCH_FLAGS if getattr(args, flag, None) is not None})
-    start = getattr(backend, "start_cluster", None)
-    if start is None:
+    if not isinstance(backend, PersistentClusters):
         if Capability.PERSISTENT_JOBS in backend.capabilities:
             _say(f"the {name} backend needs no cluster: its jobs run on this machine (detached ones: {state_dir()})")
             return 0
         raise _lacks_persistence(name, "fray cluster start")
-    record, started = start(args.listen, **options)
+    record, started = backend.start_cluster(args.listen, **options)
     if not started:
         _say(f"a {name} cluster is running already (pid {record['pid']}): {record['address']}")
         return 0
@@ -430,11 +429,10 @@ def _cluster_start(args: argparse.Namespace) -> int:
 
 def _cluster_stop(args: argparse.Namespace) -> int:
     name, _, backend = _resolve(args)
-    stop = getattr(backend, "stop_cluster", None)
-    if stop is None:
+    if not isinstance(backend, PersistentClusters):
         _say(f"the {name} backend has no cluster to stop")
         return 0
-    record = stop()
+    record = backend.stop_cluster()
     if record is None:
         _say(f"no {name} cluster is recorded in {state_dir()}: nothing to stop")
     elif not record.get("running"):
@@ -455,14 +453,7 @@ def _status(args: argparse.Namespace) -> int:
         nodes = ctx.node_status()
         jobs = ctx.list_jobs()
         work = ctx.running_work()
-        where = {"backend": ctx.backend}
-        address = getattr(ctx, "address", None)
-        if address:  # ray: its dashboard's URL; monarch: its head's socket
-            where.update(
-                address=address, **({"dashboard": address} if address.startswith("http") else {"head": address})
-            )
-        if ctx.backend == "in_memory":
-            where["state_dir"] = str(state_dir())
+        where = {"backend": ctx.backend, **ctx.describe()}
     if args.json:
         seen = {"nodes": nodes, "jobs": [_as_dict(info) for info in jobs], **(work or {})}
         print(json.dumps({**where, **seen}, indent=1))

@@ -7,20 +7,18 @@ missing one says how to install it.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import parse_qsl
 
 from fray import current
+from fray.backend import Backend
 from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
-from fray.types import normalize_resources
 
 __all__ = ["Backend", "available_backends", "cluster", "get_backend", "init", "parse_spec", "shutdown"]
 
@@ -37,30 +35,6 @@ FIRST_PARTY: dict[str, tuple[str, str]] = {
         "pip install fray-monarch  (from a checkout: pip install torch==2.13.0 -e backends/monarch)",
     ),
 }
-
-
-class Backend(ABC):
-    """What an entry point in the "fray.backends" group resolves to (a class or an instance)."""
-
-    name: str = "?"
-    capabilities: frozenset[Any] = frozenset()  # every Capability its contexts have (for listings and docs)
-
-    @abstractmethod
-    def job_context(self, **options: str) -> JobContext:
-        """A new JobContext; options come from the spec's query string and init's keyword arguments."""
-
-    @abstractmethod
-    def cluster_context(self, **options: str) -> ClusterContext:
-        """A new ClusterContext."""
-
-    def context_here(self) -> JobContext | None:
-        """The JobContext of this process's connection to this backend, if it has one that is not current yet
-        (e.g. inside a worker, before the task runs): where a pickled context lands. None: none here."""
-        return None
-
-    def diagnose(self) -> dict[str, str]:
-        """Lines ("name: value") this backend adds to `fray doctor`'s report; the default adds none."""
-        return {}
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -156,64 +130,12 @@ def cluster(spec: str | None = None, **options: Any) -> ClusterContext:
 def shutdown() -> None:
     """Shut down the current default JobContext (if any) and forget it."""
     ctx = current.current() or current.default()
+    if ctx is not None and (not ctx.owns_resources or current.lent(ctx)):
+        return  # called inside a task or actor: the context belongs to its driver
     current.make_current(None)
     current.set_default(None)
     if ctx is not None:
         ctx.shutdown()
 
 
-def parse_options(
-    backend: str, options: Mapping[str, str], schema: Mapping[str, Callable[[str], Any]]
-) -> dict[str, Any]:
-    """Convert string options by `schema` (name -> converter); unknown names and bad values are ValueErrors."""
-    out: dict[str, Any] = {}
-    for key, raw in options.items():
-        if key not in schema:
-            known = ", ".join(sorted(schema)) or "none"
-            raise ValueError(f"unknown option {key!r} for the {backend!r} backend; known options: {known}")
-        try:
-            out[key] = schema[key](raw)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"option {key}={raw!r} for the {backend!r} backend is not valid: {exc}") from exc
-    return out
-
-
-def non_negative(raw: str) -> float:
-    """A spec option that is a number >= 0 (cpus, gpus, memory)."""
-    value = float(raw)
-    if not value >= 0:  # also refuses nan
-        raise ValueError(f"must be a number >= 0, got {raw!r}")
-    return value
-
-
-def positive_int(raw: str) -> int:
-    """A spec option that is a whole number >= 1 (process counts)."""
-    value = int(raw)
-    if value < 1:
-        raise ValueError(f"must be a whole number >= 1, got {raw!r}")
-    return value
-
-
-def parse_resources(raw: str) -> dict[str, float]:
-    """A spec's custom resources: JSON (`{"disk": 4, "tag": 1}`) or `disk:4,tag` (a bare name means 1)."""
-    raw = raw.strip()
-    if raw.startswith("{"):
-        value = json.loads(raw)
-        if not isinstance(value, dict):
-            raise ValueError('expected a JSON object like {"disk": 4}')
-        pairs = [(str(k), v) for k, v in value.items()]
-    else:
-        pairs = []
-        for part in filter(None, (p.strip() for p in raw.split(","))):
-            name, _, qty = part.partition(":")
-            pairs.append((name.strip(), qty.strip() or 1.0))
-    return normalize_resources({name: float(qty) for name, qty in pairs}, "resources")
-
-
-def to_bool(raw: str) -> bool:
-    lowered = str(raw).strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true/false")
+current.install(init, lambda name: get_backend(name).context_here())

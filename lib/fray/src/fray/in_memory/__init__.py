@@ -8,13 +8,15 @@ and for the cluster context: root (directory for job logs).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
+from fray.capabilities import Capability
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.in_memory.job import InMemoryJobContext
 from fray.jobs import host_resources
-from fray.registry import Backend, non_negative, parse_options, parse_resources, to_bool
+from fray.options import flag, non_negative, parse_options, parse_resources
+from fray.registry import Backend
 
 __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
 
@@ -22,22 +24,24 @@ __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
 class InMemoryBackend(Backend):
     name = "in_memory"
     test_spec = "in_memory?cpus=4"
-    capabilities = InMemoryJobContext.capabilities | InMemoryClusterContext.capabilities
-
     # One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option.
-    options_schema: dict[str, Callable[[str], Any]] = {
+    options: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "cpus": non_negative,
         "gpus": non_negative,
         "memory": non_negative,
         "resources": parse_resources,
-        "serialize": to_bool,
+        "serialize": flag,
         "namespace": str,
         "root": str,
-        "log_to_driver": to_bool,
+        "log_to_driver": flag,
     }
 
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        return InMemoryJobContext.capabilities | InMemoryClusterContext.capabilities
+
     def job_context(self, **options: str) -> InMemoryJobContext:
-        opts: dict[str, Any] = parse_options(self.name, options, self.options_schema)
+        opts: dict[str, Any] = parse_options(self.name, options, self.options)
         host = host_resources()
         totals = {
             "CPU": opts.get("cpus", host["CPU"]),
@@ -53,5 +57,5 @@ class InMemoryBackend(Backend):
         )
 
     def cluster_context(self, **options: str) -> InMemoryClusterContext:
-        opts = parse_options(self.name, options, self.options_schema)
+        opts = parse_options(self.name, options, self.options)
         return InMemoryClusterContext(opts.get("root"))

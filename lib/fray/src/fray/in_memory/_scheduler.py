@@ -14,6 +14,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
+from fray.resources import EPS
+
 Signature = tuple[tuple[str, float], ...]
 # A unit of work returns the next unit to run on the same thread, if it freed resources that let one start.
 Work = Callable[[], Optional["Work"]]
@@ -119,7 +121,7 @@ class Ledger:
 
     def _fits(self, request: Signature) -> bool:
         free = self._free
-        return all(free.get(key, 0.0) >= qty for key, qty in request)
+        return all(free.get(key, 0.0) + EPS >= qty for key, qty in request)  # fray.resources' tolerance
 
     def _take(self, request: Signature) -> None:
         for key, qty in request:

@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fray import current, output
-from fray.context import actor_resources
 from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,
@@ -23,6 +22,7 @@ from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call
 from fray.in_memory._scheduler import Ledger, signature
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.remote_errors import RemoteError, format_exception
+from fray.resources import actor_resources
 from fray.serialization import check_function, dumps_call
 from fray.streams import ItemQueue, ObjectRefStream
 from fray.types import ActorOptions, Lifetime
@@ -120,7 +120,7 @@ class ActorsMixin:
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
+        def _refuse_if_shut_down(self) -> None: ...
         def _encode(self, value: Any, what: str) -> Any: ...
         def _resolve_call(self, call: Any, what: str = ...) -> tuple[tuple[Any, ...], dict[str, Any]]: ...
         def _remote_error(self, exc: BaseException) -> BaseException | RemoteError: ...
@@ -133,7 +133,7 @@ class ActorsMixin:
         options: ActorOptions,
         member: Member | None = None,
     ) -> ActorHandle:
-        self._check_open()
+        self._refuse_if_shut_down()
         if self.serialize:
             check_function(klass, self._checked_fns)
             call: Any = dumps_call(f"{klass.__name__}()", args, kwargs)
@@ -188,7 +188,7 @@ class ActorsMixin:
             if actor.death is not None:  # killed while waiting for resources
                 self._release_actor(actor)
                 return
-        token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
+        token = current.push(self, lent=True)  # type: ignore[arg-type]  # self is an InMemoryJobContext
         me = current.push_actor(actor.info)
         said = output.push_label(output.label_for(actor.klass.__name__)) if self.log_to_driver else None
         try:
@@ -284,7 +284,7 @@ class ActorsMixin:
         if actor.death is not None:
             error: Any = _died(actor)
         else:
-            token = current.push(self)  # type: ignore[arg-type]  # self is an InMemoryJobContext
+            token = current.push(self, lent=True)  # type: ignore[arg-type]  # self is an InMemoryJobContext
             me = current.push_actor(actor.info)
             said = output.push_label(output.label_for(actor.klass.__name__)) if self.log_to_driver else None
             try:

@@ -97,6 +97,10 @@ class InMemoryClusterContext(ClusterContext):
         average; memory: what the kernel reports as available)."""
         return [local_node_status(self._jobs.totals)]
 
+    def describe(self) -> dict[str, str]:
+        """Where detached jobs are kept (other `fray` commands find them there)."""
+        return {"state_dir": str(self._detached.root.parent)}
+
     def _shutdown(self) -> None:
         for job_id in list(self._tied):  # tied: to end with this process, like a job that is not detached
             try:

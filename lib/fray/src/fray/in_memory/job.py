@@ -18,9 +18,8 @@ from typing import Any
 
 from fray import current, output
 from fray.capabilities import Capability
-from fray.context import JobContext, task_resources
+from fray.context import JobContext
 from fray.errors import (
-    FrayError,
     GetTimeoutError,
     TaskCancelledError,
     attach_remote_traceback,
@@ -31,6 +30,7 @@ from fray.in_memory._scheduler import Ledger, Signature, Work, signature
 from fray.in_memory.actors import ActorsMixin, _Actor, _call_owner, end_stream_with_failure
 from fray.refs import ObjectRef
 from fray.remote_errors import RemoteError, capture_exception, format_exception
+from fray.resources import task_resources
 from fray.serialization import Blob, check_function, dumps, dumps_call, loads
 from fray.streams import ItemQueue, ObjectRefStream
 from fray.transfers import PathStats, TransferStats
@@ -109,6 +109,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         namespace: str = "default",
         log_to_driver: bool = True,
     ) -> None:
+        super().__init__()
         self.serialize = serialize
         self.log_to_driver = log_to_driver
         self.namespace = namespace
@@ -119,7 +120,6 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         self._tasks: dict[int, _Task] = {}  # entry id -> task, while not finished (for shutdown)
         self._requests: dict[int, tuple[TaskOptions, Signature]] = {}  # id(options) -> its resource request
         self._checked_fns: dict[int, Any] = {}
-        self._closed = False
         self._transfers = TransferStats()
 
     def __repr__(self) -> str:
@@ -144,7 +144,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         return self._transfers.snapshot()
 
     def _put(self, obj: Any) -> ObjectRef:
-        self._check_open()
+        self._refuse_if_shut_down()
         entry = _Entry()
         entry.settle(self._encode(obj, "the value passed to put"))
         return ObjectRef(entry, BACKEND)
@@ -153,8 +153,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
     def _create_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRef:
-        if self._closed:
-            self._check_open()
+        self._refuse_if_shut_down()
         if self.serialize:
             check_function(fn, self._checked_fns)
         return self._submit_task(fn, args, kwargs, options)
@@ -279,7 +278,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         lock = self._lock
         outer_task = getattr(_tls, "task", None)
         _tls.task = task
-        token = current.push(self)
+        token = current.push(self, lent=True)
         said = output.push_label(task.label) if self.log_to_driver else None
         retry = False
         error: Any = None
@@ -443,14 +442,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
                 self._ledger.reacquire(held)
 
     # ------------------------------------------------------------------ lifecycle
-    def _check_open(self) -> None:
-        if self._closed:
-            raise FrayError("this in_memory context is shut down; create a new one with fray.init()")
-
     def _shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
         for actor in list(self._own_actors.values()):
             self._kill_actor(actor, "its context was shut down")
         with self._lock:

@@ -56,22 +56,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("fray_backend_name", selected_backends(metafunc.config), scope="session")
 
 
-def _spec_options(name: str, attr: str) -> dict[str, str]:
+def spec_options(name: str, attr: str) -> dict[str, str]:
+    """The options of backend `name`'s test spec (attr "test_spec") or cluster test spec ("cluster_test_spec")."""
     backend = get_backend(name)
-    spec = getattr(backend, attr, None) or getattr(backend, "test_spec", None) or name
+    spec = (backend.cluster_test_spec if attr == "cluster_test_spec" else None) or backend.test_spec or name
     return parse_spec(spec)[1]
 
 
 @pytest.fixture(scope="session")
 def fray_session_ctx(fray_backend_name: str) -> Iterator[JobContext]:
-    ctx = get_backend(fray_backend_name).job_context(**_spec_options(fray_backend_name, "test_spec"))
+    ctx = get_backend(fray_backend_name).job_context(**spec_options(fray_backend_name, "test_spec"))
     yield ctx
     ctx.shutdown()
 
 
 @pytest.fixture(scope="session")
 def fray_session_cluster(fray_backend_name: str) -> Iterator[ClusterContext]:
-    cluster = get_backend(fray_backend_name).cluster_context(**_spec_options(fray_backend_name, "cluster_test_spec"))
+    cluster = get_backend(fray_backend_name).cluster_context(**spec_options(fray_backend_name, "cluster_test_spec"))
     yield cluster
     cluster.shutdown()
 
@@ -87,7 +88,7 @@ def _skip_missing(request: pytest.FixtureRequest, have: frozenset[Capability], b
 @pytest.fixture
 def fray_own_ctx(fray_backend_name: str) -> Iterator[JobContext]:
     """A JobContext of the backend for this test alone (for tests that shut it down)."""
-    ctx = get_backend(fray_backend_name).job_context(**_spec_options(fray_backend_name, "test_spec"))
+    ctx = get_backend(fray_backend_name).job_context(**spec_options(fray_backend_name, "test_spec"))
     try:
         yield ctx
     finally:

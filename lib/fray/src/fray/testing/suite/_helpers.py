@@ -129,6 +129,20 @@ def call_actor(handle: Any, value: int) -> int:
 _MEETING = threading.Condition()
 
 
+def shutdown_inside() -> str:
+    """A task that shuts its context down (a no-op there: the context belongs to the driver)."""
+    import fray
+
+    fray.shutdown()
+    fray.get_job_context().shutdown()
+    return "still here"
+
+
+class ShutsDown:
+    def call(self) -> str:
+        return shutdown_inside()
+
+
 class Counter:
     def __init__(self, start: int = 0) -> None:
         self.value = start

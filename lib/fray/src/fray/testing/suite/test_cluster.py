@@ -19,7 +19,7 @@ import pytest
 from fray import GetTimeoutError, JobNotFoundError, JobStatus, Resource, RuntimeEnv
 from fray.context import ClusterContext
 from fray.testing import requires_capability
-from fray.testing.plugin import _spec_options
+from fray.testing.plugin import spec_options
 
 PY = shlex.quote(sys.executable)
 
@@ -206,9 +206,9 @@ def test_detached_job_outlives_its_submitter(
     fray_cluster: ClusterContext, fray_backend_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FRAY_STATE_DIR", str(tmp_path / "state"))  # in_memory keeps detached jobs there
-    options = _spec_options(fray_backend_name, "cluster_test_spec")
-    if getattr(fray_cluster, "address", None):
-        options["address"] = fray_cluster.address  # type: ignore[attr-defined]
+    options = spec_options(fray_backend_name, "cluster_test_spec")
+    if fray_cluster.address:
+        options["address"] = fray_cluster.address
     spec = fray_backend_name + ("?" + urlencode(options) if options else "")
     command = _python("import time\nfor i in range(300):\n    print('tick', i, flush=True)\n    time.sleep(0.2)")
     submit = f"import fray\nc = fray.cluster({spec!r})\nprint(c.create_job({command!r}, detached=True))\nc.shutdown()"

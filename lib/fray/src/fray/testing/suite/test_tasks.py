@@ -128,3 +128,12 @@ def test_task_runs_with_the_same_backend(fray_ctx: JobContext) -> None:
 
 def test_a_context_passed_to_a_task_arrives_as_the_context_there(fray_ctx: JobContext) -> None:
     assert fray_ctx.get(fray_ctx.create_task(h.use_passed_context, args=(fray_ctx,)), timeout=120) == 42
+
+
+def test_shutdown_inside_a_task_or_actor_leaves_the_context_working(fray_ctx: JobContext) -> None:
+    """A task or actor sees its driver's context; shutting it down from there does nothing (it is not theirs)."""
+    assert fray_ctx.get(fray_ctx.create_task(h.shutdown_inside), timeout=60) == "still here"
+    actor = fray_ctx.create_actor(h.ShutsDown)
+    assert fray_ctx.get([actor.call(), actor.call()], timeout=60) == ["still here"] * 2  # the same process, twice
+    assert fray_ctx.get(fray_ctx.create_task(h.add, args=(1, 2)), timeout=60) == 3
+    fray_ctx.kill(actor)
