@@ -62,7 +62,7 @@ def test_shutdown_cancels_queued_tasks() -> None:
     ctx.create_task(time.sleep, args=(0.5,))
     queued = ctx.create_task(lambda: ran.append("ran"))
     ctx.shutdown()
-    assert queued.payload.future.done()  # finished (cancelled) at shutdown, without running
+    assert queued.payload.outcome.done()  # finished (cancelled) at shutdown, without running
     time.sleep(1.0)
     assert ran == []
     with pytest.raises(fray.FrayError, match="shut down"):  # and the context refuses every later call

@@ -19,6 +19,7 @@ from fray.groups import Member
 from fray.refs import public_methods
 from fray.resources import add, subtract
 from fray.serialization import Blob, loads
+from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
 from fray_monarch.actors import FrayActorHost
@@ -43,7 +44,7 @@ class ActorRec:
     proc: Proc | None = None  # the process it runs in
     mesh: Any = None
     restarts: int = 0
-    state: str = "alive"  # alive | dead
+    state: ActorState = ActorState.ALIVE
     reason: str = ""
     info: ActorInfo = field(default_factory=ActorInfo)  # what fray.current_actor() says inside it
     env: dict[str, str] = field(default_factory=dict)  # set in its process's os.environ before __init__
@@ -92,7 +93,7 @@ class ActorRegistry:
                 # The process died during the call. Restarting (or restarted already: the death may have been
                 # handled first, counting the restart) -> unavailable; no restart left -> dead.
                 restarted = rec is not None and rec.restarts > entry.actor_restarts
-                if rec is not None and not restarted and (rec.state == "dead" or not rec.can_restart):
+                if rec is not None and not restarted and (rec.state == ActorState.DEAD or not rec.can_restart):
                     why = rec.reason or "its process crashed"
                     self.objects.complete(entry, None, ActorDiedError(f"actor {rec.label} died: {why}"))
                 else:
@@ -124,7 +125,7 @@ class ActorRegistry:
         with self.lock:
             if options.name is not None:
                 existing = self.names.get(options.name)
-                if existing is not None and self.actors[existing].state != "dead":
+                if existing is not None and self.actors[existing].state != ActorState.DEAD:
                     if options.get_if_exists:
                         rec = self.actors[existing]
                         return rec.id, rec.class_name, rec.methods, rec.name
@@ -217,7 +218,7 @@ class ActorRegistry:
         _runtime.on_done(init, lambda _v, _e: None)
 
     def _actor_dead(self, rec: ActorRec, reason: str) -> None:
-        rec.state, rec.reason = "dead", reason
+        rec.state, rec.reason = ActorState.DEAD, reason
         if rec.name is not None and self.names.get(rec.name) == rec.id:
             del self.names[rec.name]
         proc = rec.proc
@@ -258,7 +259,7 @@ class ActorRegistry:
             entry.actor_restarts = rec.restarts
             if proc_key is not None:
                 entry.remote[proc_key] = 1
-            if rec.state == "dead":
+            if rec.state == ActorState.DEAD:
                 error = ActorDiedError(f"actor {rec.class_name} {aid} is dead: {rec.reason}")
                 self.objects.complete(entry, None, error)
                 return payload
@@ -273,7 +274,7 @@ class ActorRegistry:
     def get_actor_info(self, name: str) -> tuple[str, str, frozenset[str], str | None]:
         with self.lock:
             aid = self.names.get(name)
-            if aid is None or self.actors[aid].state == "dead":
+            if aid is None or self.actors[aid].state == ActorState.DEAD:
                 raise ActorNotFoundError(f"no live actor named {name!r}")
             rec = self.actors[aid]
             return rec.id, rec.class_name, rec.methods, rec.name
@@ -281,7 +282,7 @@ class ActorRegistry:
     def kill_actor(self, aid: str) -> None:
         with self.lock:
             rec = self.actor(aid)
-            if rec.state == "dead":
+            if rec.state == ActorState.DEAD:
                 return
             self._actor_dead(rec, "it was killed")
             mesh = rec.mesh

@@ -13,6 +13,7 @@ from typing import Any
 from fray.context import JobContext
 from fray.errors import GetTimeoutError
 from fray.groups import ActorGroup, Member
+from fray.outcome import Outcome
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import dumps
 from fray.streams import ObjectRefStream
@@ -181,6 +182,25 @@ class MonarchJobContext(JobContext):
         finally:
             remove()
         return {i for i, e in enumerate(entries) if e.done.is_set()}
+
+    def _outcomes(self, refs: list[ObjectRef]) -> list[Outcome]:
+        """Settled from the directory's completion callbacks (no value is loaded to tell)."""
+        out = []
+        for ref in refs:
+            entry, outcome = self.ctl.entry(ref.payload.id), Outcome()
+
+            def settle(entry: Any = entry, outcome: Outcome = outcome) -> None:
+                if entry.error is not None:
+                    outcome.set_failure(entry.error)
+                else:
+                    outcome.set_value(None)
+
+            if entry.done.is_set():
+                settle()
+            else:
+                self.ctl.add_waiter([entry], 1, settle)
+            out.append(outcome)
+        return out
 
     def _future(self, ref: ObjectRef) -> Future[Any]:
         """Settled from the directory's completion callback (no thread per ref); the value is loaded on fray's

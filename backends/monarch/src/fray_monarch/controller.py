@@ -27,6 +27,7 @@ from fray.errors import (
 )
 from fray.remote_errors import rebuild
 from fray.serialization import Blob
+from fray.states import TaskState
 from fray.transfers import PathStats, merge
 from fray_monarch import _runtime, instances
 from fray_monarch.actor_registry import ActorRec, ActorRegistry
@@ -203,7 +204,7 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
                     continue
                 if task.retries_left != 0 and not (task.options.streaming and self.stream_started(tid)):
                     task.retries_left -= 1  # (a stream that has produced items is not run again)
-                    task.proc, task.state = None, "queued"
+                    task.proc, task.state = None, TaskState.QUEUED
                     self.queue.appendleft(task)
                 else:
                     self._finish_task(task, None, WorkerCrashedError(f"task {tid} failed: {reason}"))

@@ -26,6 +26,7 @@ from fray.errors import ActorAlreadyExistsError, FrayError
 from fray.groups import member_name, spmd_env
 from fray.net import free_port
 from fray.resources import add, capacity
+from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
 from fray_monarch.actor_registry import ActorRec
@@ -217,7 +218,7 @@ class GroupRegistry:
             names = [member_name(options.name, rank) for rank in range(count)]
             for name in names:
                 existing = self.names.get(name) if name is not None else None
-                if existing is not None and self.actors[existing].state != "dead":
+                if existing is not None and self.actors[existing].state != ActorState.DEAD:
                     raise ActorAlreadyExistsError(f"an actor named {name!r} exists already")
             group = GroupRec(f"{self.key}-g{next(self.ids)}", options.name)
             try:
@@ -296,7 +297,7 @@ class GroupRegistry:
         """Under the lock: every member dead, their processes forgotten; returns the meshes to stop."""
         meshes = [block.procs for block in group.blocks]
         for rec in group.members:
-            if rec.state != "dead":
+            if rec.state != ActorState.DEAD:
                 self._actor_dead(rec, reason)
             proc = rec.proc
             if proc is not None and proc.alive:
@@ -353,7 +354,7 @@ class GroupRegistry:
                 if proc_key is not None:
                     entry.remote[proc_key] = 1
                 out.append(payload)
-                if rec.state == "dead":
+                if rec.state == ActorState.DEAD:
                     self._resolve_reply(entry, ActorReply("dead", reason=rec.reason), None)
                     continue
                 entry.keep = keep

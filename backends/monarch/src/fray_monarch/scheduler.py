@@ -17,6 +17,7 @@ from fray.errors import (
 )
 from fray.remote_errors import RemoteError
 from fray.resources import EPS, fits, task_resources
+from fray.states import TaskState
 from fray.types import TaskOptions
 from fray_monarch import _runtime
 from fray_monarch.directory import Entry, ObjectDirectory
@@ -41,7 +42,7 @@ class Task:
     proc: Proc | None = None
     dep_values: list[Value] | None = None
     env_key: tuple[tuple[str, str], ...] = ()
-    state: str = "waiting"
+    state: TaskState = TaskState.WAITING
     cancelled: bool = False
 
 
@@ -134,7 +135,7 @@ class TaskScheduling:
                 self.open_stream(task.id).task = task
             dep_entries = [self.entry(d) for d in deps]
             if not dep_entries:
-                task.state = "queued"
+                task.state = TaskState.QUEUED
                 self.queue.append(task)
                 self._pump()
             else:
@@ -149,14 +150,14 @@ class TaskScheduling:
 
     def _deps_ready(self, task: Task, deps: list[Entry]) -> None:
         with self.lock:
-            if task.state != "waiting":
+            if task.state != TaskState.WAITING:
                 return
             for dep in deps:
                 if dep.error is not None:
                     self._finish_task(task, None, dep.error)
                     return
             task.dep_values = [d.value for d in deps]
-            task.state = "queued"
+            task.state = TaskState.QUEUED
             self.queue.append(task)
             self._pump()
 
@@ -208,7 +209,7 @@ class TaskScheduling:
                 skipped.append(self.queue.popleft())  # fits nowhere right now (actors hold it): let others by
                 continue
             self.queue.popleft()
-            task.proc, task.state = proc, "sent"
+            task.proc, task.state = proc, TaskState.DISPATCHED
             proc.outstanding.add(task.id)
             fn_data = None if task.fn_key in proc.fns_sent else task.fn_data
             proc.fns_sent.add(task.fn_key)
@@ -262,10 +263,10 @@ class TaskScheduling:
                 return
             for tid in tids:  # the last sent first: appendleft keeps their order
                 task = self.tasks.get(tid)
-                if task is None or task.proc is not proc or task.state != "sent":
+                if task is None or task.proc is not proc or task.state != TaskState.DISPATCHED:
                     continue
                 proc.outstanding.discard(tid)
-                task.proc, task.state = None, "queued"
+                task.proc, task.state = None, TaskState.QUEUED
                 self.queue.appendleft(task)
             self._pump()
 
@@ -285,13 +286,13 @@ class TaskScheduling:
                 exc = payload.rebuild()
                 if task.options.should_retry(exc):
                     task.retries_left -= 1
-                    task.proc, task.state = None, "queued"
+                    task.proc, task.state = None, TaskState.QUEUED
                     self.queue.append(task)
                     return
             self._finish_task(task, None, payload)
 
     def _finish_task(self, task: Task, value: Value | None, error: Any, contained: tuple[str, ...] = ()) -> None:
-        task.state = "done"
+        task.state = TaskState.DONE
         if task.proc is not None:
             task.proc.outstanding.discard(task.id)
         self.tasks.pop(task.id, None)
@@ -308,11 +309,11 @@ class TaskScheduling:
             task = self.tasks.get(oid)
             if task is None:
                 return  # finished, an actor call, or a put: nothing to cancel
-            if task.state in ("waiting", "queued"):
+            if task.state in (TaskState.WAITING, TaskState.QUEUED):
                 if task in self.queue:
                     self.queue.remove(task)
                 self._finish_task(task, None, TaskCancelledError(f"task {oid} was cancelled before it ran"))
-            elif task.state == "sent" and task.proc is not None:
+            elif task.state == TaskState.DISPATCHED and task.proc is not None:
                 task.cancelled = True
                 worker = task.proc.worker
             else:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fray.errors import ActorDiedError, ActorUnavailableError, GetTimeoutError
 from fray.refs import ObjectRef
+from fray.states import ActorState, TaskState
 from fray_monarch import _runtime
 from fray_monarch.directory import ObjectDirectory
 from fray_monarch.objects import RefPayload
@@ -182,7 +183,7 @@ class StreamRegistry:
                 self.streams.pop(sid, None)
                 return
             task = rec.task
-            if task is not None and task.state in ("waiting", "queued"):  # never started: it never will
+            if task is not None and task.state in (TaskState.WAITING, TaskState.QUEUED):  # never started: it never will
                 if task in self.queue:
                     self.queue.remove(task)
                 self._finish_task(task, None, None)
@@ -210,7 +211,7 @@ class StreamRegistry:
             rec = self.open_stream(sid)
             rec.actor = actor
             rec.actor_restarts = actor.restarts
-            if actor.state == "dead":
+            if actor.state == ActorState.DEAD:
                 self._end_stream(rec, ActorDiedError(f"actor {actor.label} is dead: {actor.reason}"))
                 return sid
             rec.keep = keep
@@ -233,7 +234,7 @@ class StreamRegistry:
             actor = rec.actor
             assert actor is not None
             restarted = actor.restarts > rec.actor_restarts
-            if not restarted and (actor.state == "dead" or not actor.can_restart):
+            if not restarted and (actor.state == ActorState.DEAD or not actor.can_restart):
                 error: Exception = ActorDiedError(f"actor {actor.label} died: {actor.reason or 'its process crashed'}")
             else:
                 error = ActorUnavailableError(

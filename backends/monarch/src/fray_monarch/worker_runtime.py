@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 import fray.current as fray_current
@@ -27,7 +28,7 @@ from fray.serialization import Blob, dumps, find_unserializable_argument, loads
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
-from fray_monarch import lifeline, network
+from fray_monarch import _runtime, lifeline, network
 from fray_monarch.arena import reclaim_dead_segments, remove_segments, segment_prefix
 from fray_monarch.objects import DepMarker, RefPayload, Tracker, set_tracker
 from fray_monarch.protocol import Inline, Reply, StreamItem, TaskItem, TaskResult, Value, WireValue, WorkerSetup
@@ -600,6 +601,22 @@ class WorkerJobContext(JobContext):
             raise GetTimeoutError(f"get did not finish within {timeout} s")
         values = _checked(reply)
         return [self.rt.load(v, f"the value of {r!r}") for v, r in zip(values, refs, strict=True)]
+
+    def _future(self, ref: ObjectRef) -> Future[Any]:
+        """Settled when the coordinator answers (a Monarch future's callback: no thread per ref)."""
+        future: Future[Any] = Future()
+
+        def settle(reply: Any, exc: BaseException | None) -> None:
+            try:
+                if exc is not None:
+                    raise exc
+                value = _checked(reply)[0]
+                future.set_result(self.rt.load(value, f"the value of {ref!r}"))
+            except BaseException as error:  # the future carries it to whoever awaits
+                future.set_exception(error)
+
+        _runtime.on_done(self.rt.coord.get.call_one(self.rt.proc_key, [ref.payload.id], None), settle)
+        return future
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         tid = self.rt.block()

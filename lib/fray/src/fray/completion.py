@@ -1,20 +1,87 @@
-"""`fray.as_completed(refs)`: refs in the order they complete, like concurrent.futures.as_completed."""
+"""Refs as they complete: `fray.as_completed(refs)` (like concurrent.futures.as_completed), `get` with a progress
+bar, and the completion watcher of backends with no completion callbacks of their own.
+
+Each reads one fray.outcome.Outcome per ref, linear in the number of refs: a backend that has outcomes gives them
+(JobContext._outcomes); for one that does not, one watcher thread per context settles them by asking the
+backend's `_wait` which pending refs are done (it never fetches a value to tell), and there is no thread per ref.
+"""
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fray import current
-from fray.errors import GetTimeoutError
+from fray.errors import FrayError, GetTimeoutError
+from fray.outcome import Outcome, completed
 from fray.progress import Progress, ProgressMode, check_mode
 from fray.refs import ObjectRef
 
 if TYPE_CHECKING:
     from fray.context import JobContext
 
-__all__ = ["as_completed", "get_with_progress"]
+__all__ = ["RefWatcher", "as_completed", "get_with_progress", "outcomes"]
+
+POLL = 0.2  # seconds one _wait of the watcher may take before it looks for refs added meanwhile
+
+
+class RefWatcher:
+    """One thread for a context: settles the outcome of each ref given to `outcome()` when the backend's `_wait`
+    says it is done (value None: readers ask `_get`). Ends when nothing is pending, or with its context."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+        self.lock = threading.Lock()
+        self.pending: dict[ObjectRef, Outcome] = {}
+        self.thread: threading.Thread | None = None
+
+    def outcome(self, ref: ObjectRef) -> Outcome:
+        with self.lock:
+            found = self.pending.get(ref)
+            if found is None:
+                found = self.pending[ref] = Outcome()
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name=f"fray-{self.ctx.backend}-watch", daemon=True)
+                self.thread.start()
+        return found
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                refs = list(self.pending)
+                if not refs or self.ctx.is_shut_down:
+                    self.thread = None
+                    left, self.pending = self.pending, {}
+                    break
+            failure: Exception | None = None
+            try:
+                done = self.ctx._wait(refs, 1, POLL)
+            except Exception as exc:  # the context failed under us: every waiter learns it
+                done, failure = set(range(len(refs))), exc
+            with self.lock:
+                settled = [self.pending.pop(refs[i]) for i in done if refs[i] in self.pending]
+            for outcome in settled:
+                if failure is None:
+                    outcome.set_value(None)
+                else:
+                    outcome.set_failure(failure)
+        for outcome in left.values():
+            outcome.set_failure(FrayError(f"this {self.ctx.backend} context is shut down"))
+
+
+def outcomes(ctx: JobContext, refs: list[ObjectRef]) -> list[Outcome]:
+    """One outcome per ref: the backend's own, else its context's watcher's."""
+    native = ctx._outcomes(refs)
+    if native is not None:
+        return native
+    watcher = ctx._watcher
+    if watcher is None:
+        with ctx._shutdown_lock:
+            if ctx._watcher is None:
+                ctx._watcher = RefWatcher(ctx)
+            watcher = ctx._watcher
+    return [watcher.outcome(ref) for ref in refs]
 
 
 def as_completed(
@@ -23,8 +90,8 @@ def as_completed(
     """Yield each ref as soon as it completes (a failed one too: its get raises). Refs that complete together
     come in input order. Raises GetTimeoutError when `timeout` seconds pass before all have completed.
 
-    progress=True shows a bar on a terminal ("always": also elsewhere); to count failures it checks each done
-    ref with a get, so the values are read once more."""
+    progress=True shows a bar on a terminal ("always": also elsewhere); on a backend without outcomes of its own,
+    counting failures there reads each done ref's value once more."""
     mode = check_mode(progress)
     pending = list(refs)
     if not pending:
@@ -32,26 +99,25 @@ def as_completed(
     for ref in pending:
         if not isinstance(ref, ObjectRef):
             raise ValueError(f"as_completed needs ObjectRefs, got {type(ref).__name__}")
-    ctx = current.context_for(pending[0].backend)
     if timeout is not None and timeout < 0:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
-    deadline = None if timeout is None else time.monotonic() + timeout
+    ctx = current.context_for(pending[0].backend)
+    watched = outcomes(ctx, pending)
     with Progress(len(pending), mode, "fray.as_completed") as bar:
-        while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            done, _ = ctx.wait(pending, num_returns=len(pending), timeout=0)
-            if not done:
-                done, _ = ctx.wait(pending, num_returns=1, timeout=left)
-            if not done:
-                raise GetTimeoutError(f"as_completed timed out after {timeout} s: {len(pending)} refs not complete")
-            finished = set(done)
-            pending = [ref for ref in pending if ref not in finished]
-            if bar.shown:
-                bar.advance(len(done), sum(1 for ref in done if _failed(ctx, ref)))
-            yield from done
+        try:
+            for batch in completed(watched, timeout):
+                if bar.shown:
+                    bar.advance(len(batch), sum(1 for i in batch if _failed(ctx, pending[i], watched[i])))
+                yield from (pending[i] for i in batch)
+        except TimeoutError as exc:
+            raise GetTimeoutError(f"as_completed timed out after {timeout} s: {exc}") from None
 
 
-def _failed(ctx: JobContext, ref: ObjectRef) -> bool:
+def _failed(ctx: JobContext, ref: ObjectRef, outcome: Outcome) -> bool:
+    if outcome.failed():
+        return True
+    if ctx._outcomes([ref]) is not None:
+        return False  # the backend's own outcome says it
     try:
         ctx.get(ref, timeout=0)
     except GetTimeoutError:
@@ -62,29 +128,22 @@ def _failed(ctx: JobContext, ref: ObjectRef) -> bool:
 
 
 def get_with_progress(ctx: JobContext, refs: list[ObjectRef], timeout: float | None, mode: ProgressMode) -> list[Any]:
-    """get, fetching each ref as it completes to count it (and its failure) on the bar; a failure is raised
+    """get, reading each ref once as it completes to count it (and its failure) on the bar; a failure is raised
     when it is seen (the first in input order among those seen together), as get does."""
-    deadline = None if timeout is None else time.monotonic() + timeout
     values: dict[int, Any] = {}
-    errors: dict[int, BaseException] = {}
-    pending = list(range(len(refs)))
     with Progress(len(refs), mode, "fray.get") as bar:
-        while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            done = ctx._wait([refs[i] for i in pending], 1, left)
-            if not done:
-                raise GetTimeoutError(f"get timed out after {timeout} s: {len(pending)} of {len(refs)} not ready")
-            finished = [pending[j] for j in sorted(done)]
-            failed = 0
-            for i in finished:
-                try:
-                    values[i] = ctx._get([refs[i]], None)[0]
-                except Exception as exc:  # raised below, in input order
-                    errors[i] = exc
-                    failed += 1
-            bar.advance(len(finished), failed)
-            if errors:
-                raise errors[min(errors)]
-            done_set = set(finished)
-            pending = [i for i in pending if i not in done_set]
+        try:
+            for batch in completed(outcomes(ctx, refs), timeout):
+                errors: dict[int, BaseException] = {}
+                for i in batch:
+                    try:
+                        values[i] = ctx._get([refs[i]], None)[0]
+                    except Exception as exc:  # raised below, in input order
+                        errors[i] = exc
+                bar.advance(len(batch), len(errors))
+                if errors:
+                    raise errors[min(errors)]
+        except TimeoutError:
+            missing = len(refs) - len(values)
+            raise GetTimeoutError(f"get timed out after {timeout} s: {missing} of {len(refs)} not ready") from None
     return [values[i] for i in range(len(refs))]

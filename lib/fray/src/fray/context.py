@@ -19,10 +19,11 @@ from fray import current
 from fray._validation import FEASIBLE_SECONDS, check_call, check_options, check_timeout
 from fray.capabilities import Capability
 from fray.cluster_context import ClusterContext
-from fray.completion import get_with_progress
+from fray.completion import RefWatcher, get_with_progress, outcomes
 from fray.current import clear_job_context, get_job_context
 from fray.errors import FrayError, InfeasibleResourcesError, UnsupportedFeatureError
 from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, existing_group, local_members
+from fray.outcome import Outcome
 from fray.progress import ProgressMode, check_mode
 from fray.refs import ActorHandle, ObjectRef
 from fray.resources import actor_resources, fits, format_resources, task_resources
@@ -57,6 +58,7 @@ class JobContext(ABC):
         self._shutdown_lock = threading.Lock()
         # request -> until when "it fits some node" is trusted (nodes can come and go)
         self._feasible: dict[tuple[tuple[str, float], ...], float] = {}
+        self._watcher: RefWatcher | None = None  # made on first need (fray.completion)
 
     @property
     def is_shut_down(self) -> bool:
@@ -441,18 +443,14 @@ class JobContext(ABC):
     ) -> ObjectRefStream:
         raise UnsupportedFeatureError(Capability.STREAMING, self.backend, f"{handle.class_name}.{method}.stream()")
 
+    def _outcomes(self, refs: list[ObjectRef]) -> list[Outcome] | None:
+        """The backend's own completion of each ref (fray.outcome), if it has one: as_completed, progress bars
+        and the default `_future` read it. None (default): one watcher thread per context polls `_wait`."""
+        return None
+
     def _future(self, ref: ObjectRef) -> Future[Any]:
-        """A Future of ref's value: by default a thread that waits in `_get` (backends with callbacks do better)."""
-        future: Future[Any] = Future()
-
-        def settle() -> None:
-            try:
-                future.set_result(self._get([ref], None)[0])
-            except BaseException as exc:  # the future carries it to whoever awaits
-                future.set_exception(exc)
-
-        threading.Thread(target=settle, name=f"fray-future-{ref!r}"[:60], daemon=True).start()
-        return future
+        """A Future of ref's value, settled when its outcome is (no thread of its own)."""
+        return outcomes(self, [ref])[0].to_future(lambda _: self._get([ref], None)[0])
 
 
 def set_job_context(ctx: JobContext) -> contextvars.Token[JobContext | None]:

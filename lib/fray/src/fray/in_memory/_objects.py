@@ -1,13 +1,13 @@
-"""in_memory objects: an entry per value (a Future holding a Blob, a raw value, or a failure)."""
+"""in_memory objects: an entry per value, completed through fray.outcome (a Blob, a raw value, or a failure)."""
 
 from __future__ import annotations
 
 import itertools
 import weakref
-from concurrent.futures import Future, InvalidStateError
 from typing import Any, NoReturn
 
 from fray.errors import FrayError
+from fray.outcome import Outcome
 from fray.remote_errors import RemoteError
 from fray.serialization import note_contained
 
@@ -17,13 +17,13 @@ _ids = itertools.count(1)
 
 
 class _Entry:
-    """One object: a Future holding a Blob (serialized value), a raw value, or a failure."""
+    """One object: its outcome holds a Blob (serialized value) or a raw value, or a failure."""
 
-    __slots__ = ("__weakref__", "future", "id", "task")
+    __slots__ = ("__weakref__", "id", "outcome", "task")
 
     def __init__(self) -> None:
         self.id = next(_ids)
-        self.future: Future[Any] = Future()
+        self.outcome = Outcome()
         self.task: Any = None  # the _Task that will produce it, until it finishes
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -35,13 +35,18 @@ class _Entry:
         return f"#{self.id}"
 
     def settle(self, value: Any = None, error: BaseException | RemoteError | None = None) -> None:
-        try:
-            if error is not None:
-                self.future.set_exception(_Failure(error))
-            else:
-                self.future.set_result(value)
-        except InvalidStateError:  # already failed (killed actor, cancelled task): the first outcome stands
-            pass
+        """Complete it (once: a killed actor's or cancelled task's failure may come first and stands)."""
+        if error is not None:
+            self.outcome.set_failure(error)
+        else:
+            self.outcome.set_value(value)
+
+    def result(self) -> Any:
+        """Its stored value, once complete (blocks until then); raises _Failure if it failed."""
+        self.outcome.wait()
+        if self.outcome.failed():
+            raise _Failure(self.outcome.error)
+        return self.outcome.value
 
 
 def _lookup_entry(entry_id: int) -> _Entry:
@@ -52,7 +57,8 @@ def _lookup_entry(entry_id: int) -> _Entry:
 
 
 class _Failure(Exception):
-    """Carries a task's failure inside a Future; `raise_it` raises the original exception."""
+    """A failure met while resolving an object (a task's argument that failed): `raise_it` raises the original
+    exception; a task that meets it fails with that exception, not with this carrier, and is not retried."""
 
     def __init__(self, error: BaseException | RemoteError) -> None:
         super().__init__()

@@ -20,6 +20,7 @@ from fray.errors import (
 )
 from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call
 from fray.in_memory._scheduler import Ledger, signature
+from fray.outcome import Outcome
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.remote_errors import RemoteError, format_exception
 from fray.resources import actor_resources
@@ -348,12 +349,12 @@ def end_stream_with_failure(entry: _Entry, queue: ItemQueue) -> None:
     """If the call or task behind a stream fails before its generator runs (killed actor, cancelled task, shut
     down context), that failure is the stream's last item, so its consumer never waits forever."""
 
-    def settled(future: Any) -> None:
-        if future.exception() is not None:
+    def settled(outcome: Outcome) -> None:
+        if outcome.failed():
             queue.append(ObjectRef(entry, BACKEND))
             queue.end()
 
-    entry.future.add_done_callback(settled)
+    entry.outcome.add_callback(settled)
 
 
 def _died(actor: _Actor) -> ActorDiedError:

@@ -11,8 +11,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, wait
-from concurrent.futures import TimeoutError as FutureTimeoutError
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
@@ -24,14 +23,15 @@ from fray.errors import (
     TaskCancelledError,
     attach_remote_traceback,
 )
-from fray.futures import wait_for_count
 from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_call
 from fray.in_memory._scheduler import Ledger, Signature, Work, signature
 from fray.in_memory.actors import ActorsMixin, _Actor, _call_owner, end_stream_with_failure
+from fray.outcome import Outcome, first_failure, wait_for, when
 from fray.refs import ObjectRef
 from fray.remote_errors import RemoteError, capture_exception, format_exception
 from fray.resources import task_resources
 from fray.serialization import Blob, check_function, dumps, dumps_call, loads
+from fray.states import TaskState
 from fray.streams import ItemQueue, ObjectRefStream
 from fray.transfers import PathStats, TransferStats
 from fray.types import TaskOptions
@@ -67,7 +67,7 @@ class _Task:
         self.attempts = 0
         # waiting (for its ref arguments) -> queued (for resources) -> dispatched (resources held, on the workers'
         # queue) -> running [-> cancelling] -> finishing -> done; or -> cancelled before running.
-        self.state = "waiting"
+        self.state = TaskState.WAITING
         self.stolen = False  # run by a thread blocked in get on it, rather than by the worker it was queued for
         self.thread_id = 0
 
@@ -78,8 +78,8 @@ class _Task:
 
 
 def _mark_dispatched(task: _Task) -> None:  # runs under the ledger's lock, when the task's resources are taken
-    if task.state == "queued":
-        task.state = "dispatched"
+    if task.state == TaskState.QUEUED:
+        task.state = TaskState.DISPATCHED
 
 
 def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
@@ -176,21 +176,11 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         return ObjectRefStream(queue, BACKEND)
 
     def _future(self, ref: ObjectRef) -> Future[Any]:
-        result: Future[Any] = Future()
+        outcome: Outcome = ref.payload.outcome
+        return outcome.to_future(lambda _: self._value_of(ref, raise_original=True))
 
-        def settle(done: Future[Any]) -> None:
-            try:
-                result.set_result(self._decode(done.result(), f"the value of {ref!r}"))
-            except _Failure as failure:
-                try:
-                    failure.raise_it()
-                except BaseException as exc:
-                    result.set_exception(exc)
-            except BaseException as exc:
-                result.set_exception(exc)
-
-        ref.payload.future.add_done_callback(settle)
-        return result
+    def _outcomes(self, refs: list[ObjectRef]) -> list[Outcome]:
+        return [ref.payload.outcome for ref in refs]
 
     def _submit_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
@@ -222,29 +212,18 @@ class InMemoryJobContext(ActorsMixin, JobContext):
     @staticmethod
     def _when_ready(deps: list[_Entry], then: Callable[[], None]) -> None:
         """Call `then` once every dependency is complete (so a waiting task holds no resources)."""
-        remaining = [len(deps)]
-        lock = threading.Lock()
-
-        def one_done(_: Future[Any]) -> None:
-            with lock:
-                remaining[0] -= 1
-                last = remaining[0] == 0
-            if last:
-                then()
-
-        for dep in deps:
-            dep.future.add_done_callback(one_done)
+        when([dep.outcome for dep in deps], len(deps), then)
 
     def _enqueue(self, task: _Task, fresh: bool = False) -> None:
         """Queue a task for resources. `fresh`: called from create_task, before anyone holds its ref, so nothing
         can race with this state change (later calls, from dependencies or retries, can race with cancel)."""
         if fresh:
-            task.state = "queued"
+            task.state = TaskState.QUEUED
         else:
             with self._lock:
-                if task.state != "waiting":
+                if task.state != TaskState.WAITING:
                     return
-                task.state = "queued"
+                task.state = TaskState.QUEUED
         try:
             self._ledger.submit(task.request, partial(self._run_task, task), partial(_mark_dispatched, task))
         except RuntimeError:
@@ -254,10 +233,10 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         """A worker runs one task; returns the next work its freed resources let start, for this thread to run."""
         with self._lock:
             state = task.state
-            if state == "dispatched":
-                task.state = "running"
+            if state == TaskState.DISPATCHED:
+                task.state = TaskState.RUNNING
                 task.thread_id = threading.get_ident()
-        if state != "dispatched":  # cancelled: give its resources back; stolen: the thread that runs it will
+        if state != TaskState.DISPATCHED:  # cancelled: give its resources back; stolen: the thread that runs it will
             return None if task.stolen else self._ledger.release(task.request)
         return self._execute(task, on_worker=True)
 
@@ -265,9 +244,9 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         """Run a dispatched task on this thread, which would otherwise just block in get waiting for it (saves
         two thread switches; the worker that dequeues it later skips it)."""
         with self._lock:
-            if task.state != "dispatched":
+            if task.state != TaskState.DISPATCHED:
                 return
-            task.state = "running"
+            task.state = TaskState.RUNNING
             task.stolen = True
             task.thread_id = threading.get_ident()
         next_work = self._execute(task, on_worker=False)
@@ -300,8 +279,8 @@ class InMemoryJobContext(ActorsMixin, JobContext):
                 value = self._encode(value, "the return value")
             finally:
                 with lock:
-                    interrupted = task.state == "cancelling"
-                    task.state = "finishing"
+                    interrupted = task.state == TaskState.CANCELLING
+                    task.state = TaskState.FINISHING
                 if interrupted:
                     _async_raise(threading.get_ident(), None)  # drop an interrupt that arrived too late
             if interrupted:
@@ -322,7 +301,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
             _tls.task = outer_task
             next_work = self._ledger.release(task.request, finishing=on_worker and not retry)
         if retry:
-            task.state = "waiting"
+            task.state = TaskState.WAITING
             task.stolen = False
             self._enqueue(task)
         else:
@@ -330,7 +309,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         return next_work
 
     def _finish_task(self, task: _Task, value: Any = None, error: Any = None) -> None:
-        task.state = "done"
+        task.state = TaskState.DONE
         self._tasks.pop(task.entry.id, None)
         task.entry.task = None
         task.call = None
@@ -351,30 +330,37 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         kwargs = {k: self._value_of(v) if isinstance(v, ObjectRef) else v for k, v in kwargs.items()}
         return args, kwargs
 
-    def _value_of(self, ref: ObjectRef) -> Any:
+    def _value_of(self, ref: ObjectRef, raise_original: bool = False) -> Any:
+        """The value of a ref (waiting for it); raises _Failure if its task failed (the original exception with
+        raise_original)."""
         if ref.backend != BACKEND:
             raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend")
         entry: _Entry = ref.payload
-        return self._decode(entry.future.result(), f"the value of {ref!r}")  # raises _Failure if that task failed
+        try:
+            return self._decode(entry.result(), f"the value of {ref!r}")
+        except _Failure as failure:
+            if raise_original:
+                failure.raise_it()
+            raise
 
     def _cancel(self, ref: ObjectRef) -> None:
         entry: _Entry = ref.payload
         with self._lock:
             task = entry.task
             if task is None:
-                state = "done"
+                state = TaskState.DONE
             else:
                 state = task.state
-                if state in ("waiting", "queued", "dispatched"):
-                    task.state = "cancelled"
-                elif state == "running" and task.thread_id is not None:
-                    task.state = "cancelling"
+                if state in (TaskState.WAITING, TaskState.QUEUED, TaskState.DISPATCHED):
+                    task.state = TaskState.CANCELLED
+                elif state == TaskState.RUNNING and task.thread_id is not None:
+                    task.state = TaskState.CANCELLING
                     _async_raise(task.thread_id, _Interrupt)
-        if state in ("waiting", "queued", "dispatched"):
+        if state in (TaskState.WAITING, TaskState.QUEUED, TaskState.DISPATCHED):
             self._finish_task(task, error=TaskCancelledError("the task was cancelled before it ran"))  # type: ignore[arg-type]
             return
         actor = _call_owner.get(entry)
-        if state == "done" and actor is not None:  # an actor call: drop it if it has not started
+        if state == TaskState.DONE and actor is not None:  # an actor call: drop it if it has not started
             with actor.lock:
                 queued = entry in actor.pending
                 actor.pending.discard(entry)
@@ -391,52 +377,46 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         return task.request
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
-        futures = [ref.payload.future for ref in refs]
-        if not all(f.done() for f in futures):
+        outcomes = [ref.payload.outcome for ref in refs]
+        if not all(o.done() for o in outcomes):
             held = self._blocking()
             try:
-                if len(futures) == 1:
+                if len(outcomes) == 1:
                     self._wait_one(refs[0], timeout)
                 else:  # all done, or the first failure (as Ray's get: a failed pipeline does not wait on the rest)
-                    wait(futures, timeout, return_when=FIRST_EXCEPTION)
-                if not all(f.done() for f in futures) and not any(_failed(f) for f in futures):
-                    missing = sum(not f.done() for f in futures)
+                    wait_for(outcomes, len(outcomes), timeout, stop_on_failure=True)
+                if not all(o.done() for o in outcomes) and first_failure(outcomes) is None:
+                    missing = sum(not o.done() for o in outcomes)
                     raise GetTimeoutError(
-                        f"get timed out after {timeout} s: {missing} of {len(futures)} refs not ready"
+                        f"get timed out after {timeout} s: {missing} of {len(outcomes)} refs not ready"
                     )
             finally:
                 if held:
                     self._ledger.reacquire(held)
+        failed = first_failure(outcomes)  # the first failure in ref order, even where an earlier ref is not done
+        if failed is not None:
+            _Failure(outcomes[failed].error).raise_it()
         decode = self._decode
-        try:
-            for future in futures:  # the first failure in ref order, even where an earlier ref is not done
-                if _failed(future):
-                    future.result()
-            return [decode(f.result(), f"the value of {ref!r}") for ref, f in zip(refs, futures, strict=True)]
-        except _Failure as failure:
-            failure.raise_it()
+        return [decode(o.value, f"the value of {ref!r}") for ref, o in zip(refs, outcomes, strict=True)]
 
     def _wait_one(self, ref: ObjectRef, timeout: float | None) -> None:
         """Without a deadline, a task not started yet runs here, on the waiting thread (a lone ref only:
         inlining a list's tasks makes this thread compete with the workers for the GIL and costs more than it
         saves)."""
-        future = ref.payload.future
+        outcome = ref.payload.outcome
         task: _Task | None = ref.payload.task
-        if timeout is None and task is not None and task.state == "dispatched":
+        if timeout is None and task is not None and task.state == TaskState.DISPATCHED:
             if self._tasks.get(task.entry.id) is task:
                 self._run_inline(task)
-            if future.done():
+            if outcome.done():
                 return
-        try:
-            future.exception(timeout)  # waits on the future's own condition; never raises its error
-        except FutureTimeoutError:
-            pass
+        outcome.wait(timeout)
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
-        futures = [ref.payload.future for ref in refs]
-        held = None if sum(f.done() for f in futures) >= num_returns or timeout == 0 else self._blocking()
+        outcomes = [ref.payload.outcome for ref in refs]
+        held = None if sum(o.done() for o in outcomes) >= num_returns or timeout == 0 else self._blocking()
         try:
-            return wait_for_count(futures, num_returns, timeout)
+            return wait_for(outcomes, num_returns, timeout)
         finally:
             if held:
                 self._ledger.reacquire(held)
@@ -446,16 +426,16 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         for actor in list(self._own_actors.values()):
             self._kill_actor(actor, "its context was shut down")
         with self._lock:
-            tasks = [t for t in list(self._tasks.values()) if t.state in ("waiting", "queued", "dispatched")]
+            tasks = [
+                t
+                for t in list(self._tasks.values())
+                if t.state in (TaskState.WAITING, TaskState.QUEUED, TaskState.DISPATCHED)
+            ]
             for task in tasks:
-                task.state = "cancelled"
+                task.state = TaskState.CANCELLED
         for task in tasks:
             self._finish_task(task, error=TaskCancelledError("the context was shut down before the task ran"))
         self._ledger.close()
-
-
-def _failed(future: Future[Any]) -> bool:
-    return future.done() and not future.cancelled() and future.exception() is not None
 
 
 def _top_level_entries(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[_Entry]:
