@@ -3,9 +3,9 @@
 fray --version                         fray's version
 fray backends                          which backends are known, installed, and their capabilities
 fray capabilities                      the capabilities table (markdown) of the installed backends
-fray job submit|list|status|logs|stop|delete ...   jobs (see fray.jobs_cli)
+fray job submit|list|status|logs|stop|delete ...   jobs (see fray.cli.commands)
 fray run [--backend SPEC] -- CMD ...   run CMD as a job, follow its log, exit with its exit code (job submit)
-fray cluster start|stop [--backend SPEC]           a cluster that outlives one command (ray)
+fray cluster start|stop [--backend SPEC]           a cluster that outlives one command (ray, monarch)
 fray status [--backend SPEC]           nodes with their total and free resources, and jobs
 fray doctor [--json] [--no-probes]     installed versions, shared memory and its bandwidth, each backend's state
 """
@@ -56,7 +56,7 @@ def capabilities_table() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from fray import __version__
-    from fray.jobs_cli import add_commands, run_command
+    from fray.cli.commands import add_commands, run_command
 
     parser = argparse.ArgumentParser(prog="fray", description="Fray: one interface, several distributed engines.")
     parser.add_argument("--version", action="version", version=f"fray {__version__}")

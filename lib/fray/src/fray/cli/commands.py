@@ -1,0 +1,131 @@
+"""The job commands of `fray`: `fray job ...`, `fray run`, `fray cluster start|stop`, `fray status`.
+
+fray job submit [--backend SPEC] [--address A] [--working-dir DIR] [--env K=V]... [--no-wait]
+                [--on-interrupt stop|leave] -- CMD ...
+fray job list|status ID|logs ID [--follow]|stop ID|delete ID   [--backend SPEC] [--address A] [--json]
+fray run ... -- CMD ...                   an attached `fray job submit`
+fray cluster start|stop [--backend SPEC] [--listen ADDRESS]
+fray status [--backend SPEC] [--address A] [--json]
+
+Each command is a process of its own, so a job must have a home that outlives the command that submitted it:
+in_memory keeps jobs in the state directory (fray.state, fray.detached); ray talks to a Ray cluster by address
+(--address, the spec's address, RAY_ADDRESS, or the head `fray cluster start --backend ray` recorded). A backend
+without the persistent_jobs capability (monarch) runs attached jobs only, and the other commands say so.
+
+Exit codes: a waited-for job's own exit code (killed or stopped by signal N: 128+N); 130 / 143 when the submit
+itself gets SIGINT / SIGTERM; 1 for an error of fray's (unknown job, no cluster, missing capability); 2 for bad
+usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Any
+
+from fray.cli.cluster import cluster_start, cluster_stop, status
+from fray.cli.common import CommandError
+from fray.cli.jobs import JOB_VERBS
+from fray.cli.submit import submit
+from fray.errors import FrayError
+
+__all__ = ["add_commands", "run_command"]
+
+
+def _cluster_options(parser: argparse.ArgumentParser, address: bool = True) -> None:
+    parser.add_argument("--backend", default=None, help="backend spec (default: FRAY_BACKEND, else in_memory)")
+    if address:
+        parser.add_argument(
+            "--address",
+            default=None,
+            help="the cluster to talk to (ray: its dashboard URL; default: the spec's address, RAY_ADDRESS, "
+            "else the cluster `fray cluster start` started)",
+        )
+
+
+def _submit_options(parser: argparse.ArgumentParser, detachable: bool) -> None:
+    _cluster_options(parser)
+    parser.add_argument("--working-dir", default=None, help="the directory the job runs in (default: this one)")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="K=V", help="an environment variable of the job (repeatable)"
+    )
+    if detachable:
+        parser.add_argument(
+            "--no-wait", action="store_true", help="print the job id and return: the job goes on (detached)"
+        )
+    parser.add_argument(
+        "--on-interrupt",
+        choices=("stop", "leave"),
+        default="stop",
+        help="on Ctrl-C (SIGINT) or SIGTERM: stop the job (default), or leave it running",
+    )
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+
+
+def add_commands(sub: Any) -> None:
+    """Add `job`, `run`, `cluster` and `status` to the `fray` parser's subcommands."""
+    job = sub.add_parser("job", help="submit jobs, list them, follow their logs, stop and delete them")
+    verbs = job.add_subparsers(dest="verb", required=True)
+    _submit_options(verbs.add_parser("submit", help="run a command as a job (and follow its log)"), True)
+    listing = verbs.add_parser("list", help="the jobs of the backend's cluster")
+    _cluster_options(listing)
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    one = verbs.add_parser("status", help="one job's status")
+    one.add_argument("job_id")
+    _cluster_options(one)
+    one.add_argument("--json", action="store_true", help="print JSON")
+    logs = verbs.add_parser("logs", help="a job's output (stdout and stderr)")
+    logs.add_argument("job_id")
+    _cluster_options(logs)
+    logs.add_argument("--follow", "-f", action="store_true", help="follow the output until the job ends")
+    for verb, text in (("stop", "stop a job (it stays listed, STOPPED)"), ("delete", "stop a job and forget it")):
+        parser = verbs.add_parser(verb, help=text)
+        parser.add_argument("job_id")
+        _cluster_options(parser)
+    _submit_options(sub.add_parser("run", help="run a command as a job and follow its log (fray job submit)"), False)
+    cluster = sub.add_parser("cluster", help="start or stop a cluster that outlives this command (ray)")
+    actions = cluster.add_subparsers(dest="action", required=True)
+    start = actions.add_parser("start", help="start a cluster and record it in the state directory")
+    _cluster_options(start, address=False)
+    start.add_argument("--listen", default="127.0.0.1", help="the address it listens on (default: loopback only)")
+    launch = start.add_argument_group("hosts to launch (monarch; also spec options: --backend 'monarch?job=ssh&...')")
+    launch.add_argument("--job", default=None, help="how: ssh (--hosts NAMES), slurm (--nodes N), process (--hosts N)")
+    launch.add_argument("--hosts", default=None, help="host names to log in to (ssh), or a count (process)")
+    launch.add_argument("--nodes", default=None, help="Slurm nodes to allocate")
+    launch.add_argument("--partition", default=None, help="the Slurm partition")
+    launch.add_argument("--time", default=None, help="the Slurm time limit, e.g. 00:30:00")
+    _cluster_options(actions.add_parser("stop", help="stop the recorded cluster and its jobs"), address=False)
+    overview = sub.add_parser("status", help="nodes with their total and free resources, and jobs")
+    _cluster_options(overview)
+    overview.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a command added by add_commands; errors of fray's are printed, never raised."""
+    try:
+        if args.command == "run":
+            return submit(args, wait=True)
+        if args.command == "job":
+            return submit(args, wait=True) if args.verb == "submit" else JOB_VERBS[args.verb](args)
+        if args.command == "cluster":
+            return cluster_start(args) if args.action == "start" else cluster_stop(args)
+        if args.command == "status":
+            return status(args)
+        raise CommandError(f"unknown command {args.command!r}", 2)
+    except CommandError as exc:
+        print(f"fray: error: {exc}", file=sys.stderr)
+        return exc.code
+    except (FrayError, ValueError, TypeError) as exc:  # unknown job, bad spec or directory, missing capability
+        print(f"fray: error: {exc}", file=sys.stderr)
+        return 1
+    except (ConnectionError, RuntimeError) as exc:  # the engine's: no cluster at that address, refused auth, ...
+        print(f"fray: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    except BrokenPipeError:  # `fray job logs ID | head`: the reader has gone
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's final flush does not fail too
+        return 128 + signal.SIGPIPE

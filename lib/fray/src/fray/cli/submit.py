@@ -1,0 +1,136 @@
+"""`fray job submit` and `fray run`: start a job and, unless told not to, follow its log until it ends."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
+
+from fray.capabilities import Capability
+from fray.cli.common import CommandError, exit_status, open_cluster, say
+from fray.context import ClusterContext
+from fray.types import RuntimeEnv
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Interrupts:
+    """While active, SIGINT and SIGTERM raise _Interrupted in the main thread, once: after the first, further
+    ones are ignored (stopping the job is not to be cut short). Inside `deferred()`, one that comes is raised
+    when the block ends (a job being submitted is then known, and can be stopped)."""
+
+    def __init__(self) -> None:
+        self.ignoring = False
+        self._deferring = False
+        self._pending: int | None = None
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.ignoring or self._pending is not None:
+            return
+        if self._deferring:
+            self._pending = signum
+            return
+        self.ignoring = True
+        raise _Interrupted(signum)
+
+    def __enter__(self) -> _Interrupts:
+        self._previous = {sig: signal.signal(sig, self._handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._pending is not None and not self.ignoring:
+            self.ignoring = True
+            raise _Interrupted(self._pending)
+
+
+def _command_of(raw: Sequence[str], verb: str) -> list[str]:
+    command = list(raw[1:] if raw[:1] == ["--"] else raw)
+    if not command:
+        raise CommandError(f"give a command after --, e.g. fray {verb} -- python train.py", 2)
+    return command
+
+
+def _env_of(pairs: Sequence[str]) -> RuntimeEnv | None:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CommandError(f"--env takes K=V, got {pair!r}", 2)
+        env[key] = value
+    return RuntimeEnv(env=env) if env else None
+
+
+def _follow_hint(args: argparse.Namespace, job_id: str) -> str:
+    where = f" --backend {args.backend}" if args.backend else ""
+    where += f" --address {args.address}" if getattr(args, "address", None) else ""
+    return f"follow it with `fray job logs {job_id} --follow{where}`, stop it with `fray job stop {job_id}{where}`"
+
+
+def submit(args: argparse.Namespace, wait: bool) -> int:
+    verb = "run" if args.command == "run" else "job submit"
+    command = _command_of(args.cmd, verb)
+    env = _env_of(args.env)
+    wait = wait and not getattr(args, "no_wait", False)
+    stays = not wait or args.on_interrupt == "leave"  # the job must outlive this command
+    what = "--no-wait" if not wait else "--on-interrupt leave"
+    ctx: ClusterContext | None = None
+    job_id: str | None = None
+    with _Interrupts() as interrupts:
+        try:
+            ctx = open_cluster(args, what, persistent=stays)
+            persistent = Capability.PERSISTENT_JOBS in ctx.capabilities
+            if stays and not persistent:
+                raise CommandError(f"{what}: {ctx.persistent_jobs_unavailable()}")
+            # Where jobs can be reached from other commands, they are (detached); one waited for in "stop" mode
+            # is tied to this process all the same: it ends when this command ends, however it ends.
+            with interrupts.deferred():  # a Ctrl-C now is handled once the job id is known
+                job_id = ctx.create_job(command, env=env, working_dir=args.working_dir, detached=persistent)
+                if wait and args.on_interrupt == "stop":
+                    ctx.tie_job(job_id)
+            if not wait:
+                print(job_id, flush=True)
+                say(f"job {job_id} submitted; {_follow_hint(args, job_id)}")
+                return 0
+            on_interrupt = "stops it" if args.on_interrupt == "stop" else "leaves it running"
+            say(f"job {job_id} submitted on {ctx.backend}; Ctrl-C {on_interrupt}")
+            for piece in ctx.tail_job_logs(job_id):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            info = ctx.get_job(job_id)
+            ctx.untie_job(job_id)
+            detail = f" ({info.message})" if info.message else ""
+            say(f"job {job_id} {info.status.value}{detail}")
+            return exit_status(info)
+        except _Interrupted as interrupted:
+            interrupts.ignoring = True
+            if ctx is None or job_id is None:
+                say(f"interrupted ({interrupted}) before the job was submitted")
+            elif args.on_interrupt == "stop" and wait:
+                say(f"{interrupted}: stopping job {job_id}")
+                ctx.stop_job(job_id)
+                ctx.untie_job(job_id)
+                say(f"job {job_id} {ctx.get_job(job_id).status.value}")
+            else:
+                say(f"{interrupted}: job {job_id} left running; {_follow_hint(args, job_id)}")
+            return 128 + interrupted.signum
+        finally:
+            interrupts.ignoring = True  # shutting down is not to be cut short either
+            if ctx is not None:
+                ctx.shutdown()
