@@ -7,7 +7,6 @@ whole contract: docs/testing.md, "Writing a backend").
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -22,7 +21,7 @@ from fray.cluster_context import ClusterContext
 from fray.completion import RefWatcher, get_with_progress, outcomes
 from fray.current import clear_job_context, get_job_context
 from fray.errors import FrayError, InfeasibleResourcesError, UnsupportedFeatureError
-from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, existing_group, local_members
+from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, create_one_by_one, existing_group
 from fray.outcome import Outcome
 from fray.progress import ProgressMode, check_mode
 from fray.refs import ActorHandle, ObjectRef
@@ -408,21 +407,8 @@ class JobContext(ABC):
         strict: bool,
         distributed: bool,
     ) -> ActorGroup:
-        """Members one by one through `_create_actor(..., member=...)` (a backend that accepts `member`); if one
-        cannot be created, the ones created are killed."""
-        handles: list[ActorHandle] = []
-        try:
-            for member in local_members(count, options.name, distributed):
-                member_options = dataclasses.replace(options, name=member.info.name, get_if_exists=False)
-                handles.append(self._create_actor(klass, args, kwargs, member_options, member=member))
-        except BaseException:
-            for handle in handles:
-                try:
-                    self._kill(handle)
-                except Exception:  # the creation error is the one to report
-                    pass
-            raise
-        return ActorGroup(handles, options.name, ctx=self)
+        """Default: members one by one through `_create_actor(..., member=...)`, all or nothing."""
+        return create_one_by_one(self, klass, count, args, kwargs, options, distributed)
 
     def _call_group(
         self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -8,6 +8,7 @@ call as one broadcast (monarch: one mesh call); the default sends one call per m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,11 +20,22 @@ from fray.errors import ActorAlreadyExistsError, ActorNotFoundError, InfeasibleR
 from fray.net import free_port
 from fray.refs import ActorHandle, ObjectRef
 from fray.resources import capacity
+from fray.types import ActorOptions
 
 if TYPE_CHECKING:
     from fray.context import JobContext
 
-__all__ = ["PLACEMENTS", "ActorGroup", "GroupMethod", "Member", "check_group_feasible", "spmd_env"]
+__all__ = [
+    "PLACEMENTS",
+    "ActorGroup",
+    "GroupMethod",
+    "Member",
+    "check_group_feasible",
+    "create_one_by_one",
+    "existing_group",
+    "local_members",
+    "spmd_env",
+]
 
 PLACEMENTS = ("pack", "spread")
 
@@ -251,3 +263,29 @@ def local_members(count: int, name: str | None, distributed: bool) -> list[Membe
         )
         for rank in range(count)
     ]
+
+
+def create_one_by_one(
+    ctx: JobContext,
+    klass: type,
+    count: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: ActorOptions,
+    distributed: bool,
+) -> ActorGroup:
+    """A group whose members are created one by one through `ctx._create_actor(..., member=...)` (the default
+    JobContext._create_actor_group); if one cannot be created, the ones created are killed."""
+    handles: list[ActorHandle] = []
+    try:
+        for member in local_members(count, options.name, distributed):
+            member_options = dataclasses.replace(options, name=member.info.name, get_if_exists=False)
+            handles.append(ctx._create_actor(klass, args, kwargs, member_options, member=member))
+    except BaseException:
+        for handle in handles:
+            try:
+                ctx._kill(handle)
+            except Exception:  # the creation error is the one to report
+                pass
+        raise
+    return ActorGroup(handles, options.name, ctx=ctx)

@@ -19,7 +19,7 @@ from fray.errors import (
     attach_remote_traceback,
 )
 from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call
-from fray.in_memory._scheduler import Ledger, signature
+from fray.in_memory._scheduler import signature
 from fray.outcome import Outcome
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.remote_errors import RemoteError, format_exception
@@ -30,6 +30,7 @@ from fray.types import ActorOptions, Lifetime
 
 if TYPE_CHECKING:
     from fray.groups import Member
+    from fray.in_memory.job import InMemoryJobContext
 
 BACKEND = "in_memory"
 
@@ -43,13 +44,13 @@ class _Actor:
     """One actor: its instance lives on a private executor (max_concurrency threads) that runs calls in order."""
 
     def __init__(
-        self, ctx: ActorsMixin, klass: type, options: ActorOptions, namespace: str, member: Member | None = None
+        self, table: ActorTable, klass: type, options: ActorOptions, namespace: str, member: Member | None = None
     ) -> None:
         self.id = next(_ids)
         self.member = member
         self.info = member.info if member is not None else ActorInfo(name=options.name)
         self.loop: asyncio.AbstractEventLoop | None = None  # runs its async methods, started at the first one
-        self.ctx = ctx
+        self.table = table  # the actor table of the context that created it
         self.klass = klass
         self.options = options
         self.namespace = namespace
@@ -106,27 +107,16 @@ def _lookup_actor(actor_id: int) -> _Actor:
     return actor
 
 
-class ActorsMixin:
-    """The actor half of InMemoryJobContext."""
+class ActorTable:
+    """The actors of one InMemoryJobContext (its collaborator: values are encoded, arguments resolved and
+    failures captured by the context, resources held in its ledger, under its lock)."""
 
-    # provided by InMemoryJobContext
-    serialize: bool
-    log_to_driver: bool
-    namespace: str
-    _lock: threading.Lock
-    _ledger: Ledger
-    _names: dict[str, _Actor]
-    _own_actors: dict[int, _Actor]
-    _checked_fns: dict[int, Any]
+    def __init__(self, ctx: InMemoryJobContext) -> None:
+        self.ctx = ctx
+        self.names: dict[str, _Actor] = {}
+        self.own: dict[int, _Actor] = {}  # the actors this context created (killed at its shutdown)
 
-    if TYPE_CHECKING:
-
-        def _refuse_if_shut_down(self) -> None: ...
-        def _encode(self, value: Any, what: str) -> Any: ...
-        def _resolve_call(self, call: Any, what: str = ...) -> tuple[tuple[Any, ...], dict[str, Any]]: ...
-        def _remote_error(self, exc: BaseException) -> BaseException | RemoteError: ...
-
-    def _create_actor(
+    def create(
         self,
         klass: type,
         args: tuple[Any, ...],
@@ -134,16 +124,16 @@ class ActorsMixin:
         options: ActorOptions,
         member: Member | None = None,
     ) -> ActorHandle:
-        self._refuse_if_shut_down()
-        if self.serialize:
-            check_function(klass, self._checked_fns)
+        ctx = self.ctx
+        if ctx.serialize:
+            check_function(klass, ctx._checked_fns)
             call: Any = dumps_call(f"{klass.__name__}()", args, kwargs)
         else:
             call = (args, kwargs)
         detached = options.lifetime is Lifetime.DETACHED
-        with _detached_lock, self._lock:
+        with _detached_lock, ctx._lock:
             if options.name is not None:
-                existing = self._find_named(options.name)
+                existing = self.find_named(options.name)
                 if existing is not None:
                     if options.get_if_exists:
                         return self._handle(existing)
@@ -151,31 +141,31 @@ class ActorsMixin:
                         f"an actor named {options.name!r} exists already; pass ActorOptions(get_if_exists=True) "
                         "to reuse it, or pick another name"
                     )
-            actor = _Actor(self, klass, options, self.namespace, member)
+            actor = _Actor(self, klass, options, ctx.namespace, member)
             if options.name is not None:
                 if detached:
-                    _detached[(self.namespace, options.name)] = actor
+                    _detached[(ctx.namespace, options.name)] = actor
                 else:
-                    self._names[options.name] = actor
+                    self.names[options.name] = actor
             if not detached:
-                self._own_actors[actor.id] = actor
+                self.own[actor.id] = actor
         # The actor's resources are held from its start until it is killed; its __init__ runs first in its queue,
         # waiting there for those resources, so calls sent meanwhile queue up behind it in order.
         granted = threading.Event()
         if actor.request:
-            self._ledger.submit(actor.request, lambda: granted.set())
+            ctx._ledger.submit(actor.request, lambda: granted.set())
         else:
             granted.set()
         actor.executor.submit(self._start_actor, actor, call, granted)
         return self._handle(actor)
 
-    def _find_named(self, name: str) -> _Actor | None:
-        actor = self._names.get(name) or _detached.get((self.namespace, name))
+    def find_named(self, name: str) -> _Actor | None:
+        actor = self.names.get(name) or _detached.get((self.ctx.namespace, name))
         return actor if actor is not None and actor.death is None else None
 
     def _handle(self, actor: _Actor) -> ActorHandle:
         # A detached actor outlives this context: its handle follows the context current where it is used.
-        owner: Any = None if actor.options.lifetime is Lifetime.DETACHED else self
+        owner: Any = None if actor.options.lifetime is Lifetime.DETACHED else self.ctx
         return ActorHandle(
             actor, BACKEND, actor.klass.__name__, public_methods(actor.klass), actor.options.name, ctx=owner
         )
@@ -189,11 +179,11 @@ class ActorsMixin:
             if actor.death is not None:  # killed while waiting for resources
                 self._release_actor(actor)
                 return
-        token = current.push(self, lent=True)  # type: ignore[arg-type]  # self is an InMemoryJobContext
+        token = current.push(self.ctx, lent=True)
         me = current.push_actor(actor.info)
-        said = output.push_label(output.label_for(actor.klass.__name__)) if self.log_to_driver else None
+        said = output.push_label(output.label_for(actor.klass.__name__)) if self.ctx.log_to_driver else None
         try:
-            args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}()")
+            args, kwargs = self.ctx._resolve_call(call, f"the arguments of {actor.klass.__name__}()")
             if actor.member is not None and actor.member.distributed:
                 from fray.in_memory._process_member import ProcessMember
 
@@ -215,9 +205,9 @@ class ActorsMixin:
     def _release_actor(self, actor: _Actor) -> None:
         if actor.holding:
             actor.holding = False
-            actor.ctx._ledger.give_back(actor.request)
+            actor.table.ctx._ledger.give_back(actor.request)
 
-    def _call_actor(
+    def call(
         self,
         handle: ActorHandle,
         method: str,
@@ -227,9 +217,8 @@ class ActorsMixin:
     ) -> ObjectRef:
         actor: _Actor = handle.payload
         where = f"{actor.klass.__name__}.{method}"
-        call = (
-            dumps_call(where, args, kwargs) if self.serialize and not _immutable_call(args, kwargs) else (args, kwargs)
-        )
+        serialize = self.ctx.serialize and not _immutable_call(args, kwargs)
+        call = dumps_call(where, args, kwargs) if serialize else (args, kwargs)
         entry = _Entry()
         with actor.lock:
             if actor.death is not None:
@@ -244,15 +233,15 @@ class ActorsMixin:
                 entry.settle(error=_died(actor))
         return ObjectRef(entry, BACKEND)
 
-    def _call_actor_stream(
+    def call_stream(
         self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> ObjectRefStream:
         queue = ItemQueue()
-        ref = self._call_actor(handle, method, args, kwargs, stream=queue)
+        ref = self.call(handle, method, args, kwargs, stream=queue)
         end_stream_with_failure(ref.payload, queue)
         return ObjectRefStream(queue, BACKEND)
 
-    def _stream_items(self, items: Any, queue: ItemQueue, where: str) -> None:
+    def stream_items(self, items: Any, queue: ItemQueue, where: str) -> None:
         """Store each item the generator yields as its own object and hand its ref to the consumer, until the
         generator ends, fails (the failure is the last item) or the consumer closes the stream."""
         try:
@@ -260,7 +249,7 @@ class ActorsMixin:
                 raise TypeError(f"{where} was called as a stream but returned {type(items).__name__}, not a generator")
             for index, item in enumerate(items):
                 entry = _Entry()
-                entry.settle(self._encode(item, f"item {index} of {where}"))
+                entry.settle(self.ctx._encode(item, f"item {index} of {where}"))
                 queue.append(ObjectRef(entry, BACKEND))
                 if queue.stopped.is_set():
                     break
@@ -269,7 +258,7 @@ class ActorsMixin:
                 items.close()
         except BaseException as exc:
             failed = _Entry()
-            failed.settle(error=self._remote_error(exc))
+            failed.settle(error=self.ctx._remote_error(exc))
             queue.append(ObjectRef(failed, BACKEND))
         finally:
             queue.end()
@@ -285,23 +274,23 @@ class ActorsMixin:
         if actor.death is not None:
             error: Any = _died(actor)
         else:
-            token = current.push(self, lent=True)  # type: ignore[arg-type]  # self is an InMemoryJobContext
+            token = current.push(self.ctx, lent=True)
             me = current.push_actor(actor.info)
-            said = output.push_label(output.label_for(actor.klass.__name__)) if self.log_to_driver else None
+            said = output.push_label(output.label_for(actor.klass.__name__)) if self.ctx.log_to_driver else None
             try:
-                args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}.{method}")
+                args, kwargs = self.ctx._resolve_call(call, f"the arguments of {actor.klass.__name__}.{method}")
                 result = getattr(actor.instance, method)(*args, **kwargs)
                 if inspect.iscoroutine(result):
                     result = actor.run_coroutine(result)
                 if stream is not None:
-                    self._stream_items(result, stream, f"{actor.klass.__name__}.{method}")
+                    self.stream_items(result, stream, f"{actor.klass.__name__}.{method}")
                     result = None
-                value = self._encode(result, f"the return value of {method}")
+                value = self.ctx._encode(result, f"the return value of {method}")
                 error = None
             except _Failure as failure:
                 error = failure.error
             except BaseException as exc:
-                error = self._remote_error(exc)
+                error = self.ctx._remote_error(exc)
             finally:
                 if said is not None:
                     output.pop_label(said)
@@ -311,17 +300,14 @@ class ActorsMixin:
             actor.running.discard(entry)
         entry.settle(None if error else value, error)
 
-    def _get_actor(self, name: str) -> ActorHandle:
-        with _detached_lock, self._lock:
-            actor = self._find_named(name)
+    def get(self, name: str) -> ActorHandle:
+        with _detached_lock, self.ctx._lock:
+            actor = self.find_named(name)
         if actor is None:
-            raise ActorNotFoundError(f"no live actor named {name!r} in namespace {self.namespace!r}")
+            raise ActorNotFoundError(f"no live actor named {name!r} in namespace {self.ctx.namespace!r}")
         return self._handle(actor)
 
-    def _kill(self, handle: ActorHandle) -> None:
-        self._kill_actor(handle.payload, "it was killed")
-
-    def _kill_actor(self, actor: _Actor, why: str) -> None:
+    def kill(self, actor: _Actor, why: str) -> None:
         with actor.lock:
             if actor.death is not None and actor.id not in _actors:
                 return
@@ -334,13 +320,13 @@ class ActorsMixin:
         actor.executor.shutdown(wait=False, cancel_futures=True)
         actor.close()
         _actors.pop(actor.id, None)
-        with _detached_lock, self._lock:
+        with _detached_lock, self.ctx._lock:
             name = actor.options.name
-            if name is not None and self._names.get(name) is actor:
-                del self._names[name]
+            if name is not None and self.names.get(name) is actor:
+                del self.names[name]
             if name is not None and _detached.get((actor.namespace, name)) is actor:
                 del _detached[(actor.namespace, name)]
-            self._own_actors.pop(actor.id, None)
+            self.own.pop(actor.id, None)
         with actor.lock:
             self._release_actor(actor)
 

@@ -7,7 +7,6 @@ task raises its original exception type, refs passed as top-level arguments arri
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from collections.abc import Callable
@@ -23,72 +22,25 @@ from fray.errors import (
     TaskCancelledError,
     attach_remote_traceback,
 )
+from fray.groups import Member
 from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_call
 from fray.in_memory._scheduler import Ledger, Signature, Work, signature
-from fray.in_memory.actors import ActorsMixin, _Actor, _call_owner, end_stream_with_failure
+from fray.in_memory._tasks import _async_raise, _Interrupt, _mark_dispatched, _Task, _tls
+from fray.in_memory.actors import ActorTable, _call_owner, end_stream_with_failure
 from fray.outcome import Outcome, first_failure, wait_for, when
-from fray.refs import ObjectRef
+from fray.refs import ActorHandle, ObjectRef
 from fray.remote_errors import RemoteError, capture_exception, format_exception
 from fray.resources import task_resources
 from fray.serialization import Blob, check_function, dumps, dumps_call, loads
 from fray.states import TaskState
 from fray.streams import ItemQueue, ObjectRefStream
 from fray.transfers import PathStats, TransferStats
-from fray.types import TaskOptions
+from fray.types import ActorOptions, TaskOptions
 
 BACKEND = "in_memory"
 
-_tls = threading.local()  # .task: the _Task running on this thread (to hand its resources back while blocked)
 
-
-class _Interrupt(BaseException):
-    """Injected into a running task's thread by cancel()."""
-
-
-class _Task:
-    __slots__ = (
-        "attempts",
-        "call",
-        "entry",
-        "fn",
-        "has_refs",
-        "options",
-        "request",
-        "state",
-        "stolen",
-        "thread_id",
-    )
-
-    def __init__(
-        self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions, request: Signature, entry: _Entry
-    ) -> None:
-        self.fn, self.call, self.has_refs = fn, call, has_refs
-        self.options, self.request, self.entry = options, request, entry
-        self.attempts = 0
-        # waiting (for its ref arguments) -> queued (for resources) -> dispatched (resources held, on the workers'
-        # queue) -> running [-> cancelling] -> finishing -> done; or -> cancelled before running.
-        self.state = TaskState.WAITING
-        self.stolen = False  # run by a thread blocked in get on it, rather than by the worker it was queued for
-        self.thread_id = 0
-
-    @property
-    def label(self) -> str:
-        """How its printed lines are prefixed: `(name pid=N)`, as Ray does."""
-        return output.label_for(str(self.options.name or getattr(self.fn, "__name__", "task")))
-
-
-def _mark_dispatched(task: _Task) -> None:  # runs under the ledger's lock, when the task's resources are taken
-    if task.state == TaskState.QUEUED:
-        task.state = TaskState.DISPATCHED
-
-
-def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type else None
-    )
-
-
-class InMemoryJobContext(ActorsMixin, JobContext):
+class InMemoryJobContext(JobContext):
     backend = BACKEND
     capabilities = frozenset(
         {
@@ -115,8 +67,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         self.namespace = namespace
         self._ledger = Ledger(resources)
         self._lock = self._ledger.lock  # task states change together with the resources they hold
-        self._names: dict[str, _Actor] = {}
-        self._own_actors: dict[int, _Actor] = {}
+        self._actors = ActorTable(self)
         self._tasks: dict[int, _Task] = {}  # entry id -> task, while not finished (for shutdown)
         self._requests: dict[int, tuple[TaskOptions, Signature]] = {}  # id(options) -> its resource request
         self._checked_fns: dict[int, Any] = {}
@@ -149,6 +100,31 @@ class InMemoryJobContext(ActorsMixin, JobContext):
         entry.settle(self._encode(obj, "the value passed to put"))
         return ObjectRef(entry, BACKEND)
 
+    # ------------------------------------------------------------------ actors (ActorTable)
+    def _create_actor(
+        self,
+        klass: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        member: Member | None = None,
+    ) -> ActorHandle:
+        return self._actors.create(klass, args, kwargs, options, member)
+
+    def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
+        return self._actors.call(handle, method, args, kwargs)
+
+    def _call_actor_stream(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRefStream:
+        return self._actors.call_stream(handle, method, args, kwargs)
+
+    def _get_actor(self, name: str) -> ActorHandle:
+        return self._actors.get(name)
+
+    def _kill(self, handle: ActorHandle) -> None:
+        self._actors.kill(handle.payload, "it was killed")
+
     # ------------------------------------------------------------------ tasks
     def _create_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
@@ -168,7 +144,7 @@ class InMemoryJobContext(ActorsMixin, JobContext):
 
         def produce(*args: Any, **kwargs: Any) -> None:
             items = fn(*args, **kwargs)
-            self._stream_items(items, queue, where)
+            self._actors.stream_items(items, queue, where)
 
         produce.__name__ = getattr(fn, "__name__", "stream")  # its printed lines are labelled with fn's name
         ref = self._submit_task(produce, args, kwargs, options)
@@ -423,8 +399,8 @@ class InMemoryJobContext(ActorsMixin, JobContext):
 
     # ------------------------------------------------------------------ lifecycle
     def _shutdown(self) -> None:
-        for actor in list(self._own_actors.values()):
-            self._kill_actor(actor, "its context was shut down")
+        for actor in list(self._actors.own.values()):
+            self._actors.kill(actor, "its context was shut down")
         with self._lock:
             tasks = [
                 t

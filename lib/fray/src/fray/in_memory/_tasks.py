@@ -1,0 +1,65 @@
+"""in_memory tasks: their record (state, resources, attempts) and what interrupts one (cancel)."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fray import output
+from fray.in_memory._objects import _Entry
+from fray.in_memory._scheduler import Signature
+from fray.states import TaskState
+from fray.types import TaskOptions
+
+__all__ = ["_Interrupt", "_Task", "_async_raise", "_mark_dispatched", "_tls"]
+
+_tls = threading.local()  # .task: the _Task running on this thread (to hand its resources back while blocked)
+
+
+class _Interrupt(BaseException):
+    """Injected into a running task's thread by cancel()."""
+
+
+class _Task:
+    __slots__ = (
+        "attempts",
+        "call",
+        "entry",
+        "fn",
+        "has_refs",
+        "options",
+        "request",
+        "state",
+        "stolen",
+        "thread_id",
+    )
+
+    def __init__(
+        self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions, request: Signature, entry: _Entry
+    ) -> None:
+        self.fn, self.call, self.has_refs = fn, call, has_refs
+        self.options, self.request, self.entry = options, request, entry
+        self.attempts = 0
+        # waiting (for its ref arguments) -> queued (for resources) -> dispatched (resources held, on the workers'
+        # queue) -> running [-> cancelling] -> finishing -> done; or -> cancelled before running.
+        self.state = TaskState.WAITING
+        self.stolen = False  # run by a thread blocked in get on it, rather than by the worker it was queued for
+        self.thread_id = 0
+
+    @property
+    def label(self) -> str:
+        """How its printed lines are prefixed: `(name pid=N)`, as Ray does."""
+        return output.label_for(str(self.options.name or getattr(self.fn, "__name__", "task")))
+
+
+def _mark_dispatched(task: _Task) -> None:  # runs under the ledger's lock, when the task's resources are taken
+    if task.state == TaskState.QUEUED:
+        task.state = TaskState.DISPATCHED
+
+
+def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type else None
+    )
