@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fray import procfs
+
 RECORD_DIR = Path("/run/fray-test-netns")
 RUN_NETNS = Path("/run/netns")
 ETC_NETNS = Path("/etc/netns")
@@ -119,13 +121,9 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), None if there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 2 is the process name in parentheses and may hold spaces or ")": fields resume after the last ")".
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
+    """The start time of process pid (clock ticks since boot), None if there is no such process."""
+    found = procfs.stat(pid)
+    return None if found is None else found.start
 
 
 def _netns_id(netns: str) -> tuple[int, int] | None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fray
+from fray import procfs
 
 BACKENDS = [b for b in ("in_memory", "monarch", "ray") if b in fray.available_backends()]
 SPECS = {
@@ -79,18 +80,7 @@ def _fds() -> int:
 
 
 def _children() -> int:
-    me = str(os.getpid())
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if fields[1] == me and fields[0] != "Z":
-                count += 1
-    return count
+    return len(procfs.children_of(os.getpid()))
 
 
 def _shm() -> set[str]:

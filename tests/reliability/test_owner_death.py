@@ -158,12 +158,8 @@ MONARCH_DRIVER = textwrap.dedent(
 
 def _stat(pid: int) -> tuple[int, str, str] | None:
     """(parent pid, start time, state) of a process, None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[1]), fields[19], fields[0]
+    found = procfs.stat(pid)
+    return None if found is None else (found.ppid, str(found.start), found.state)
 
 
 def _tree(root: int) -> dict[int, str]:

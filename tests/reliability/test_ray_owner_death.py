@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from fray import procfs
+
 pytest.importorskip("fray_ray")
 
 from fray import watchdog
@@ -63,15 +65,9 @@ def _proc_table() -> dict[int, tuple[int, str, str]]:
     """pid -> (parent pid, state, start time) of every process."""
     table = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), fields[0], fields[19])
+        found = procfs.stat(int(entry)) if entry.isdigit() else None
+        if found is not None:
+            table[found.pid] = (found.ppid, found.state, str(found.start))
     return table
 
 

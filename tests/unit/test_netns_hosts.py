@@ -16,6 +16,8 @@ from _netns import Host, namespaced_hosts, plain_socket_rate, require_namespaced
 from _slurm import require_slurm, start_slurm
 from _sshd import require_sshd, start_sshd
 
+from fray import procfs
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -39,10 +41,8 @@ def _ip(*args: str) -> str:
 
 
 def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
+    found = procfs.stat(pid)
+    return None if found is None else found.state
 
 
 def _assert_removed(hosts: list[Host]) -> None:
