@@ -10,7 +10,7 @@ import queue
 import threading
 from typing import Any
 
-from monarch.actor import Actor, current_rank, endpoint
+from monarch.actor import current_rank
 
 import fray.current as fray_current
 import fray.output as fray_output
@@ -19,6 +19,7 @@ from fray.errors import ActorDiedError
 from fray.remote_errors import capture_exception, portable
 from fray.serialization import Blob, dumps, loads
 from fray_monarch import _runtime, instances
+from fray_monarch._monarch import Actor, endpoint
 from fray_monarch.protocol import (
     ActorReply,
     Inline,

@@ -15,8 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from monarch.actor import Actor, endpoint
-
 from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
@@ -25,6 +23,7 @@ from fray.jobs import LocalJobs
 from fray.procfs import children_of
 from fray.types import JobInfo, RuntimeEnv
 from fray_monarch import _runtime  # environment and fault hook first
+from fray_monarch._monarch import Actor, endpoint
 from fray_monarch.launchers import HostSet
 from fray_monarch.lifeline import LifelineServer, hold
 from fray_monarch.protocol import Reply

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from monarch.actor import Actor, endpoint  # already imported by fray_monarch itself
+from fray_monarch._monarch import Actor, endpoint
 
 PYVERBS_MISSING = "pyverbs not installed (pip install 'fray-monarch[rdma]')"
 NO_DEVICE = "no RDMA device"
@@ -128,14 +128,14 @@ def _emit(**fields: Any) -> None:
     print(_MARK + json.dumps(fields), flush=True)
 
 
-class _RdmaSource(Actor):  # type: ignore[misc]
+class _RdmaSource(Actor):
     """Owns the probe's buffer in a Monarch process of its own."""
 
     def __init__(self, nbytes: int) -> None:
         self.data = bytearray(_pattern(nbytes))
         self.buffer: Any = None
 
-    @endpoint  # type: ignore[misc,untyped-decorator]
+    @endpoint
     def buffer_handle(self) -> Any:
         from monarch.rdma import RDMABuffer
 

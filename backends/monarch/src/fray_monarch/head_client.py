@@ -25,11 +25,12 @@ class MonarchHeadClient(ClusterContext):
     )
 
     def __init__(self, address: str) -> None:
-        self.address = address  # the head's socket
+        self.address = address
+        self.head = address  # the head's socket (self.address is the contract's, typed optional)
         self._ask({"op": "list"})  # fails now, naming the socket, if no head answers there
 
     def _ask(self, message: dict[str, Any], timeout: float | None = REQUEST_TIMEOUT) -> Any:
-        return request(self.address, message, timeout)
+        return request(self.head, message, timeout)
 
     def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
         # A job of the head's lives as long as the head, whether detached was asked or not: the cluster was
@@ -63,7 +64,7 @@ class MonarchHeadClient(ClusterContext):
         return decode_info(self._ask({"op": "wait", "id": job_id, "timeout": timeout}, limit))
 
     def describe(self) -> dict[str, str]:
-        return {"address": self.address, "head": self.address}
+        return {"address": self.head, "head": self.head}
 
     def node_status(self) -> list[dict[str, Any]]:
         return list(self._ask({"op": "status"}))

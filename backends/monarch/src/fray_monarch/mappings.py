@@ -16,7 +16,8 @@ import weakref
 from collections import deque
 from typing import Any
 
-from fray_monarch.arena import SHM_DIR, Arena, _align
+from fray._pool import align as _align
+from fray_monarch.arena import SHM_DIR, Arena
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -97,8 +98,8 @@ class _MapTable:
             self._drain()
             for start, length, private in spans:
                 if private:
-                    mapping = _Mapping(path, start, _align(length), private=True)
-                    out.append(mapping.view(0, length, writable=True, pin=pin))
+                    own = _Mapping(path, start, _align(length), private=True)
+                    out.append(own.view(0, length, writable=True, pin=pin))
                     continue
                 mapping = self.shared.get(segment)
                 if mapping is None:

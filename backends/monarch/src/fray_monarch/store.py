@@ -18,10 +18,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fray._pool import align as _align
 from fray.errors import ObjectLostError, ObjectStoreFullError
 from fray.serialization import Blob, loads
 from fray.transfers import TransferStats
-from fray_monarch.arena import SHM_DIR, Arena, _align, _Lease
+from fray_monarch.arena import SHM_DIR, Arena, _Lease
 from fray_monarch.mappings import _maps
 from fray_monarch.protocol import Inline, Span, Stored, Value
 from fray_monarch.transfer import (
