@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from pathlib import Path
 
 import pytest
 
+import fray
 from fray import JobStatus, RuntimeEnv, procfs
 from fray.jobs import LocalJobs
 
@@ -83,3 +86,20 @@ def test_minimum_resources_queue_jobs_and_infeasible_is_refused(tmp_path: Path) 
     assert jobs.wait(second, timeout=10).status is JobStatus.SUCCEEDED
     assert jobs.info(second).start_time >= jobs.info(first).end_time  # type: ignore[operator]
     assert "second ran" in jobs.logs(second)
+
+
+def test_job_directories_and_logs_are_private(tmp_path: Path) -> None:
+    """A job's log holds what it printed (secrets included): its directories are 0700 and its log 0600, also
+    under a shared temp directory; a root that is a symlink (someone could have planted it) is refused."""
+    root = tmp_path / "shared" / "fray-jobs-x"
+    jobs = LocalJobs(root)
+    job = jobs.start("echo secret", RuntimeEnv())
+    jobs.wait(job, timeout=60)
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(root / job).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(root / job / "log").st_mode) == 0o600
+    jobs.close()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "planted").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(fray.FrayError, match="not a directory of this user's"):
+        LocalJobs(tmp_path / "planted")

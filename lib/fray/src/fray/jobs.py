@@ -10,6 +10,7 @@ import os
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fray import watchdog
-from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
+from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
 from fray.resources import add, fits, short_of, subtract
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
@@ -110,6 +111,22 @@ def follow_log(path: Path, ended: Callable[[], bool], poll: float = 0.05, max_po
                 pause = min(pause * 1.5, max_poll)
 
 
+def private_dir(path: Path) -> None:
+    """Make `path` (and missing parents) a directory only this user can use: mode 0700, owned by this user, not a
+    symlink. A job's directory holds its log (what it printed, secrets included): nobody else may read or replace
+    it, even in a shared temp directory. FrayError if it exists and is not ours."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise FrayError(f"{path} is not a directory of this user's (a symlink, or someone else's): not used")
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
 class LocalJobs:
     """A table of jobs run as subprocesses on this host.
 
@@ -118,7 +135,7 @@ class LocalJobs:
 
     def __init__(self, root: Path, stop_grace: float = 3.0, totals: Mapping[str, float] | None = None) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         self.stop_grace = stop_grace
         self.totals = dict(totals) if totals is not None else host_resources()
         self._free = dict(self.totals)
@@ -143,10 +160,10 @@ class LocalJobs:
             )
         job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
         job_dir = self.root / job_id
-        job_dir.mkdir(parents=True)
+        job_dir.mkdir(mode=0o700)
         text = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
         job = _Job(JobInfo(job_id, JobStatus.PENDING, submission_time=time.time(), entrypoint=text), job_dir / "log")
-        job.log_path.touch()
+        os.close(os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         job.need = need
         job.detached = detached
         job.working_dir = working_dir
