@@ -24,8 +24,8 @@ from ray.util import placement_group_table
 import fray
 from fray import ActorOptions, TaskOptions
 from fray.errors import ActorAlreadyExistsError, ActorNotFoundError, InfeasibleResourcesError
-from fray.testing.suite import _group_helpers as g
-from fray.testing.suite._helpers import CustomError, progress_stopped, raise_custom, wait_for_file
+from fray.testing import group_workloads as g
+from fray.testing.workloads import CustomError, progress_stopped, raise_custom, wait_for_file
 from fray_ray import RayJobContext, _groups
 
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import fray
-from fray.testing.suite import _group_helpers as g
-from fray.testing.suite import _helpers as h
+from fray.testing import group_workloads as g
+from fray.testing import workloads as h
 
 # The workers of a cluster joined by address import what they run by module (this test module is not on their
 # path): use the suite's installed helpers.

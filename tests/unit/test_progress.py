@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import fray
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from fray import ActorAlreadyExistsError, ActorDiedError, ActorNotFoundError, ActorOptions
 from fray.context import JobContext
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 
 def _name() -> str:

@@ -11,9 +11,9 @@ import pytest
 import fray
 from fray import ActorOptions, GetTimeoutError
 from fray.context import JobContext
+from fray.testing import group_workloads as g
 from fray.testing import requires_capability
-from fray.testing.suite import _group_helpers as g
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 
 def test_await_a_ref_without_blocking_the_event_loop(fray_ctx: JobContext, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from fray import ActorOptions, Capability, Lifetime, Resource, RuntimeEnv, TaskOptions, UnsupportedFeatureError
 from fray.context import ClusterContext, JobContext
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 
 def test_capabilities_are_declared(fray_ctx: JobContext, fray_cluster: ClusterContext) -> None:

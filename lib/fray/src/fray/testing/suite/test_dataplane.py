@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fray.context import JobContext
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 from fray.transfers import PATHS, PathStats
 
 np = pytest.importorskip("numpy", reason="numpy is needed for the array tests")

@@ -9,7 +9,7 @@ import pytest
 
 from fray.context import JobContext
 from fray.errors import FrayError, SerializationError
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 
 def test_task_exception_keeps_type_message_and_traceback(fray_ctx: JobContext) -> None:

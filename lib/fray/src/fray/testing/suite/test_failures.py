@@ -17,7 +17,7 @@ from fray import (
 )
 from fray.context import JobContext
 from fray.testing import requires_capability
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 
 def test_cancel_task_that_has_not_started(fray_ctx: JobContext) -> None:

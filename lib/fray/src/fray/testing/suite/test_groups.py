@@ -20,8 +20,8 @@ from fray import (
     InfeasibleResourcesError,
 )
 from fray.context import JobContext
+from fray.testing import group_workloads as g
 from fray.testing import requires_capability
-from fray.testing.suite import _group_helpers as g
 
 
 def _name() -> str:

@@ -6,7 +6,7 @@ import pytest
 
 from fray.context import JobContext
 from fray.testing import requires_capability
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 np = pytest.importorskip("numpy", reason="numpy is needed for the array tests")
 

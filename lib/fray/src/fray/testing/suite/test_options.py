@@ -12,7 +12,7 @@ import pytest
 from fray import ActorOptions, InfeasibleResourcesError, Lifetime, Resource, RuntimeEnv, TaskOptions
 from fray.context import JobContext
 from fray.testing import requires_capability
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 
 def test_infeasible_task_is_refused_at_submission(fray_ctx: JobContext) -> None:

@@ -10,9 +10,9 @@ import pytest
 
 from fray import GetTimeoutError, ObjectRef, ObjectRefStream, TaskOptions
 from fray.context import JobContext
+from fray.testing import group_workloads as g
 from fray.testing import requires_capability
-from fray.testing.suite import _group_helpers as g
-from fray.testing.suite._helpers import progress_stopped
+from fray.testing.workloads import progress_stopped
 
 STREAM = TaskOptions(streaming=True)
 

@@ -9,7 +9,7 @@ import pytest
 
 from fray import GetTimeoutError, SerializationError, TaskOptions
 from fray.context import JobContext
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 
 def test_task_result(fray_ctx: JobContext) -> None:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from fray.context import JobContext
-from fray.testing.suite import _helpers as h
+from fray.testing import workloads as h
 
 
 def test_wait_returns_first_completed_not_input_order(fray_ctx: JobContext) -> None:

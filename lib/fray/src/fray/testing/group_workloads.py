@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import fray
-from fray.testing.suite._helpers import wait_for_file
+from fray.testing.workloads import wait_for_file
 
 
 class Member:

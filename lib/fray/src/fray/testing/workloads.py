@@ -1,4 +1,5 @@
-"""Functions and classes the conformance tests send to workers (module level, so every backend can import them)."""
+"""Workloads the conformance suite sends to workers: module-level functions and classes every backend can import by
+name. Public, so that a backend's own tests and the repository's matrix reuse them instead of copying them."""
 
 from __future__ import annotations
 
