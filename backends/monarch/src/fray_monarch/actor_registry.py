@@ -86,7 +86,7 @@ class ActorRegistry:
 
     def _resolve_reply(self, entry: Entry, reply: ActorReply | None, exc: BaseException | None) -> None:
         with self.lock:
-            if entry.done.is_set():
+            if entry.outcome.done():
                 return
             rec = entry.actor
             if exc is not None or reply is None:

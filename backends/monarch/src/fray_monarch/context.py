@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -13,7 +12,7 @@ from typing import Any
 from fray.context import JobContext
 from fray.errors import GetTimeoutError
 from fray.groups import ActorGroup, Member
-from fray.outcome import Outcome
+from fray.outcome import Outcome, first_failure
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.serialization import dumps
 from fray.streams import ObjectRefStream
@@ -150,17 +149,12 @@ class MonarchJobContext(JobContext):
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         entries = [self.ctl.entry(r.payload.id) for r in refs]
-        pending = [e for e in entries if not e.done.is_set()]
-        if len(pending) > 1:  # one wake-up for all (a group call's answers), not one per entry; or the first failure
-            all_done = threading.Event()
-            remove = self.ctl.add_waiter(pending, len(pending), all_done.set, or_error=True)
-            try:
-                all_done.wait(timeout)
-            finally:
-                remove()
-        for entry in entries:  # the first failure in ref order, even where an earlier ref is not done (as Ray)
-            if entry.done.is_set() and entry.error is not None:
-                raise self.ctl.error_of(entry)
+        outcomes = [e.outcome for e in entries]
+        if sum(1 for o in outcomes if not o.done()) > 1:  # one wake-up for all (a group call's answers), not one per
+            self.ctl.objects.wait(entries, len(entries), timeout, stop_on_failure=True)  # entry; or the first failure
+        failed = first_failure(outcomes)  # the first failure in ref order, even where an earlier ref is not done
+        if failed is not None:  # (as Ray)
+            raise self.ctl.error_of(entries[failed])
         out = []
         for ref, entry in zip(refs, entries, strict=True):
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -174,57 +168,28 @@ class MonarchJobContext(JobContext):
         return out
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
-        entries = [self.ctl.entry(r.payload.id) for r in refs]
-        ready = threading.Event()
-        remove = self.ctl.add_waiter(entries, num_returns, ready.set)
-        try:
-            ready.wait(timeout)
-        finally:
-            remove()
-        return {i for i, e in enumerate(entries) if e.done.is_set()}
+        return self.ctl.objects.wait([self.ctl.entry(r.payload.id) for r in refs], num_returns, timeout)
 
     def _outcomes(self, refs: list[ObjectRef]) -> list[Outcome]:
-        """Settled from the directory's completion callbacks (no value is loaded to tell)."""
-        out = []
-        for ref in refs:
-            entry, outcome = self.ctl.entry(ref.payload.id), Outcome()
-
-            def settle(entry: Any = entry, outcome: Outcome = outcome) -> None:
-                if entry.error is not None:
-                    outcome.set_failure(entry.error)
-                else:
-                    outcome.set_value(None)
-
-            if entry.done.is_set():
-                settle()
-            else:
-                self.ctl.add_waiter([entry], 1, settle)
-            out.append(outcome)
-        return out
+        """The directory's own outcomes (no value is loaded to tell)."""
+        return self.ctl.objects.awaited([self.ctl.entry(r.payload.id) for r in refs])
 
     def _future(self, ref: ObjectRef) -> Future[Any]:
-        """Settled from the directory's completion callback (no thread per ref); the value is loaded on fray's
-        callback loop, outside the controller's lock."""
-        future: Future[Any] = Future()
+        """Settled by the entry's outcome (no thread per ref); the value is loaded on fray's callback loop, outside
+        the controller's lock."""
         entry = self.ctl.entry(ref.payload.id)
 
-        def settle() -> None:
-            try:
-                if entry.error is not None:
-                    future.set_exception(self.ctl.error_of(entry))
-                else:
-                    future.set_result(self.ctl.value_of(entry))
-            except BaseException as exc:  # e.g. the value cannot be loaded here: the future carries it
-                future.set_exception(exc)
-            finally:
-                del keep[:]
+        def load(outcome: Outcome) -> Any:
+            del keep[:]  # (the object lived until the future has its value)
+            if outcome.failed():
+                raise self.ctl.error_of(entry)
+            return self.ctl.value_of(entry)
 
-        keep = [ref.payload]  # the object lives until the future has its value
-        if entry.done.is_set():
-            settle()
-        else:
-            self.ctl.add_waiter([entry], 1, lambda: _runtime.loop().call_soon_threadsafe(settle))
-        return future
+        def call_soon(settle: Callable[[], None]) -> None:
+            _runtime.loop().call_soon_threadsafe(settle)
+
+        keep = [ref.payload]
+        return self.ctl.objects.awaited([entry])[0].to_future(load, call_soon)
 
     def _put(self, obj: Any) -> ObjectRef:
         self._refuse_if_shut_down()

@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from monarch.actor import Channel, this_proc
@@ -295,7 +294,7 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
     def resolve(self, entry: Entry, timeout: float | None) -> bool:
         """Wait for entry (not under the lock). Actor replies are read directly from their Monarch future."""
         fut = entry.future
-        if fut is not None and not entry.done.is_set():
+        if fut is not None and not entry.outcome.done():
             try:
                 reply = fut.get(timeout=timeout)
             except TimeoutError:
@@ -305,7 +304,7 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
             else:
                 self._resolve_reply(entry, reply, None)
             return True
-        return entry.done.wait(timeout)
+        return entry.outcome.wait(timeout)
 
     @staticmethod
     def error_of(entry: Entry) -> BaseException:
@@ -314,11 +313,6 @@ class Controller(TaskScheduling, ActorRegistry, GroupRegistry, StreamRegistry, W
     def value_of(self, entry: Entry) -> Any:
         assert entry.value is not None
         return self.store.load(entry.value, f"the value of object {entry.id}")
-
-    def add_waiter(
-        self, entries: list[Entry], need: int, on_ready: Callable[[], None], or_error: bool = False
-    ) -> Callable[[], None]:
-        return self.objects.add_waiter(entries, need, on_ready, or_error)
 
     # ------------------------------------------------------------ shutdown
     def debug_state(self) -> str:

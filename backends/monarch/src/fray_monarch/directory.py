@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fray.errors import FrayError, ObjectLostError
+from fray.outcome import Outcome, wait_for, when
 from fray_monarch import _runtime
 from fray_monarch.objects import RefPayload, Tracker
 from fray_monarch.protocol import Stored, Value
@@ -26,53 +27,50 @@ from fray_monarch.protocol import Stored, Value
 FREE_GRACE = 0.05
 
 
-class DoneFlag:
-    """threading.Event's is_set / set / wait, with the Event made only when somebody waits on this one object:
-    most are waited on together (a get of several refs) or not at all, and an Event (a Condition and a lock)
-    cost the driver 8 constructions per group call."""
-
-    __slots__ = ("_event", "_set")
-    _making = threading.Lock()
-
-    def __init__(self) -> None:
-        self._set = False
-        self._event: threading.Event | None = None
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        self._set = True  # before reading _event; wait() publishes _event before reading _set
-        event = self._event
-        if event is not None:
-            event.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._set:
-            return True
-        with DoneFlag._making:
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return True if self._set else event.wait(timeout)
-
-
 @dataclass
 class Entry:
-    """One object: pending, a value, or an error. `future` is an unresolved actor-call reply."""
+    """One object: its outcome (pending, then a value's locator or an error) and what keeps it alive. `future` is
+    an actor call's reply not read yet (watched: it completes the entry by itself once somebody waits)."""
 
     id: str
-    done: DoneFlag = field(default_factory=DoneFlag)
-    value: Value | None = None
-    error: Any = None
+    outcome: Outcome = field(default_factory=Outcome)
     future: Any = None
     actor: Any = None
     actor_restarts: int = 0  # how many times the actor had restarted when this call was sent
     keep: list[Any] = field(default_factory=list)  # payloads this object or its pending call keeps alive
-    callbacks: list[Callable[[Entry], None]] = field(default_factory=list)
     remote: dict[str, int] = field(default_factory=dict)  # proc key -> holds
     watched: bool = False
     free_armed: bool = False
+
+    @property
+    def value(self) -> Value | None:
+        """Where its value is (None while pending, or when it failed)."""
+        value: Value | None = self.outcome.value
+        return value
+
+    @property
+    def error(self) -> Any:
+        """Its failure (an exception, or a RemoteError), None unless it failed."""
+        return self.outcome.error if self.outcome.failed() else None
+
+    def stored(self) -> Value:
+        """The locator of the value it completed with."""
+        value = self.value
+        assert value is not None, f"object {self.id} has no value"
+        return value
+
+
+def _guarded(then: Callable[[], None]) -> Callable[[], None]:
+    """then(), run where an entry completes: a failure is logged, never raised into the completing code (e.g.
+    replying to a worker that died meanwhile must not stop the other callbacks)."""
+
+    def run() -> None:
+        try:
+            then()
+        except Exception:
+            _runtime.log.exception("fray: completion callback failed")
+
+    return run
 
 
 class ObjectDirectory:
@@ -108,19 +106,15 @@ class ObjectDirectory:
         return entry
 
     def complete(self, entry: Entry, value: Value | None, error: Any, contained: tuple[str, ...] = ()) -> None:
-        """Under the lock. Set the result once and run callbacks."""
-        if entry.done.is_set():
+        """Under the lock. Settle its outcome once (a value, or an error) and run what waits for it."""
+        if entry.outcome.done():
             return
-        entry.value, entry.error = value, error
         entry.future = None
         entry.keep = [RefPayload(i) for i in contained]
-        entry.done.set()
-        callbacks, entry.callbacks = entry.callbacks, []
-        for cb in callbacks:
-            try:
-                cb(entry)
-            except Exception:  # e.g. replying to a worker that died meanwhile: must not stop the others
-                _runtime.log.exception("fray: completion callback failed")
+        if error is None:
+            entry.outcome.set_value(value)
+        else:
+            entry.outcome.set_failure(error)
 
     def hold(self, proc_key: str, oids: list[str]) -> None:
         for oid in oids:
@@ -145,8 +139,7 @@ class ObjectDirectory:
         for entry in self.entries.values():
             value = entry.value
             if isinstance(value, Stored) and value.owner == owner:
-                entry.value = None
-                entry.error = ObjectLostError(f"object {entry.id} is lost: {why}")
+                entry.outcome.lose(ObjectLostError(f"object {entry.id} is lost: {why}"))
 
     # ------------------------------------------------------------ freeing
     def maybe_free(self, oid: str) -> None:
@@ -191,49 +184,32 @@ class ObjectDirectory:
             freed.append(entry.value)
 
     # ------------------------------------------------------------ waiting
-    def add_waiter(
-        self, entries: list[Entry], need: int, on_ready: Callable[[], None], or_error: bool = False
-    ) -> Callable[[], None]:
-        """Call on_ready once `need` of entries are done (or_error: or once one of them failed). Returns a
-        function that unregisters it."""
-        state = {"count": 0, "fired": False}
-
-        def cb(entry: Entry) -> None:
-            state["count"] += 1
-            if (state["count"] >= need or (or_error and entry.error is not None)) and not state["fired"]:
-                state["fired"] = True
-                on_ready()
-
+    def awaited(self, entries: list[Entry]) -> list[Outcome]:
+        """Their outcomes, for somebody about to wait on them: each pending actor reply is watched from now on, so
+        that its entry completes by itself."""
         with self.lock:
-            pending = []
-            failed = False
             for entry in entries:
-                if entry.done.is_set():
-                    state["count"] += 1
-                    failed = failed or entry.error is not None
-                else:
-                    pending.append(entry)
-            if state["count"] >= need or (or_error and failed):
-                state["fired"] = True
-                on_ready()
-                return lambda: None
-            for entry in pending:
-                entry.callbacks.append(cb)
-                self.watch_reply(entry)
+                if entry.future is not None and not entry.watched:
+                    self.watch_reply(entry)
+        return [entry.outcome for entry in entries]
 
-        def remove() -> None:
-            with self.lock:
-                for entry in pending:
-                    if cb in entry.callbacks:
-                        entry.callbacks.remove(cb)
+    def when(
+        self, entries: list[Entry], count: int, then: Callable[[], None], stop_on_failure: bool = False
+    ) -> Callable[[], None]:
+        """Call then() once `count` of entries are done (or, stop_on_failure, once one has failed): at once if they
+        are, else where the last of them completes (under the lock). Returns a function that cancels it."""
+        return when(self.awaited(entries), count, _guarded(then), stop_on_failure)
 
-        return remove
+    def wait(self, entries: list[Entry], count: int, timeout: float | None, stop_on_failure: bool = False) -> set[int]:
+        """Block (not under the lock) until `count` of entries are done, or one failed (stop_on_failure), or
+        `timeout` passed; the indices of those done."""
+        return wait_for(self.awaited(entries), count, timeout, stop_on_failure)
 
     def close(self) -> None:
         with self.lock:
             self.closed = True
             for entry in self.entries.values():
-                if not entry.done.is_set() and entry.future is None:
+                if not entry.outcome.done() and entry.future is None:
                     self.complete(entry, None, FrayError("the fray-monarch context was shut down"))
 
     def clear(self) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fray.errors import (
     TaskCancelledError,
 )
+from fray.outcome import first_failure
 from fray.remote_errors import RemoteError
 from fray.resources import EPS, fits, task_resources
 from fray.states import TaskState
@@ -133,13 +134,13 @@ class TaskScheduling:
             self.tasks[task.id] = task
             if options.streaming:
                 self.open_stream(task.id).task = task
-            dep_entries = [self.entry(d) for d in deps]
+            dep_entries = [self.objects.get(d) for d in deps]
             if not dep_entries:
                 task.state = TaskState.QUEUED
                 self.queue.append(task)
                 self._pump()
             else:
-                self.add_waiter(dep_entries, len(dep_entries), lambda: self._deps_ready(task, dep_entries))
+                self.objects.when(dep_entries, len(dep_entries), lambda: self._deps_ready(task, dep_entries))
             return payload
 
     def submit_remote(self, proc_key: str, fn_data: bytes, args: WireValue, deps: list[str], options: Any) -> str:
@@ -152,11 +153,11 @@ class TaskScheduling:
         with self.lock:
             if task.state != TaskState.WAITING:
                 return
-            for dep in deps:
-                if dep.error is not None:
-                    self._finish_task(task, None, dep.error)
-                    return
-            task.dep_values = [d.value for d in deps]
+            failed = first_failure([dep.outcome for dep in deps])
+            if failed is not None:
+                self._finish_task(task, None, deps[failed].error)
+                return
+            task.dep_values = [dep.stored() for dep in deps]
             task.state = TaskState.QUEUED
             self.queue.append(task)
             self._pump()

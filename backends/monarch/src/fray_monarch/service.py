@@ -5,11 +5,11 @@ register their own values, report results and ref holds. A part of the Controlle
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fray.outcome import first_failure
 from fray_monarch import _runtime
-from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.directory import ObjectDirectory
 from fray_monarch.protocol import Reply, StreamItem, TaskResult, WireValue
 from fray_monarch.scheduler import Proc
 
@@ -22,6 +22,22 @@ def _send(port: Any, message: Any) -> None:
         _runtime.log.debug("fray: reply to a gone worker dropped", exc_info=True)
 
 
+class _Once:
+    """Whoever takes it first answers (a completion, or the timeout)."""
+
+    __slots__ = ("_lock", "taken")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.taken = False
+
+    def take(self) -> bool:
+        if not self._lock.acquire(blocking=False):
+            return False
+        self.taken = True
+        return True
+
+
 class WorkerService:
     """Requests from worker processes (mixed into the Controller)."""
 
@@ -31,8 +47,6 @@ class WorkerService:
 
     if TYPE_CHECKING:  # provided by the Controller or its other parts
 
-        def entry(self, oid: str) -> Entry: ...
-        def add_waiter(self, entries: list[Entry], need: int, on_ready: Callable[[], None]) -> Callable[[], None]: ...
         def _pump(self) -> None: ...
         def _task_result(self, proc_key: str, result: TaskResult) -> None: ...
         def _stream_item(self, proc_key: str, item: StreamItem) -> None: ...
@@ -45,25 +59,25 @@ class WorkerService:
                     self._pump()
 
     def get_remote(self, port: Any, proc_key: str, oids: list[str], timeout: float | None) -> None:
-        entries = [self.entry(o) for o in oids]
-        replied = threading.Event()
+        """A worker's get: the values' locators once all are done, or the first failure in list order as soon as
+        one has failed (as the driver's get), or timed_out."""
+        entries = [self.objects.get(o) for o in oids]
+        once = _Once()
 
         def reply() -> None:
-            if replied.is_set():
+            if not once.take():
                 return
-            replied.set()
             with self.lock:
                 self._blocked(proc_key, -1)
-            errors = [e.error for e in entries if e.error is not None]
-            if errors:
-                _send(port, Reply(error=errors[0]))
+            failed = first_failure([e.outcome for e in entries])
+            if failed is not None:
+                _send(port, Reply(error=entries[failed].error))
             else:
                 _send(port, Reply([e.value for e in entries]))
 
         def timed_out() -> None:
-            if not replied.is_set():
-                replied.set()
-                remove()
+            if once.take():
+                cancel()
                 with self.lock:
                     self._blocked(proc_key, -1)
                 _send(port, Reply(timed_out=True))
@@ -71,27 +85,30 @@ class WorkerService:
         with self.lock:
             self._blocked(proc_key, +1)
             self._pump()
-        remove = self.add_waiter(entries, len(entries), reply)
-        if timeout is not None and not replied.is_set():
+        cancel = self.objects.when(entries, len(entries), reply, stop_on_failure=True)
+        if timeout is not None and not once.taken:
             _runtime.call_later(timeout, timed_out)
 
     def wait_remote(self, port: Any, proc_key: str, oids: list[str], num_returns: int, timeout: float | None) -> None:
-        entries = [self.entry(o) for o in oids]
-        replied = threading.Event()
+        entries = [self.objects.get(o) for o in oids]
+        once = _Once()
 
         def reply() -> None:
-            if not replied.is_set():
-                replied.set()
+            if once.take():
                 with self.lock:
                     self._blocked(proc_key, -1)
-                _send(port, Reply([i for i, e in enumerate(entries) if e.done.is_set()]))
+                _send(port, Reply([i for i, e in enumerate(entries) if e.outcome.done()]))
+
+        def timed_out() -> None:
+            cancel()
+            reply()
 
         with self.lock:
             self._blocked(proc_key, +1)
             self._pump()
-        remove = self.add_waiter(entries, num_returns, reply)
-        if timeout is not None and not replied.is_set():
-            _runtime.call_later(timeout, lambda: (remove(), reply()))
+        cancel = self.objects.when(entries, num_returns, reply)
+        if timeout is not None and not once.taken:
+            _runtime.call_later(timeout, timed_out)
 
     def put_remote(self, proc_key: str, oid: str, wire: WireValue) -> str:
         """A value made by a worker (its put, or large call arguments), under the id the worker chose."""
