@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -87,6 +88,24 @@ def test_cancel_of_task_waiting_on_args_does_not_crash_the_driver(ctx: RayJobCon
         ctx.get(waiting, timeout=30)
     assert ctx.get(blocker, timeout=30) == 7
     time.sleep(1.5)  # past the point where the deferred cancel reaches Ray
+    assert ctx.get(ctx.create_task(identity, args=(blocker,)), timeout=30) == 7
+
+
+def test_deferred_cancels_share_one_thread(ctx: RayJobContext) -> None:
+    blocker = ctx.create_task(sleep_then, args=(2.0, 7))
+    waiting = [ctx.create_task(identity, args=(blocker,)) for _ in range(20)]
+    threads = threading.active_count()
+    for ref in waiting:
+        ctx.cancel(ref)
+    assert threading.active_count() <= threads + 1  # one deferred-cancel thread per context, not one per ref
+    for ref in waiting:
+        with pytest.raises(fray.TaskCancelledError):
+            ctx.get(ref, timeout=30)
+    assert ctx.get(blocker, timeout=30) == 7
+    deadline = time.monotonic() + 10
+    while ctx._cancels._thread is not None and time.monotonic() < deadline:  # every cancel has reached Ray
+        time.sleep(0.05)
+    assert ctx._cancels._thread is None
     assert ctx.get(ctx.create_task(identity, args=(blocker,)), timeout=30) == 7
 
 

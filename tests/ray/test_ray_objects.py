@@ -156,7 +156,7 @@ def test_put_refs_passed_to_tasks_are_not_pinned(ctx: RayJobContext) -> None:
     arr = np.zeros(200_000)
     results = [ctx.create_task(remote_describe_np, args=(ctx.put(arr),)) for _ in range(5)]
     assert ctx.get(results, timeout=60) == [arr.shape] * 5
-    assert len(ctx._deps) == 0  # puts are ready at once: fray keeps no ref to them
+    assert len(ctx._cancels.deps) == 0  # puts are ready at once: fray keeps no ref to them
 
 
 def remote_describe_np(x: Any) -> tuple[int, ...]:
@@ -170,11 +170,11 @@ def slow_zeros(n: int) -> Any:
 def test_pending_argument_is_released_with_the_tasks_ref(ctx: RayJobContext) -> None:
     upstream = ctx.create_task(slow_zeros, args=(200_000,))
     downstream = ctx.create_task(remote_describe_np, args=(upstream,))
-    assert downstream in ctx._deps  # kept for cancel: the argument may be pending
+    assert downstream in ctx._cancels.deps  # kept for cancel: the argument may be pending
     assert ctx.get(downstream, timeout=60) == (200_000,)
     del downstream
     gc.collect()
-    assert not any(upstream.payload in deps for deps in ctx._deps.values())
+    assert not any(upstream.payload in deps for deps in ctx._cancels.deps.values())
 
 
 def test_transfer_stats_count_gets(ctx: RayJobContext) -> None:

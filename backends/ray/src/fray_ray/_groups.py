@@ -12,26 +12,52 @@
   MASTER_ADDR is rank 0's node address, MASTER_PORT a port free on that node (picked here if rank 0's node is
   this process's node, else by a 0-CPU probe task pinned to that node), LOCAL_RANK / LOCAL_WORLD_SIZE count the
   members per node in rank order.
+- Lifetime: a whole-group kill removes the placement group; a slice kill keeps it (removing it would kill every
+  member). Non-detached placement groups are removed at context shutdown; a detached group's is named after the
+  group (`pg_name`) and stays until the group is killed, from any driver.
+
+`RayGroups` is a context's side of it (create, call, kill), with the context's actors and cancel tracker.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.placement_group import (
+    get_placement_group,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from fray.context import JobContext
 from fray.current import ActorInfo
 from fray.errors import InfeasibleResourcesError
-from fray.groups import Member, member_name, spmd_env
+from fray.groups import ActorGroup, Member, member_name, spmd_env
 from fray.net import free_port
+from fray.refs import ActorHandle, ObjectRef
 from fray.resources import EPS, actor_resources
+from fray.serialization import find_unserializable_argument
 from fray.types import ActorOptions, Lifetime
+from fray_ray._actors import RayActors
+from fray_ray._args import is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
+from fray_ray._cancel import CancelTracker
 
-__all__ = ["DEFAULT_BUNDLE", "PLACEMENT_TIMEOUT", "RayGroup", "create_placement_group", "members", "pg_name"]
+__all__ = [
+    "DEFAULT_BUNDLE",
+    "PLACEMENT_TIMEOUT",
+    "RayGroup",
+    "RayGroups",
+    "create_placement_group",
+    "members",
+    "pg_name",
+]
 
 DEFAULT_BUNDLE: dict[str, float] = {"CPU": 0.01}
 PLACEMENT_TIMEOUT = 60.0  # seconds Ray gets to place a feasible group before fray gives up and refuses it
@@ -159,3 +185,108 @@ def members(pg: Any, count: int, name: str | None, distributed: bool) -> list[Me
         env = spmd_env(rank, count, master_addr, port, local.index(rank), len(local))
         out.append(Member(info, True, env))
     return out
+
+
+class RayGroups:
+    """The actor groups of one context (`ctx`, which their handles call through): created through `actors`,
+    their calls' pending arguments noted in `cancels`; the placement groups of non-detached groups made here."""
+
+    def __init__(self, ctx: JobContext, actors: RayActors, cancels: CancelTracker) -> None:
+        self._ctx = ctx
+        self._actors = actors
+        self._cancels = cancels
+        self._placement_groups: dict[Any, Any] = {}  # placement group id -> placement group
+
+    def create(
+        self,
+        klass: type,
+        count: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        placement: str,
+        strict: bool,
+        distributed: bool,
+    ) -> ActorGroup:
+        """The members in one placement group, all or nothing: if any step fails, the members created so far
+        are killed and the placement group removed."""
+        what = f"actor group {options.name or klass.__name__}"
+        pg = create_placement_group(options, count, placement, strict, what)
+        detached = options.lifetime is Lifetime.DETACHED
+        # An unnamed group's members get a Ray name too (unique), so that Ray's ActorDiedError names the rank.
+        ray_prefix = options.name or f"fray-group-{uuid.uuid4().hex[:12]}"
+        handles: list[ActorHandle] = []
+        try:
+            for member in members(pg, count, options.name, distributed):
+                rank = member.info.rank
+                extra: dict[str, Any] = {
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=rank, placement_group_capture_child_tasks=False
+                    )
+                }
+                if options.name is None:
+                    extra["name"] = f"{ray_prefix}/{rank}"
+                member_options = dataclasses.replace(options, name=member.info.name, get_if_exists=False)
+                handles.append(self._actors.create(klass, args, kwargs, member_options, member, extra))
+        except BaseException:
+            try:
+                self._actors.kill(handles)
+            except Exception:  # the creation error is the one to report
+                pass
+            remove_placement_group(pg)
+            raise
+        if not detached:
+            self._placement_groups[pg.id] = pg
+        return ActorGroup(handles, options.name, RayGroup(pg, count, detached), ctx=self._ctx)
+
+    def call(self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[ObjectRef]:
+        """One Ray call per member, with the arguments converted once; a large argument is put once and every
+        member reads that one object (Ray resolves a top-level ref argument to its value)."""
+        ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
+        if len(group.handles) > 1:
+            ray_args, ray_kwargs = share_args(ray_args), share_kwargs(ray_kwargs)
+        noted = ray_args is not args or ray_kwargs is not kwargs
+        refs = []
+        for handle in group.handles:
+            try:
+                ref = getattr(handle.payload, method).remote(*ray_args, **ray_kwargs)
+            except TypeError as exc:
+                if is_serialization_error(exc):
+                    raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
+                raise
+            result = ObjectRef(ref, "ray")
+            if noted:
+                self._cancels.note_dependencies(result, args, kwargs)
+            refs.append(result)
+        return refs
+
+    def kill(self, group: ActorGroup) -> None:
+        """Kill the members; a whole group (not a slice) also loses its placement group (removing it would kill
+        every member in it, so a slice keeps it)."""
+        self._actors.kill(group.handles)
+        payload = group.payload
+        pg = None
+        if isinstance(payload, RayGroup):
+            if sorted(group.ranks) == list(range(payload.size)):
+                pg = payload.placement_group
+        elif group.name is not None and group.ranks == tuple(range(len(group))):
+            try:  # a group found again by name (get_if_exists): its placement group is named after it
+                pg = get_placement_group(pg_name(group.name))
+            except ValueError:
+                pg = None
+        if pg is not None:
+            self._placement_groups.pop(pg.id, None)
+            try:
+                remove_placement_group(pg)
+            except Exception:  # removed already
+                pass
+
+    def remove_all(self) -> None:
+        """Remove the placement groups of the non-detached groups created here (at shutdown: removing one kills
+        its members)."""
+        groups, self._placement_groups = self._placement_groups, {}
+        for pg in groups.values():
+            try:
+                remove_placement_group(pg)
+            except Exception:  # removed already, or Ray is gone
+                pass

@@ -33,7 +33,7 @@ from typing import Any
 
 from fray.serialization import Blob, dumps, loads
 
-__all__ = ["Packed", "pack", "pack_args", "pack_kwargs", "take_unpacked_bytes", "unpack"]
+__all__ = ["Packed", "known_nbytes", "pack", "pack_args", "pack_kwargs", "take_unpacked_bytes", "unpack"]
 
 _SCAN_LIMIT = 256  # items of a list / tuple / dict looked at for tensors
 # Names that appear in a pickle stream holding a Ray ObjectRef (class ray.ObjectRef, also ObjectRefGenerator),
@@ -88,6 +88,16 @@ def take_unpacked_bytes() -> int:
     if n:
         _local.unpacked = 0
     return n
+
+
+def known_nbytes(value: Any) -> int:
+    """The size of a value Ray returned as is, where it is known without a walk (numpy, bytes), else 0."""
+    nbytes = getattr(value, "nbytes", None)  # numpy arrays (read-only views of the object store)
+    if type(nbytes) is int and type(value).__module__ == "numpy":
+        return nbytes
+    if type(value) in (bytes, bytearray, memoryview):
+        return len(memoryview(value).cast("B"))
+    return 0
 
 
 _PLAIN_KINDS: tuple[type, ...] = (bytearray, memoryview)
