@@ -33,7 +33,7 @@ from ray._raylet import get_authentication_mode  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 import fray  # noqa: E402
-from fray_ray import _connect  # noqa: E402
+from fray_ray import _auth  # noqa: E402
 
 
 class Counter:
@@ -89,7 +89,7 @@ def main() -> None:
     out: dict[str, object] = {}
     try:
         address = cluster.address
-        out["probe"] = _connect.cluster_auth_mode(address)
+        out["probe"] = _auth.cluster_auth_mode(address)
         ctx = fray.init(f"ray?address={address}&namespace=fray-da&log_to_driver=false")
         try:
             out["by_address"] = work(ctx)

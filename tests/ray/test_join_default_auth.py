@@ -16,7 +16,7 @@ pytest.importorskip("fray_ray")
 
 from _procs import run_driver
 
-from fray_ray import _connect
+from fray_ray import _auth
 
 DRIVER = Path(__file__).with_name("_default_auth_driver.py")
 
@@ -42,9 +42,9 @@ def _no_probe(address: str, timeout: float = 0.0) -> str | None:
 
 def test_a_cluster_fray_started_is_joined_in_token_mode_without_asking(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    monkeypatch.setattr(_connect, "cluster_auth_mode", _no_probe)
-    monkeypatch.setattr(_connect, "_own_clusters", {"127.0.0.1:6390"})
-    assert _connect.join_auth_mode("127.0.0.1:6390") == "token"
+    monkeypatch.setattr(_auth, "cluster_auth_mode", _no_probe)
+    monkeypatch.setattr(_auth, "_own_clusters", {"127.0.0.1:6390"})
+    assert _auth.join_auth_mode("127.0.0.1:6390") == "token"
 
 
 @pytest.mark.parametrize(
@@ -55,19 +55,19 @@ def test_a_joined_cluster_decides_the_mode(
     monkeypatch: pytest.MonkeyPatch, answer: str | None, token: bool, expected: str | None
 ) -> None:
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    monkeypatch.setattr(_connect, "cluster_auth_mode", lambda address, timeout=0.0: answer)
-    monkeypatch.setattr(_connect, "token_available", lambda: token)
-    monkeypatch.setattr(_connect, "is_own_cluster", lambda address: False)
-    assert _connect.join_auth_mode("10.0.0.5:6379") == expected
+    monkeypatch.setattr(_auth, "cluster_auth_mode", lambda address, timeout=0.0: answer)
+    monkeypatch.setattr(_auth, "token_available", lambda: token)
+    monkeypatch.setattr(_auth, "is_own_cluster", lambda address: False)
+    assert _auth.join_auth_mode("10.0.0.5:6379") == expected
 
 
 def test_the_users_mode_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    monkeypatch.setattr(_connect, "_fray_auth_mode", None)  # fray did not write it
-    monkeypatch.setattr(_connect, "cluster_auth_mode", _no_probe)
-    assert _connect.join_auth_mode("10.0.0.5:6379") is None
+    monkeypatch.setattr(_auth, "_fray_auth_mode", None)  # fray did not write it
+    monkeypatch.setattr(_auth, "cluster_auth_mode", _no_probe)
+    assert _auth.join_auth_mode("10.0.0.5:6379") is None
 
 
 def test_an_unreachable_or_ray_client_address_cannot_be_told() -> None:
-    assert _connect.cluster_auth_mode("ray://10.0.0.5:10001") is None
-    assert _connect.cluster_auth_mode("127.0.0.1:1", timeout=0.5) is None  # nothing listens on port 1
+    assert _auth.cluster_auth_mode("ray://10.0.0.5:10001") is None
+    assert _auth.cluster_auth_mode("127.0.0.1:1", timeout=0.5) is None  # nothing listens on port 1

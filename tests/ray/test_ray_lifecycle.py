@@ -22,7 +22,7 @@ from _procs import cmdline, group_and_descendants, listening
 import fray
 from fray.net import is_loopback
 from fray.registry import parse_spec
-from fray_ray import RayBackend, RayClusterContext, RayJobContext, _connect
+from fray_ray import RayBackend, RayClusterContext, RayJobContext, _auth, _connect, _local
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +83,9 @@ def test_private_ray_and_private_head_enforce_token_auth(ctx: RayJobContext, clu
 
     conn = _connect._conn
     if conn is not None and conn.started_here:
-        assert _connect.cluster_auth_mode(ray.get_runtime_context().gcs_address) == "token"
+        assert _auth.cluster_auth_mode(ray.get_runtime_context().gcs_address) == "token"
     assert cluster.gcs_address is not None
-    assert _connect.cluster_auth_mode(cluster.gcs_address) == "token"
+    assert _auth.cluster_auth_mode(cluster.gcs_address) == "token"
 
 
 # ---------------------------------------------------------------------------------------- shut down
@@ -142,11 +142,11 @@ def test_clean_shutdown_leaves_no_process_and_no_temp_dir() -> None:
 def test_temp_base_leaves_room_for_rays_socket_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_TMPDIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", "/tmp")
-    assert _connect.short_tmp() == "/tmp"
+    assert _local.short_tmp() == "/tmp"
     monkeypatch.setattr(tempfile, "tempdir", "/scratch/cluster/jobs/run-0042")  # 29 characters
-    assert _connect.short_tmp() == "/tmp"
+    assert _local.short_tmp() == "/tmp"
     monkeypatch.setenv("RAY_TMPDIR", "/var/tmp")
-    assert _connect.short_tmp() == "/var/tmp"
+    assert _local.short_tmp() == "/var/tmp"
 
 
 def test_private_head_starts_with_a_long_tmpdir_and_a_driver_joins_it() -> None:
@@ -160,10 +160,10 @@ def test_private_head_starts_with_a_long_tmpdir_and_a_driver_joins_it() -> None:
             """
             import os
             import fray
-            from fray_ray import _connect
+            from fray_ray import _auth
             with fray.cluster("ray?num_cpus=1&object_store_memory=80000000") as cluster:
                 assert os.path.isfile(os.path.expanduser("~/.ray/auth_token"))  # made for the head
-                assert _connect.cluster_auth_mode(cluster.gcs_address) == "token"
+                assert _auth.cluster_auth_mode(cluster.gcs_address) == "token"
                 job = cluster.create_job("echo hello")
                 assert cluster.wait_job(job, timeout=120).status == "SUCCEEDED"
                 print(cluster.get_job_logs(job), end="")

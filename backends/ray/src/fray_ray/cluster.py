@@ -33,15 +33,8 @@ from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.net import free_ports
 from fray.procfs import Identity, stop_group
 from fray.types import JobInfo, JobStatus, RuntimeEnv
-from fray_ray._connect import (
-    LOCAL_ONLY_ENV,
-    LOOPBACK,
-    _is_loopback,
-    note_own_cluster,
-    own_cluster_mode,
-    short_tmp,
-    token_headers,
-)
+from fray_ray._auth import note_own_cluster, own_cluster_mode, token_headers
+from fray_ray._local import LOCAL_ONLY_ENV, LOOPBACK, is_loopback_address, short_tmp
 from fray_ray._remote import entrypoint_options, runtime_env_dict
 
 _STATUS = {s.value: s for s in JobStatus}
@@ -66,7 +59,7 @@ class LocalHead:
         self.temp_dir = tempfile.mkdtemp(prefix="fray-rayc-", dir=short_tmp())
         if owned:
             watchdog.watch_path(self.temp_dir)
-        local_only = _is_loopback(listen)
+        local_only = is_loopback_address(listen)
         host = LOOPBACK if local_only else listen
         # Every fixed default port (agent 52365, metrics, runtime env agent, ...) may be held by another Ray on
         # this machine (a private ray.init in the same process, say); then the job agent never comes up. The ports
@@ -111,7 +104,7 @@ class LocalHead:
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env.pop("RAY_ADDRESS", None)
         if local_only:
-            env.update(LOCAL_ONLY_ENV)  # every server of the node on loopback (see _connect)
+            env.update(LOCAL_ONLY_ENV)  # every server of the node on loopback (see _local)
         # Ray's processes make temp files of their own (the dashboard's multiprocessing forkserver: pymp-*, left
         # behind at every stop): under the head's temp dir, they go with it.
         env["TMPDIR"] = self.temp_dir
@@ -270,7 +263,7 @@ class RayClusterContext(ClusterContext):
             self.address = self._head.address
             self.capabilities = type(self).capabilities - {Capability.PERSISTENT_JOBS}
         # On this machine: jobs run in place (and get the guard that ends them with their supervisor).
-        self._local = self._head is not None or _is_loopback(self.address)
+        self._local = self._head is not None or is_loopback_address(self.address)
 
     @property
     def gcs_address(self) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from fray import state
 from fray.procfs import Identity, stop_group
-from fray_ray._connect import LOOPBACK
+from fray_ray._local import LOOPBACK
 from fray_ray.cluster import LocalHead, job_client
 
 __all__ = ["recorded", "start", "stop"]

@@ -1,0 +1,201 @@
+"""Token auth for Ray: which mode a driver must use, and the token for HTTP clients.
+
+A driver's auth mode must match the cluster's (see `join_auth_mode`). A cluster fray starts (the private
+instance, a private or `fray cluster start` head) runs in token mode, as Ray does by default; a cluster joined by
+address is asked which mode it enforces. The mode is set in RAY_AUTH_MODE for the life of a connection
+(fray_ray._connect) and the previous value restored when it is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import ray._private.services as ray_services
+
+from fray.procfs import Identity
+
+__all__ = [
+    "AUTH_MODE_ENV",
+    "auth_state",
+    "cluster_auth_mode",
+    "is_own_cluster",
+    "join_auth_mode",
+    "note_own_cluster",
+    "own_cluster_mode",
+    "restore_auth",
+    "set_auth_mode",
+    "token_available",
+    "token_headers",
+    "user_auth_mode",
+]
+
+log = logging.getLogger("fray_ray")
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+_fray_auth_mode: str | None = None  # the RAY_AUTH_MODE value fray itself last wrote into os.environ
+_own_clusters: set[str] = set()  # GCS addresses (host:port) of the heads this process started
+_PROBE_TIMEOUT = 5.0  # seconds the auth probe waits for the cluster's GCS to answer
+
+
+def token_available() -> bool:
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        return Path(path).expanduser().is_file()
+    return (Path.home() / ".ray" / "auth_token").is_file()
+
+
+def user_auth_mode() -> str | None:
+    """RAY_AUTH_MODE as the user chose it: None if it is unset or holds the value fray wrote there."""
+    value = os.environ.get(AUTH_MODE_ENV)
+    if value is None or value == _fray_auth_mode:
+        return None
+    return value
+
+
+def set_auth_mode(mode: str | None) -> None:
+    """Put Ray in this process in auth mode `mode` ("token", "disabled"; None: Ray's default for a client, no
+    token) and remember that fray chose it. Ray reads the mode from RAY_AUTH_MODE when it (re)loads its config:
+    only call this while this process is not connected to Ray."""
+    global _fray_auth_mode
+    if mode is None:
+        os.environ.pop(AUTH_MODE_ENV, None)
+    else:
+        os.environ[AUTH_MODE_ENV] = mode
+    _fray_auth_mode = mode
+    try:  # refresh Ray's cached config so this process observes the mode
+        from ray._raylet import Config  # type: ignore[attr-defined]
+
+        Config.initialize("")
+    except Exception:  # pragma: no cover - older/newer Ray without this hook
+        pass
+
+
+def auth_state() -> tuple[str | None, str | None]:
+    """(RAY_AUTH_MODE, the value fray last wrote there): saved before a connection, restored after it."""
+    return os.environ.get(AUTH_MODE_ENV), _fray_auth_mode
+
+
+def restore_auth(saved: tuple[str | None, str | None]) -> None:
+    global _fray_auth_mode
+    if auth_state() == saved:
+        return
+    set_auth_mode(saved[0])
+    _fray_auth_mode = saved[1]
+
+
+def own_cluster_mode() -> str:
+    """The auth mode of a cluster fray starts itself: "token" (Ray's default for a new cluster), with a token
+    made (~/.ray/auth_token, as ray.init does for a new local cluster) if none is available; unless the user
+    chose a mode in RAY_AUTH_MODE."""
+    chosen = user_auth_mode()
+    if chosen is not None:
+        return chosen
+    if not token_available():
+        from ray._private.authentication.authentication_token_setup import generate_and_save_token
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+
+        generate_and_save_token()
+        AuthenticationTokenLoader.instance().reset_cache()
+    return "token"
+
+
+def token_headers() -> dict[str, str]:
+    """For a client of a cluster's HTTP APIs (Job API, dashboard): the header carrying the token, whatever
+    this process's mode (it may be joined to a cluster without token auth meanwhile); {} if no token is
+    available or the user chose RAY_AUTH_MODE=disabled. A dashboard without token auth ignores the header."""
+    if (user_auth_mode() or "").lower() == "disabled" or not token_available():
+        return {}
+    try:
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+
+        return dict(AuthenticationTokenLoader.instance().get_token_for_http_header(ignore_auth_mode=True))
+    except Exception:  # an unreadable token: Ray's own error follows at the first request
+        return {}
+
+
+def note_own_cluster(gcs_address: str) -> None:
+    """Record the GCS address of a head this process started (joined in token mode without asking it)."""
+    _own_clusters.add(gcs_address)
+
+
+def is_own_cluster(address: str) -> bool:
+    """A head fray started: in this process, or the one `fray cluster start` recorded (still running)."""
+    if address in _own_clusters:
+        return True
+    try:
+        from fray import state
+
+        record = state.read_cluster("ray")
+        leader = Identity.from_record(record.get("leader")) if record else None
+        return bool(record and record.get("gcs_address") == address and leader is not None and leader.running())
+    except Exception:  # no readable record
+        return False
+
+
+def _gcs_target(address: str) -> str | None:
+    """host:port of the GCS at a ray.init address, or None (Ray Client ray://, another scheme, not found)."""
+    if address == "auto":
+        try:
+            return ray_services.canonicalize_bootstrap_address(address)
+        except Exception:
+            return None
+    if "://" in address:
+        return None
+    return address
+
+
+def cluster_auth_mode(address: str, timeout: float = _PROBE_TIMEOUT) -> str | None:
+    """What the cluster at `address` enforces, asked of its GCS with one request that carries no token
+    (GetClusterId, ~1-5 ms): "token" if it refuses the request (UNAUTHENTICATED), "disabled" if it answers it,
+    None if that cannot be told (Ray Client address, unreachable, not a GCS, ...)."""
+    target = _gcs_target(address)
+    if target is None:
+        return None
+    try:
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+        with grpc.insecure_channel(target) as channel:
+            stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)  # type: ignore[no-untyped-call]
+            request = gcs_service_pb2.GetClusterIdRequest()  # type: ignore[attr-defined]
+            stub.GetClusterId(request, timeout=timeout, wait_for_ready=True)
+    except Exception as exc:
+        code = getattr(exc, "code", None)
+        if callable(code) and getattr(code(), "name", None) == "UNAUTHENTICATED":
+            return "token"
+        log.debug("could not tell the auth mode of the Ray cluster at %s: %s", address, exc)
+        return None
+    return "disabled"
+
+
+def join_auth_mode(address: str) -> str | None:
+    """The auth mode this process must use to join the cluster at `address` (None: leave RAY_AUTH_MODE as is).
+
+    A driver's mode must be the cluster's: a driver in token mode refuses the cluster's token-less calls to its
+    own core worker, and in a cluster without token auth the GCS then cancels every non-detached actor the
+    driver owns ("Actor creation cancelled"), while tasks and detached actors still work. So:
+    - RAY_AUTH_MODE chosen by the user: kept (a warning if the cluster visibly disagrees with "token");
+    - a head fray started (this process's, or the one `fray cluster start` recorded): "token", not asked;
+    - otherwise the cluster's GCS is asked (`cluster_auth_mode`): "token" or "disabled";
+    - if it cannot be told: "token" when a token is available (Ray's default for new clusters), else unchanged.
+    """
+    chosen = user_auth_mode()
+    if chosen is not None:
+        if chosen.lower() == "token" and cluster_auth_mode(address, timeout=1.0) == "disabled":
+            log.warning(
+                "RAY_AUTH_MODE=token, but the Ray cluster at %s runs without token auth: it cannot reach this "
+                "driver, so actors that are not detached will never be created. Unset RAY_AUTH_MODE (fray then "
+                "follows the cluster) or set it to 'disabled'.",
+                address,
+            )
+        return None
+    if is_own_cluster(address):
+        return "token"
+    mode = cluster_auth_mode(address)
+    if mode is None and token_available():
+        return "token"
+    return mode
