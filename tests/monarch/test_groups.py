@@ -98,7 +98,7 @@ def test_group_members_count_against_the_hosts_cpus() -> None:
     try:
         group = ctx.create_actor_group(Caster, 2, options=ActorOptions(resources={"CPU": 1}))
         ctl = ctx.ctl  # type: ignore[attr-defined]
-        general = [p for p in ctl.procs if p.general]
+        general = [p for p in ctl.pool.procs if p.general]
         assert sum(p.free_capacity.get("CPU", 0.0) for p in general) == pytest.approx(0.0)
         ctx.kill(group)
         assert sum(p.free_capacity.get("CPU", 0.0) for p in general) == pytest.approx(2.0)
@@ -132,9 +132,9 @@ def consume_streams(n: int) -> tuple[list[int], int]:
 def test_stream_consumed_inside_a_task(ctx: Any) -> None:
     assert ctx.get(ctx.create_task(consume_streams, args=(4,)), timeout=120) == ([0, 1, 4, 9], 0)
     deadline = time.monotonic() + 30
-    while ctx.ctl.streams and time.monotonic() < deadline:  # every stream ended and closed: nothing kept
+    while ctx.ctl.streams.by_id and time.monotonic() < deadline:  # every stream ended and closed: nothing kept
         time.sleep(0.1)
-    assert not ctx.ctl.streams
+    assert not ctx.ctl.streams.by_id
 
 
 class Member:
@@ -161,7 +161,7 @@ def group_inside_a_task(n: int) -> tuple[list[int], list[tuple[int, int]]]:
 
 def test_group_created_and_used_inside_a_task(ctx: Any) -> None:
     assert ctx.get(ctx.create_task(group_inside_a_task, args=(3,)), timeout=180) == ([0, 1, 2], [(1, 0), (1, 1)])
-    assert not ctx.ctl.groups and all(p.general for p in ctx.ctl.procs)  # its processes are gone
+    assert not ctx.ctl.groups.by_id and all(p.general for p in ctx.ctl.pool.procs)  # its processes are gone
 
 
 class AsyncItems:

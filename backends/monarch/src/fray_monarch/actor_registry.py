@@ -1,32 +1,28 @@
-"""Actors, a part of the Controller: the registry of fray actors (names, restarts, death), each a Monarch
-actor on a worker process, and the replies of their calls.
+"""The actors of one context: the registry of fray actors (names, restarts, death), each a Monarch actor on a
+worker process, the replies of their calls, and the streams of their generator methods.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 from fray.current import ActorInfo
-from fray.errors import (
-    ActorAlreadyExistsError,
-    ActorDiedError,
-    ActorNotFoundError,
-    ActorUnavailableError,
-)
+from fray.errors import ActorAlreadyExistsError, ActorDiedError, ActorNotFoundError, ActorUnavailableError
 from fray.groups import Member
-from fray.refs import public_methods
-from fray.resources import add, subtract
-from fray.serialization import Blob, loads
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
-from fray_monarch.actors import FrayActorHost
+from fray_monarch.actor_host import FrayActorHost
 from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
-from fray_monarch.protocol import ActorReply, WireValue, WorkerSetup
-from fray_monarch.scheduler import Proc
+from fray_monarch.processes import Proc, ProcessPool, ignore
+from fray_monarch.protocol import ActorDesc, ActorReply, WireValue
+from fray_monarch.streaming import StreamRec, StreamRegistry
 
 
 @dataclass
@@ -67,24 +63,38 @@ class ActorRec:
             who += f" (rank {self.info.rank} of {self.info.size})"
         return who
 
+    @property
+    def desc(self) -> ActorDesc:
+        return self.id, self.class_name, self.methods, self.name
+
 
 class ActorRegistry:
-    """The actor half of the Controller (mixed into it; its state is set by Controller.__init__)."""
+    """Every actor of one context, by id and by name, under the controller's lock. `resources_freed()` is called
+    when a dead actor's resources are back (queued tasks may fit now)."""
 
-    lock: threading.RLock
-    objects: ObjectDirectory
-    procs: list[Proc]
-    actors: dict[str, ActorRec]
-    names: dict[str, str]
-    inflight: dict[str, Entry]  # group-broadcast calls not answered yet, by object id
+    def __init__(
+        self,
+        lock: threading.RLock,
+        ids: Ids,
+        directory: ObjectDirectory,
+        pool: ProcessPool,
+        streams: StreamRegistry,
+        resources_freed: Callable[[], None],
+    ) -> None:
+        self.lock = lock
+        self.ids = ids
+        self.directory = directory
+        self.pool = pool
+        self.streams = streams
+        self.resources_freed = resources_freed
+        self.by_id: dict[str, ActorRec] = {}
+        self.names: dict[str, str] = {}  # name -> id of the live actor with that name
+        self.inflight: dict[str, Entry] = {}  # group-broadcast calls not answered yet, by object id
+        self._watch = self.watch  # (bound once: every call's entry carries it)
 
-    if TYPE_CHECKING:  # provided by the Controller or its other parts
-
-        def new_oid(self) -> str: ...
-        def _worker_setup(self, host: int, proc_key: str) -> WorkerSetup: ...
-        def _pump(self) -> None: ...
-
-    def _resolve_reply(self, entry: Entry, reply: ActorReply | None, exc: BaseException | None) -> None:
+    # ------------------------------------------------------------ replies
+    def reply(self, entry: Entry, reply: ActorReply | None, exc: BaseException | None) -> None:
+        """An actor's answer to a call (or the failure of the call: its process died) completes its entry."""
         with self.lock:
             if entry.outcome.done():
                 return
@@ -95,23 +105,55 @@ class ActorRegistry:
                 restarted = rec is not None and rec.restarts > entry.actor_restarts
                 if rec is not None and not restarted and (rec.state == ActorState.DEAD or not rec.can_restart):
                     why = rec.reason or "its process crashed"
-                    self.objects.complete(entry, None, ActorDiedError(f"actor {rec.label} died: {why}"))
+                    self.directory.complete(entry, None, ActorDiedError(f"actor {rec.label} died: {why}"))
                 else:
                     name = rec.label if rec else "?"
-                    self.objects.complete(
+                    self.directory.complete(
                         entry,
                         None,
                         ActorUnavailableError(f"actor {name}: its process crashed during this call; it is restarting"),
                     )
             elif reply.status == "ok" and reply.value is not None:
-                self.objects.complete(entry, reply.value.value, None, reply.value.contained)
+                self.directory.complete(entry, reply.value.value, None, reply.value.contained)
             elif reply.status == "dead":
                 name = rec.label if rec else ""
-                self.objects.complete(entry, None, ActorDiedError(f"actor {name} is dead: {reply.reason}"))
+                self.directory.complete(entry, None, ActorDiedError(f"actor {name} is dead: {reply.reason}"))
             else:
-                self.objects.complete(entry, None, reply.error)
+                self.directory.complete(entry, None, reply.error)
 
-    def create_actor(
+    def watch(self, entry: Entry) -> None:
+        """Under the lock: the entry of a call completes by itself when its reply comes (somebody waits on it)."""
+        _runtime.on_done(entry.future, partial(self.reply, entry))
+
+    def resolve(self, entry: Entry, timeout: float | None) -> bool:
+        """Wait for entry (not under the lock); False if `timeout` passed first. A reply not read yet is read
+        directly from its Monarch future (the fast path of an actor round trip)."""
+        fut = entry.future
+        if fut is not None and not entry.outcome.done():
+            try:
+                reply = fut.get(timeout=timeout)
+            except TimeoutError:
+                return False
+            except Exception as exc:
+                self.reply(entry, None, exc)
+            else:
+                self.reply(entry, reply, None)
+            return True
+        return entry.outcome.wait(timeout)
+
+    # ------------------------------------------------------------ creation and placement
+    def name_taken(self, name: str | None) -> bool:
+        """Under the lock: a live actor has this name."""
+        existing = self.names.get(name) if name is not None else None
+        return existing is not None and self.by_id[existing].state != ActorState.DEAD
+
+    def add(self, rec: ActorRec) -> None:
+        """Under the lock."""
+        self.by_id[rec.id] = rec
+        if rec.name is not None:
+            self.names[rec.name] = rec.id
+
+    def create(
         self,
         cls_data: bytes,
         class_name: str,
@@ -121,18 +163,14 @@ class ActorRegistry:
         keep: list[Any],
         options: ActorOptions,
         member: Member | None = None,
-    ) -> tuple[str, str, frozenset[str], str | None]:
+    ) -> ActorDesc:
         with self.lock:
-            if options.name is not None:
-                existing = self.names.get(options.name)
-                if existing is not None and self.actors[existing].state != ActorState.DEAD:
-                    if options.get_if_exists:
-                        rec = self.actors[existing]
-                        return rec.id, rec.class_name, rec.methods, rec.name
-                    raise ActorAlreadyExistsError(f"an actor named {options.name!r} exists already")
-            aid = f"{self.key}-a{next(self.ids)}"
+            if options.name is not None and self.name_taken(options.name):
+                if options.get_if_exists:
+                    return self.by_id[self.names[options.name]].desc
+                raise ActorAlreadyExistsError(f"an actor named {options.name!r} exists already")
             rec = ActorRec(
-                aid,
+                self.ids.actor(),
                 options.name,
                 class_name,
                 methods,
@@ -146,104 +184,108 @@ class ActorRegistry:
                 env=dict(member.env) if member is not None else {},
                 dedicated=member is not None and member.distributed,
             )
-            self.actors[aid] = rec
-            if options.name is not None:
-                self.names[options.name] = aid
-            self._place_actor(rec)
-            return aid, class_name, methods, options.name
+            self.add(rec)
+            self.place(rec)
+            return rec.desc
 
-    def create_actor_remote(
-        self,
-        proc_key: str,
-        cls_data: bytes,
-        args: WireValue,
-        deps: list[str],
-        options: ActorOptions,
-        member: Member | None = None,
-    ) -> tuple[str, str, frozenset[str], str | None]:
-        klass = loads(Blob(cls_data))
-        keep = [RefPayload(i) for i in (*args.contained, *deps)]
-        return self.create_actor(cls_data, klass.__name__, public_methods(klass), args, deps, keep, options, member)
-
-    def _general_procs(self, host: int | None = None) -> list[Proc]:
-        return [p for p in self.procs if p.alive and p.general and (host is None or p.host == host)]
-
-    def _claim(self, rec: ActorRec, proc: Proc) -> None:
+    def claim(self, rec: ActorRec, proc: Proc) -> None:
         """Under the lock: rec's resources are taken from proc's share of its host (tasks there see less room)."""
         rec.claim = proc
-        if rec.resources:
-            add(proc.claims, rec.resources)
-            proc.worker.set_capacity.broadcast(proc.free_capacity)
+        self.pool.claim(proc, rec.resources)
 
-    def _unclaim(self, rec: ActorRec) -> None:
+    def unclaim(self, rec: ActorRec) -> None:
         proc, rec.claim = rec.claim, None
-        if proc is not None and rec.resources:
-            subtract(proc.claims, rec.resources)
-            if proc.alive:
-                proc.worker.set_capacity.broadcast(proc.free_capacity)
+        if proc is not None:
+            self.pool.unclaim(proc, rec.resources)
 
-    def _claim_on_host(self, rec: ActorRec, host: int) -> None:
+    def claim_on_host(self, rec: ActorRec, host: int) -> None:
         """Under the lock: claim an actor's resources from the general process of `host` with the most room for
         them (an actor with its own process still counts against its host's CPUs)."""
         if rec.claim is not None and rec.claim.alive:
             return
-        pool = self._general_procs(host) or self._general_procs()
+        pool = self.pool.general(host) or self.pool.general()
         if not pool:
             return
         fitting = [p for p in pool if p.fits_at_all(rec.resources)] or pool
-        self._claim(rec, max(fitting, key=lambda p: (p.free_capacity.get("CPU", 0.0), -len(p.actors))))
+        self.claim(rec, max(fitting, key=lambda p: (p.free_capacity.get("CPU", 0.0), -len(p.actors))))
 
-    def _place_actor(self, rec: ActorRec) -> None:
+    def place(self, rec: ActorRec) -> None:
         """Under the lock: spawn the actor on the least loaded live process that can hold its resources, or on a
         fresh process of its own (a dedicated actor: an SPMD member; a group member coming back)."""
         if rec.dedicated:  # (a group member coming back: on a fresh process, never on its group's mesh)
-            proc = self._spawn_proc(rec.host, dedicated=rec.id)
+            proc = self.pool.spawn(rec.host, dedicated=rec.id)
             rec.slot = None
-            self._claim_on_host(rec, rec.host)
+            self.claim_on_host(rec, rec.host)
         else:
-            pool = self._general_procs()
+            pool = self.pool.general()
             candidates = [p for p in pool if p.fits_at_all(rec.resources)] or pool
             proc = min(candidates, key=lambda p: (len(p.actors), len(p.outstanding)))
-            self._claim(rec, proc)
+            self.claim(rec, proc)
         rec.proc = proc
         proc.actors.add(rec.id)
         rec.mesh = proc.mesh.spawn(
             f"fray_actor_{rec.id}_{rec.restarts}",
             FrayActorHost,
-            self._worker_setup(proc.host, proc.key, proc.capacity),
+            self.pool.setup(proc.host, proc.key, proc.capacity),
             rec.options.max_concurrency,
             rec.dedicated,
         )
         init = rec.mesh.init.call_one(rec.cls_data, rec.args, rec.deps, [(rec.info, rec.env)])
-        _runtime.on_done(init, lambda _v, _e: None)
+        _runtime.on_done(init, ignore)
 
-    def _actor_dead(self, rec: ActorRec, reason: str) -> None:
+    # ------------------------------------------------------------ death
+    def dead(self, rec: ActorRec, reason: str) -> None:
+        """Under the lock: the actor is dead for good (killed, crashed with no restart left)."""
         rec.state, rec.reason = ActorState.DEAD, reason
         if rec.name is not None and self.names.get(rec.name) == rec.id:
             del self.names[rec.name]
         proc = rec.proc
         if proc is not None:
             proc.actors.discard(rec.id)
-        self._unclaim(rec)
+        self.unclaim(rec)
         rec.keep = []
-        self._fail_inflight(rec, RuntimeError(reason))
-        self._pump()
+        self.fail_inflight(rec, RuntimeError(reason))
+        self.resources_freed()
 
-    def _fail_inflight(self, rec: ActorRec, exc: BaseException) -> None:
+    def proc_died(self, proc: Proc, reason: str) -> None:
+        """Under the lock: the actors of a dead process come back on another (restarts left) or are dead."""
+        for aid in list(proc.actors):
+            rec = self.by_id[aid]
+            if rec.can_restart:
+                rec.restarts += 1
+                self.place(rec)
+                self.fail_inflight(rec, RuntimeError(reason))  # -> ActorUnavailableError
+            else:
+                self.dead(rec, f"its process crashed: {reason}")
+
+    def track(self, rec: ActorRec, entry: Entry) -> None:
+        """Under the lock: a call sent to rec by group broadcast (answered on the reply port, group_answer)."""
+        rec.inflight.add(entry.id)
+        self.inflight[entry.id] = entry
+
+    def answered(self, oid: str) -> Entry | None:
+        """Under the lock: the entry of a broadcast call now answered; None if it failed already."""
+        entry = self.inflight.pop(oid, None)
+        if entry is not None and entry.actor is not None:
+            entry.actor.inflight.discard(oid)
+        return entry
+
+    def fail_inflight(self, rec: ActorRec, exc: BaseException) -> None:
         """Under the lock: its calls sent by group broadcast will not be answered (it died, or is restarting)."""
         for oid in list(rec.inflight):
             entry = self.inflight.pop(oid, None)
             if entry is not None:
-                self._resolve_reply(entry, None, exc)
+                self.reply(entry, None, exc)
         rec.inflight.clear()
 
-    def actor(self, aid: str) -> ActorRec:
-        rec = self.actors.get(aid)
+    # ------------------------------------------------------------ calls
+    def get(self, aid: str) -> ActorRec:
+        rec = self.by_id.get(aid)
         if rec is None:
             raise ActorDiedError(f"unknown actor {aid}")
         return rec
 
-    def call_actor(
+    def call(
         self,
         aid: str,
         method: str,
@@ -253,51 +295,77 @@ class ActorRegistry:
         proc_key: str | None = None,
     ) -> RefPayload:
         with self.lock:
-            rec = self.actor(aid)
-            entry, payload = self.objects.new(self.new_oid())
+            rec = self.get(aid)
+            entry, payload = self.directory.new(self.ids.object())
             entry.actor = rec
             entry.actor_restarts = rec.restarts
             if proc_key is not None:
                 entry.remote[proc_key] = 1
             if rec.state == ActorState.DEAD:
                 error = ActorDiedError(f"actor {rec.class_name} {aid} is dead: {rec.reason}")
-                self.objects.complete(entry, None, error)
+                self.directory.complete(entry, None, error)
                 return payload
             entry.future = rec.mesh.call.call_one(entry.id, method, args, deps)
+            entry.watch = self._watch
             entry.keep = keep
             return payload
 
-    def call_actor_remote(self, proc_key: str, aid: str, method: str, args: WireValue, deps: list[str]) -> str:
-        keep = [RefPayload(i) for i in (*args.contained, *deps)]
-        return self.call_actor(aid, method, args, deps, keep, proc_key).id
+    def call_stream(self, aid: str, method: str, args: Any, deps: list[str], keep: list[Any]) -> str:
+        """A generator method's call: its items come as a stream (streaming.py); returns the stream's id."""
+        with self.lock:
+            actor = self.get(aid)
+            sid = self.ids.object()
+            rec = self.streams.open(sid, lambda: actor.proc)
+            if actor.state == ActorState.DEAD:
+                self.streams.end(rec, ActorDiedError(f"actor {actor.label} is dead: {actor.reason}"))
+                return sid
+            rec.keep = keep
+            fut = actor.mesh.call_stream.call_one(sid, method, args, deps)
+        _runtime.on_done(fut, partial(self._stream_reply, rec, actor, actor.restarts))
+        return sid
 
-    def get_actor_info(self, name: str) -> tuple[str, str, frozenset[str], str | None]:
+    def _stream_reply(
+        self, rec: StreamRec, actor: ActorRec, restarts: int, _value: Any, exc: BaseException | None
+    ) -> None:
+        """The actor's answer to the stream call: only its failure matters (items and the end come through the
+        report FIFO); a process that died mid-stream ends the stream with the actor's error."""
+        if exc is None:
+            return
+        with self.lock:
+            if rec.ended:
+                return
+            restarted = actor.restarts > restarts  # (restarts: how many it had made when the call was sent)
+            if not restarted and (actor.state == ActorState.DEAD or not actor.can_restart):
+                error: Exception = ActorDiedError(f"actor {actor.label} died: {actor.reason or 'its process crashed'}")
+            else:
+                error = ActorUnavailableError(
+                    f"actor {actor.label}: its process crashed during this stream; it is restarting"
+                )
+            self.streams.end(rec, error)
+
+    def info(self, name: str) -> ActorDesc:
         with self.lock:
             aid = self.names.get(name)
-            if aid is None or self.actors[aid].state == ActorState.DEAD:
+            if aid is None or self.by_id[aid].state == ActorState.DEAD:
                 raise ActorNotFoundError(f"no live actor named {name!r}")
-            rec = self.actors[aid]
-            return rec.id, rec.class_name, rec.methods, rec.name
+            return self.by_id[aid].desc
 
-    def kill_actor(self, aid: str) -> None:
+    def kill(self, aid: str) -> None:
         with self.lock:
-            rec = self.actor(aid)
+            rec = self.get(aid)
             if rec.state == ActorState.DEAD:
                 return
-            self._actor_dead(rec, "it was killed")
+            self.dead(rec, "it was killed")
             mesh = rec.mesh
             own = rec.proc if rec.dedicated else None
             in_group_mesh = rec.slot is not None
-            if own is not None and own.alive:  # its whole process goes with it, and what that process stored
-                own.alive = False
-                if own in self.procs:
-                    self.procs.remove(own)
-                self.objects.forget_holder(own.key)
-                self.objects.mark_lost(own.key, f"it was stored by actor {rec.label}, which was killed")
+            if own is not None and self.pool.forget(own):  # its whole process goes with it, and what it stored
+                self.directory.forget_holder(own.key)
+                self.directory.mark_lost(own.key, f"it was stored by actor {rec.label}, which was killed")
         try:
             if in_group_mesh and own is not None:  # one process of its group's mesh (a slice cannot be stopped)
                 own.worker.exit_process.broadcast()
             else:
-                _runtime.on_done((own.mesh if own is not None else mesh).stop(), lambda _v, _e: None)
+                _runtime.on_done((own.mesh if own is not None else mesh).stop(), ignore)
         except Exception:
             pass

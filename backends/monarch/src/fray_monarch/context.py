@@ -21,6 +21,7 @@ from fray.types import ActorOptions, TaskOptions
 from fray_monarch import _runtime
 from fray_monarch.controller import Controller
 from fray_monarch.protocol import StoreConfig
+from fray_monarch.streaming import DriverStream
 from fray_monarch.worker_runtime import BACKEND, CAPABILITIES, pack_call
 
 
@@ -54,17 +55,17 @@ class MonarchJobContext(JobContext):
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRef:
         self._refuse_if_shut_down()
-        fn_key, fn_data = self.ctl.fn_blob(fn)
+        fn_key, fn_data = self.ctl.scheduler.fn_blob(fn)
         blob, deps = pack_call(getattr(fn, "__qualname__", "task"), args, kwargs)
         call, keep = self.ctl.encode_call(blob)
-        payload = self.ctl.submit(fn_key, fn_data, call, [d.id for d in deps], options, [*keep, *deps])
+        payload = self.ctl.scheduler.submit(fn_key, fn_data, call, [d.id for d in deps], options, [*keep, *deps])
         return self._ref(payload)
 
     def _create_stream_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRefStream:
         payload = self._create_task(fn, args, kwargs, options).payload
-        return ObjectRefStream(self.ctl.stream_source(payload.id), BACKEND)
+        return ObjectRefStream(DriverStream(self.ctl.streams.get(payload.id), self.ctl.close_stream), BACKEND)
 
     def _call_actor_stream(
         self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -72,8 +73,8 @@ class MonarchJobContext(JobContext):
         self._refuse_if_shut_down()
         blob, deps = pack_call(f"{handle.class_name}.{method}", args, kwargs)
         call, keep = self.ctl.encode_call(blob)
-        sid = self.ctl.call_actor_stream(handle.payload, method, call, [d.id for d in deps], [*keep, *deps])
-        return ObjectRefStream(self.ctl.stream_source(sid), BACKEND)
+        sid = self.ctl.actors.call_stream(handle.payload, method, call, [d.id for d in deps], [*keep, *deps])
+        return ObjectRefStream(DriverStream(self.ctl.streams.get(sid), self.ctl.close_stream), BACKEND)
 
     def _create_actor(
         self,
@@ -87,7 +88,7 @@ class MonarchJobContext(JobContext):
         cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
         call, keep = self.ctl.encode_call(blob)
-        aid, class_name, methods, name = self.ctl.create_actor(
+        aid, class_name, methods, name = self.ctl.actors.create(
             cls_data, klass.__name__, public_methods(klass), call, [d.id for d in deps], [*keep, *deps], options, member
         )
         return ActorHandle(aid, BACKEND, class_name, methods, name, ctx=self)
@@ -109,7 +110,7 @@ class MonarchJobContext(JobContext):
         blob, deps = pack_call(klass.__qualname__, args, kwargs)
         call, keep = self.ctl.encode_call(blob)
         methods = public_methods(klass)
-        gid, members = self.ctl.create_group(
+        gid, members = self.ctl.groups.create(
             cls_data,
             klass.__name__,
             methods,
@@ -132,11 +133,11 @@ class MonarchJobContext(JobContext):
         call, keep = self.ctl.encode_call(blob)
         if deps:
             keep = [*keep, *deps]
-        payloads = self.ctl.call_group([h.payload for h in group.handles], method, call, [d.id for d in deps], keep)
+        payloads = self.ctl.groups.call([h.payload for h in group.handles], method, call, [d.id for d in deps], keep)
         return [self._ref(p) for p in payloads]
 
     def _kill_group(self, group: ActorGroup) -> None:
-        self.ctl.kill_group([h.payload for h in group.handles])
+        self.ctl.groups.kill([h.payload for h in group.handles])
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         self._refuse_if_shut_down()
@@ -144,21 +145,21 @@ class MonarchJobContext(JobContext):
         call, keep = self.ctl.encode_call(blob)
         if deps:
             keep = [*keep, *deps]
-        return self._ref(self.ctl.call_actor(handle.payload, method, call, [d.id for d in deps], keep))
+        return self._ref(self.ctl.actors.call(handle.payload, method, call, [d.id for d in deps], keep))
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        entries = [self.ctl.entry(r.payload.id) for r in refs]
+        entries = [self.ctl.directory.get(r.payload.id) for r in refs]
         outcomes = [e.outcome for e in entries]
         if sum(1 for o in outcomes if not o.done()) > 1:  # one wake-up for all (a group call's answers), not one per
-            self.ctl.objects.wait(entries, len(entries), timeout, stop_on_failure=True)  # entry; or the first failure
+            self.ctl.directory.wait(entries, len(entries), timeout, stop_on_failure=True)  # entry; or the first failure
         failed = first_failure(outcomes)  # the first failure in ref order, even where an earlier ref is not done
         if failed is not None:  # (as Ray)
             raise self.ctl.error_of(entries[failed])
         out = []
         for ref, entry in zip(refs, entries, strict=True):
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self.ctl.resolve(entry, remaining):
+            if not self.ctl.actors.resolve(entry, remaining):
                 if os.environ.get("FRAY_MONARCH_DEBUG"):
                     print(self.ctl.debug_state(), file=sys.stderr)
                 raise GetTimeoutError(f"get of {ref!r} did not finish within {timeout} s")
@@ -168,16 +169,16 @@ class MonarchJobContext(JobContext):
         return out
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
-        return self.ctl.objects.wait([self.ctl.entry(r.payload.id) for r in refs], num_returns, timeout)
+        return self.ctl.directory.wait([self.ctl.directory.get(r.payload.id) for r in refs], num_returns, timeout)
 
     def _outcomes(self, refs: list[ObjectRef]) -> list[Outcome]:
         """The directory's own outcomes (no value is loaded to tell)."""
-        return self.ctl.objects.awaited([self.ctl.entry(r.payload.id) for r in refs])
+        return self.ctl.directory.awaited([self.ctl.directory.get(r.payload.id) for r in refs])
 
     def _future(self, ref: ObjectRef) -> Future[Any]:
         """Settled by the entry's outcome (no thread per ref); the value is loaded on fray's callback loop, outside
         the controller's lock."""
-        entry = self.ctl.entry(ref.payload.id)
+        entry = self.ctl.directory.get(ref.payload.id)
 
         def load(outcome: Outcome) -> Any:
             del keep[:]  # (the object lived until the future has its value)
@@ -189,7 +190,7 @@ class MonarchJobContext(JobContext):
             _runtime.loop().call_soon_threadsafe(settle)
 
         keep = [ref.payload]
-        return self.ctl.objects.awaited([entry])[0].to_future(load, call_soon)
+        return self.ctl.directory.awaited([entry])[0].to_future(load, call_soon)
 
     def _put(self, obj: Any) -> ObjectRef:
         self._refuse_if_shut_down()
@@ -200,14 +201,14 @@ class MonarchJobContext(JobContext):
         return self.ctl.transfer_stats()
 
     def _get_actor(self, name: str) -> ActorHandle:
-        aid, class_name, methods, actor_name = self.ctl.get_actor_info(name)
+        aid, class_name, methods, actor_name = self.ctl.actors.info(name)
         return ActorHandle(aid, BACKEND, class_name, methods, actor_name, ctx=self)
 
     def _kill(self, handle: ActorHandle) -> None:
-        self.ctl.kill_actor(handle.payload)
+        self.ctl.actors.kill(handle.payload)
 
     def _cancel(self, ref: ObjectRef) -> None:
-        self.ctl.cancel(ref.payload.id)
+        self.ctl.scheduler.cancel(ref.payload.id)
 
     def _shutdown(self) -> None:
         self.ctl.shutdown()

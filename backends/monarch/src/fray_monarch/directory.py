@@ -30,7 +30,8 @@ FREE_GRACE = 0.05
 @dataclass
 class Entry:
     """One object: its outcome (pending, then a value's locator or an error) and what keeps it alive. `future` is
-    an actor call's reply not read yet (watched: it completes the entry by itself once somebody waits)."""
+    an actor call's reply not read yet; `watch(entry)` makes it complete the entry by itself (called once,
+    when somebody first waits on it: most replies are read directly, see ActorRegistry.resolve)."""
 
     id: str
     outcome: Outcome = field(default_factory=Outcome)
@@ -39,7 +40,7 @@ class Entry:
     actor_restarts: int = 0  # how many times the actor had restarted when this call was sent
     keep: list[Any] = field(default_factory=list)  # payloads this object or its pending call keeps alive
     remote: dict[str, int] = field(default_factory=dict)  # proc key -> holds
-    watched: bool = False
+    watch: Callable[[Entry], None] | None = None
     free_armed: bool = False
 
     @property
@@ -82,13 +83,11 @@ class ObjectDirectory:
         lock: threading.RLock,
         tracker: Tracker,
         free_stored: Callable[[list[Stored]], None],
-        watch_reply: Callable[[Entry], None],
     ) -> None:
         self.key = key
         self.lock = lock
         self.tracker = tracker
         self.free_stored = free_stored  # tells each owner to free these allocations
-        self.watch_reply = watch_reply  # makes a pending actor-call entry complete by itself
         self.entries: dict[str, Entry] = {}
         self.free_due: deque[tuple[float, str]] = deque()  # (when, object id), in deadline order
         self.sweep_armed = False
@@ -189,8 +188,10 @@ class ObjectDirectory:
         that its entry completes by itself."""
         with self.lock:
             for entry in entries:
-                if entry.future is not None and not entry.watched:
-                    self.watch_reply(entry)
+                watch = entry.watch
+                if watch is not None and entry.future is not None:
+                    entry.watch = None
+                    watch(entry)
         return [entry.outcome for entry in entries]
 
     def when(

@@ -19,7 +19,9 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from monarch.actor import Channel
 
 from fray.current import ActorInfo
 from fray.errors import ActorAlreadyExistsError, FrayError
@@ -29,20 +31,14 @@ from fray.resources import add, capacity
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
-from fray_monarch.actor_registry import ActorRec
-from fray_monarch.actors import FrayActorHost, WorkerHost
-from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.actor_host import FrayActorHost
+from fray_monarch.actor_registry import ActorRec, ActorRegistry
+from fray_monarch.directory import ObjectDirectory
+from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
-from fray_monarch.protocol import (
-    ActorReply,
-    StoreConfig,
-    WireValue,
-    WorkerSetup,
-    compact,
-    plain_data,
-    read_group_answer,
-)
-from fray_monarch.scheduler import Proc
+from fray_monarch.processes import Proc, ProcessPool, ignore
+from fray_monarch.protocol import ActorReply, WireValue, compact, plain_data, read_group_answer
+from fray_monarch.worker_host import WorkerHost
 
 
 @dataclass
@@ -97,35 +93,19 @@ class GroupRec:
 
 
 class GroupRegistry:
-    """The group half of the Controller (mixed into it; its state is set by Controller.__init__)."""
+    """The actor groups of one context, under the controller's lock; their members are actors of `actors`."""
 
-    lock: threading.RLock
-    objects: ObjectDirectory
-    procs: list[Proc]
-    actors: dict[str, ActorRec]
-    names: dict[str, str]
-    groups: dict[str, GroupRec]
-    inflight: dict[str, Entry]
-    hosts: list[Any]
-    host_mesh: Any  # the whole mesh of attached hosts (None for this machine alone)
-    stores: StoreConfig
-    closed: bool
-    key: str
-    ids: Any
-    reply_port: Any
-
-    if TYPE_CHECKING:  # provided by the Controller or its other parts
-
-        def new_oid(self) -> str: ...
-        def actor(self, aid: str) -> ActorRec: ...
-        def _worker_setup(self, host: int, proc_key: str, capacity: dict[str, float] | None = None) -> WorkerSetup: ...
-        def _watch_proc(self, proc: Proc) -> None: ...
-        def _claim_on_host(self, rec: ActorRec, host: int) -> None: ...
-        def _general_procs(self, host: int | None = None) -> list[Proc]: ...
-        def _actor_dead(self, rec: ActorRec, reason: str) -> None: ...
-        def _resolve_reply(self, entry: Entry, reply: ActorReply | None, exc: BaseException | None) -> None: ...
-        def _start_replies(self) -> None: ...
-        def kill_actor(self, aid: str) -> None: ...
+    def __init__(
+        self, lock: threading.RLock, ids: Ids, directory: ObjectDirectory, pool: ProcessPool, actors: ActorRegistry
+    ) -> None:
+        self.lock = lock
+        self.ids = ids
+        self.directory = directory
+        self.pool = pool
+        self.actors = actors
+        self.by_id: dict[str, GroupRec] = {}
+        self.reply_port, self.reply_receiver = Channel.open()  # where members answer broadcasts
+        self.reply_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------ placement
     def _host_room(self, host: int, resources: dict[str, float]) -> float:
@@ -133,14 +113,14 @@ class GroupRegistry:
         if not any(q > 0 for q in resources.values()):
             return math.inf
         free: dict[str, float] = {}
-        for proc in self._general_procs(host):
+        for proc in self.pool.general(host):
             add(free, proc.free_capacity)
         return capacity(free, resources)
 
     def _layout(self, count: int, placement: str, resources: dict[str, float]) -> list[tuple[int, int]]:
         """(host, members) in host order: pack fills the roomiest host first; spread shares out evenly. Best
         effort: what does not fit goes to the roomiest host (the core refused what could never fit)."""
-        hosts = range(len(self.hosts))
+        hosts = range(len(self.pool.hosts))
         room = {h: self._host_room(h, resources) for h in hosts}
         order = sorted(hosts, key=lambda h: -room[h])  # stable: the first host wins a tie
         share: dict[int, int] = {}
@@ -167,25 +147,25 @@ class GroupRegistry:
         hosts = [h for h, _ in layout]
         even = len({n for _, n in layout}) == 1
         contiguous = hosts == list(range(hosts[0], hosts[0] + len(hosts)))
-        if len(layout) > 1 and even and contiguous and self.host_mesh is not None:
+        if len(layout) > 1 and even and contiguous and self.pool.host_mesh is not None:
             return [(hosts, layout[0][1], True)]
         return [([h], n, False) for h, n in layout]
 
     def _master(self, host: int) -> tuple[str, int]:
         """The address of `host` (rank 0's) and a TCP port free there now, asked of a process there unless it is
         this machine's."""
-        bind = self.stores.bind_hosts[host]
-        if self.stores.host_ids[host] == "local":
+        bind = self.pool.stores.bind_hosts[host]
+        if self.pool.stores.host_ids[host] == "local":
             return bind, free_port(bind)
         with self.lock:
-            pool = self._general_procs(host)
+            pool = self.pool.general(host)
         if not pool:
             raise FrayError(f"no live worker process on host {host} to place an SPMD group's rank 0 on")
         address, port = pool[0].worker.spmd_master.call_one().get(timeout=60)
         return str(address), int(port)
 
     # ------------------------------------------------------------ creation
-    def create_group(
+    def create(
         self,
         cls_data: bytes,
         class_name: str,
@@ -213,23 +193,23 @@ class GroupRegistry:
                     envs[rank] = spmd_env(rank, count, addr, port, local, n)
                     rank += 1
         with self.lock:
-            if self.closed:
+            if self.pool.closed:
                 raise FrayError("the fray-monarch context is shut down")
             names = [member_name(options.name, rank) for rank in range(count)]
             for name in names:
-                existing = self.names.get(name) if name is not None else None
-                if existing is not None and self.actors[existing].state != ActorState.DEAD:
+                if self.actors.name_taken(name):
                     raise ActorAlreadyExistsError(f"an actor named {name!r} exists already")
-            group = GroupRec(f"{self.key}-g{next(self.ids)}", options.name)
+            group = GroupRec(self.ids.group(), options.name)
             try:
                 for hosts, per_host, two_d in self._blocks(layout):
                     actor = (cls_data, class_name, methods, args, deps, keep, options)
                     self._spawn_block(group, hosts, per_host, two_d, names, envs, actor)
             except BaseException:
-                self._drop_group(group, "its group could not be created")
+                self._drop(group, "its group could not be created")
                 raise
-            self.groups[group.id] = group
-            self._start_replies()
+            self.by_id[group.id] = group
+            if self.reply_thread is None:  # the first group: answers are read from now on
+                self.reply_thread = _runtime.receive_each(self.reply_receiver, self._answer, "fray-monarch-replies")
             return group.id, [(m.id, m.name) for m in group.members]
 
     def _spawn_block(
@@ -246,11 +226,14 @@ class GroupRegistry:
         cls_data, class_name, methods, args, deps, keep, options = actor
         count = len(names)
         size = len(hosts) * per_host
-        where = self.host_mesh.slice(hosts=slice(hosts[0], hosts[-1] + 1)) if two_d else self.hosts[hosts[0]]
-        procs = where.spawn_procs(per_host={"procs": per_host}, name=f"fray_{self.key}_{group.id}_{len(group.blocks)}")
-        keys = [f"p{next(self.ids)}" for _ in range(size)]
+        pool = self.pool
+        where = pool.host_mesh.slice(hosts=slice(hosts[0], hosts[-1] + 1)) if two_d else pool.hosts[hosts[0]]
+        procs = where.spawn_procs(
+            per_host={"procs": per_host}, name=f"fray_{self.ids.key}_{group.id}_{len(group.blocks)}"
+        )
+        keys = [self.ids.proc() for _ in range(size)]
         host_of = [hosts[i // per_host] for i in range(size)]
-        setups = [self._worker_setup(host_of[i], keys[i], {}) for i in range(size)]
+        setups = [pool.setup(host_of[i], keys[i], {}) for i in range(size)]
         workers = procs.spawn("fray_worker", WorkerHost, setups, {})
         actors = procs.spawn(f"fray_group_{group.id}", FrayActorHost, setups, options.max_concurrency, True)
         block = Block(procs, actors, workers, hosts, per_host, two_d, len(group.members), size)
@@ -259,7 +242,7 @@ class GroupRegistry:
         resources = normalize_resources(options.resources)
         for index in range(size):
             rank = len(group.members)
-            aid = f"{self.key}-a{next(self.ids)}"
+            aid = self.ids.actor()
             info = ActorInfo(names[rank], rank, count, group.name)
             rec = ActorRec(
                 aid,
@@ -280,54 +263,33 @@ class GroupRegistry:
                 slot=(len(group.blocks) - 1, index),
             )
             proc = Proc(keys[index], host_of[index], procs, block.member(workers, index), {}, dedicated=aid)
-            self.procs.append(proc)
-            self._watch_proc(proc)
+            pool.adopt(proc)
             rec.proc = proc
             proc.actors.add(aid)
             rec.mesh = block.member(actors, index)
-            self.actors[aid] = rec
-            if rec.name is not None:
-                self.names[rec.name] = aid
-            self._claim_on_host(rec, rec.host)
+            self.actors.add(rec)
+            self.actors.claim_on_host(rec, rec.host)
             group.members.append(rec)
             members.append((info, envs[rank]))
-        _runtime.on_done(actors.init.call(cls_data, args, deps, members, self.reply_port), lambda _v, _e: None)
+        _runtime.on_done(actors.init.call(cls_data, args, deps, members, self.reply_port), ignore)
 
-    def _drop_group(self, group: GroupRec, reason: str) -> list[Any]:
+    def _drop(self, group: GroupRec, reason: str) -> list[Any]:
         """Under the lock: every member dead, their processes forgotten; returns the meshes to stop."""
         meshes = [block.procs for block in group.blocks]
         for rec in group.members:
             if rec.state != ActorState.DEAD:
-                self._actor_dead(rec, reason)
+                self.actors.dead(rec, reason)
             proc = rec.proc
-            if proc is not None and proc.alive:
-                proc.alive = False
-                if proc in self.procs:
-                    self.procs.remove(proc)
-                self.objects.forget_holder(proc.key)
-                self.objects.mark_lost(proc.key, f"it was stored by actor {rec.label}, which was killed")
+            if proc is not None and self.pool.forget(proc):
+                self.directory.forget_holder(proc.key)
+                self.directory.mark_lost(proc.key, f"it was stored by actor {rec.label}, which was killed")
                 if rec.slot is None:  # restarted on a process of its own
                     meshes.append(proc.mesh)
-        self.groups.pop(group.id, None)
+        self.by_id.pop(group.id, None)
         return meshes
 
-    def create_group_remote(
-        self, proc_key: str, cls_data: bytes, args: WireValue, deps: list[str], options: ActorOptions, spec: Any
-    ) -> tuple[str, list[tuple[str, str | None]]]:
-        """A group created inside a task or actor (its creation is long: the coordinator's caller waits)."""
-        from fray.refs import public_methods
-        from fray.serialization import Blob, loads
-
-        klass = loads(Blob(cls_data))
-        keep = [RefPayload(i) for i in (*args.contained, *deps)]
-        count, placement, distributed = spec
-        methods = public_methods(klass)
-        return self.create_group(
-            cls_data, klass.__name__, methods, args, deps, keep, options, count, placement, distributed
-        )
-
     # ------------------------------------------------------------ calls
-    def call_group(
+    def call(
         self,
         aids: list[str],
         method: str,
@@ -341,66 +303,71 @@ class GroupRegistry:
         out: list[RefPayload] = []
         sends: dict[tuple[str, int], list[int]] = {}
         with self.lock:
-            base = self.new_oid()  # a member's answer to the broadcast is object "{base}.{rank}"
+            base = self.ids.object()  # a member's answer to the broadcast is object "{base}.{rank}"
             cast: set[str] = set()
             for aid in aids:
-                rec = self.actor(aid)
+                rec = self.actors.get(aid)
                 in_mesh = rec.group is not None and rec.slot is not None and rec.proc is not None and rec.proc.alive
                 in_mesh = in_mesh and aid not in cast  # (a member listed twice: the second call is its own send)
                 cast.add(aid)
-                entry, payload = self.objects.new(f"{base}.{rec.info.rank}" if in_mesh else self.new_oid())
+                entry, payload = self.directory.new(f"{base}.{rec.info.rank}" if in_mesh else self.ids.object())
                 entry.actor = rec
                 entry.actor_restarts = rec.restarts
                 if proc_key is not None:
                     entry.remote[proc_key] = 1
                 out.append(payload)
                 if rec.state == ActorState.DEAD:
-                    self._resolve_reply(entry, ActorReply("dead", reason=rec.reason), None)
+                    self.actors.reply(entry, ActorReply("dead", reason=rec.reason), None)
                     continue
                 entry.keep = keep
                 if in_mesh:
                     assert rec.slot is not None
                     sends.setdefault((rec.group.id, rec.slot[0]), []).append(rec.slot[1])
-                    rec.inflight.add(entry.id)
-                    self.inflight[entry.id] = entry
+                    self.actors.track(rec, entry)
                 else:
                     entry.future = rec.mesh.call.call_one(entry.id, method, args, deps)
+                    entry.watch = self.actors.watch
             if sends:
                 data = plain_data(args)
                 message = None if data is not None else compact(args, args.value)
                 for (gid, b), indices in sends.items():
-                    for target in self.groups[gid].blocks[b].targets(sorted(set(indices))):
+                    for target in self.by_id[gid].blocks[b].targets(sorted(set(indices))):
                         target.call_group.broadcast(base, method, data, message, deps)
         return out
 
-    def call_group_remote(self, proc_key: str, aids: list[str], method: str, args: WireValue, deps: list[str]) -> Any:
-        keep = [RefPayload(i) for i in (*args.contained, *deps)]
-        return [p.id for p in self.call_group(aids, method, args, deps, keep, proc_key)]
-
-    def group_reply(self, message: tuple[str, bytes | None, Any]) -> None:
-        oid, reply = read_group_answer(message)
-        with self.lock:
-            entry = self.inflight.pop(oid, None)
-            if entry is None:
-                return  # failed already (its member died), or shut down
-            if entry.actor is not None:
-                entry.actor.inflight.discard(oid)
-            self._resolve_reply(entry, reply, None)
+    def _answer(self, message: tuple[str, bytes | None, Any]) -> None:
+        """A member's answer to a broadcast (on fray's loop, from the reply port)."""
+        if self.pool.closed:
+            return
+        try:
+            oid, reply = read_group_answer(message)
+            with self.lock:
+                entry = self.actors.answered(oid)
+                if entry is not None:  # (else it failed already: its member died; or shut down)
+                    self.actors.reply(entry, reply, None)
+        except Exception:
+            _runtime.log.exception("fray: bad group member answer %r", message[:1])
 
     # ------------------------------------------------------------ kill
-    def kill_group(self, aids: list[str]) -> None:
+    def kill(self, aids: list[str]) -> None:
         """The whole group: its meshes stopped at once. A part of it (a slice): member by member."""
         with self.lock:
-            recs = [self.actor(aid) for aid in aids]
+            recs = [self.actors.get(aid) for aid in aids]
             group = recs[0].group
             whole = group is not None and {r.id for r in recs} == {m.id for m in group.members}
-            meshes = self._drop_group(group, "it was killed") if whole and group is not None else None
+            meshes = self._drop(group, "it was killed") if whole and group is not None else None
         if meshes is None:
             for aid in aids:
-                self.kill_actor(aid)
+                self.actors.kill(aid)
             return
         for mesh in meshes:
             try:
-                _runtime.on_done(mesh.stop(), lambda _v, _e: None)
+                _runtime.on_done(mesh.stop(), ignore)
             except Exception:
                 _runtime.log.debug("fray: stop of a group mesh failed", exc_info=True)
+
+    def close(self) -> None:
+        """At shutdown (not under the lock): the reader of members' answers ends."""
+        if self.reply_thread is not None:
+            self.reply_port.send(None)  # ends the reader
+            self.reply_thread.join(timeout=2)

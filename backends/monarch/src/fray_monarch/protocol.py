@@ -6,6 +6,7 @@ the control plane; the bytes stay in the owner's shared-memory store and go stra
 
 from __future__ import annotations
 
+import logging
 import operator
 import pickle
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from fray.remote_errors import RemoteError
 from fray.serialization import Blob
 
 __all__ = [
+    "BACKEND",
+    "ActorDesc",
     "ActorReply",
     "Inline",
     "ProcInfo",
@@ -29,7 +32,12 @@ __all__ = [
     "Value",
     "WireValue",
     "WorkerSetup",
+    "send_reply",
 ]
+
+BACKEND = "monarch"  # the backend name refs and handles carry
+
+ActorDesc = tuple[str, str, frozenset[str], str | None]  # an actor: (its id, class name, public methods, name)
 
 
 _T = TypeVar("_T")
@@ -200,6 +208,14 @@ class Reply:
 
             raise rebuild(self.error)
         return self.value
+
+
+def send_reply(port: Any, reply: Reply) -> None:
+    """Answer a worker's request on its response port; the worker may have died meanwhile (nothing to tell)."""
+    try:
+        port.send(reply)
+    except Exception:
+        logging.getLogger("fray_monarch").debug("fray: reply to a gone worker dropped", exc_info=True)
 
 
 def compact(message: Any, value: Value | None) -> Any:

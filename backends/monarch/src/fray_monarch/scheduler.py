@@ -1,31 +1,30 @@
-"""Task scheduling, a part of the Controller: a queue of tasks placed on worker processes by free resources,
-sent in batches, retried on crashes, cancelled on request.
+"""The task scheduler of one context: a queue of tasks placed on worker processes by free resources, sent in
+batches, retried on exceptions (should_retry) and crashes, cancelled on request.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import threading
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
-from fray.errors import (
-    TaskCancelledError,
-)
+from fray.errors import TaskCancelledError, WorkerCrashedError
 from fray.outcome import first_failure
 from fray.remote_errors import RemoteError
-from fray.resources import EPS, fits, task_resources
+from fray.resources import task_resources
 from fray.states import TaskState
 from fray.types import TaskOptions
 from fray_monarch import _runtime
 from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
+from fray_monarch.processes import EnvKey, Proc, ProcessPool
 from fray_monarch.protocol import TaskItem, TaskResult, Value, WireValue
+from fray_monarch.streaming import StreamRegistry
 
-MAX_ENV_PROCS = 4  # processes kept for tasks with their own env vars
 PREFETCH = 4  # tasks sent to a process beyond its slots, queued there, to hide the round trip
 
 
@@ -42,65 +41,29 @@ class Task:
     retries_left: int
     proc: Proc | None = None
     dep_values: list[Value] | None = None
-    env_key: tuple[tuple[str, str], ...] = ()
+    env_key: EnvKey = ()
     state: TaskState = TaskState.WAITING
     cancelled: bool = False
 
 
-@dataclass
-class Proc:
-    key: str
-    host: int
-    mesh: Any
-    worker: Any
-    capacity: dict[str, float]
-    pid: int = 0  # known once it answered its first ping, for a process on this machine
-    claims: dict[str, float] = field(default_factory=dict)
-    outstanding: set[str] = field(default_factory=set)
-    blocked: int = 0
-    actors: set[str] = field(default_factory=set)
-    fns_sent: set[str] = field(default_factory=set)
-    alive: bool = True
-    env_key: tuple[tuple[str, str], ...] = ()  # non-empty: a process that only runs tasks with exactly this env
-    dedicated: str = ""  # non-empty: the process of one actor (an SPMD member, a group member): no tasks, no others
-    taking_back: bool = False  # an unqueue request is in flight
+class TaskScheduler:
+    """The tasks of one context, under the controller's lock: those waiting for their ref arguments, the queue,
+    and those sent to a process (`Proc.outstanding`)."""
 
-    @property
-    def general(self) -> bool:
-        """A worker process for tasks (and actors) with no env of its own."""
-        return not self.env_key and not self.dedicated
-
-    @property
-    def free_capacity(self) -> dict[str, float]:
-        return {k: self.capacity.get(k, 0.0) - self.claims.get(k, 0.0) for k in set(self.capacity) | set(self.claims)}
-
-    @property
-    def slots(self) -> int:
-        return max(1, math.floor(self.free_capacity.get("CPU", 0.0) + EPS))
-
-    def fits_at_all(self, res: dict[str, float]) -> bool:
-        return fits(self.free_capacity, res)
-
-
-class TaskScheduling:
-    """The task half of the Controller (mixed into it; its state is set by Controller.__init__)."""
-
-    lock: threading.RLock
-    objects: ObjectDirectory
-    tasks: dict[str, Task]
-    queue: deque[Task]
-    procs: list[Proc]
-    fn_cache: dict[int, tuple[Any, str, bytes]]
-    closed: bool
-
-    if TYPE_CHECKING:  # provided by the Controller or its other parts
-
-        def new_oid(self) -> str: ...
-        def _spawn_proc(self, host: int, env_key: tuple[tuple[str, str], ...] = ()) -> Proc: ...
-        def open_stream(self, sid: str) -> Any: ...
-        def _stream_task_failed(self, task: Task, error: Any) -> None: ...
+    def __init__(
+        self, lock: threading.RLock, ids: Ids, directory: ObjectDirectory, pool: ProcessPool, streams: StreamRegistry
+    ) -> None:
+        self.lock = lock
+        self.ids = ids
+        self.directory = directory
+        self.pool = pool
+        self.streams = streams
+        self.tasks: dict[str, Task] = {}
+        self.queue: deque[Task] = deque()
+        self.fn_cache: dict[int, tuple[Any, str, bytes]] = {}  # id(fn) -> (fn, key, its pickle): the driver's
 
     def fn_blob(self, fn: Any) -> tuple[str, bytes]:
+        """A driver's task function: its key and pickle, made once per function."""
         cached = self.fn_cache.get(id(fn))
         if cached is not None and cached[0] is fn:
             return cached[1], cached[2]
@@ -123,8 +86,10 @@ class TaskScheduling:
         keep: list[Any],
         proc_key: str | None = None,
     ) -> RefPayload:
+        """A new task (from the driver, or from the worker process proc_key, which holds its ref); it is queued
+        once its ref arguments (deps) are done."""
         with self.lock:
-            entry, payload = self.objects.new(self.new_oid())
+            entry, payload = self.directory.new(self.ids.object())
             if proc_key is not None:
                 entry.remote[proc_key] = 1
             retries = options.max_retries
@@ -133,21 +98,15 @@ class TaskScheduling:
                 task.env_key = tuple(sorted(options.runtime_env.env.items()))
             self.tasks[task.id] = task
             if options.streaming:
-                self.open_stream(task.id).task = task
-            dep_entries = [self.objects.get(d) for d in deps]
+                self.streams.open(task.id, lambda: task.proc)
+            dep_entries = [self.directory.get(d) for d in deps]
             if not dep_entries:
                 task.state = TaskState.QUEUED
                 self.queue.append(task)
-                self._pump()
+                self.pump()
             else:
-                self.objects.when(dep_entries, len(dep_entries), lambda: self._deps_ready(task, dep_entries))
+                self.directory.when(dep_entries, len(dep_entries), lambda: self._deps_ready(task, dep_entries))
             return payload
-
-    def submit_remote(self, proc_key: str, fn_data: bytes, args: WireValue, deps: list[str], options: Any) -> str:
-
-        key = hashlib.sha1(fn_data).hexdigest()
-        keep = [RefPayload(i) for i in (*args.contained, *deps)]
-        return self.submit(key, fn_data, args, deps, options, keep, proc_key).id
 
     def _deps_ready(self, task: Task, deps: list[Entry]) -> None:
         with self.lock:
@@ -155,33 +114,16 @@ class TaskScheduling:
                 return
             failed = first_failure([dep.outcome for dep in deps])
             if failed is not None:
-                self._finish_task(task, None, deps[failed].error)
+                self.finish(task, None, deps[failed].error)
                 return
             task.dep_values = [dep.stored() for dep in deps]
             task.state = TaskState.QUEUED
             self.queue.append(task)
-            self._pump()
-
-    def _env_procs(self, task: Task) -> None:
-        """Under the lock: a task with env vars runs only in a process started with exactly those vars set (so
-        they are real process environment, seen by C code and subprocesses, and leak into no other task)."""
-        if not task.env_key or any(p.env_key == task.env_key for p in self.procs):
-            return
-        env_procs = [p for p in self.procs if p.env_key]
-        if len(env_procs) >= MAX_ENV_PROCS:
-            idle = [p for p in env_procs if not p.outstanding]
-            if idle:
-                self._retire(idle[0])
-        self._spawn_proc(0, task.env_key)
-
-    def _retire(self, proc: Proc) -> None:
-        proc.alive = False
-        self.procs.remove(proc)
-        _runtime.on_done(proc.mesh.stop(), lambda _v, _e: None)
+            self.pump()
 
     def _pick_proc(self, task: Task) -> Proc | None:
         best, best_load = None, None
-        for proc in self.procs:
+        for proc in self.pool.procs:
             if not proc.alive or proc.dedicated or proc.env_key != task.env_key or not proc.fits_at_all(task.resources):
                 continue
             load = len(proc.outstanding) - proc.blocked
@@ -191,19 +133,20 @@ class TaskScheduling:
                 best, best_load = proc, load
         return best
 
-    def _pump(self) -> None:
+    def pump(self) -> None:
         """Under the lock: send queued tasks to processes with room, in batches."""
-        if self.closed:
+        if self.pool.closed:
             return
         batches: dict[str, tuple[Proc, list[Any]]] = {}
         skipped: list[Task] = []
         while self.queue:
             task = self.queue[0]
-            self._env_procs(task)
+            self.pool.ensure_env(task.env_key)
             proc = self._pick_proc(task)
             if proc is None:
                 fits = any(
-                    not p.dedicated and p.env_key == task.env_key and p.fits_at_all(task.resources) for p in self.procs
+                    not p.dedicated and p.env_key == task.env_key and p.fits_at_all(task.resources)
+                    for p in self.pool.procs
                 )
                 if fits or len(skipped) > 64:
                     break  # everything is busy: wait for a completion
@@ -238,13 +181,13 @@ class TaskScheduling:
         """Under the lock, with nothing left to send: if a process has a free slot while another has tasks
         queued behind its running ones (sent ahead, PREFETCH), take those back to run them on the free one.
         Without this a short task could wait behind a long one while a CPU idles."""
-        for proc in self.procs:
+        for proc in self.pool.procs:
             queued_there = len(proc.outstanding) - proc.blocked - proc.slots
             if queued_there <= 0 or proc.taking_back or not proc.alive or proc.dedicated:
                 continue
             room = sum(
                 max(0, p.slots - (len(p.outstanding) - p.blocked))
-                for p in self.procs
+                for p in self.pool.procs
                 if p is not proc and p.alive and not p.dedicated and p.env_key == proc.env_key
             )
             if room <= 0:
@@ -255,7 +198,7 @@ class TaskScheduling:
             except Exception:
                 proc.taking_back = False
                 continue
-            _runtime.on_done(fut, lambda tids, exc, p=proc: self._taken_back(p, tids, exc))
+            _runtime.on_done(fut, partial(self._taken_back, proc))
 
     def _taken_back(self, proc: Proc, tids: list[str] | None, exc: BaseException | None) -> None:
         with self.lock:
@@ -269,18 +212,29 @@ class TaskScheduling:
                 proc.outstanding.discard(tid)
                 task.proc, task.state = None, TaskState.QUEUED
                 self.queue.appendleft(task)
-            self._pump()
+            self.pump()
 
-    def _task_result(self, proc_key: str, result: TaskResult) -> None:
+    def blocked(self, proc_key: str, delta: int) -> None:
+        """Under the lock: a task of that process waits in get/wait (+1: its resources are lent there) or no
+        longer does (-1)."""
+        proc = self.pool.by_key(proc_key)
+        if proc is not None:
+            proc.blocked += delta
+            if delta < 0:
+                self.pump()
+
+    # ------------------------------------------------------------ results
+    def result(self, proc_key: str, result: TaskResult) -> None:
+        """Under the lock: a worker's report of one task."""
         tid = result.id
         task = self.tasks.get(tid)
         if task is None or task.proc is None or task.proc.key != proc_key:
             return  # a late report from a process we already gave up on
         task.proc.outstanding.discard(tid)
         if result.status == "ok" and result.value is not None:
-            self._finish_task(task, result.value.value, None, result.value.contained)
+            self.finish(task, result.value.value, None, result.value.contained)
         elif result.status == "cancelled":
-            self._finish_task(task, None, TaskCancelledError(f"task {tid} was cancelled"))
+            self.finish(task, None, TaskCancelledError(f"task {tid} was cancelled"))
         else:
             payload = result.error
             if task.retries_left != 0 and isinstance(payload, RemoteError) and not task.cancelled:
@@ -290,20 +244,54 @@ class TaskScheduling:
                     task.proc, task.state = None, TaskState.QUEUED
                     self.queue.append(task)
                     return
-            self._finish_task(task, None, payload)
+            self.finish(task, None, payload)
 
-    def _finish_task(self, task: Task, value: Value | None, error: Any, contained: tuple[str, ...] = ()) -> None:
+    def stream_ended(self, proc_key: str, sid: str) -> None:
+        """Under the lock: the streaming task `sid` of that process reported its end (its items came before)."""
+        task = self.tasks.get(sid)
+        if task is not None and task.proc is not None and task.proc.key == proc_key:
+            task.proc.outstanding.discard(task.id)
+            self.finish(task, None, None)
+
+    def finish(self, task: Task, value: Value | None, error: Any, contained: tuple[str, ...] = ()) -> None:
+        """Under the lock: the task is over; its object completes (a stream ends, with the error if any)."""
         task.state = TaskState.DONE
         if task.proc is not None:
             task.proc.outstanding.discard(task.id)
         self.tasks.pop(task.id, None)
         if task.options.streaming:
             if error is not None:  # it ended without reporting its end: the stream ends with the error
-                self._stream_task_failed(task, error)
+                self.streams.task_failed(task.id, error)
             return
-        entry = self.objects.entries.get(task.id)
+        entry = self.directory.entries.get(task.id)
         if entry is not None:
-            self.objects.complete(entry, value, error, contained)
+            self.directory.complete(entry, value, error, contained)
+
+    def proc_died(self, proc: Proc, reason: str) -> None:
+        """Under the lock: the tasks sent to a dead process run again where they have retries left (a stream
+        that has produced items is not run again), else fail with WorkerCrashedError."""
+        for tid in list(proc.outstanding):
+            task = self.tasks.get(tid)
+            if task is None:
+                continue
+            if task.retries_left != 0 and not (task.options.streaming and self.streams.started(tid)):
+                task.retries_left -= 1
+                task.proc, task.state = None, TaskState.QUEUED
+                self.queue.appendleft(task)
+            else:
+                self.finish(task, None, WorkerCrashedError(f"task {tid} failed: {reason}"))
+
+    # ------------------------------------------------------------ cancelling
+    def drop_unstarted(self, tid: str) -> bool:
+        """Under the lock: a task that has not been sent yet never will be (its stream's consumer has gone).
+        False if it was sent already (or is no task)."""
+        task = self.tasks.get(tid)
+        if task is None or task.state not in (TaskState.WAITING, TaskState.QUEUED):
+            return False
+        if task in self.queue:
+            self.queue.remove(task)
+        self.finish(task, None, None)
+        return True
 
     def cancel(self, oid: str) -> None:
         with self.lock:
@@ -313,7 +301,7 @@ class TaskScheduling:
             if task.state in (TaskState.WAITING, TaskState.QUEUED):
                 if task in self.queue:
                     self.queue.remove(task)
-                self._finish_task(task, None, TaskCancelledError(f"task {oid} was cancelled before it ran"))
+                self.finish(task, None, TaskCancelledError(f"task {oid} was cancelled before it ran"))
             elif task.state == TaskState.DISPATCHED and task.proc is not None:
                 task.cancelled = True
                 worker = task.proc.worker
@@ -323,3 +311,8 @@ class TaskScheduling:
             worker.cancel.call_one(oid).get(timeout=30)
         except Exception:
             pass
+
+    def clear(self) -> None:
+        """Under the lock, at shutdown."""
+        self.tasks.clear()
+        self.queue.clear()

@@ -1,5 +1,5 @@
-"""The Monarch actors fray runs: a task runner per worker process, one host actor per fray actor, and the
-coordinator that lives in the controller process and serves requests from workers."""
+"""The Monarch actor that hosts one fray actor (FrayActorHost): its instance, its calls (in order, on threads,
+or on an event loop of its own for async actors) and the streams of its generator methods."""
 
 from __future__ import annotations
 
@@ -10,43 +10,17 @@ import queue
 import threading
 from typing import Any
 
-from monarch.actor import current_rank
-
 import fray.current as fray_current
 import fray.output as fray_output
 from fray.current import ActorInfo
 from fray.errors import ActorDiedError
-from fray.remote_errors import capture_exception, portable
+from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, loads
-from fray_monarch import _runtime, instances
+from fray_monarch import _runtime
 from fray_monarch._monarch import Actor, endpoint
-from fray_monarch.protocol import (
-    ActorReply,
-    Inline,
-    ProcInfo,
-    Reply,
-    WireValue,
-    WorkerSetup,
-    expand,
-    group_answer,
-)
-from fray_monarch.worker_runtime import WorkerRuntime, fill_deps
-
-_runtime_lock = threading.Lock()
-_worker_runtime: WorkerRuntime | None = None
-
-
-def _mesh_index() -> int:
-    """This actor's flat rank in the mesh it was spawned on (0 on a mesh of one process)."""
-    try:
-        return int(current_rank().rank)
-    except Exception:
-        return 0
-
-
-def _mine(value: Any, index: int) -> Any:
-    """One value for the whole mesh, or a list with one per process (by flat rank)."""
-    return value[index] if isinstance(value, list) else value
+from fray_monarch.protocol import ActorReply, Inline, WireValue, WorkerSetup, expand, group_answer
+from fray_monarch.worker_host import ensure_runtime, mesh_index, mine
+from fray_monarch.worker_runtime import fill_deps
 
 
 def _async_methods(klass: type) -> frozenset[str]:
@@ -59,84 +33,6 @@ def _async_methods(klass: type) -> frozenset[str]:
         if inspect.iscoroutinefunction(attr) or inspect.isasyncgenfunction(attr):
             names.add(name)
     return frozenset(names)
-
-
-def _ensure_runtime(setup: WorkerSetup) -> WorkerRuntime:
-    global _worker_runtime
-    with _runtime_lock:
-        if _worker_runtime is None:
-            _worker_runtime = WorkerRuntime(setup)
-        return _worker_runtime
-
-
-class WorkerHost(Actor):
-    """Runs tasks in its process (one per worker process); a never-answered `watch` call reports its death."""
-
-    def __init__(self, setup: WorkerSetup | list[WorkerSetup], env: dict[str, str]) -> None:
-        os.environ.update(env)  # a process started for tasks with these env vars (see Controller._env_procs)
-        _runtime.start_client_context()  # before anything prints Monarch's banner (see _runtime.BANNER)
-        self.rt = _ensure_runtime(_mine(setup, _mesh_index()))
-        self.watchers: list[Any] = []
-
-    def __cleanup__(self, exc: Any) -> None:
-        self.rt.stop()  # no more reports: this process is being stopped
-
-    @endpoint
-    def run(self, batch: list[Any]) -> None:
-        self.rt.enqueue(batch)
-
-    @endpoint
-    def free(self, allocs: list[int]) -> None:
-        self.rt.store.free(allocs)
-
-    @endpoint
-    def transfer_stats(self) -> Any:
-        return self.rt.transfer_stats()
-
-    @endpoint
-    def cancel(self, tid: str) -> str:
-        return self.rt.cancel(tid)
-
-    @endpoint
-    def set_capacity(self, capacity: dict[str, float]) -> None:
-        self.rt.set_capacity(capacity)
-
-    @endpoint
-    def exit_process(self) -> None:
-        """This process belongs to one member of a group's mesh, which was killed (a slice of a proc mesh cannot
-        be stopped): end it."""
-        self.rt.stop()
-        os._exit(0)
-
-    @endpoint
-    def spmd_master(self) -> tuple[str, int]:
-        """This host's address and a TCP port free on it now (MASTER_ADDR and MASTER_PORT of an SPMD group whose
-        rank 0 is here)."""
-        from fray.net import free_port
-
-        return self.rt.bind, free_port(self.rt.bind)
-
-    @endpoint
-    def unqueue(self, count: int) -> list[str]:
-        return self.rt.unqueue(count)
-
-    @endpoint
-    def stop_stream(self, sid: str) -> None:
-        """The consumer of a stream produced in this process has gone (handled here, not by the producing actor,
-        which is busy running the generator)."""
-        self.rt.stop_stream(sid)
-
-    @endpoint(explicit_response_port=True)
-    def watch(self, port: Any) -> None:
-        self.watchers.append(port)  # never answered: the caller's future fails when this process dies
-
-    @endpoint
-    def state(self) -> dict[str, Any]:
-        return self.rt.state()
-
-    @endpoint
-    def ping(self) -> ProcInfo:
-        return ProcInfo(os.getpid(), _runtime.machine_id())
 
 
 class _Tagged:
@@ -164,8 +60,8 @@ class FrayActorHost(Actor):
     def __init__(
         self, setup: WorkerSetup | list[WorkerSetup], max_concurrency: int, owns_process: bool = False
     ) -> None:
-        self.index = _mesh_index()  # which member of a group's mesh this is (0 for a lone actor)
-        self.rt = _ensure_runtime(_mine(setup, self.index))
+        self.index = mesh_index()  # which member of a group's mesh this is (0 for a lone actor)
+        self.rt = ensure_runtime(mine(setup, self.index))
         self.owns_process = owns_process  # then fray.current_actor() is this actor in every thread of the process
         self.info = ActorInfo()
         self.obj: Any = None
@@ -404,110 +300,3 @@ class FrayActorHost(Actor):
             self._submit_async(port, oid, method, call, deps)
         else:
             self._submit(port, self._invoke, oid, method, call, deps)
-
-
-class Coordinator(Actor):
-    """Lives in the controller process; serves workers' create_task/create_actor/get/put... against the
-    controller's own tables (shared memory, same process)."""
-
-    def __init__(self, ctl_key: str) -> None:
-        self.ctl_key = ctl_key
-
-    def _ctl(self) -> Any:
-        return instances.controller(self.ctl_key)
-
-    def __supervise__(self, failure: Any) -> bool:
-        """Meshes spawned while serving a worker's request (nested actors, replacement and env processes) are
-        owned by this actor. Unhandled, one such process dying would kill the coordinator itself, and with it
-        every later worker report. Deaths are detected and handled by the controller's watch calls."""
-        _runtime.log.debug("fray coordinator: child mesh failed: %s", failure)
-        return True
-
-    def _safe(self, fn: Any, *args: Any) -> Any:
-        try:
-            return Reply(fn(*args))
-        except BaseException as exc:
-            return Reply(error=portable(exc))
-
-    @endpoint
-    def done(self, proc_key: str, results: list[Any], holds: list[str], releases: list[str]) -> None:
-        try:
-            self._ctl().on_worker_report(proc_key, results, holds, releases)
-        except Exception:
-            _runtime.log.exception("fray coordinator: bad worker report")
-
-    @endpoint
-    def submit(self, proc_key: str, fn_data: bytes, call: WireValue, deps: list[str], options: Any) -> Any:
-        return self._safe(self._ctl().submit_remote, proc_key, fn_data, call, deps, options)
-
-    @endpoint
-    def create_actor(
-        self, proc_key: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, member: Any = None
-    ) -> Any:
-        return self._safe(self._ctl().create_actor_remote, proc_key, cls_data, call, deps, options, member)
-
-    @endpoint
-    def call_actor(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Any:
-        return self._safe(self._ctl().call_actor_remote, proc_key, aid, method, call, deps)
-
-    @endpoint
-    def create_group(
-        self, proc_key: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, spec: Any
-    ) -> Any:
-        return self._safe(self._ctl().create_group_remote, proc_key, cls_data, call, deps, options, spec)
-
-    @endpoint
-    def call_group(self, proc_key: str, aids: list[str], method: str, call: WireValue, deps: list[str]) -> Any:
-        return self._safe(self._ctl().call_group_remote, proc_key, aids, method, call, deps)
-
-    @endpoint
-    def kill_group(self, aids: list[str]) -> Any:
-        return self._safe(self._ctl().kill_group, aids)
-
-    @endpoint
-    def call_actor_stream(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Any:
-        return self._safe(self._ctl().call_actor_stream_remote, proc_key, aid, method, call, deps)
-
-    @endpoint
-    def stream_close(self, sid: str) -> None:
-        try:
-            self._ctl().close_stream(sid)
-        except Exception:
-            _runtime.log.debug("fray coordinator: stream close failed", exc_info=True)
-
-    @endpoint(explicit_response_port=True)
-    def stream_next(self, port: Any, proc_key: str, sid: str, timeout: float | None) -> None:
-        try:
-            self._ctl().stream_next_remote(port, proc_key, sid, timeout)
-        except BaseException as exc:
-            port.send(Reply(error=portable(exc)))
-
-    @endpoint
-    def put(self, proc_key: str, oid: str, value: WireValue) -> Any:
-        return self._safe(self._ctl().put_remote, proc_key, oid, value)
-
-    @endpoint
-    def get_actor(self, name: str) -> Any:
-        return self._safe(self._ctl().get_actor_info, name)
-
-    @endpoint
-    def kill(self, aid: str) -> Any:
-        return self._safe(self._ctl().kill_actor, aid)
-
-    @endpoint
-    def cancel(self, oid: str) -> Any:
-        return self._safe(self._ctl().cancel, oid)
-
-    @endpoint(explicit_response_port=True)
-    def get(self, port: Any, proc_key: str, oids: list[str], timeout: float | None) -> None:
-        try:
-            self._ctl().get_remote(port, proc_key, oids, timeout)
-        except BaseException as exc:
-            port.send(Reply(error=portable(exc)))
-
-    @endpoint(explicit_response_port=True)
-    def wait(self, port: Any, proc_key: str, oids: list[str], num_returns: int, timeout: float | None) -> None:
-        try:
-            self._ctl().wait_remote(port, proc_key, oids, num_returns, timeout)
-        except BaseException as exc:
-            port.send(Reply(error=portable(exc)))

@@ -1,0 +1,284 @@
+"""The worker processes of one context: a Monarch proc mesh each (a replacement is a fresh mesh: never spawn on
+one that lost a process), their share of their host's resources, and how their deaths are learnt."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from fray.resources import EPS, add, fits, subtract
+from fray.transfers import PathStats
+from fray_monarch import _runtime
+from fray_monarch.ids import Ids
+from fray_monarch.lifeline import LifelineServer
+from fray_monarch.protocol import ProcInfo, StoreConfig, WorkerSetup
+from fray_monarch.worker_host import WorkerHost
+
+MAX_ENV_PROCS = 4  # processes kept for tasks with their own env vars
+
+EnvKey = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Proc:
+    """One worker process: what runs there, and what its tasks may use."""
+
+    key: str
+    host: int
+    mesh: Any
+    worker: Any
+    capacity: dict[str, float]
+    pid: int = 0  # known once it answered its first ping, for a process on this machine
+    claims: dict[str, float] = field(default_factory=dict)  # what the actors placed on it take of its share
+    outstanding: set[str] = field(default_factory=set)  # tasks sent to it, not reported yet
+    blocked: int = 0  # of those, how many wait in get/wait (their resources are lent)
+    actors: set[str] = field(default_factory=set)
+    fns_sent: set[str] = field(default_factory=set)
+    alive: bool = True
+    env_key: EnvKey = ()  # non-empty: a process that only runs tasks with exactly this env
+    dedicated: str = ""  # non-empty: the process of one actor (an SPMD member, a group member): no tasks, no others
+    taking_back: bool = False  # an unqueue request is in flight
+
+    @property
+    def general(self) -> bool:
+        """A worker process for tasks (and actors) with no env of its own."""
+        return not self.env_key and not self.dedicated
+
+    @property
+    def free_capacity(self) -> dict[str, float]:
+        return {k: self.capacity.get(k, 0.0) - self.claims.get(k, 0.0) for k in set(self.capacity) | set(self.claims)}
+
+    @property
+    def slots(self) -> int:
+        return max(1, math.floor(self.free_capacity.get("CPU", 0.0) + EPS))
+
+    def fits_at_all(self, res: dict[str, float]) -> bool:
+        return fits(self.free_capacity, res)
+
+
+class ProcessPool:
+    """The live worker processes (under the controller's lock). `on_death(proc, exc)` is told of each death, once,
+    until the pool is closed."""
+
+    def __init__(
+        self,
+        ids: Ids,
+        lock: threading.RLock,
+        hosts: list[Any],
+        procs_per_host: int,
+        host_resources: dict[str, float],
+        stores: StoreConfig,
+        host_mesh: Any,
+        log_file: str | None,
+        on_death: Callable[[Proc, BaseException | None], None],
+    ) -> None:
+        self.ids = ids
+        self.lock = lock
+        self.hosts = hosts
+        self.host_mesh = host_mesh  # all attached hosts as one mesh (a group spread over them is one mesh)
+        self.procs_per_host = procs_per_host
+        self.share = {k: v / procs_per_host for k, v in host_resources.items()}  # a general process's
+        self.stores = stores
+        self.log_file = log_file
+        self.on_death = on_death
+        self.procs: list[Proc] = []
+        self.closed = False  # nothing is spawned, and no death is reported, any more
+        self.coord: Any = None  # the coordinator actor their requests go to (start)
+        self.sys_path = [p for p in sys.path if p]
+        if os.getcwd() not in self.sys_path:
+            self.sys_path.insert(0, os.getcwd())
+        # The TMPDIR of the processes spawned on this host (Monarch's socket directories, the tasks' temp files):
+        # removed at shutdown, or with the driver's private directory by the watchdog.
+        self.tmpdir = _runtime.context_dir() if stores.host_ids == ("local",) else None
+        # processes on other hosts end with this driver (the watchdog cannot reach them): see lifeline.py
+        self.lifeline = LifelineServer(stores.driver_bind) if stores.host_ids != ("local",) else None
+
+    def start(self, coord: Any) -> None:
+        """Spawn the general processes (their requests go to the coordinator actor `coord`) and wait until each
+        answers."""
+        self.coord = coord
+        with self.lock:
+            for host in range(len(self.hosts)):
+                for _ in range(self.procs_per_host):
+                    self.spawn(host)
+            procs = list(self.procs)
+        for proc in procs:
+            proc.worker.ping.call_one().get(timeout=120)
+
+    # ------------------------------------------------------------ spawning
+    def spawn(self, host: int, env_key: EnvKey = (), dedicated: str = "") -> Proc:
+        """Under the lock: a fresh proc mesh of one worker process: a general one, one for tasks with env vars
+        (env_key), or the process of one actor (dedicated: the actor's id; it runs no tasks and holds none of the
+        host's share)."""
+        key = self.ids.proc()
+        boot = {"bootstrap_command": _runtime.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
+        mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **boot)
+        capacity = {} if dedicated else dict(self.share)
+        worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), dict(env_key))
+        proc = Proc(key, host, mesh, worker, capacity, env_key=env_key, dedicated=dedicated)
+        self.adopt(proc)
+        return proc
+
+    def adopt(self, proc: Proc) -> None:
+        """Under the lock: a process spawned for this pool (by spawn, or in a group's mesh), watched from now on."""
+        self.procs.append(proc)
+        _runtime.on_done(proc.worker.watch.call_one(), partial(self._died, proc))
+        _runtime.on_done(proc.worker.ping.call_one(), partial(self._watch_pid, proc))
+
+    def setup(self, host: int, proc_key: str, capacity: dict[str, float] | None = None) -> WorkerSetup:
+        """What a process (or an actor host in it) on `host` starts with."""
+        return WorkerSetup(
+            ctl_key=self.ids.key,
+            proc_key=proc_key,
+            coord=self.coord,
+            capacity=dict(self.share) if capacity is None else capacity,
+            nodes=self.node_resources(),
+            sys_path=self.sys_path,
+            host_id=self.stores.host_ids[host],
+            bind_host=self.stores.bind_hosts[host],
+            store_budget=self.stores.budget,
+            inline_limit=self.stores.inline_limit,
+            transport=self.stores.transport,
+            log_file=self.log_file,
+            lifeline=None if self.lifeline is None else (self.lifeline.address, self.lifeline.token),
+            driver_host=self.stores.driver_bind,
+        )
+
+    def ensure_env(self, env_key: EnvKey) -> None:
+        """Under the lock: a task with env vars runs only in a process started with exactly those vars set (so they
+        are real process environment, seen by C code and subprocesses, and leak into no other task): start one if
+        none runs, retiring an idle one beyond MAX_ENV_PROCS."""
+        if not env_key or any(p.env_key == env_key for p in self.procs):
+            return
+        env_procs = [p for p in self.procs if p.env_key]
+        if len(env_procs) >= MAX_ENV_PROCS:
+            idle = [p for p in env_procs if not p.outstanding]
+            if idle:
+                self.retire(idle[0])
+        self.spawn(0, env_key)
+
+    def retire(self, proc: Proc) -> None:
+        """Under the lock: stop a process that is no longer needed."""
+        self.forget(proc)
+        _runtime.on_done(proc.mesh.stop(), ignore)
+
+    def forget(self, proc: Proc) -> bool:
+        """Under the lock: proc is gone (or going): not one of the pool's any more. False if it was not."""
+        if not proc.alive:
+            return False
+        proc.alive = False
+        if proc in self.procs:
+            self.procs.remove(proc)
+        return True
+
+    # ------------------------------------------------------------ deaths
+    def _died(self, proc: Proc, _value: Any, exc: BaseException | None) -> None:
+        """Its `watch` call failed (Monarch supervision), or its pid exited."""
+        if not self.closed:
+            self.on_death(proc, exc)
+
+    def _watch_pid(self, proc: Proc, reply: Any, exc: BaseException | None) -> None:
+        """A process on this machine is also watched by its pid: its exit is seen at once, even when Monarch's
+        supervision poll raced the death (that path can take HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE)."""
+        if exc is not None or not isinstance(reply, ProcInfo) or not reply.machine:
+            return
+        if reply.machine != _runtime.machine_id():
+            return
+        pid = proc.pid = reply.pid
+        _runtime.watch_pid(pid, lambda: self._died(proc, None, RuntimeError(f"its process (pid {pid}) exited")))
+
+    # ------------------------------------------------------------ queries and messages
+    def node_resources(self) -> list[dict[str, float]]:
+        """One node per general process: its share of its host."""
+        return [dict(self.share) for _ in range(len(self.hosts) * self.procs_per_host)]
+
+    def general(self, host: int | None = None) -> list[Proc]:
+        return [p for p in self.procs if p.alive and p.general and (host is None or p.host == host)]
+
+    def by_key(self, key: str) -> Proc | None:
+        return next((p for p in self.procs if p.key == key), None)
+
+    def claim(self, proc: Proc, resources: dict[str, float]) -> None:
+        """Under the lock: an actor's resources are taken from proc's share (its tasks see less room)."""
+        if resources:
+            add(proc.claims, resources)
+            proc.worker.set_capacity.broadcast(proc.free_capacity)
+
+    def unclaim(self, proc: Proc, resources: dict[str, float]) -> None:
+        if resources:
+            subtract(proc.claims, resources)
+            if proc.alive:
+                proc.worker.set_capacity.broadcast(proc.free_capacity)
+
+    def free(self, owner: str, allocs: list[int]) -> None:
+        """Under the lock: the process `owner` frees these allocations of its store (their memory is reused)."""
+        proc = self.by_key(owner)
+        if proc is None or not proc.alive:
+            return
+        try:
+            proc.worker.free.broadcast(allocs)
+        except Exception:
+            _runtime.log.debug("fray: free on %s not sent", owner, exc_info=True)
+
+    def transfer_stats(self) -> list[dict[str, PathStats]]:
+        """Each live process's own transfers."""
+        with self.lock:
+            procs = [p for p in self.procs if p.alive]
+        futures = [p.worker.transfer_stats.call_one() for p in procs]
+        parts = []
+        for fut in futures:
+            try:
+                parts.append(fut.get(timeout=30))
+            except Exception:
+                _runtime.log.debug("fray: transfer stats of a worker not read", exc_info=True)
+        return parts
+
+    # ------------------------------------------------------------ the end
+    def close(self) -> list[Proc]:
+        """Under the lock: spawn nothing, report no death from now on; the processes to stop."""
+        self.closed = True
+        procs = list(self.procs)
+        for proc in procs:
+            proc.alive = False
+        return procs
+
+    @staticmethod
+    def stop(procs: list[Proc], timeout: float = 20.0) -> None:
+        """Stop their meshes (each once: a group's members share one) and wait, up to `timeout` in all."""
+        stops = []
+        meshes: set[int] = set()
+        for proc in procs:
+            if id(proc.mesh) in meshes:
+                continue
+            meshes.add(id(proc.mesh))
+            try:
+                stops.append(proc.mesh.stop())
+            except Exception:
+                pass
+        deadline = time.monotonic() + timeout
+        for fut in stops:
+            try:
+                fut.get(timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:
+                pass
+
+    def release(self) -> None:
+        """After the stops: any process on another host that they missed ends now."""
+        if self.lifeline is not None:
+            self.lifeline.close()
+
+    def remove_tmpdir(self) -> None:
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def ignore(_value: Any, _exc: BaseException | None) -> None:
+    """A completion nobody needs (a fire-and-forget stop or init)."""
