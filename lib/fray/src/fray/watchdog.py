@@ -43,12 +43,30 @@ COMMAND_TIMEOUT = 30.0  # seconds a cleanup command may take
 _lock = threading.Lock()
 _pipe: int | None = None
 _owner_pid: int | None = None
+_watched: dict[str, int] = {}  # what the running watchdog was told to clean, by key, with a count
 
 
-def _send(line: str) -> None:
+def _send(line: str, key: str, forget: bool = False) -> None:
+    """Tell the watchdog `line`. A watch of `key` starts a watchdog if none runs for this process; a forget of
+    what is not watched says nothing. When the last watched thing is forgotten, the pipe closes and the watchdog,
+    with nothing to clean, exits: after a clean shutdown nothing fray started remains, its watchdog included."""
     global _pipe, _owner_pid
     with _lock:
-        if _pipe is None or _owner_pid != os.getpid():  # none yet, or inherited across a fork: start our own
+        if _owner_pid != os.getpid():  # inherited across a fork: that watchdog belongs to the parent
+            _pipe, _owner_pid = None, os.getpid()
+            _watched.clear()
+        if forget:
+            if _watched.get(key, 0) == 0 or _pipe is None:
+                return
+            os.write(_pipe, (line + "\n").encode())
+            _watched[key] -= 1
+            if _watched[key] == 0:
+                del _watched[key]
+            if not _watched:
+                os.close(_pipe)
+                _pipe = None
+            return
+        if _pipe is None:
             read_end, write_end = os.pipe()  # both non-inheritable: a job never holds the write end open
             subprocess.Popen(
                 [sys.executable, "-m", "fray.watchdog", str(os.getpid())],
@@ -59,8 +77,9 @@ def _send(line: str) -> None:
                 close_fds=True,
             )
             os.close(read_end)
-            _pipe, _owner_pid = write_end, os.getpid()
+            _pipe = write_end
         os.write(_pipe, (line + "\n").encode())
+        _watched[key] = _watched.get(key, 0) + 1
 
 
 def watch_group(pgid: int) -> None:
@@ -69,20 +88,20 @@ def watch_group(pgid: int) -> None:
     one (fray.procfs.Identity.group_is_ours), never a group that later got that number."""
     leader = Identity.of(pgid, zombie_ok=True)
     if leader is not None:
-        _send(f"group {json.dumps(leader.record())}")
+        _send(f"group {json.dumps(leader.record())}", f"group {leader.pid}")
 
 
 def forget_group(pgid: int) -> None:
-    _send(f"-group {pgid}")
+    _send(f"-group {pgid}", f"group {pgid}", forget=True)
 
 
 def watch_path(path: str) -> None:
     """Remove `path` (a file or a directory tree) when this process ends, unless forgotten first."""
-    _send(f"path {path}")
+    _send(f"path {path}", f"path {path}")
 
 
 def forget_path(path: str) -> None:
-    _send(f"-path {path}")
+    _send(f"-path {path}", f"path {path}", forget=True)
 
 
 def watch_prefix(prefix: str) -> None:
@@ -91,11 +110,11 @@ def watch_prefix(prefix: str) -> None:
     shared-memory file of one context, whichever process made it."""
     if not os.path.basename(prefix):
         raise ValueError(f"a prefix must name the start of an entry, not a whole directory: {prefix!r}")
-    _send(f"prefix {os.path.abspath(prefix)}")
+    _send(f"prefix {os.path.abspath(prefix)}", f"prefix {os.path.abspath(prefix)}")
 
 
 def forget_prefix(prefix: str) -> None:
-    _send(f"-prefix {os.path.abspath(prefix)}")
+    _send(f"-prefix {os.path.abspath(prefix)}", f"prefix {os.path.abspath(prefix)}", forget=True)
 
 
 def _command_line(argv: list[str], env: dict[str, str] | None) -> str:
@@ -105,11 +124,13 @@ def _command_line(argv: list[str], env: dict[str, str] | None) -> str:
 def watch_command(argv: list[str], env: dict[str, str] | None = None) -> None:
     """Run `argv` (with `env` added to the watchdog's environment) when this process ends, unless forgotten first:
     for what no signal on this machine can end (a Slurm allocation: `scancel ID`)."""
-    _send(f"command {_command_line(argv, env)}")
+    line = _command_line(argv, env)
+    _send(f"command {line}", f"command {line}")
 
 
 def forget_command(argv: list[str], env: dict[str, str] | None = None) -> None:
-    _send(f"-command {_command_line(argv, env)}")
+    line = _command_line(argv, env)
+    _send(f"-command {line}", f"command {line}", forget=True)
 
 
 def _run_command(line: str) -> None:
@@ -129,7 +150,7 @@ def _run_command(line: str) -> None:
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe's end means the owner is gone
-    groups: dict[int, Identity] = {}
+    groups: list[Identity] = []  # a list, like paths: watched twice and forgotten once is still watched
     paths: list[str] = []
     prefixes: list[str] = []
     commands: list[str] = []
@@ -138,9 +159,11 @@ def main(argv: list[str]) -> int:
         if kind == "group":
             leader = Identity.from_record(json.loads(value))
             if leader is not None:
-                groups[leader.pid] = leader
+                groups.append(leader)
         elif kind == "-group":
-            groups.pop(int(value), None)
+            same = [leader for leader in groups if leader.pid == int(value)]
+            if same:
+                groups.remove(same[0])
         elif kind == "path":
             paths.append(value)
         elif kind == "-path" and value in paths:
@@ -155,7 +178,7 @@ def main(argv: list[str]) -> int:
             commands.remove(value)
     for command in commands:  # first: an allocation cancelled ends its processes on every host
         _run_command(command)
-    _stop_groups(list(groups.values()))
+    _stop_groups(list({leader.pid: leader for leader in groups}.values()))
     for prefix in prefixes:
         folder, start = os.path.split(prefix)
         try:
