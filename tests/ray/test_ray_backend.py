@@ -145,3 +145,23 @@ def test_a_call_right_after_kill_fails_every_time(ctx: RayJobContext) -> None:
         ctx.kill(member)
         with pytest.raises(fray.ActorDiedError):
             ctx.get(member.context_type(), timeout=60)
+
+
+def test_completions_are_collected_in_rounds_not_one_per_round(ctx: RayJobContext) -> None:
+    refs = [ctx.create_task(identity, args=(i,)) for i in range(300)]
+    assert ctx.get(refs, timeout=120) == list(range(300))
+    rounds: list[int] = []
+    wait = ctx._wait
+
+    def counted(refs_: list[fray.ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
+        rounds.append(len(refs_))
+        return wait(refs_, num_returns, timeout)
+
+    ctx._wait = counted  # type: ignore[method-assign]
+    try:
+        assert sorted(fray.as_completed(refs, timeout=60), key=refs.index) == refs
+        assert len(rounds) <= 3  # the watcher's _wait returns every completed ref (Ray's wait gives num_returns)
+        done, rest = ctx.wait(refs, num_returns=2, timeout=10)
+        assert done == refs[:2] and rest == refs[2:]  # the public wait still gives num_returns, in input order
+    finally:
+        del ctx._wait

@@ -43,6 +43,7 @@ _stream_registry = Registry()  # generator-task registrations (num_returns="stre
 _checked_functions: dict[int, Any] = {}
 _NODES_TTL = 5.0
 _STORE_PATH = "ray-object-store"
+_SWEEP_MIN = 64  # refs left after a wait from which _wait also collects the other completed ones
 
 
 class RayJobContext(JobContext):
@@ -309,7 +310,12 @@ class RayJobContext(JobContext):
                 return done
             num_returns -= len(done)
             payloads = [p for i, p in enumerate(payloads) if i not in done]
-        ready, _ = ray.wait(payloads, num_returns=num_returns, timeout=timeout, fetch_local=False)
+        ready, remaining = ray.wait(payloads, num_returns=num_returns, timeout=timeout, fetch_local=False)
+        if len(ready) == num_returns and len(remaining) >= _SWEEP_MIN:
+            # Ray hands back at most num_returns refs: also the others complete by now (one more wait, no
+            # blocking), so that a poller for completions (the core's watcher behind as_completed and progress
+            # bars) settles every completed ref in one round, not one per round (quadratic in the refs)
+            ready = ready + ray.wait(remaining, num_returns=len(remaining), timeout=0, fetch_local=False)[0]
         if not done and len(ready) == len(payloads):
             return set(range(len(payloads)))
         ready_set = set(ready)
