@@ -43,12 +43,12 @@ class MonarchBackend(Backend):
         return diagnose()
 
     def job_context(self, **options: Any) -> Any:
-        from fray_monarch.context import MonarchJobContext
+        from fray_monarch.driver_client import driver_context
 
         log_to_driver = parse_options("monarch", options, SCHEMA).get("log_to_driver", True)
         top = topology(options)
         try:
-            return MonarchJobContext(
+            return driver_context(
                 top.hosts,
                 top.procs,
                 top.resources,

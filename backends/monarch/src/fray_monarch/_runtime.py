@@ -47,7 +47,7 @@ def _fray_fault_hook(failure: Any) -> None:
 
 
 def install_fault_hook() -> None:
-    _monarch_actor.unhandled_fault_hook = _fray_fault_hook  # type: ignore[attr-defined]
+    _monarch_actor.unhandled_fault_hook = _fray_fault_hook
 
 
 install_fault_hook()

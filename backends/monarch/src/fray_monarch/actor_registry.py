@@ -16,8 +16,8 @@ from fray.groups import Member
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
-from fray_monarch.actor_host import FrayActorHost
 from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.hosts import FrayActorHost
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
 from fray_monarch.processes import Proc, ProcessPool, ignore

@@ -22,19 +22,17 @@ from monarch.actor import this_proc
 
 from fray import watchdog
 from fray.errors import FrayError
-from fray.remote_errors import rebuild
-from fray.serialization import Blob
 from fray.transfers import PathStats, merge
 from fray_monarch import _runtime, instances
 from fray_monarch.actor_registry import ActorRegistry
 from fray_monarch.arena import SHM_DIR, reclaim_dead_segments, remove_segments
 from fray_monarch.coordinator import Coordinator
-from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.directory import ObjectDirectory
 from fray_monarch.ids import Ids
 from fray_monarch.meshgroups import GroupRegistry
 from fray_monarch.objects import RefPayload, Tracker, owner_key, set_tracker
 from fray_monarch.processes import Proc, ProcessPool
-from fray_monarch.protocol import Inline, StoreConfig, Stored, WireValue
+from fray_monarch.protocol import StoreConfig, Stored
 from fray_monarch.scheduler import TaskScheduler
 from fray_monarch.service import WorkerService
 from fray_monarch.store import ObjectStore
@@ -150,33 +148,6 @@ class Controller:
 
     def node_resources(self) -> list[dict[str, float]]:
         return self.pool.node_resources()
-
-    # ------------------------------------------------------------ the driver's values
-    def put_blob(self, blob: Blob) -> RefPayload:
-        """A value made in the driver: stored in the driver's store (large) or inline."""
-        with self.lock:
-            entry, payload = self.directory.new(self.ids.object())
-        value = self.store.encode(blob, entry.id)
-        with self.lock:
-            self.directory.complete(entry, value, None)
-            entry.keep = list(blob.contained)
-        return payload
-
-    def encode_call(self, blob: Blob) -> tuple[WireValue, list[Any]]:
-        """The arguments of a call from the driver, and what the call must keep alive. Large arguments are
-        stored like a put (their object lives as long as the call needs it)."""
-        contained = tuple(p.id for p in blob.contained if isinstance(p, RefPayload))
-        if blob.nbytes < self.store.inline_limit:
-            return WireValue(Inline.of(blob), contained), list(blob.contained)
-        payload = self.put_blob(blob)
-        return WireValue(self.directory.get(payload.id).stored(), contained), [payload, *blob.contained]
-
-    @staticmethod
-    def error_of(entry: Entry) -> BaseException:
-        return rebuild(entry.error)
-
-    def value_of(self, entry: Entry) -> Any:
-        return self.store.load(entry.stored(), f"the value of object {entry.id}")
 
     # ------------------------------------------------------------ shutdown
     def debug_state(self) -> str:

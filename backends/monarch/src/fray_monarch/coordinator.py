@@ -4,13 +4,16 @@ controller (its WorkerService: same process, same tables). Each request is answe
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fray.remote_errors import portable
 from fray_monarch import _runtime, instances
 from fray_monarch._monarch import Actor, endpoint
 from fray_monarch.protocol import Reply, WireValue
-from fray_monarch.service import WorkerService
+
+if TYPE_CHECKING:  # not at run time: every worker process imports this module (to unpickle its handle to the
+    # coordinator), and the service would bring the whole controller with it
+    from fray_monarch.service import WorkerService
 
 
 class Coordinator(Actor):

@@ -31,14 +31,13 @@ from fray.resources import add, capacity
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
-from fray_monarch.actor_host import FrayActorHost
 from fray_monarch.actor_registry import ActorRec, ActorRegistry
 from fray_monarch.directory import ObjectDirectory
+from fray_monarch.hosts import FrayActorHost, WorkerHost
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
 from fray_monarch.processes import Proc, ProcessPool, ignore
 from fray_monarch.protocol import ActorReply, WireValue, compact, plain_data, read_group_answer
-from fray_monarch.worker_host import WorkerHost
 
 
 @dataclass

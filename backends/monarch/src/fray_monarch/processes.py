@@ -17,10 +17,10 @@ from typing import Any
 from fray.resources import EPS, add, fits, subtract
 from fray.transfers import PathStats
 from fray_monarch import _runtime
+from fray_monarch.hosts import WorkerHost
 from fray_monarch.ids import Ids
 from fray_monarch.lifeline import LifelineServer
 from fray_monarch.protocol import ProcInfo, StoreConfig, WorkerSetup
-from fray_monarch.worker_host import WorkerHost
 
 MAX_ENV_PROCS = 4  # processes kept for tasks with their own env vars
 

@@ -1,5 +1,13 @@
-"""The Monarch actor that hosts one fray actor (FrayActorHost): its instance, its calls (in order, on threads,
-or on an event loop of its own for async actors) and the streams of its generator methods."""
+"""The Monarch actors of a worker process: WorkerHost (one per process: runs its tasks, answers the controller's
+messages about the process: frees, capacity, stream stops, death watches) and FrayActorHost (one per fray actor:
+its instance, its calls, in order, on threads, or on an event loop of its own for async actors, and the streams
+of its generator methods).
+
+One module on purpose: a new process's WorkerHost and actor host are unpickled on two threads at once, and two
+threads importing different modules that share imports can deadlock (Python 3.11 then hands one of them a
+half-initialized module, which killed the process). Both class references go through this module's import lock:
+one thread imports everything, the other waits.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +18,108 @@ import queue
 import threading
 from typing import Any
 
+from monarch.actor import current_rank
+
 import fray.current as fray_current
 import fray.output as fray_output
 from fray.current import ActorInfo
 from fray.errors import ActorDiedError
+from fray.refs import ObjectRef
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, loads
 from fray_monarch import _runtime
 from fray_monarch._monarch import Actor, endpoint
-from fray_monarch.protocol import ActorReply, Inline, WireValue, WorkerSetup, expand, group_answer
-from fray_monarch.worker_host import ensure_runtime, mesh_index, mine
-from fray_monarch.worker_runtime import fill_deps
+from fray_monarch.calls import fill_deps
+from fray_monarch.objects import RefPayload
+from fray_monarch.protocol import BACKEND, ActorReply, Inline, ProcInfo, WireValue, WorkerSetup, expand, group_answer
+from fray_monarch.worker_process import ensure_worker
+
+__all__ = ["FrayActorHost", "WorkerHost"]
+
+
+def _mesh_index() -> int:
+    """This actor's flat rank in the mesh it was spawned on (0 on a mesh of one process)."""
+    try:
+        return int(current_rank().rank)
+    except Exception:
+        return 0
+
+
+def _mine(value: Any, index: int) -> Any:
+    """One value for the whole mesh, or a list with one per process (by flat rank)."""
+    return value[index] if isinstance(value, list) else value
+
+
+class WorkerHost(Actor):
+    """Runs tasks in its process (one per worker process); a never-answered `watch` call reports its death."""
+
+    def __init__(self, setup: WorkerSetup | list[WorkerSetup], env: dict[str, str]) -> None:
+        os.environ.update(env)  # a process for tasks with these env vars (ProcessPool.ensure_env)
+        _runtime.start_client_context()  # before anything prints Monarch's banner (see _runtime.BANNER)
+        self.worker = ensure_worker(_mine(setup, _mesh_index()))
+        self.rt = self.worker.rt
+        self.tasks = self.worker.tasks
+        self.watchers: list[Any] = []
+
+    def __cleanup__(self, exc: Any) -> None:
+        self.rt.stop()  # no more reports: this process is being stopped
+
+    @endpoint
+    def run(self, batch: list[Any]) -> None:
+        self.tasks.enqueue(batch)
+
+    @endpoint
+    def free(self, allocs: list[int]) -> None:
+        self.rt.store.free(allocs)
+
+    @endpoint
+    def transfer_stats(self) -> Any:
+        return self.rt.transfer_stats()
+
+    @endpoint
+    def cancel(self, tid: str) -> str:
+        return self.tasks.cancel(tid)
+
+    @endpoint
+    def set_capacity(self, capacity: dict[str, float]) -> None:
+        self.tasks.set_capacity(capacity)
+
+    @endpoint
+    def exit_process(self) -> None:
+        """This process belongs to one member of a group's mesh, which was killed (a slice of a proc mesh cannot
+        be stopped): end it."""
+        self.rt.stop()
+        os._exit(0)
+
+    @endpoint
+    def spmd_master(self) -> tuple[str, int]:
+        """This host's address and a TCP port free on it now (MASTER_ADDR and MASTER_PORT of an SPMD group whose
+        rank 0 is here)."""
+        from fray.net import free_port
+
+        return self.rt.bind, free_port(self.rt.bind)
+
+    @endpoint
+    def unqueue(self, count: int) -> list[str]:
+        return self.tasks.unqueue(count)
+
+    @endpoint
+    def stop_stream(self, sid: str) -> None:
+        """The consumer of a stream produced in this process has gone (handled here, not by the producing actor,
+        which is busy running the generator)."""
+        self.rt.stop_stream(sid)
+
+    @endpoint(explicit_response_port=True)
+    def watch(self, port: Any) -> None:
+        self.watchers.append(port)  # never answered: the caller's future fails when this process dies
+
+    @endpoint
+    def state(self) -> dict[str, Any]:
+        return self.tasks.state()
+
+    @endpoint
+    def ping(self) -> ProcInfo:
+        return ProcInfo(os.getpid(), _runtime.machine_id())
 
 
 def _async_methods(klass: type) -> frozenset[str]:
@@ -60,8 +159,10 @@ class FrayActorHost(Actor):
     def __init__(
         self, setup: WorkerSetup | list[WorkerSetup], max_concurrency: int, owns_process: bool = False
     ) -> None:
-        self.index = mesh_index()  # which member of a group's mesh this is (0 for a lone actor)
-        self.rt = ensure_runtime(mine(setup, self.index))
+        self.index = _mesh_index()  # which member of a group's mesh this is (0 for a lone actor)
+        worker = ensure_worker(_mine(setup, self.index))
+        self.rt = worker.rt
+        self.ctx = worker.ctx  # the process's job context: current in every call
         self.owns_process = owns_process  # then fray.current_actor() is this actor in every thread of the process
         self.info = ActorInfo()
         self.obj: Any = None
@@ -81,17 +182,14 @@ class FrayActorHost(Actor):
     def _args(self, call: WireValue, deps: list[str], what: str) -> tuple[Any, Any]:
         args, kwargs = self.rt.load(call.value, what)
         if deps:
-            from fray.refs import ObjectRef
-            from fray_monarch.objects import RefPayload
-
-            values = self.rt.ctx.get([ObjectRef(RefPayload(d, arrived=True), "monarch") for d in deps])
+            values = self.ctx.get([ObjectRef(RefPayload(d, arrived=True), BACKEND) for d in deps])
             args, kwargs = fill_deps(args, kwargs, values)
         return args, kwargs
 
     def _enter(self) -> tuple[Any, Any, Any]:
         """Make this actor's job context (and, where it shares its process, its ActorInfo) current here, and its
         label that of the lines printed here."""
-        token = fray_current.push(self.rt.ctx)
+        token = fray_current.push(self.ctx)
         label = None if self.label is None else fray_output.push_label(self.label)
         return token, (None if self.owns_process else fray_current.push_actor(self.info)), label
 
