@@ -11,12 +11,18 @@ from functools import partial
 from typing import Any
 
 from fray.current import ActorInfo
-from fray.errors import ActorAlreadyExistsError, ActorDiedError, ActorNotFoundError, ActorUnavailableError
+from fray.errors import (
+    ActorAlreadyExistsError,
+    ActorDiedError,
+    ActorNotFoundError,
+    ActorUnavailableError,
+    FrayError,
+)
 from fray.groups import Member
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
-from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.hosts import FrayActorHost
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
@@ -114,6 +120,13 @@ class ActorRegistry:
                         ActorUnavailableError(f"actor {name}: its process crashed during this call; it is restarting"),
                     )
             elif reply.status == "ok" and reply.value is not None:
+                try:  # the reply came from the actor's process: a value it stored must be in that process's store
+                    if rec is not None and rec.proc is not None:
+                        check_owner(entry.id, reply.value.value, rec.proc.key)
+                except FrayError as exc:
+                    _runtime.log.error("fray: an actor's reply was refused: %s", exc)
+                    self.directory.complete(entry, None, exc)
+                    return
                 self.directory.complete(entry, reply.value.value, None, reply.value.contained)
             elif reply.status == "dead":
                 name = rec.label if rec else ""

@@ -61,6 +61,15 @@ class Entry:
         return value
 
 
+def check_owner(oid: str, value: Value | None, reporter: str) -> None:
+    """FrayError unless a stored value reported by the process `reporter` is in that process's own store: the
+    owner of a value is the process that reports it, never what the report claims."""
+    if isinstance(value, Stored) and value.owner != reporter:
+        raise FrayError(
+            f"process {reporter} reported object {oid} as stored by {value.owner!r}, not by itself: refused"
+        )
+
+
 def _guarded(then: Callable[[], None]) -> Callable[[], None]:
     """then(), run where an entry completes: a failure is logged, never raised into the completing code (e.g.
     replying to a worker that died meanwhile must not stop the other callbacks)."""
@@ -97,6 +106,18 @@ class ObjectDirectory:
         entry = Entry(oid)
         self.entries[oid] = entry
         return entry, RefPayload(oid)
+
+    def register(self, oid: str, reporter: str, value: Value | None) -> tuple[Entry, RefPayload]:
+        """Under the lock: the entry of an object that the worker process `reporter` made under an id it chose.
+        What the report says is checked against who sent it: the id must be of the reporter's own namespace and
+        new (a second report would replace a live object under its readers), and a stored value must be in the
+        reporter's own store (its owner is told to free it, and losing that process loses it). FrayError if not."""
+        if not oid.startswith(f"{self.key}-{reporter}."):
+            raise FrayError(f"process {reporter} reported object {oid}, an id that is not its own: refused")
+        if oid in self.entries:
+            raise FrayError(f"process {reporter} reported object {oid}, which already exists: refused")
+        check_owner(oid, value, reporter)
+        return self.new(oid)
 
     def get(self, oid: str) -> Entry:
         entry = self.entries.get(oid)

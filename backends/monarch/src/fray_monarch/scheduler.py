@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from fray.errors import TaskCancelledError, WorkerCrashedError
+from fray.errors import FrayError, TaskCancelledError, WorkerCrashedError
 from fray.outcome import first_failure
 from fray.remote_errors import RemoteError
 from fray.resources import task_resources
 from fray.states import TaskState
 from fray.types import TaskOptions
 from fray_monarch import _runtime
-from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
 from fray_monarch.processes import EnvKey, Proc, ProcessPool
@@ -232,6 +232,12 @@ class TaskScheduler:
             return  # a late report from a process we already gave up on
         task.proc.outstanding.discard(tid)
         if result.status == "ok" and result.value is not None:
+            try:
+                check_owner(tid, result.value.value, proc_key)
+            except FrayError as refused:
+                _runtime.log.error("fray: a task result was refused: %s", refused)
+                self.finish(task, None, refused)
+                return
             self.finish(task, result.value.value, None, result.value.contained)
         elif result.status == "cancelled":
             self.finish(task, None, TaskCancelledError(f"task {tid} was cancelled"))

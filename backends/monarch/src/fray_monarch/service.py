@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from fray.errors import FrayError
 from fray.groups import Member
 from fray.outcome import first_failure
 from fray.refs import public_methods
@@ -188,7 +189,11 @@ class WorkerService:
     def put(self, proc_key: str, oid: str, wire: WireValue) -> str:
         """A value made by a worker (its put, or large call arguments), under the id the worker chose."""
         with self.lock:
-            entry, _ = self.directory.new(oid)
+            try:
+                entry, _ = self.directory.register(oid, proc_key, wire.value)
+            except FrayError:
+                _runtime.log.warning("fray: a worker's put was refused", exc_info=True)
+                raise
             entry.remote[proc_key] = 1
             self.directory.complete(entry, wire.value, None, wire.contained)
             return oid

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from fray.errors import GetTimeoutError
+from fray.errors import FrayError, GetTimeoutError
 from fray.refs import ObjectRef
 from fray_monarch import _runtime
 from fray_monarch.directory import ObjectDirectory
@@ -109,7 +109,11 @@ class StreamRegistry:
             if rec is not None:
                 self.end(rec)
             return
-        entry, payload = self.directory.new(item.oid)  # its owner is the producer (a large value stays there)
+        try:  # its owner is the producer (a large value stays there)
+            entry, payload = self.directory.register(item.oid, proc_key, item.value.value if item.value else None)
+        except FrayError:
+            _runtime.log.error("fray: a stream item was refused", exc_info=True)
+            return
         if item.error is not None:
             self.directory.complete(entry, None, item.error)
         elif item.value is not None:
