@@ -4,6 +4,10 @@ A driver's auth mode must match the cluster's (see `join_auth_mode`). A cluster 
 instance, a private or `fray cluster start` head) runs in token mode, as Ray does by default; a cluster joined by
 address is asked which mode it enforces. The mode is set in RAY_AUTH_MODE for the life of a connection
 (fray_ray._connect) and the previous value restored when it is released.
+
+The token is the key to every cluster started with it: whoever reads it can run code there. The token file fray
+makes is private to this user (0600, its directory 0700 when fray makes it); one that other users can read is
+warned about, with the fix.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ __all__ = [
     "set_auth_mode",
     "token_available",
     "token_headers",
+    "token_path",
     "user_auth_mode",
+    "warn_if_token_shared",
+    "write_new_token",
 ]
 
 log = logging.getLogger("fray_ray")
@@ -37,15 +44,59 @@ AUTH_MODE_ENV = "RAY_AUTH_MODE"
 _fray_auth_mode: str | None = None  # the RAY_AUTH_MODE value fray itself last wrote into os.environ
 _own_clusters: set[str] = set()  # GCS addresses (host:port) of the heads this process started
 _PROBE_TIMEOUT = 5.0  # seconds the auth probe waits for the cluster's GCS to answer
+_warned_token_files: set[str] = set()  # token files open to other users, warned about once each
+
+
+def token_path() -> Path:
+    """The token file Ray reads when RAY_AUTH_TOKEN is unset: RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return Path(path).expanduser() if path else Path.home() / ".ray" / "auth_token"
 
 
 def token_available() -> bool:
     if os.environ.get("RAY_AUTH_TOKEN"):
         return True
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    if path:
-        return Path(path).expanduser().is_file()
-    return (Path.home() / ".ray" / "auth_token").is_file()
+    path = token_path()
+    if not path.is_file():
+        return False
+    warn_if_token_shared(path)
+    return True
+
+
+def warn_if_token_shared(path: Path) -> None:
+    """Warn (once per file) when other users may read or replace the token file at `path`."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o077 and str(path) not in _warned_token_files:
+        _warned_token_files.add(str(path))
+        log.warning(
+            "the Ray auth token file %s is open to other users (mode %03o): whoever reads it can run code on every "
+            "Ray cluster that uses this token. Make it private: chmod 600 %s",
+            path,
+            mode & 0o777,
+            path,
+        )
+
+
+def write_new_token() -> None:
+    """Make a new token where Ray reads it (`token_path`), as `ray.init` does for a new local cluster, but
+    private: the file is created 0600, never over an existing file or through a symlink, and a directory made
+    for it is 0700 (Ray's own writes it 0644 into a 0755 ~/.ray). A file another process made meanwhile is
+    used as it is."""
+    from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+
+    path = token_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        warn_if_token_shared(path)
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(generate_new_authentication_token())
+    log.info("made a new Ray auth token in %s", path)
 
 
 def user_auth_mode() -> str | None:
@@ -89,16 +140,15 @@ def restore_auth(saved: tuple[str | None, str | None]) -> None:
 
 def own_cluster_mode() -> str:
     """The auth mode of a cluster fray starts itself: "token" (Ray's default for a new cluster), with a token
-    made (~/.ray/auth_token, as ray.init does for a new local cluster) if none is available; unless the user
-    chose a mode in RAY_AUTH_MODE."""
+    made (`write_new_token`: ~/.ray/auth_token, as ray.init does for a new local cluster) if none is
+    available; unless the user chose a mode in RAY_AUTH_MODE."""
     chosen = user_auth_mode()
     if chosen is not None:
         return chosen
     if not token_available():
-        from ray._private.authentication.authentication_token_setup import generate_and_save_token
         from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
 
-        generate_and_save_token()
+        write_new_token()
         AuthenticationTokenLoader.instance().reset_cache()
     return "token"
 
