@@ -5,8 +5,9 @@ Starts a one-node Ray cluster with ray.cluster_utils.Cluster in Ray's default mo
 (RAY_AUTH_TOKEN_PATH): the situation in which fray used to switch its driver to token mode, after which the
 cluster could not reach the driver and every non-detached actor was cancelled ("Actor creation cancelled").
 A fray driver joins it by address= and by RAY_ADDRESS, creates an ordinary actor and an actor group and calls
-them; a driver whose user set RAY_AUTH_MODE=token only connects (and is warned). Then exactly this cluster is
-stopped. Prints one JSON line with what it saw.
+them; a driver whose user set RAY_AUTH_MODE=token only connects (and is warned). The cluster listens on this
+machine's outward address, so joining it is warned about (anyone who can reach it can run code there). Then
+exactly this cluster is stopped. Prints one JSON line with what it saw.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ray._raylet import get_authentication_mode  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 import fray  # noqa: E402
-from fray_ray import _auth  # noqa: E402
+from fray_ray import _auth, _local  # noqa: E402
 
 
 class Counter:
@@ -87,8 +88,11 @@ def main() -> None:
         },
     )
     out: dict[str, object] = {}
+    joins = Warnings()
+    logging.getLogger("fray_ray").addHandler(joins)
     try:
         address = cluster.address
+        out["address_is_loopback"] = _local.is_loopback_address(address)
         out["probe"] = _auth.cluster_auth_mode(address)
         ctx = fray.init(f"ray?address={address}&namespace=fray-da&log_to_driver=false")
         try:
@@ -103,6 +107,9 @@ def main() -> None:
         finally:
             fray.shutdown()
             del os.environ["RAY_ADDRESS"]
+        # joined twice: a cluster beyond loopback that answers without a token is warned about, once
+        out["open_warnings"] = [m for m in joins.messages if "anyone who can reach that address" in m]
+        out["address"] = address
         # The user's explicit choice is kept, with a warning that this cluster cannot create their actors.
         os.environ["RAY_AUTH_MODE"] = "token"
         caught = Warnings()

@@ -7,6 +7,7 @@ subprocess (_default_auth_driver.py; one Ray connection per process). Plus the d
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -29,6 +30,12 @@ def test_driver_joins_a_cluster_without_token_auth_and_creates_actors_and_groups
     assert out["by_address"] == expected
     assert out["by_env"] == expected  # RAY_ADDRESS instead of address=
     assert out["mode_after"] is None  # what fray set for the connection is gone with it
+    # joined twice at an address beyond loopback: one warning, naming it and the fix
+    if out["address_is_loopback"]:
+        assert out["open_warnings"] == []
+    else:
+        assert len(out["open_warnings"]) == 1, out["open_warnings"]
+        assert out["address"] in out["open_warnings"][0] and "token auth" in out["open_warnings"][0]
     # RAY_AUTH_MODE set by the user is theirs: kept, with a warning naming the consequence
     assert out["user_token_mode"] == "token"
     assert out["user_token_warned"] is True
@@ -71,3 +78,42 @@ def test_the_users_mode_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_unreachable_or_ray_client_address_cannot_be_told() -> None:
     assert _auth.cluster_auth_mode("ray://10.0.0.5:10001") is None
     assert _auth.cluster_auth_mode("127.0.0.1:1", timeout=0.5) is None  # nothing listens on port 1
+
+
+@pytest.fixture
+def joining(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A join fray decides (no RAY_AUTH_MODE, not a head of fray's), no cluster warned about before, warnings
+    caught."""
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setattr(_auth, "_warned_open", set(), raising=False)
+    monkeypatch.setattr(_auth, "is_own_cluster", lambda address: False)
+    caplog.set_level(logging.WARNING, logger="fray_ray")
+
+
+def _caught(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings about a cluster running code for anyone who reaches it."""
+    return [r.getMessage() for r in caplog.records if "anyone who can reach" in r.getMessage()]
+
+
+def test_a_cluster_without_token_auth_beyond_loopback_is_warned_about_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, joining: None
+) -> None:
+    monkeypatch.setattr(_auth, "cluster_auth_mode", lambda address, timeout=0.0: "disabled")
+    assert _auth.join_auth_mode("10.0.0.5:6379") == "disabled"
+    assert _auth.join_auth_mode("10.0.0.5:6379") == "disabled"
+    warned = _caught(caplog)
+    assert len(warned) == 1, warned
+    assert "10.0.0.5:6379" in warned[0] and "token auth" in warned[0]
+
+
+@pytest.mark.parametrize("address, answer", [("127.0.0.1:6379", "disabled"), ("10.0.0.5:6379", "token")])
+def test_a_cluster_on_loopback_or_with_token_auth_is_not_warned_about(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    joining: None,
+    address: str,
+    answer: str,
+) -> None:
+    monkeypatch.setattr(_auth, "cluster_auth_mode", lambda address, timeout=0.0: answer)
+    _auth.join_auth_mode(address)
+    assert _caught(caplog) == []

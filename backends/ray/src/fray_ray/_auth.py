@@ -19,6 +19,7 @@ from pathlib import Path
 import ray._private.services as ray_services
 
 from fray.procfs import Identity
+from fray_ray._local import is_loopback_address
 
 __all__ = [
     "AUTH_MODE_ENV",
@@ -34,6 +35,7 @@ __all__ = [
     "token_headers",
     "token_path",
     "user_auth_mode",
+    "warn_if_open",
     "warn_if_token_shared",
     "write_new_token",
 ]
@@ -45,6 +47,7 @@ _fray_auth_mode: str | None = None  # the RAY_AUTH_MODE value fray itself last w
 _own_clusters: set[str] = set()  # GCS addresses (host:port) of the heads this process started
 _PROBE_TIMEOUT = 5.0  # seconds the auth probe waits for the cluster's GCS to answer
 _warned_token_files: set[str] = set()  # token files open to other users, warned about once each
+_warned_open: set[str] = set()  # GCS addresses (host:port) of clusters without token auth, warned about once each
 
 
 def token_path() -> Path:
@@ -232,6 +235,7 @@ def join_auth_mode(address: str) -> str | None:
     - a head fray started (this process's, or the one `fray cluster start` recorded): "token", not asked;
     - otherwise the cluster's GCS is asked (`cluster_auth_mode`): "token" or "disabled";
     - if it cannot be told: "token" when a token is available (Ray's default for new clusters), else unchanged.
+    A cluster found answering without a token at an address beyond loopback is warned about (`warn_if_open`).
     """
     chosen = user_auth_mode()
     if chosen is not None:
@@ -242,10 +246,30 @@ def join_auth_mode(address: str) -> str | None:
                 "follows the cluster) or set it to 'disabled'.",
                 address,
             )
+            warn_if_open(address)
         return None
     if is_own_cluster(address):
         return "token"
     mode = cluster_auth_mode(address)
+    if mode == "disabled":
+        warn_if_open(address)
     if mode is None and token_available():
         return "token"
     return mode
+
+
+def warn_if_open(address: str) -> None:
+    """Warn, once per address, that the cluster at `address` (found to answer without a token) runs code for
+    anyone who can reach it, unless it is on loopback. Not when the user chose RAY_AUTH_MODE=disabled: that
+    choice is theirs, and Ray does not warn about it either."""
+    target = _gcs_target(address) or address
+    if is_loopback_address(target) or target in _warned_open:
+        return
+    _warned_open.add(target)
+    log.warning(
+        "the Ray cluster at %s runs without token auth: anyone who can reach that address can run code on it "
+        "(and read its data). Start it with token auth (RAY_AUTH_MODE=token and a token, `ray get-auth-token "
+        "--generate`; see https://docs.ray.io/en/latest/ray-security/token-auth.html), or keep it on a private "
+        "network.",
+        target,
+    )
