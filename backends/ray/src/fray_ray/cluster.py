@@ -1,11 +1,11 @@
 """RayClusterContext: fray's ClusterContext on Ray's Job Submission API.
 
 With an `address` (the dashboard URL, e.g. http://10.0.0.5:8265) it talks to that cluster; its jobs outlive this
-process (persistent_jobs). Without one it starts a private head node (`ray start --head --block` in its own
-process group, listening on loopback only, on ports chosen here, with a private temp dir) and stops exactly that
-process group at shutdown. The group and the temp dir are handed to fray.watchdog, so they go too when this
-process ends without shutdown (SIGKILL included); so such a context has no detached jobs (they could not outlive
-the head): `fray cluster start --backend ray` starts a head that outlives its starter (fray_ray.persistent).
+process (persistent_jobs). Without one it starts a private head node (fray_ray._head: `ray start --head --block`
+in its own process group, listening on loopback only, on ports chosen here, with a private temp dir) and stops
+exactly that process group at shutdown. The group and the temp dir are handed to fray.watchdog, so they go too
+when this process ends without shutdown (SIGKILL included); so such a context has no detached jobs (they could
+not outlive the head): `fray cluster start --backend ray` starts a head that outlives its starter (fray_ray.persistent).
 
 Jobs run in place in their working directory when the cluster is on this machine (a private head, or an address
 on loopback), and get it uploaded as Ray's runtime_env working_dir otherwise (as `ray job submit` does).
@@ -13,151 +13,19 @@ on loopback), and get it uploaded as Ray's runtime_env working_dir otherwise (as
 
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobNotFoundError
-from fray.net import free_ports
-from fray.procfs import Identity, stop_group
 from fray.types import JobInfo, JobStatus, RuntimeEnv
-from fray_ray._auth import note_own_cluster, own_cluster_mode, token_headers
-from fray_ray._local import LOCAL_ONLY_ENV, LOOPBACK, is_loopback_address, short_tmp
+from fray_ray._head import START_TIMEOUT, LocalHead, job_client
+from fray_ray._local import is_loopback_address
 from fray_ray._remote import entrypoint_options, runtime_env_dict
 
 _STATUS = {s.value: s for s in JobStatus}
-_START_TIMEOUT = 90.0
-
-
-class LocalHead:
-    """A Ray head node on this machine with the dashboard (and so the Job API). Owned by this process (it ends
-    with it, however it ends) unless `owned=False` (`fray cluster start`: it outlives its starter). It listens
-    on loopback unless `listen` names another address of this machine."""
-
-    def __init__(
-        self,
-        num_cpus: float | None = None,
-        resources: dict[str, float] | None = None,
-        num_gpus: float | None = None,
-        object_store_memory: int | None = None,
-        owned: bool = True,
-        listen: str = LOOPBACK,
-    ) -> None:
-        self.owned = owned
-        self.temp_dir = tempfile.mkdtemp(prefix="fray-rayc-", dir=short_tmp())
-        if owned:
-            watchdog.watch_path(self.temp_dir)
-        local_only = is_loopback_address(listen)
-        host = LOOPBACK if local_only else listen
-        # Every fixed default port (agent 52365, metrics, runtime env agent, ...) may be held by another Ray on
-        # this machine (a private ray.init in the same process, say); then the job agent never comes up. The ports
-        # are distinct: `ray start` refuses two components on one port.
-        port_flags = (
-            "dashboard-agent-listen-port",
-            "dashboard-agent-grpc-port",
-            "metrics-export-port",
-            "runtime-env-agent-port",
-            "node-manager-port",
-            "object-manager-port",
-            "ray-client-server-port",
-        )
-        self.port, self.dashboard_port, *other_ports = free_ports(2 + len(port_flags))
-        cmd = [
-            os.path.join(os.path.dirname(sys.executable), "ray"),
-            "start",
-            "--head",
-            "--block",
-            "--disable-usage-stats",
-            f"--port={self.port}",
-            f"--node-ip-address={host}",
-            f"--dashboard-host={host}",
-            f"--dashboard-port={self.dashboard_port}",
-            f"--temp-dir={self.temp_dir}",
-        ]
-        cmd += [f"--{flag}={port}" for flag, port in zip(port_flags, other_ports, strict=True)]
-        if num_cpus is not None:
-            cmd.append(f"--num-cpus={num_cpus}")
-        if num_gpus is not None:
-            cmd.append(f"--num-gpus={num_gpus}")
-        if object_store_memory is not None:
-            cmd.append(f"--object-store-memory={object_store_memory}")
-        if resources:
-            import json
-
-            cmd.append(f"--resources={json.dumps(resources)}")
-        env = dict(os.environ)
-        # token auth (a token made if none exists) unless the user chose a mode; the clients send the token
-        env["RAY_AUTH_MODE"] = own_cluster_mode()
-        # Jobs run `python ...` from the head's PATH: make that this interpreter, so fray and Ray are importable.
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        env.pop("RAY_ADDRESS", None)
-        if local_only:
-            env.update(LOCAL_ONLY_ENV)  # every server of the node on loopback (see _local)
-        # Ray's processes make temp files of their own (the dashboard's multiprocessing forkserver: pymp-*, left
-        # behind at every stop): under the head's temp dir, they go with it.
-        env["TMPDIR"] = self.temp_dir
-        self.log_path = os.path.join(self.temp_dir, "ray-start.log")
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                cwd=os.getcwd() if owned else self.temp_dir,  # one that outlives us holds no directory of ours
-            )
-        self.leader = Identity.of(self.proc.pid, zombie_ok=True)  # our child: nothing reaps it before we do
-        if owned:
-            watchdog.watch_group(self.proc.pid)
-        self.address = f"http://{host}:{self.dashboard_port}"
-        self.gcs_address = f"{host}:{self.port}"
-        note_own_cluster(self.gcs_address)  # drivers of this process join it in token mode without asking
-
-    def wait_ready(self, client_factory: Any) -> Any:
-        deadline = time.monotonic() + _START_TIMEOUT
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            try:
-                client = client_factory(self.address)
-                client.list_jobs()
-                return client
-            except Exception as exc:  # dashboard not up yet
-                last = exc
-                time.sleep(0.5)
-        with open(self.log_path, errors="replace") as f:
-            tail = f.read()[-2000:]
-        self.stop()
-        raise RuntimeError(f"the private Ray head node did not start ({last}); ray start said:\n{tail}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # --block: Ray stops every process it started
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        self.proc.wait()
-        if self.leader is not None:  # whatever is left of exactly this process group, until it is gone
-            stop_group(self.leader, grace=2.0)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)  # only now: Ray's processes write there while they stop
-        if self.owned:
-            watchdog.forget_group(self.proc.pid)
-            watchdog.forget_path(self.temp_dir)
 
 
 # A private head's job must not outlive its head. Ray's job supervisor starts the entrypoint (`/bin/sh -c ...`) in
@@ -181,28 +49,6 @@ def _in_place(command: str, working_dir: str) -> str:
 
 
 _ENTRYPOINT_KEY = "fray_entrypoint"  # job metadata: the command as given (Ray's entrypoint has fray's wrapping)
-_ADDRESS_VARS = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
-_env_lock = threading.Lock()
-
-
-@contextmanager
-def _explicit_address() -> Iterator[None]:
-    """Ray's JobSubmissionClient takes RAY_API_SERVER_ADDRESS or RAY_ADDRESS over the address it is given: hide
-    them while it is made, so the address fray was given (or its own head's) is the one used."""
-    with _env_lock:
-        saved = {name: os.environ.pop(name) for name in _ADDRESS_VARS if name in os.environ}
-        try:
-            yield
-        finally:
-            os.environ.update(saved)
-
-
-def job_client(address: str) -> Any:
-    """A JobSubmissionClient for exactly this dashboard address."""
-    from ray.job_submission import JobSubmissionClient
-
-    with _explicit_address():
-        return JobSubmissionClient(address, headers=token_headers())
 
 
 def _unguarded(entrypoint: str) -> str:
@@ -293,7 +139,7 @@ class RayClusterContext(ClusterContext):
         else:
             command = given
             runtime_env["working_dir"] = working_dir  # uploaded by the client, unpacked on the node
-        deadline = time.monotonic() + _START_TIMEOUT
+        deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
                 return str(

@@ -1,6 +1,6 @@
 """A Ray head that outlives the command that started it: `fray cluster start --backend ray` / `fray cluster stop`.
 
-The same head as a private one (fray_ray.cluster.LocalHead: `ray start --head --block` in a process group of its
+The same head as a private one (fray_ray._head.LocalHead: `ray start --head --block` in a process group of its
 own, ports chosen free, a temp dir of its own, on loopback unless told otherwise) but not tied to its starter's
 life. It is recorded in the state directory (`clusters/ray.json`: addresses, process group, temp dir), where later
 commands find it: `fray job ... --backend ray` talk to it by address, `fray cluster stop` stops its jobs, then
@@ -17,8 +17,8 @@ from typing import Any
 
 from fray import state
 from fray.procfs import Identity, stop_group
+from fray_ray._head import LocalHead, job_client
 from fray_ray._local import LOOPBACK
-from fray_ray.cluster import LocalHead, job_client
 
 __all__ = ["recorded", "start", "stop"]
 
