@@ -78,9 +78,18 @@ class Host:
         return [] if ns is None else [p for p in _pids_in({ns}) if p != self.holder_pid]
 
     def shm_files(self) -> list[str]:
-        """Names in this host's private /dev/shm."""
+        """Names in this host's private /dev/shm, and in its per-user fray-<uid> directories (as dir/name: those
+        directories are fray's lasting home there, like ~/.cache, and are not counted themselves)."""
         # /proc/PID/root is the holder's root as its own mount namespace sees it, tmpfs included.
-        return sorted(os.listdir(f"/proc/{self.holder_pid}/root/dev/shm"))
+        root = f"/proc/{self.holder_pid}/root/dev/shm"
+        found = []
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            if name.startswith("fray-") and name[5:].isdigit() and os.path.isdir(path):
+                found += [f"{name}/{inner}" for inner in os.listdir(path)]
+            else:
+                found.append(name)
+        return sorted(found)
 
 
 @dataclass(frozen=True)

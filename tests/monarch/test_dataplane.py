@@ -20,15 +20,16 @@ import torch
 
 import fray
 from fray import ObjectLostError, ObjectStoreFullError, TaskOptions
-from fray_monarch.arena import _proc_tag
+from fray_monarch.arena import _proc_tag, shm_dir
 
 MiB = 1024 * 1024
 
 
 def _fray_files(ctx: Any = None) -> set[str]:
-    """fray's /dev/shm files: of one context (`fray.<context key>.`), else of every context on the machine."""
+    """fray's store files (in /dev/shm/fray-<uid>): of one context (`fray.<context key>.`), else of every
+    context of this user's on the machine."""
     prefix = f"fray.{ctx.ctl.key}." if ctx is not None else "fray."
-    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+    return {n for n in os.listdir(shm_dir()) if n.startswith(prefix)}
 
 
 def _shm_ranges() -> list[tuple[int, int]]:
@@ -36,7 +37,7 @@ def _shm_ranges() -> list[tuple[int, int]]:
     ranges = []
     for line in Path("/proc/self/maps").read_text().splitlines():
         parts = line.split()
-        if len(parts) >= 6 and parts[5].startswith("/dev/shm/fray."):
+        if len(parts) >= 6 and parts[5].startswith(shm_dir() + "/fray."):
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
             ranges.append((lo, hi))
     return ranges
@@ -128,7 +129,7 @@ def test_value_of_a_dead_worker_is_lost_and_its_files_removed() -> None:
         ref = c.create_task(make_array, args=(4 * MiB,))
         c.wait([ref], timeout=60)
         before = _fray_files(c)  # this context's only: never kill another fray session's processes
-        owners = {n.split(".")[3] for n in before if n.count(".") == 4}
+        owners = {n.split(".")[3] for n in before if n.count(".") == 4}  # pid-starttime-namespace
         for tag in owners:  # kill the process that holds the value (the driver's own files have no value yet)
             pid = int(tag.split("-")[0])
             if pid != os.getpid():
@@ -142,7 +143,7 @@ def test_value_of_a_dead_worker_is_lost_and_its_files_removed() -> None:
                 c.get(ref, timeout=30)
                 time.sleep(0.2)
         deadline = time.monotonic() + 10
-        while any(f.split(".")[3] != _proc_tag(os.getpid()) for f in _fray_files(c) if f.count(".") == 4):
+        while any(_tag(f) != _proc_tag(os.getpid()) for f in _fray_files(c) if f.count(".") == 4):
             assert time.monotonic() < deadline, _fray_files(c)
             time.sleep(0.2)
         assert c.get(c.create_task(pow, args=(2, 3)), timeout=60) == 8
@@ -188,7 +189,12 @@ def _owner_alive(name: str) -> bool:
     parts = name.split(".")
     if len(parts) != 5:
         return True  # a lock file: removed with its context or a minute after its last store file
-    return _proc_tag(int(parts[3].split("-")[0])) == parts[3]
+    return _proc_tag(int(parts[3].split("-")[0])) == _tag(name)
+
+
+def _tag(name: str) -> str:
+    """pid-starttime of the owner of store file `name`."""
+    return "-".join(name.split(".")[3].split("-")[:2])
 
 
 def test_one_gib_between_two_workers_keeps_the_driver_flat(ctx: fray.JobContext) -> None:

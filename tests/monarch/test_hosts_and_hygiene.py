@@ -13,6 +13,7 @@ import pytest
 
 import fray
 from fray import TaskOptions, WorkerCrashedError, procfs
+from fray_monarch.arena import shm_dir
 
 
 def pid_and_ppid() -> tuple[int, int]:
@@ -58,10 +59,17 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def _shm_names() -> set[str]:
+    """Names in /dev/shm and in fray's per-user directory there (made now if missing: it lasts, as ~/.cache)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return set(os.listdir("/dev/shm")) | {f"fray-dir/{n}" for n in os.listdir(shm_dir())}
+
+
 def test_shutdown_leaves_no_process_socket_or_shm(tmp_path: Path) -> None:
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    shm_before = _shm_names()
     env = {**os.environ, "TMPDIR": str(tmpdir)}
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -74,7 +82,7 @@ def test_shutdown_leaves_no_process_socket_or_shm(tmp_path: Path) -> None:
     assert not [p for p in pids if _alive(p)], "worker processes outlived shutdown"
     leftovers = [p for p in tmpdir.rglob("*") if p.is_socket()]
     assert not leftovers, leftovers
-    shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    shm_after = _shm_names()
     assert not (shm_after - shm_before), shm_after - shm_before
 
 

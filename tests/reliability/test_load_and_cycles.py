@@ -84,7 +84,8 @@ def _children() -> int:
 
 
 def _shm() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("fray")} if os.path.isdir("/dev/shm") else set()
+    directory = f"/dev/shm/fray-{os.getuid()}"  # the monarch backend's store files
+    return {n for n in os.listdir(directory) if n.startswith("fray")} if os.path.isdir(directory) else set()
 
 
 def _temp_entries() -> set[str]:

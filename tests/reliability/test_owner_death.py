@@ -205,15 +205,17 @@ def _entries(folder: Path) -> list[str]:
 
 def _shm_of(key: str, tree: dict[int, str]) -> list[str]:
     """/dev/shm files of the driver's context `key` (its store files and their lock file) or of a process of
-    its tree (store files are named fray.<context>.<host>.<pid>-<start time>.<n>)."""
-    if not os.path.isdir("/dev/shm"):
+    its tree (store files are named fray.<context>.<host>.<pid>-<start time>-<pid namespace>.<random>, in
+    /dev/shm/fray-<uid>)."""
+    directory = f"/dev/shm/fray-{os.getuid()}"
+    if not os.path.isdir(directory):
         return []
     tags = {f"{pid}-{start}" for pid, start in tree.items()}
     return sorted(
         n
-        for n in os.listdir("/dev/shm")
+        for n in os.listdir(directory)
         if n.startswith(f"fray.{key}.")
-        or (n.startswith("fray.") and len(n.split(".")) == 5 and n.split(".")[3] in tags)
+        or (n.startswith("fray.") and len(n.split(".")) == 5 and "-".join(n.split(".")[3].split("-")[:2]) in tags)
     )
 
 

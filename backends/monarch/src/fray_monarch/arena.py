@@ -3,9 +3,14 @@
 Chunks (64 MiB, or one object's size) are /dev/shm files mapped once and reused, so writing a value is one
 memory copy into pages that are already faulted in. Allocations are page aligned. The size of the store of one
 fray host is `object_store_memory`, shared by its processes: a chunk is created only under the host's lock file,
-after adding up the chunk files of that host. Files are named `fray.<ctl>.<host>.<pid>-<starttime>.<n>`, so a
-later start can reclaim the files of dead processes (and only those: another live driver's files are never
-touched).
+after adding up the chunk files of that host.
+
+/dev/shm is shared by every user of the machine, so the files live in a directory of this user's
+(/dev/shm/fray-<uid>, 0700, checked before use): another user can neither read them, nor plant a file or a symlink
+where fray will open one, nor inflate the usage fray counts. Files are named
+`fray.<ctl>.<host>.<pid>-<starttime>-<pid namespace>.<random>`: the random part makes a name impossible to
+pre-empt, and the owner's identity lets a later start reclaim the files of dead processes (and only those: a pid
+of another pid namespace is not visible here, so its absence proves nothing).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import fcntl
 import itertools
 import mmap
 import os
+import secrets
+import stat
 import threading
 import time
 from collections import deque
@@ -23,13 +30,71 @@ from dataclasses import dataclass
 from fray import procfs
 from fray._pool import FreeList
 from fray._pool import align as _align
-from fray.errors import ObjectStoreFullError
+from fray.errors import FrayError, ObjectStoreFullError
 
-SHM_DIR = "/dev/shm"
+SHM_ROOT = "/dev/shm"
 CHUNK = 64 * 1024 * 1024
 # Fully free chunks are kept for reuse up to this much per process (or a quarter of the host's budget, if more):
 # a new 100 MiB chunk costs ~90 ms in page allocation and faults here, a reused one ~10 ms (one memcpy).
 RETAIN_FREE = 512 * 1024 * 1024
+
+_checked: dict[str, str] = {}  # root -> this user's directory there, once checked
+
+
+def shm_dir(root: str = SHM_ROOT) -> str:
+    """This user's private directory for store files under `root`, made (0700) if missing. FrayError unless it is
+    a real directory (not a symlink) owned by this user with mode 0700: anything else could be another user's."""
+    found = _checked.get(root)
+    if found is not None:
+        return found
+    path = os.path.join(root, f"fray-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # (a umask could have dropped bits mkdir asked for)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise FrayError(f"fray cannot make its shared-memory directory {path}: {exc}") from exc
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a file"
+        raise FrayError(
+            f"{path} must be a directory owned by uid {os.getuid()} with mode 0700, but it is {kind} owned by uid "
+            f"{st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}. If it is yours, `chmod 700 {path}`; if not, "
+            f"remove it (as its owner or root) so that fray can make its own."
+        )
+    _checked[root] = path
+    return path
+
+
+def open_segment(name: str, flags: int = os.O_RDONLY) -> int:
+    """An fd of this user's store file `name`: never through a symlink, never another user's file."""
+    if not name.startswith("fray.") or "/" in name:
+        raise FrayError(f"{name!r} is not the name of a fray store file")
+    fd = os.open(os.path.join(shm_dir(), name), flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        os.close(fd)
+        raise FrayError(f"{os.path.join(shm_dir(), name)} is not a store file of this user's: refused")
+    return fd
+
+
+def _own_files(directory: str) -> list[os.DirEntry[str]]:
+    """The regular files of this user's in `directory` (the names fray reads, accounts and removes)."""
+    try:
+        with os.scandir(directory) as it:
+            entries = list(it)
+    except OSError:
+        return []
+    uid, own = os.getuid(), []
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+            own.append(entry)
+    return own
 
 
 def _proc_tag(pid: int) -> str | None:
@@ -38,43 +103,59 @@ def _proc_tag(pid: int) -> str | None:
     return f"{pid}-{found.start}" if found is not None and found.live else None
 
 
+def pid_namespace() -> str:
+    """This process's pid namespace (its inode number; "" if unknown): pids are only comparable within one."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return ""
+    inner = link[link.find("[") + 1 : link.rfind("]")]
+    return inner if inner.isdigit() else ""
+
+
 def segment_prefix(ctl: str, host: str) -> str:
     return f"fray.{ctl}.{host}."
 
 
-def reclaim_dead_segments(shm_dir: str = SHM_DIR) -> int:
-    """Remove fray store files whose owner process is dead, and lock files of hosts left with no store file
-    for a minute. Returns how many were removed."""
+def _owner_dead(owner: str) -> bool:
+    """`owner` (pid-starttime-namespace) is proven dead: same pid namespace as ours, and no such process."""
+    pid, _, rest = owner.partition("-")
+    start, _, namespace = rest.partition("-")
+    ours = pid_namespace()
+    if not (pid.isdigit() and start.isdigit() and ours and namespace == ours):
+        return False
+    return _proc_tag(int(pid)) != f"{pid}-{start}"
+
+
+def reclaim_dead_segments(root: str = SHM_ROOT) -> int:
+    """Remove this user's fray store files whose owner process is proven dead, and lock files of hosts left with
+    no store file for a minute. Returns how many were removed."""
+    directory = shm_dir(root)
     removed = 0
-    try:
-        names = os.listdir(shm_dir)
-    except OSError:
-        return 0
+    entries = _own_files(directory)
+    names = [e.name for e in entries]
     for name in names:
         parts = name.split(".")
         if len(parts) == 4 and parts[0] == "fray" and parts[3] == "lock":
-            removed += _reclaim_lock(shm_dir, name, names)
+            removed += _reclaim_lock(directory, name, names)
             continue
-        if len(parts) != 5 or parts[0] != "fray" or "-" not in parts[3]:
-            continue
-        pid = parts[3].split("-", 1)[0]
-        if not pid.isdigit() or _proc_tag(int(pid)) == parts[3]:
+        if len(parts) != 5 or parts[0] != "fray" or not _owner_dead(parts[3]):
             continue
         try:
-            os.unlink(os.path.join(shm_dir, name))
+            os.unlink(os.path.join(directory, name))
             removed += 1
         except OSError:
             pass
     return removed
 
 
-def _reclaim_lock(shm_dir: str, name: str, names: list[str]) -> int:
+def _reclaim_lock(directory: str, name: str, names: list[str]) -> int:
     prefix = name[: -len("lock")]
     if any(n.startswith(prefix) and n != name for n in names):
         return 0
-    path = os.path.join(shm_dir, name)
+    path = os.path.join(directory, name)
     try:
-        if time.time() - os.stat(path).st_mtime < 60:  # a live context between two chunks: leave it
+        if time.time() - os.lstat(path).st_mtime < 60:  # a live context between two chunks: leave it
             return 0
         os.unlink(path)
         return 1
@@ -82,16 +163,13 @@ def _reclaim_lock(shm_dir: str, name: str, names: list[str]) -> int:
         return 0
 
 
-def remove_segments(prefix: str, owner_tag: str | None = None, shm_dir: str = SHM_DIR) -> None:
-    """Remove the store files of one context's host (of one owner process, if given)."""
-    try:
-        names = os.listdir(shm_dir)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefix) and (owner_tag is None or name.split(".")[3] == owner_tag):
+def remove_segments(prefix: str) -> None:
+    """Remove this user's store files of one context's host (and its lock file)."""
+    directory = shm_dir()
+    for entry in _own_files(directory):
+        if entry.name.startswith(prefix):
             try:
-                os.unlink(os.path.join(shm_dir, name))
+                os.unlink(entry.path)
             except OSError:
                 pass
 
@@ -110,16 +188,15 @@ class Arena:
     """Allocations in shared-memory chunks of this process, within the host's budget."""
 
     def __init__(self, ctl: str, host: str, budget: int) -> None:
-        tag = _proc_tag(os.getpid())
+        self.dir = shm_dir()
         self.prefix = segment_prefix(ctl, host)
-        self.tag = tag or str(os.getpid())
+        self.tag = f"{_proc_tag(os.getpid()) or os.getpid()}-{pid_namespace()}"
         self.budget = budget
         self.retain = max(RETAIN_FREE, budget // 4)
         self.chunks: dict[str, _Chunk] = {}
         self.allocs: dict[int, tuple[_Chunk, int, int]] = {}
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
-        self.names = itertools.count()
         self.released: deque[int] = deque()  # allocations whose leases died (see _Lease)
 
     def alloc(self, size: int) -> tuple[int, _Chunk, int]:
@@ -149,19 +226,20 @@ class Arena:
         return None
 
     def _grow(self, size: int) -> None:
-        name = f"{self.prefix}{self.tag}.{next(self.names)}"
-        path = os.path.join(SHM_DIR, name)
-        lock_fd = os.open(os.path.join(SHM_DIR, self.prefix + "lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        name = f"{self.prefix}{self.tag}.{secrets.token_hex(8)}"
+        path = os.path.join(self.dir, name)
+        lock_path = os.path.join(self.dir, self.prefix + "lock")
+        lock_fd = os.open(lock_path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            used = _host_usage(self.prefix)
+            used = _host_usage(self.dir, self.prefix)
             if used + size > self.budget:
                 raise ObjectStoreFullError(
                     f"the object store of this host is full: {used / 2**20:.0f} MiB used of "
                     f"{self.budget / 2**20:.0f} MiB (object_store_memory), {size / 2**20:.0f} MiB more needed. "
                     "Drop refs to values you no longer need, or raise object_store_memory in the spec."
                 )
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
             try:
                 os.posix_fallocate(fd, 0, size)  # claims the pages now: a full /dev/shm fails here, not at write
             except OSError as exc:
@@ -169,7 +247,7 @@ class Arena:
                 os.unlink(path)
                 if exc.errno in (errno.ENOSPC, errno.ENOMEM):
                     raise ObjectStoreFullError(
-                        f"no room in {SHM_DIR} for {size / 2**20:.0f} MiB more ({exc.strerror})"
+                        f"no room in {SHM_ROOT} for {size / 2**20:.0f} MiB more ({exc.strerror})"
                     ) from exc
                 raise
         finally:
@@ -207,7 +285,7 @@ class Arena:
     def _drop(self, chunk: _Chunk) -> None:
         del self.chunks[chunk.name]
         try:
-            os.unlink(os.path.join(SHM_DIR, chunk.name))
+            os.unlink(os.path.join(self.dir, chunk.name))
         except OSError:
             pass
         try:
@@ -227,15 +305,15 @@ class Arena:
         return self.chunks.get(name)
 
 
-def _host_usage(prefix: str) -> int:
+def _host_usage(directory: str, prefix: str) -> int:
+    """Bytes of the store files of one host: this user's files only (another's could be made to look huge)."""
     total = 0
-    with os.scandir(SHM_DIR) as it:
-        for entry in it:
-            if entry.name.startswith(prefix) and not entry.name.endswith(".lock"):
-                try:
-                    total += entry.stat().st_size
-                except OSError:
-                    pass
+    for entry in _own_files(directory):
+        if entry.name.startswith(prefix) and not entry.name.endswith(".lock"):
+            try:
+                total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                pass
     return total
 
 

@@ -25,7 +25,7 @@ from fray.errors import FrayError
 from fray.transfers import PathStats, merge
 from fray_monarch import _runtime, instances
 from fray_monarch.actor_registry import ActorRegistry
-from fray_monarch.arena import SHM_DIR, reclaim_dead_segments, remove_segments
+from fray_monarch.arena import reclaim_dead_segments, remove_segments, shm_dir
 from fray_monarch.coordinator import Coordinator
 from fray_monarch.directory import ObjectDirectory
 from fray_monarch.ids import Ids
@@ -73,7 +73,7 @@ class Controller:
         reclaim_dead_segments()  # files of earlier drivers or workers that were killed
         # This context's store files on this machine (the driver's and its local workers') and their lock file
         # go with this process however it ends; a clean shutdown removes them itself.
-        self.shm_prefix = os.path.join(SHM_DIR, f"fray.{key}.")
+        self.shm_prefix = os.path.join(shm_dir(), f"fray.{key}.")
         watchdog.watch_prefix(self.shm_prefix)
         self.ids = ids = Ids(key)
         self.pool = ProcessPool(

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any
 
 from fray._pool import align as _align
-from fray_monarch.arena import SHM_DIR, Arena
+from fray_monarch.arena import Arena, open_segment
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -36,8 +36,8 @@ class _Mapping:
     finalizer must not unmap (it can run while another thread is handing the same mapping out; unmapping there
     crashed readers). The table unmaps queued mappings that no view uses any more, under its lock."""
 
-    def __init__(self, path: str, offset: int, length: int | None, private: bool) -> None:
-        fd = os.open(path, os.O_RDONLY)
+    def __init__(self, segment: str, offset: int, length: int | None, private: bool) -> None:
+        fd = open_segment(segment)
         try:
             if length is None:
                 length = os.fstat(fd).st_size
@@ -49,7 +49,7 @@ class _Mapping:
             os.close(fd)
         if addr is None or addr == _MAP_FAILED:
             err = ctypes.get_errno()
-            raise OSError(err, f"mmap of {path} failed: {os.strerror(err)}")
+            raise OSError(err, f"mmap of {segment} failed: {os.strerror(err)}")
         if private and _libc.mprotect(addr, length, mmap.PROT_READ | mmap.PROT_WRITE) != 0:
             _libc.munmap(addr, length)
             raise OSError(ctypes.get_errno(), "mprotect failed")
@@ -92,18 +92,17 @@ class _MapTable:
 
     def views(self, segment: str, spans: list[tuple[int, int, bool]], pin: Any) -> list[Any]:
         """Views of (offset in file, length, private) spans of the store file `segment`."""
-        path = os.path.join(SHM_DIR, segment)
         out: list[Any] = []
         with self.lock:
             self._drain()
             for start, length, private in spans:
                 if private:
-                    own = _Mapping(path, start, _align(length), private=True)
+                    own = _Mapping(segment, start, _align(length), private=True)
                     out.append(own.view(0, length, writable=True, pin=pin))
                     continue
                 mapping = self.shared.get(segment)
                 if mapping is None:
-                    mapping = self.shared[segment] = _Mapping(path, 0, None, private=False)
+                    mapping = self.shared[segment] = _Mapping(segment, 0, None, private=False)
                     mapping.segment = segment
                 out.append(mapping.view(start, length, writable=False, pin=pin))
             if self.sweeper is None:

@@ -22,7 +22,7 @@ from fray._pool import align as _align
 from fray.errors import ObjectLostError, ObjectStoreFullError
 from fray.serialization import Blob, loads
 from fray.transfers import TransferStats
-from fray_monarch.arena import SHM_DIR, Arena, _Lease
+from fray_monarch.arena import Arena, _Lease, open_segment
 from fray_monarch.mappings import _maps
 from fray_monarch.protocol import Inline, Span, Stored, Value
 from fray_monarch.transfer import (
@@ -151,10 +151,9 @@ class ObjectStore:
         return result
 
     def _map(self, value: Stored) -> Blob:
-        path = os.path.join(SHM_DIR, value.segment)
         pin = self.pin(value.oid)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_segment(value.segment)
         except FileNotFoundError:
             raise ObjectLostError(f"object {value.oid} is lost: its store file is gone (owner process died)") from None
         try:
