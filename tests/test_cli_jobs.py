@@ -331,9 +331,10 @@ def _machine_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-def test_ray_cluster_listening_elsewhere_gets_the_working_dir_uploaded(tmp_path: Path) -> None:
+def test_ray_cluster_listening_elsewhere_gets_only_a_named_working_dir_uploaded(tmp_path: Path) -> None:
     """A cluster not on loopback is treated as remote: --working-dir is uploaded as Ray's working_dir (the job
-    runs in Ray's unpacked copy), as `ray job submit` does; `fray cluster start --listen` makes such a cluster."""
+    runs in Ray's unpacked copy), as `ray job submit` does; without --working-dir nothing is uploaded, not the
+    current directory (issue 20: it may hold anything). `fray cluster start --listen` makes such a cluster."""
     pytest.importorskip("fray_ray")
     address = _machine_address()
     if address is None:
@@ -366,5 +367,14 @@ def test_ray_cluster_listening_elsewhere_gets_the_working_dir_uploaded(tmp_path:
         assert done.returncode == 0, done.stderr
         text, cwd = done.stdout.split()
         assert text == "uploaded" and cwd != str(project), done.stdout  # Ray's unpacked copy, not the directory
+        assert "_ray_pkg_" in cwd, cwd
+        here = tmp_path / "here"
+        here.mkdir()
+        (here / "secret.txt").write_text("not for the cluster\n")
+        look = "import os; print(os.path.exists('secret.txt'), os.getcwd())"
+        done = _fray(env, "job", "submit", "--backend", "ray", "--", "python", "-c", look, cwd=here, timeout=240)
+        assert done.returncode == 0, done.stderr
+        found, cwd = done.stdout.split()
+        assert found == "False" and "_ray_pkg_" not in cwd and cwd != str(here), done.stdout  # Ray's default dir
     finally:
         _stop_ray_cluster(env, state, record)

@@ -12,6 +12,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -162,7 +163,9 @@ def test_private_head_starts_with_a_long_tmpdir_and_a_driver_joins_it() -> None:
             import fray
             from fray_ray import _auth
             with fray.cluster("ray?num_cpus=1&object_store_memory=80000000") as cluster:
-                assert os.path.isfile(os.path.expanduser("~/.ray/auth_token"))  # made for the head
+                assert os.path.isfile(os.path.expanduser("~/.ray/auth_token"))  # made for the head, private
+                assert os.stat(os.path.expanduser("~/.ray/auth_token")).st_mode & 0o777 == 0o600
+                assert os.stat(os.path.expanduser("~/.ray")).st_mode & 0o777 == 0o700
                 assert _auth.cluster_auth_mode(cluster.gcs_address) == "token"
                 job = cluster.create_job("echo hello")
                 assert cluster.wait_job(job, timeout=120).status == "SUCCEEDED"
@@ -233,3 +236,11 @@ def test_job_output_is_never_dropped_from_its_logs(cluster: RayClusterContext) -
     missing = _logs(cluster, "no-such-command-fray-xyz")
     assert "no-such-command-fray-xyz" in missing and "not found" in missing, repr(missing)
     assert "Running entrypoint" not in missing and "Runtime env is setting up" not in missing
+
+
+def test_a_job_on_this_machine_runs_in_the_callers_directory(
+    cluster: RayClusterContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No working_dir named: in place in the caller's directory (only a cluster elsewhere gets none uploaded)."""
+    monkeypatch.chdir(tmp_path)
+    assert _logs(cluster, "pwd") == f"{tmp_path}\n"

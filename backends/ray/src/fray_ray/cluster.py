@@ -8,13 +8,18 @@ when this process ends without shutdown (SIGKILL included); so such a context ha
 not outlive the head): `fray cluster start --backend ray` starts a head that outlives its starter (fray_ray.persistent).
 
 Jobs run in place in their working directory when the cluster is on this machine (a private head, or an address
-on loopback), and get it uploaded as Ray's runtime_env working_dir otherwise (as `ray job submit` does).
+on loopback), by default the caller's. A cluster elsewhere gets a directory uploaded as Ray's runtime_env
+working_dir only when the caller named one (as `ray job submit` does): the current directory may hold anything
+(a home directory's keys and tokens), and a job that names none runs in Ray's default directory on its node.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
+from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 from fray.capabilities import Capability
@@ -26,6 +31,9 @@ from fray_ray._local import is_loopback_address
 from fray_ray._remote import entrypoint_options, runtime_env_dict
 
 _STATUS = {s.value: s for s in JobStatus}
+# Whether the create_job call under way named its working directory (the call's or the context's): the core
+# resolves an unnamed one to the caller's current directory before _create_job sees it.
+_working_dir_named: ContextVar[bool] = ContextVar("fray_ray_working_dir_named", default=False)
 
 
 # A private head's job must not outlive its head. Ray's job supervisor starts the entrypoint (`/bin/sh -c ...`) in
@@ -94,7 +102,8 @@ class RayClusterContext(ClusterContext):
         object_store_memory: int | None = None,
     ) -> None:
         """address: a Ray dashboard URL (http://host:8265); else a private local head node is started.
-        working_dir: the default working directory of jobs (else the caller's current directory)."""
+        working_dir: the default working directory of jobs (else the caller's current directory on this machine's
+        cluster, and none uploaded to a cluster elsewhere)."""
         self.working_dir = working_dir
         self.default_working_dir = working_dir
         self._head: LocalHead | None = None
@@ -127,6 +136,23 @@ class RayClusterContext(ClusterContext):
         )
 
     # ------------------------------------------------------------------ jobs
+    def create_job(
+        self,
+        entrypoint: str | Sequence[str],
+        env: RuntimeEnv | None = None,
+        working_dir: str | os.PathLike[str] | None = None,
+        detached: bool = False,
+    ) -> str:
+        """As ClusterContext.create_job, but a cluster elsewhere (not on this machine) gets a working directory
+        uploaded only when one is named (`working_dir`, or the context's `working_dir` option), as `ray job
+        submit --working-dir` does; without one nothing is uploaded and the job runs in Ray's default directory
+        on its node. On this machine's cluster the job runs in place, by default in the caller's directory."""
+        named = _working_dir_named.set(working_dir is not None or self.default_working_dir is not None)
+        try:
+            return super().create_job(entrypoint, env, working_dir, detached)
+        finally:
+            _working_dir_named.reset(named)
+
     def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
         # detached: every job of a cluster by address outlives this process (a private head refuses it, upstream)
         given = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
@@ -138,7 +164,8 @@ class RayClusterContext(ClusterContext):
             command = _guarded(_in_place(given, working_dir))
         else:
             command = given
-            runtime_env["working_dir"] = working_dir  # uploaded by the client, unpacked on the node
+            if _working_dir_named.get():
+                runtime_env["working_dir"] = working_dir  # uploaded by the client, unpacked on the node
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:

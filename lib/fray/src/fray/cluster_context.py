@@ -43,7 +43,8 @@ class ClusterContext(ABC):
         """Start `entrypoint` (a shell command string, or an argv list run without a shell); return its id.
 
         working_dir: the directory the job runs in (default: the caller's current directory). On this machine the
-        job runs in place there; a backend whose jobs run elsewhere sends the directory along (Ray's working_dir).
+        job runs in place there; a backend whose jobs run elsewhere may send it along (Ray uploads a directory as
+        its working_dir only when one is named, as `ray job submit` does).
         detached: the job outlives this process and this context, and any process can find it (list, logs, stop,
         delete); needs the persistent_jobs capability. A job that is not detached ends when its owner ends,
         however the owner ends, unless it runs on a cluster the user started (whose jobs outlive their submitter).

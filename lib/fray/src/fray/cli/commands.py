@@ -47,7 +47,12 @@ def _cluster_options(parser: argparse.ArgumentParser, address: bool = True) -> N
 
 def _submit_options(parser: argparse.ArgumentParser, detachable: bool) -> None:
     _cluster_options(parser)
-    parser.add_argument("--working-dir", default=None, help="the directory the job runs in (default: this one)")
+    parser.add_argument(
+        "--working-dir",
+        default=None,
+        help="the directory the job runs in (default: this one, on this machine's cluster; a Ray cluster elsewhere "
+        "gets only a directory named here uploaded)",
+    )
     parser.add_argument(
         "--env", action="append", default=[], metavar="K=V", help="an environment variable of the job (repeatable)"
     )
