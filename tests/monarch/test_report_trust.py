@@ -45,7 +45,7 @@ def report_a_value_stored_by_another_process() -> str | None:
         host="local",
         owner="driver",  # the driver would be told to free its allocation 1 when this object goes
         address="",
-        token="",
+        capability=b"",
         segment="x",
         offset=0,
         length=4096,

@@ -301,8 +301,17 @@ class Arena:
                 self._drop(chunk)
             self.allocs.clear()
 
-    def locate(self, name: str) -> _Chunk | None:
-        return self.chunks.get(name)
+    def live_view(self, aid: int, segment: str, offset: int, length: int) -> memoryview | None:
+        """The bytes of allocation `aid` if it is live and is `length` bytes (at most) at `offset` of `segment`;
+        None if it was freed or never was (what a transfer server may serve)."""
+        with self.lock:
+            found = self.allocs.get(aid)
+            if found is None:
+                return None
+            chunk, start, size = found
+            if chunk.name != segment or start != offset or length > size or self.chunks.get(segment) is not chunk:
+                return None
+            return chunk.view[offset : offset + length]
 
 
 def _host_usage(directory: str, prefix: str) -> int:

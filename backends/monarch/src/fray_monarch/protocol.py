@@ -106,21 +106,26 @@ class Span:
 class Stored:
     """Where a large value lives: an allocation in the shared-memory store of its owner process.
 
-    A reader on the same host maps the spans; one on another host pulls them from `address` with `token`.
-    `oid` is the object that keeps the allocation alive: a reader holds a ref to it while its mapping lives."""
+    A reader on the same host maps the spans; one on another host pulls the allocation's raw bytes from
+    `address`, proving `capability` (transfer.py). The pickle stream (`data`) rides here, in `pickle`; when too
+    large for a control message it stays in the allocation and `digest` (its SHA-256) rides here instead, checked
+    before unpickling. `oid` is the object that keeps the allocation alive: a reader holds a ref to it while its
+    mapping lives."""
 
     oid: str
     host: str  # the fray host (two fray hosts never share memory, even on one machine)
     owner: str  # the owner process's key ("driver" for the controller's own store)
-    address: str  # "ip:port" of the owner's transfer server
-    token: str
-    segment: str  # the shared-memory file under /dev/shm
+    address: str  # "ip:port" of the owner's transfer server ("": none, the context has one host)
+    capability: bytes  # the right to read this allocation from its owner (b"": no transfer server)
+    segment: str  # the store file, in this user's directory of the owner's host's /dev/shm
     offset: int  # start of the allocation in the segment (page aligned)
     length: int
     data: Span
     buffers: tuple[Span, ...]
     private: frozenset[int]
     alloc: int  # the allocation's id in the owner's store, to free it
+    pickle: bytes | None = None  # the pickle stream (None: it is too large to ride here, see digest)
+    digest: bytes = b""  # SHA-256 of the pickle stream left in the allocation (set where other hosts may read it)
     rdma: Any = None  # a Monarch RDMABuffer over the allocation, where the owner offers RDMA
 
     @property

@@ -9,6 +9,7 @@ Every read is counted by path in `stats` (fray.transfers).
 from __future__ import annotations
 
 import ctypes
+import hmac
 import logging
 import mmap
 import os
@@ -26,18 +27,21 @@ from fray_monarch.arena import Arena, _Lease, open_segment
 from fray_monarch.mappings import _maps
 from fray_monarch.protocol import Inline, Span, Stored, Value
 from fray_monarch.transfer import (
-    _REQUEST,
     IO_TIMEOUT,
     STREAM_MIN,
     STREAMS,
     TransferServer,
     _Connections,
-    _recv_exact,
-    _recv_into,
     choose_transport,
+    fetch,
+    pickle_digest,
     value_rdma_path,
     why,
 )
+
+# A pickle stream up to this size rides in the locator (a numpy array's or a tensor's is a few hundred bytes);
+# a larger one (a large value pickled in band) stays in the allocation, its digest in the locator.
+PICKLE_IN_LOCATOR = 64 * 1024
 
 log = logging.getLogger("fray_monarch")
 
@@ -69,6 +73,7 @@ class ObjectStore:
         self.pool: ThreadPoolExecutor | None = None
         # With one fray host (no hosts= spec) every read is shm: nothing to register for RDMA.
         self.rdma = choose_transport(transport) if several_hosts else None
+        self.several_hosts = several_hosts  # else no reader is on another host: no transfer server at all
         self.rdma_buffers: dict[int, Any] = {}
         self.decided: set[str] = set()
 
@@ -91,7 +96,8 @@ class ObjectStore:
         for off, n, buf in zip(offsets[1:], sizes[1:], blob.buffers, strict=True):
             view[base + off : base + off + n] = memoryview(buf).cast("B")
         spans = [Span(o, n) for o, n in zip(offsets, sizes, strict=True)]
-        server = self._server()
+        server = self._server() if self.several_hosts else None
+        in_locator = sizes[0] <= PICKLE_IN_LOCATOR
         rdma = None
         if self.rdma is not None:
             from monarch.rdma import RDMABuffer
@@ -101,8 +107,8 @@ class ObjectStore:
             oid=oid,
             host=self.host,
             owner=self.owner,
-            address=server.address,
-            token=server.token.hex(),
+            address=server.address if server is not None else "",
+            capability=server.capability(aid, chunk.name, base, total) if server is not None else b"",
             segment=chunk.name,
             offset=base,
             length=total,
@@ -110,6 +116,8 @@ class ObjectStore:
             buffers=tuple(spans[1:]),
             private=blob.private,
             alloc=aid,
+            pickle=bytes(blob.data) if in_locator else None,
+            digest=pickle_digest(blob.data) if not in_locator and self.several_hosts else b"",
             rdma=rdma,
         )
 
@@ -156,8 +164,10 @@ class ObjectStore:
             fd = open_segment(value.segment)
         except FileNotFoundError:
             raise ObjectLostError(f"object {value.oid} is lost: its store file is gone (owner process died)") from None
-        try:
-            data = os.pread(fd, value.data.length, value.offset + value.data.offset)
+        try:  # (the store file is this user's, in a private directory: its bytes are as trusted as the locator)
+            data = value.pickle
+            if data is None:
+                data = os.pread(fd, value.data.length, value.offset + value.data.offset)
         finally:
             os.close(fd)
         spans = [(value.offset + span.offset, span.length, i in value.private) for i, span in enumerate(value.buffers)]
@@ -167,17 +177,18 @@ class ObjectStore:
 
     def _pull(self, value: Stored) -> Blob:
         """Copy the whole allocation from its owner into private memory here (parallel streams when large)."""
+        if not value.address:
+            raise ObjectLostError(f"object {value.oid} is on host {value.host}, whose owner serves no reads")
         target = self._landing(value.length)
-        token = bytes.fromhex(value.token)
         if value.length >= STREAM_MIN:
             step = _align(-(-value.length // STREAMS))
             parts = [(o, min(step, value.length - o)) for o in range(0, value.length, step)]
             if self.pool is None:
                 self.pool = ThreadPoolExecutor(STREAMS, thread_name_prefix="fray-pull")
-            for fut in [self.pool.submit(self._fetch, value, token, o, n, target) for o, n in parts]:
+            for fut in [self.pool.submit(fetch, self.conns, value, o, n, target) for o, n in parts]:
                 fut.result()
         else:
-            self._fetch(value, token, 0, value.length, target)
+            fetch(self.conns, value, 0, value.length, target)
         return self._blob_of(value, target)
 
     def _landing(self, length: int) -> memoryview:
@@ -195,8 +206,14 @@ class ObjectStore:
 
     @staticmethod
     def _blob_of(value: Stored, target: memoryview) -> Blob:
-        """A value's blob over a private copy of its allocation: torch storages writable, the rest read-only."""
-        data = bytes(target[value.data.offset : value.data.offset + value.data.length])
+        """A value's blob over a private copy of its allocation: torch storages writable, the rest read-only. The
+        pickle stream is the locator's, or the copied one once it matches the locator's digest: bytes that came
+        over a network are never unpickled unchecked."""
+        data = value.pickle
+        if data is None:
+            data = bytes(target[value.data.offset : value.data.offset + value.data.length])
+            if not value.digest or not hmac.compare_digest(pickle_digest(data), value.digest):
+                raise ObjectLostError(f"object {value.oid}: its bytes from host {value.host} do not match its digest")
         buffers = []
         for i, span in enumerate(value.buffers):
             view = target[span.offset : span.offset + span.length]
@@ -211,24 +228,6 @@ class ObjectStore:
         except Exception as exc:
             raise ObjectLostError(f"object {value.oid}: RDMA read from host {value.host} failed: {exc}") from exc
         return self._blob_of(value, target)
-
-    def _fetch(self, value: Stored, token: bytes, offset: int, length: int, target: memoryview) -> None:
-        name = value.segment.encode()
-        try:
-            conn = self.conns.take(value.address)
-        except OSError as exc:
-            raise ObjectLostError(
-                f"object {value.oid} is lost: its owner ({value.owner} on host {value.host}) is unreachable: {exc}"
-            ) from exc
-        try:
-            conn.sendall(_REQUEST.pack(token, len(name), value.offset + offset, length) + name)
-            if _recv_exact(conn, 1) != b"\x01":
-                raise ObjectLostError(f"object {value.oid} is lost: its owner no longer has it")
-            _recv_into(conn, target[offset : offset + length])
-        except (OSError, ConnectionError) as exc:
-            conn.close()
-            raise ObjectLostError(f"object {value.oid}: transfer from {value.address} failed: {exc}") from exc
-        self.conns.give(value.address, conn)
 
     # ----------------------------------------------------------- lifetime
     def close(self) -> None:
