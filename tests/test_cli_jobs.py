@@ -314,6 +314,23 @@ def test_ray_no_wait_follow_and_interrupt(ray_env: dict[str, str]) -> None:
     _wait_for(lambda: not _sleeping(marker), 10, "the Ray job's processes to end")
 
 
+def test_ray_a_deleted_running_job_is_never_listed_again(ray_env: dict[str, str]) -> None:
+    """Ray's job manager wrote a job deleted while running back about 1 s later, as FAILED (issue 20)."""
+    marker = f"{uuid.uuid4().int % 10**6 + 300}"
+    job = _fray(ray_env, "job", "submit", "--backend", "ray", "--no-wait", "--", "sleep", marker).stdout.strip()
+    assert job
+    status = ["job", "status", job, "--backend", "ray", "--json"]
+    _wait_for(lambda: _json(_fray(ray_env, *status))["status"] == "RUNNING", 60, "the job to run")  # type: ignore[index]
+    deleted = _fray(ray_env, "job", "delete", job, "--backend", "ray")
+    assert deleted.returncode == 0, deleted.stderr
+    _wait_for(lambda: not _sleeping(marker), 10, "the job's processes to end")
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        listed = _json(_fray(ray_env, "job", "list", "--backend", "ray", "--json"))
+        assert job not in [info["id"] for info in listed], listed  # type: ignore[index, union-attr]
+    assert _fray(ray_env, *status).returncode == 1
+
+
 def test_ray_without_a_cluster_says_how_to_start_one(tmp_path: Path) -> None:
     pytest.importorskip("fray_ray")
     done = _fray(_env(tmp_path / "empty"), "job", "list", "--backend", "ray")

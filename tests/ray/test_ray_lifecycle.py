@@ -21,6 +21,7 @@ pytest.importorskip("fray_ray")
 from _procs import cmdline, group_and_descendants, listening
 
 import fray
+from fray.errors import JobNotFoundError
 from fray.net import is_loopback
 from fray.registry import parse_spec
 from fray_ray import RayBackend, RayClusterContext, RayJobContext, _auth, _connect, _local
@@ -244,3 +245,49 @@ def test_a_job_on_this_machine_runs_in_the_callers_directory(
     """No working_dir named: in place in the caller's directory (only a cluster elsewhere gets none uploaded)."""
     monkeypatch.chdir(tmp_path)
     assert _logs(cluster, "pwd") == f"{tmp_path}\n"
+
+
+# ---------------------------------------------------------------------------------------- delete lasts
+def _running(cluster: RayClusterContext, command: str) -> str:
+    job = cluster.create_job(command)
+    deadline = time.monotonic() + 60
+    while cluster.get_job(job).status != "RUNNING":
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.05)
+    return job
+
+
+def _never_seen_again(cluster: RayClusterContext, job: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert job not in [info.id for info in cluster.list_jobs()]
+        with pytest.raises(JobNotFoundError):
+            cluster.get_job(job)
+        time.sleep(0.1)
+
+
+def test_a_deleted_running_job_is_never_listed_again(cluster: RayClusterContext) -> None:
+    """Ray's job manager wrote the record of a job deleted while running back about 1 s later, as FAILED."""
+    job = _running(cluster, "sleep 300")
+    cluster.delete_job(job)
+    _never_seen_again(cluster, job, 4.0)
+    assert job not in [d.submission_id for d in cluster._client.list_jobs()]  # nor by Ray
+
+
+def test_a_record_ray_writes_back_after_a_delete_is_no_job(cluster: RayClusterContext) -> None:
+    """A job deleted straight through Ray's client as soon as it has stopped: Ray's job manager writes its
+    record back; fray neither lists nor finds it, and its listing deletes it."""
+    job = _running(cluster, "sleep 300")
+    cluster._client.stop_job(job)
+    while not cluster._client.get_job_status(job).is_terminal():
+        time.sleep(0.02)
+    cluster._client.delete_job(job)
+    deadline = time.monotonic() + 10
+    while job not in [d.submission_id for d in cluster._client.list_jobs()]:
+        if time.monotonic() > deadline:
+            pytest.skip("Ray's job manager saw the job end before the delete this time: nothing was written back")
+        with pytest.raises(JobNotFoundError):
+            cluster.get_job(job)
+        time.sleep(0.05)
+    _never_seen_again(cluster, job, 1.0)
+    assert job not in [d.submission_id for d in cluster._client.list_jobs()]  # fray's listing deleted it

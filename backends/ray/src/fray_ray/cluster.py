@@ -58,6 +58,24 @@ def _in_place(command: str, working_dir: str) -> str:
 
 _ENTRYPOINT_KEY = "fray_entrypoint"  # job metadata: the command as given (Ray's entrypoint has fray's wrapping)
 
+# A deleted job must stay deleted. Ray's job manager watches each job's supervisor actor in rounds of 1 s
+# (JobManager._monitor_job); the supervisor writes the job's final status, then exits. If the job's record is
+# deleted before the monitor's next round, the monitor finds no status, takes the exit for a crash and writes the
+# record back: FAILED, "Job supervisor actor died", with Ray's placeholder entrypoint and no start time. So a
+# delete waits until the monitor has seen the supervisor end (_let_ray_release), and a record written back all
+# the same (a slow monitor) is not a job: never listed or found, and deleted when seen (_is_written_back).
+_SUPERVISOR_ACTORS = "/api/v0/actors?limit=10&filter_keys=name&filter_predicates=%3D&filter_values="
+_SUPERVISOR_NAME = "_ray_internal_job_actor_{job_id}"  # Ray's JOB_ACTOR_NAME_TEMPLATE
+_MONITOR_SETTLE = 2.0  # seconds after the supervisor's end by which the monitor has seen it (rounds of 1 s)
+_SUPERVISOR_END_TIMEOUT = 30.0
+_PLACEHOLDER_ENTRYPOINT = "Entrypoint not found."  # what Ray's put_status writes into a record it does not have
+
+
+def _is_written_back(details: Any) -> bool:
+    """A record Ray's job manager wrote back after the job was deleted (see above): every job submitted has its
+    entrypoint and start time."""
+    return bool(details.entrypoint == _PLACEHOLDER_ENTRYPOINT and not details.start_time)
+
 
 def _unguarded(entrypoint: str) -> str:
     if entrypoint.startswith(_GUARD):
@@ -200,17 +218,31 @@ class RayClusterContext(ClusterContext):
 
     def _list_jobs(self) -> list[JobInfo]:
         # Ray also lists plain drivers (type DRIVER, no submission id): those are not jobs of this context.
-        jobs = [d for d in self._client.list_jobs() if d.submission_id]
+        jobs = []
+        for details in self._client.list_jobs():
+            if not details.submission_id:
+                continue
+            if _is_written_back(details):  # a deleted job's record written back: delete it again
+                try:
+                    self._client.delete_job(details.submission_id)
+                except Exception:  # listed all the same: never
+                    pass
+                continue
+            jobs.append(details)
         jobs.sort(key=lambda d: d.start_time or 0)
         return [self._info(d) for d in jobs]
 
     def _details(self, job_id: str) -> Any:
         try:
-            return self._client.get_job_info(job_id)
+            details = self._client.get_job_info(job_id)
         except RuntimeError as exc:
             if "does not exist" in str(exc) or "404" in str(exc) or "not found" in str(exc).lower():
-                raise JobNotFoundError(f"no job {job_id!r} on the Ray cluster at {self.address}") from None
-            raise
+                details = None
+            else:
+                raise
+        if details is None or _is_written_back(details):
+            raise JobNotFoundError(f"no job {job_id!r} on the Ray cluster at {self.address}")
+        return details
 
     def _get_job(self, job_id: str) -> JobInfo:
         return self._info(self._details(job_id))
@@ -223,7 +255,32 @@ class RayClusterContext(ClusterContext):
 
     def _delete_job(self, job_id: str) -> None:
         self._stop_job(job_id)  # Ray refuses to delete a job that has not ended
+        self._let_ray_release(job_id)
         self._client.delete_job(job_id)
+
+    def _let_ray_release(self, job_id: str) -> None:
+        """Wait (bounded) until Ray's job manager has seen the ended job's supervisor actor end, so that it does
+        not write the job's record back after the delete (the comment above _SUPERVISOR_ACTORS says how)."""
+        deadline = time.monotonic() + _SUPERVISOR_END_TIMEOUT
+        path = _SUPERVISOR_ACTORS + _SUPERVISOR_NAME.format(job_id=job_id)
+        seen_alive = False
+        while True:
+            try:
+                rows = self._get_json(path).get("result", {}).get("result", [])
+            except Exception:  # no state API to ask: a record written back is not listed all the same
+                return
+            if all(row.get("state") == "DEAD" for row in rows) or time.monotonic() > deadline:
+                break
+            seen_alive = True
+            time.sleep(0.1)
+        if seen_alive:
+            time.sleep(_MONITOR_SETTLE)
+            return
+        # Ended before we looked: the supervisor exits right after writing the job's end time (the cluster's
+        # clock: the wait is at most _MONITOR_SETTLE whatever the two clocks say).
+        end_time = self._details(job_id).end_time
+        if end_time:
+            time.sleep(min(_MONITOR_SETTLE, max(0.0, end_time / 1000.0 + _MONITOR_SETTLE - time.time())))
 
     def _get_job_logs(self, job_id: str) -> str:
         details = self._details(job_id)
