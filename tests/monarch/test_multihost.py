@@ -3,10 +3,13 @@ hostname, loopback and /dev/shm), sharing only the file system. The driver runs 
 host workers the test started (attach), hosts launched over ssh (an sshd in each), or a Slurm allocation
 (slurmctld in host 0, a slurmd in each of hosts 1 and 2). Each way runs every cross-host check of
 _multihost_driver.py, then the driver is SIGKILLed and nothing it started may be left on any host within 15 s.
+Hosts talk TLS with certificates from the test's own authority (FRAY_TLS_DIR, as a shared home directory would
+hold it), and plain TCP only where a test asks for it with insecure=true.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -38,8 +41,9 @@ def hosts() -> Iterator[list[Host]]:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    """The driver's environment: a state directory of the test's own (launch logs, recorded clusters)."""
-    return {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state")}
+    """The driver's environment: a state directory (launch logs, recorded clusters) and a TLS authority of the
+    test's own."""
+    return {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
 
 
 def _cmdline(pid: int) -> str:
@@ -143,15 +147,19 @@ def check_cross_host(result: dict[str, Any], hosts: list[Host]) -> None:
     assert {r[3] for r in ranks} == {master}  # MASTER_ADDR: rank 0's host address
 
 
-@pytest.fixture
-def user_workers(hosts: list[Host]) -> Iterator[str]:
+@contextlib.contextmanager
+def started_workers(hosts: list[Host], env: dict[str, str], scheme: str, *flags: str) -> Iterator[str]:
     """Host workers started by hand on hosts 1 and 2, as a user would: the spec that attaches to them."""
     workers = [
-        h.popen([PY, "-m", "fray_monarch.worker", "--address", f"tcp://{h.name}:29500"], stdout=subprocess.DEVNULL)
+        h.popen(
+            [PY, "-m", "fray_monarch.worker", "--address", f"{scheme}://{h.name}:29500", *flags],
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
         for h in hosts[1:]
     ]
     try:
-        yield f"monarch?hosts=tcp://{hosts[1].name}:29500,tcp://{hosts[2].name}:29500&procs=1"
+        yield f"monarch?hosts={scheme}://{hosts[1].name}:29500,{scheme}://{hosts[2].name}:29500&procs=1"
         assert all(w.poll() is None for w in workers)  # the user's workers outlive the drivers
     finally:
         for w in workers:
@@ -159,12 +167,21 @@ def user_workers(hosts: list[Host]) -> Iterator[str]:
             w.wait(10)
 
 
+@pytest.fixture
+def user_workers(hosts: list[Host], env: dict[str, str]) -> Iterator[str]:
+    with started_workers(hosts, env, "tls") as spec:
+        yield spec
+
+
 def _user_worker(cmdline: str) -> bool:
+    """A host worker the test started, or the watchdog that removes its TLS identity when it ends."""
+    if cmdline.split()[1:3] == ["-m", "fray.watchdog"]:
+        return _user_worker(_cmdline(int(cmdline.split()[3])))
     return "fray_monarch.worker" in cmdline
 
 
 def test_attached_hosts(hosts: list[Host], user_workers: str, env: dict[str, str], tmp_path: Path) -> None:
-    """Host workers the user started: the driver attaches over TCP and its processes end with it; the workers,
+    """Host workers the user started: the driver attaches over TLS and its processes end with it; the workers,
     being the user's, stay. 1 GiB moves from an actor on host 1 to one on host 2 without touching the driver;
     groups are packed on one host, spread evenly as one 2-D mesh (hosts x procs), unevenly as a mesh per host."""
     log = tmp_path / "driver.log"
@@ -229,12 +246,12 @@ def _in_host(host: Host, code: str, env: dict[str, str], timeout: float = 120) -
 
 
 def test_a_silent_host_is_named_with_how_long_fray_waited(hosts: list[Host], env: dict[str, str]) -> None:
-    code = f"import fray\nfray.init('monarch?hosts=tcp://{hosts[1].name}:29599&attach_timeout=3')"
+    code = f"import fray\nfray.init('monarch?hosts=tls://{hosts[1].name}:29599&attach_timeout=3')"
     out = _in_host(hosts[0], code, env)
     assert out.returncode != 0
     error = out.stderr.strip().splitlines()[-1]
     assert error.startswith("fray.errors.FrayError: attaching to 1 host(s) failed after "), error
-    assert f"tcp://{hosts[1].name}:29599: connection refused: nothing listens there" in error, error
+    assert f"tls://{hosts[1].name}:29599: connection refused: nothing listens there" in error, error
     assert "python -m fray_monarch.worker --address" in error  # and the fix
 
 
@@ -243,7 +260,7 @@ def test_a_runtime_started_on_unix_sockets_is_refused_naming_the_fix(hosts: list
     one with other machines, must fail at once saying what to do, not time out after a minute."""
     code = (
         "import time, fray\nfray.init('monarch?procs=1')\nfray.shutdown()\nstart = time.monotonic()\ntry:\n"
-        f"    fray.init('monarch?hosts=tcp://{hosts[1].name}:29599&attach_timeout=30')\n"
+        f"    fray.init('monarch?hosts=tls://{hosts[1].name}:29599&attach_timeout=30')\n"
         "except fray.FrayError as exc:\n    print('REFUSED', round(time.monotonic() - start), exc)\n"
     )
     out = _in_host(hosts[0], code, env)
@@ -318,3 +335,46 @@ def test_a_failed_ssh_launch_is_reported_at_once_with_what_ssh_said(hosts: list[
     error = out.stderr.strip()
     assert "FrayError: the hosts' launch failed:" in error, error[-2000:]
     assert f"ssh to {hosts[1].name} ended with exit code 255: ssh: connect to host {hosts[1].name} port 22" in error
+
+
+def test_a_driver_without_the_hosts_authority_cannot_attach(
+    hosts: list[Host], user_workers: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """TLS workers accept only peers with a certificate from their authority: a driver with another authority,
+    and one talking plain TCP, both fail to attach (and are told what to check), and nothing of theirs runs."""
+    stranger = {**env, "FRAY_TLS_DIR": str(tmp_path / "another-authority")}
+    code = f"import fray\nfray.init({user_workers + '&attach_timeout=8'!r})"
+    out = _in_host(hosts[0], code, stranger)
+    error = out.stderr.strip().splitlines()[-1]
+    assert out.returncode != 0 and "did not finish attaching" in error, out.stderr[-3000:]
+    assert "a certificate from another authority" in error and "~/.fray/tls" in error, error
+    plain = user_workers.replace("tls://", "tcp://") + "&insecure=true&attach_timeout=8"
+    out = _in_host(hosts[0], f"import fray\nfray.init({plain!r})", env)
+    error = out.stderr.strip().splitlines()[-1]
+    assert out.returncode != 0 and "A worker serving TLS" in error, out.stderr[-3000:]
+    assert not [c for h in hosts[1:] for c in _fray_processes(h, _user_worker)]  # no process was spawned for them
+
+
+def test_plain_tcp_to_other_machines_only_when_asked(hosts: list[Host], env: dict[str, str]) -> None:
+    """Plain TCP lets anyone who reaches a port run code: a worker refuses to serve it on a reachable address,
+    and a driver to attach over it, unless told --insecure / insecure=true; then it works."""
+    refused = hosts[1].run(
+        [PY, "-m", "fray_monarch.worker", "--address", f"tcp://{hosts[1].name}:29500"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert refused.returncode == 2 and "add --insecure on a network you trust" in refused.stderr, refused.stderr
+    with started_workers(hosts, env, "tcp", "--insecure") as spec:
+        code = f"import fray\nfray.init({spec!r})"
+        out = _in_host(hosts[0], code, env)
+        error = out.stderr.strip().splitlines()[-1]
+        assert "plain TCP to another machine" in error and "insecure=true" in error, error
+        code = (
+            f"import fray, socket\nctx = fray.init({spec + '&insecure=true'!r})\n"
+            "print('NODES', len(ctx.node_resources()), ctx.get(ctx.create_task(socket.gethostname)))"
+        )
+        out = _in_host(hosts[0], code, env)
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("NODES")), out.stderr[-3000:])
+        assert line.split()[:2] == ["NODES", "2"] and line.split()[2] in (hosts[1].name, hosts[2].name), line

@@ -1,13 +1,13 @@
 """Fray on PyTorch Monarch: `fray.init("monarch?procs=4")`.
 
 Options: procs (worker processes per host, default CPU count), cpus / gpus (per host, default CPU count / 0),
-resources ("name:qty,name:qty" custom resources per host), hosts ("tcp://h:p,tcp://h2:p2": attach to workers
-started with `python -m fray_monarch.worker --address tcp://h:p`; with job=ssh host names, with job=process a
-count), job (ssh|slurm|process|local, or a Monarch job object: hosts launched through Monarch's job API, see
-launchers.py), nodes / partition / time (job=slurm), port / python / ssh_options (launched host workers), bind
-(this machine's address the driver listens on when other machines take part), attach_timeout (seconds),
-log_to_driver (true|false, default true: what tasks and actors print reaches the driver's console as
-`(square pid=4242) ...`). Full table: docs/backends/monarch.md.
+resources ("name:qty,name:qty" custom resources per host), hosts ("tls://h:p,tls://h2:p2": attach to workers
+started with `python -m fray_monarch.worker --address tls://h:p`; with job=ssh host names, with job=process a
+count), insecure (true: plain TCP between machines instead of TLS), job (ssh|slurm|process|local, or a Monarch
+job object: hosts launched through Monarch's job API, see launchers.py), nodes / partition / time (job=slurm),
+port / python / ssh_options (launched host workers), bind (this machine's address the driver listens on when
+other machines take part), attach_timeout (seconds), log_to_driver (true|false, default true: what tasks and
+actors print reaches the driver's console as `(square pid=4242) ...`). Full table: docs/backends/monarch.md.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from fray import procfs, watchdog
+from fray_monarch import tls  # imports no Monarch
+from fray_monarch.arena import _proc_tag  # imports no Monarch
+
 # Defaults only: a user who sets these keeps their value.
 os.environ.setdefault("MONARCH_FILE_LOG", "error")  # the internal log file otherwise grows forever
 os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "200ms")  # crash detection in ~0.2 s, not 10 s
@@ -23,10 +27,9 @@ os.environ.setdefault("RUST_LOG", "error")
 # reported: seen as a rare 30 s crash detection. 5 s bounds that race and is far above any live process's reply.
 os.environ.setdefault("HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE", "5s")
 
-import monarch.actor as _monarch_actor
+tls.runtime_paths()  # Monarch reads its TLS variables once, at import: they name files written when TLS is used
 
-from fray import procfs, watchdog
-from fray_monarch.arena import _proc_tag
+import monarch.actor as _monarch_actor  # noqa: E402
 
 log = logging.getLogger("fray_monarch")
 
@@ -64,10 +67,11 @@ def _own_address_transport() -> None:
 
     from monarch._rust_bindings.monarch_hyperactor.config import configure, get_global_config
 
-    spec = str(get_global_config().get("default_transport", ""))  # "tcp:10.0.0.1:0", "tcp(Hostname)", "unix"...
-    if not spec.startswith("tcp:"):
+    spec = str(get_global_config().get("default_transport", ""))  # "tcp:10.0.0.1:0", "tls:10.0.0.1:0", "unix"...
+    scheme = spec.split(":", 1)[0]
+    if scheme not in ("tcp", "tls") or ":" not in spec:
         return
-    host = spec[len("tcp:") :].rsplit(":", 1)[0].strip("[]")
+    host = spec[len(scheme) + 1 :].rsplit(":", 1)[0].strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         try:
@@ -80,7 +84,7 @@ def _own_address_transport() -> None:
         except OSError:
             return
         own = probe.getsockname()[0]
-    configure(default_transport=f"tcp://[{own}]:0" if family == socket.AF_INET6 else f"tcp://{own}:0")
+    configure(default_transport=f"{scheme}://[{own}]:0" if family == socket.AF_INET6 else f"{scheme}://{own}:0")
 
 
 _own_address_transport()

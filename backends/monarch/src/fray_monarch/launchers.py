@@ -1,7 +1,7 @@
 """Where a monarch context's hosts come from, and who ends them.
 
 - this machine (the default, or `job=local`);
-- host workers the user started (`hosts=tcp://h:p,...`): attached to, never ended by fray (like Ray's worker
+- host workers the user started (`hosts=tls://h:p,...`): attached to, never ended by fray (like Ray's worker
   nodes, they are the user's); the processes fray starts on them end with the context;
 - hosts launched through Monarch's own job API: `job=ssh&hosts=h2,h3` (SSHJob), `job=slurm&nodes=2` (SlurmJob),
   `job=process&hosts=2` (ProcessJob, one machine), or any Monarch job object (`fray.init("monarch", job=job)`);
@@ -10,12 +10,15 @@
   neither hosts= nor job=; `job=local` keeps to this machine).
 
 Launching needs no Monarch runtime; attaching does, and it must come after the transport is chosen (network.py).
+Hosts on other machines talk TLS (tls.py) unless the spec says `insecure=true`: plain TCP lets anyone who can
+reach a worker's port run code as its user, so fray asks for that acknowledgement before using it.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,13 +26,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch._src.job.job import LoginJob, ProcessState, SSHJob
-from monarch._src.job.service_identity import service_proc_addr, service_proc_addrs
+from monarch._src.job.service_identity import (
+    SERVICE_PROC_IDS_ENV,
+    serialize_service_proc_ids,
+    service_proc_addr,
+    service_proc_addrs,
+)
 from monarch.job import JobTrait, ProcessJob, SlurmJob
 
 from fray import watchdog
 from fray.errors import FrayError
 from fray.state import state_dir
-from fray_monarch.network import host_of, is_loopback
+from fray_monarch import tls
+from fray_monarch.network import host_of, is_loopback, scheme_of
 
 __all__ = ["FraySSHJob", "FraySlurmJob", "HostSet", "launch"]
 
@@ -48,6 +57,7 @@ class HostSet:
     local: bool = True  # every host is this machine (no TCP needed to reach them)
     job: JobTrait | None = None  # a Monarch job object whose state() gives the host mesh (no addresses then)
     explain: Callable[[], str] = lambda: ""  # what the launch printed, for an error that it did not come up
+    secure: bool = True  # TLS between the machines (False: plain TCP, asked for with insecure=true)
 
 
 class FraySSHJob(SSHJob):  # type: ignore[misc]  # Monarch is untyped
@@ -55,18 +65,25 @@ class FraySSHJob(SSHJob):  # type: ignore[misc]  # Monarch is untyped
     driver holds the other end of that stdin, so hosts it launched go with it however it ends (Monarch's own
     `ssh -n` leaves the remote worker running when the client dies)."""
 
-    def __init__(self, hosts: list[str], python_exe: str, ssh_args: tuple[str, ...], port: int, log_dir: str) -> None:
+    def __init__(
+        self, hosts: list[str], python_exe: str, ssh_args: tuple[str, ...], port: int, log_dir: str, secure: bool
+    ) -> None:
         LoginJob.__init__(self)  # not SSHJob's: it fixes Monarch's transport to the host name; fray chooses it
         self._python_exe, self._ssh_args, self._port = python_exe, tuple(ssh_args), port
-        self._transport, self._scheme = "tcp", "tcp"
+        self._transport = self._scheme = "tls" if secure else "tcp"
         self._service_proc_ids_by_host: dict[str, Any] = {}
         self._log_dir = log_dir
         self._clients: list[subprocess.Popen[bytes]] = []
         self.add_mesh("hosts", list(hosts))
 
     def _start_host(self, host: str) -> ProcessState:
-        address = service_proc_addr(f"tcp://{host}:{self._port}", self._service_proc_ids_by_host[host])
+        address = service_proc_addr(f"{self._scheme}://{host}:{self._port}", self._service_proc_ids_by_host[host])
         remote = [self._python_exe, "-m", "fray_monarch.worker", "--address", address, "--end-with-stdin"]
+        if self._scheme == "tls":  # the host's identity, issued here, is the first line its worker reads
+            remote.append("--identity-from-stdin")
+            identity = tls.issue([host, *_addresses_of(host)])
+        else:
+            remote.append("--insecure")
         with open(self._log(host), "wb", opener=_private_opener) as out:
             client = subprocess.Popen(
                 ["ssh", *SSH_OPTIONS, *self._ssh_args, host, shlex.join(remote)],
@@ -77,6 +94,12 @@ class FraySSHJob(SSHJob):  # type: ignore[misc]  # Monarch is untyped
             )
         watchdog.watch_group(client.pid)
         self._clients.append(client)
+        if self._scheme == "tls" and client.stdin is not None:
+            try:
+                client.stdin.write(identity.to_json().encode() + b"\n")
+                client.stdin.flush()
+            except BrokenPipeError:
+                pass  # ssh ended already: explain() tells how
         return ProcessState(client.pid, address)
 
     def addresses(self) -> list[str]:
@@ -112,10 +135,41 @@ class FraySSHJob(SSHJob):  # type: ignore[misc]  # Monarch is untyped
 
 
 class FraySlurmJob(SlurmJob):  # type: ignore[misc]
-    """Monarch's SlurmJob, reading its own job from squeue in the shape it expects. Slurm 22.05 (OpenAPI v0.0.38)
-    differs from what SlurmJob reads in two ways: `squeue --job ID --json` lists every job, oldest first (SlurmJob
-    reads the first, so it took someone else's old job for its own), and a job's nodes are a string with
-    `allocated_nodes[].nodename` beside it, not `nodes.allocation[].name`."""
+    """Monarch's SlurmJob with fray's host worker (TLS by default: Monarch's own serves plain TCP), reading its own
+    job from squeue in the shape it expects. Slurm 22.05 (OpenAPI v0.0.38) differs from what SlurmJob reads in two
+    ways: `squeue --job ID --json` lists every job, oldest first (SlurmJob reads the first, so it took someone
+    else's old job for its own), and a job's nodes are a string with `allocated_nodes[].nodename` beside it, not
+    `nodes.allocation[].name`."""
+
+    _scheme = "tls"  # or "tcp" (insecure=true): set after construction
+
+    def _submit_slurm_job(self, num_nodes: int, client_script: str | None = None) -> str:
+        """The allocation, running fray's host worker on every node; its job id. The nodes share the home
+        directory, and with it the user's TLS authority (each worker issues its own identity from it)."""
+        if client_script is not None:
+            raise FrayError("fray attaches to Slurm hosts from its driver: Monarch's batch mode is not used")
+        self._ensure_service_proc_ids(num_nodes)
+        name = f"{self._job_name}_{os.getpid()}"
+        output = os.path.join(self._log_dir, f"slurm_%j_{name}")
+        script = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={name}",
+            f"#SBATCH --ntasks-per-node={self._ntasks_per_node}",
+            f"#SBATCH --nodes={num_nodes}",
+            f"#SBATCH --output={output}.out",
+            f"#SBATCH --error={output}.err",
+            *([f"#SBATCH --time={self._time_limit}"] if self._time_limit else []),
+            *([f"#SBATCH --partition={self._partition}"] if self._partition else []),
+            f"export {SERVICE_PROC_IDS_ENV}={shlex.quote(serialize_service_proc_ids(self._service_proc_ids))}",
+            "srun "
+            + shlex.join([self._python_exe, "-m", "fray_monarch.worker", "--slurm", f"{self._scheme}:{self._port}"])
+            + ("" if self._scheme == "tls" else " --insecure"),
+        ]
+        done = subprocess.run(["sbatch"], input="\n".join(script) + "\n", capture_output=True, text=True)
+        words = done.stdout.split()
+        if done.returncode != 0 or "Submitted batch job" not in done.stdout:
+            raise FrayError(f"sbatch failed (exit code {done.returncode}): {done.stderr.strip() or done.stdout}")
+        return words[words.index("job") + 1]
 
     def _get_job_info_json(self, job_id: str) -> dict[str, Any] | None:
         import json
@@ -138,7 +192,7 @@ class FraySlurmJob(SlurmJob):  # type: ignore[misc]
         return [str(name) for name in getattr(self, "_all_hostnames", [])]
 
     def addresses(self, timeout: float) -> list[str]:
-        workers = [f"tcp://{name}:{self._port}" for name in self.hostnames(timeout)]
+        workers = [f"{self._scheme}://{name}:{self._port}" for name in self.hostnames(timeout)]
         return [str(a) for a in service_proc_addrs(workers, self._service_proc_ids)]
 
 
@@ -152,6 +206,14 @@ def _newer_shape(job: dict[str, Any]) -> dict[str, Any]:
         names = names or [n for n in resources["nodes"].split(",") if n]
         job["job_resources"] = {**resources, "nodes": {"allocation": [{"name": n} for n in names]}}
     return job
+
+
+def _addresses_of(host: str) -> list[str]:
+    """The addresses `host` resolves to here (its certificate names them too: a peer may dial one of them)."""
+    try:
+        return list(dict.fromkeys(str(i[4][0]) for i in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)))
+    except OSError:
+        return []
 
 
 def _tail(path: str, size: int = 600) -> str:
@@ -189,14 +251,15 @@ def _release(job: JobTrait, forget: Callable[[], None]) -> Callable[[], None]:
 
 def _ssh(opts: dict[str, Any]) -> HostSet:
     names = opts.get("hosts")
-    if not names or not isinstance(names, list) or any(n.startswith("tcp://") for n in names):
+    if not names or not isinstance(names, list) or any("://" in n for n in names):
         raise ValueError("job=ssh takes hosts=NAME,NAME (the machines to log in to), e.g. job=ssh&hosts=h2,h3")
     python = str(opts.get("python", sys.executable))
-    job = FraySSHJob(
-        names, python, tuple(shlex.split(opts.get("ssh_options", ""))), opts.get("port", DEFAULT_PORT), _log_dir("ssh")
-    )
+    secure = not opts.get("insecure", False)
+    ssh_args = tuple(shlex.split(opts.get("ssh_options", "")))
+    job = FraySSHJob(names, python, ssh_args, opts.get("port", DEFAULT_PORT), _log_dir("ssh"), secure)
     job.apply()
-    return HostSet(job.addresses(), names, "ssh", _release(job, lambda: None), local=False, explain=job.explain)
+    release = _release(job, lambda: None)
+    return HostSet(job.addresses(), names, "ssh", release, local=False, explain=job.explain, secure=secure)
 
 
 def _slurm(opts: dict[str, Any], timeout: float) -> HostSet:
@@ -211,6 +274,10 @@ def _slurm(opts: dict[str, Any], timeout: float) -> HostSet:
         log_dir=_log_dir("slurm"),
         job_start_timeout=int(timeout),
     )
+    secure = not opts.get("insecure", False)
+    job._scheme = "tls" if secure else "tcp"
+    if secure:
+        tls.authority()  # made here if there is none, before the nodes look for it in the shared home directory
     job.apply()
     job_id = str(job._slurm_job_id)
     cancel = ["scancel", job_id]
@@ -227,6 +294,7 @@ def _slurm(opts: dict[str, Any], timeout: float) -> HostSet:
         f"slurm job {job_id}",
         _release(job, lambda: watchdog.forget_command(cancel)),
         local=False,
+        secure=secure,
     )
 
 
@@ -256,7 +324,7 @@ def _job_object(job: Any) -> HostSet:
     if not job.active:
         job.apply()
         release = job.kill
-    return HostSet([], [], type(job).__name__, release, local=False, job=job)
+    return HostSet([], [], type(job).__name__, release, local=False, job=job, secure=False)  # the job's transport
 
 
 def _recorded() -> HostSet | None:
@@ -268,7 +336,32 @@ def _recorded() -> HostSet | None:
     if record is None or not record["running"] or not record.get("hosts"):
         return None
     holder = f"the cluster `fray cluster start` started (pid {record['pid']}, {record.get('holder')})"
-    return HostSet(list(record["hosts"]), list(record["names"]), holder, None, local=bool(record.get("local")))
+    hosts = list(record["hosts"])
+    secure = any(scheme_of(a) == "tls" for a in hosts)
+    return HostSet(hosts, list(record["names"]), holder, None, local=bool(record.get("local")), secure=secure)
+
+
+def _started_by_user(hosts: Any, insecure: bool) -> HostSet:
+    """Host workers the user started: all over TLS, or all over TCP (to another machine: only with insecure)."""
+    if not isinstance(hosts, list) or not all(h.startswith(("tls://", "tcp://")) for h in hosts):
+        raise ValueError(
+            "hosts= takes the addresses of host workers you started (tls://HOST:PORT,...); to launch hosts, "
+            "add job=ssh (host names), job=slurm (nodes=N) or job=process (hosts=N)"
+        )
+    schemes = {scheme_of(a) for a in hosts}
+    if len(schemes) > 1:
+        raise ValueError("hosts= mixes tls:// and tcp:// workers: a context talks one of them to all its hosts")
+    names = [host_of(a)[0] for a in hosts]
+    local = all(is_loopback(n) for n in names)
+    if schemes == {"tcp"} and not local and not insecure:
+        remote = ", ".join(a for a, n in zip(hosts, names, strict=True) if not is_loopback(n))
+        raise ValueError(
+            f"plain TCP to another machine ({remote}) is unauthenticated and unencrypted: anyone who can reach "
+            "that port (or this driver's) can run code as its user and read every value sent. Use tls:// workers "
+            "(`python -m fray_monarch.worker --address tls://HOST:PORT`, with this user's TLS authority there), "
+            "or add insecure=true to accept that on a network you trust"
+        )
+    return HostSet(list(hosts), names, "started by you", None, local=local, secure=schemes == {"tls"})
 
 
 def launch(opts: dict[str, Any], timeout: float) -> HostSet:
@@ -282,13 +375,7 @@ def launch(opts: dict[str, Any], timeout: float) -> HostSet:
             raise ValueError("job=local runs on this machine only: it takes no hosts=")
         if not hosts:
             return HostSet()
-        if not isinstance(hosts, list) or not all(h.startswith("tcp://") for h in hosts):
-            raise ValueError(
-                "hosts= takes the addresses of host workers you started (tcp://HOST:PORT,...); to launch hosts, "
-                "add job=ssh (host names), job=slurm (nodes=N) or job=process (hosts=N)"
-            )
-        names = [host_of(a)[0] for a in hosts]
-        return HostSet(list(hosts), names, "started by you", None, local=all(is_loopback(n) for n in names))
+        return _started_by_user(hosts, bool(opts.get("insecure", False)))
     if job == "ssh":
         return _ssh(opts)
     if job == "slurm":

@@ -3,8 +3,9 @@
 A Monarch client listens on a Unix socket unless told otherwise before its runtime starts, and no other machine
 can reach a Unix socket: an attach to workers on another machine then times out after a minute with nothing
 said. Host workers on 127.0.0.1 of the same machine hide this (a Unix socket is reachable there). So whenever
-processes on other machines take part (`hosts=`, `job=`), fray sets TCP first, bound to one address of this
-machine, the one that routes to the hosts (or `bind=`), never to every interface.
+processes on other machines take part (`hosts=`, `job=`), fray sets a network transport first, bound to one
+address of this machine, the one that routes to the hosts (or `bind=`), never to every interface: TLS (tls.py)
+unless the spec says `insecure=true`, then plain TCP.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from fray.errors import FrayError
 from fray.net import is_loopback
+from fray_monarch import tls
 
 __all__ = [
     "attach",
@@ -25,21 +27,22 @@ __all__ = [
     "resolve",
     "route_address",
     "transport_started",
-    "use_tcp",
+    "use_network",
 ]
 
 PROBE_TIMEOUT = 3.0  # seconds a connect to a silent host worker is given when telling why an attach failed
 
 
 def host_of(address: str) -> tuple[str, int]:
-    """("host", port) of a worker address: `tcp://host:port`, `tcp://[v6]:port`, or Monarch's `id@tcp://...`."""
+    """("host", port) of a worker address: `tls://host:port`, `tcp://[v6]:port`, or Monarch's `id@tls://...`."""
     tail = address.rsplit("@", 1)[-1]
     if "://" not in tail:
-        raise ValueError(f"a host worker address looks like tcp://HOST:PORT, got {address!r}")
+        raise ValueError(f"a host worker address looks like tls://HOST:PORT (or tcp://), got {address!r}")
     scheme, _, rest = tail.partition("://")
     host, sep, port = rest.rpartition(":")
-    if scheme not in ("tcp", "ipc") or (scheme == "tcp" and (not sep or not port.isdigit() or not host)):
-        raise ValueError(f"a host worker address looks like tcp://HOST:PORT, got {address!r}")
+    network = scheme in ("tcp", "tls")
+    if scheme not in ("tcp", "tls", "ipc") or (network and (not sep or not port.isdigit() or not host)):
+        raise ValueError(f"a host worker address looks like tls://HOST:PORT (or tcp://), got {address!r}")
     return host.strip("[]"), int(port) if port.isdigit() else 0
 
 
@@ -85,15 +88,26 @@ def transport_started() -> bool:
     return _monarch_transport()[0]
 
 
-def use_tcp(bind: str) -> str:
-    """Make this process's Monarch transport TCP on `bind` (a port the kernel picks), before its runtime starts.
-    Returns the transport in use: a TCP transport enabled earlier (by the user, or a Monarch job object) is kept.
-    Raises FrayError if the runtime already started on Unix sockets: Monarch fixes a process's transport for its
-    whole life."""
+def scheme_of(address: str) -> str:
+    """ "tls", "tcp" or "ipc": the channel of a worker address (Monarch's `id@` prefix aside)."""
+    return address.rsplit("@", 1)[-1].partition("://")[0]
+
+
+def use_network(bind: str, secure: bool) -> str:
+    """Make this process's Monarch transport TLS (secure, with an identity for `bind` and this machine's names
+    from the user's authority) or TCP on `bind` (a port the kernel picks), before its runtime starts. Returns
+    the transport in use: a network transport enabled earlier (by the user, or a Monarch job object) is kept.
+    Raises FrayError if the runtime already started on Unix sockets (Monarch fixes a process's transport for its
+    whole life), or started on TCP where TLS is asked for."""
     from monarch.actor import enable_transport
 
     started, current = _monarch_transport()
-    if current is not None and current.startswith(("tcp", "Tcp", "metatls", "tls")):
+    if current is not None and current.startswith(("tcp", "Tcp", "metatls", "tls", "Tls")):
+        if secure and current.lower().startswith("tcp"):
+            raise FrayError(
+                f"this process's Monarch transport is plain TCP ({current}) and cannot change: hosts over TLS need "
+                "a new process, or insecure=true with workers started with --insecure (on a trusted network)"
+            )
         return current
     if started:
         raise FrayError(
@@ -103,7 +117,10 @@ def use_tcp(bind: str) -> str:
             "or make this program's first Monarch use a multi-host one: fray.init with hosts= or job= (or bind=ADDR "
             'on a local context), or monarch.actor.enable_transport("tcp") before anything else uses Monarch.'
         )
-    spec = f"tcp://[{bind}]:0" if ":" in bind else f"tcp://{bind}:0"
+    scheme = "tls" if secure else "tcp"
+    if secure:
+        tls.install(tls.issue(tls.own_names(bind)))
+    spec = f"{scheme}://[{bind}]:0" if ":" in bind else f"{scheme}://{bind}:0"
     enable_transport(spec)
     return spec
 
@@ -111,7 +128,7 @@ def use_tcp(bind: str) -> str:
 def _why_silent(address: str) -> str | None:
     """Why nothing answers at a host worker's address, or None if something accepts connections there."""
     host, port = host_of(address)
-    if address.rsplit("@", 1)[-1].startswith("ipc://"):
+    if scheme_of(address) == "ipc":
         return None
     try:
         ip = resolve(host)
@@ -166,10 +183,18 @@ def attach(
                 "correct the address."
             ) from exc
         where = f"this driver's address {bind}" if bind else "this driver"
+        secure = any(scheme_of(a) == "tls" for a in addresses)
+        mismatch = (
+            f" Over TLS, a worker with a certificate from another authority (each host's {tls.TLS_DIR_ENV} or "
+            "~/.fray/tls must hold the same one: copy the driver's) or a worker serving plain TCP (started "
+            "with --insecure) looks the same: its log says which."
+            if secure
+            else " A worker serving TLS (started without --insecure) looks the same: attach with tls://."
+        )
         raise FrayError(
             f"attaching to the host workers at {', '.join(addresses)} failed after {waited:.0f} s: they accept "
             f"connections but did not finish attaching ({type(exc).__name__}: {exc}). Monarch's hosts connect back "
             f"to {where}: check that they can reach it (a firewall, or the wrong interface on a machine with "
-            "several: set bind=ADDRESS to one they can reach)."
+            f"several: set bind=ADDRESS to one they can reach).{mismatch}"
         ) from exc
     return mesh

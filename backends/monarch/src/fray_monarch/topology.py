@@ -32,13 +32,13 @@ ATTACH_TIMEOUT = 60.0  # seconds to wait for every host worker to answer (attach
 
 
 def _hosts(raw: str) -> list[str] | int:
-    """hosts=: worker addresses (tcp://h:p,...) or host names (job=ssh), or a count (job=process)."""
+    """hosts=: worker addresses (tls://h:p,...) or host names (job=ssh), or a count (job=process)."""
     raw = raw.strip()
     if raw.isdigit():
         return positive_int(raw)
     names = [h.strip() for h in raw.split(",") if h.strip()]
     if not names:
-        raise ValueError("give host worker addresses (tcp://HOST:PORT,...), host names, or a count")
+        raise ValueError("give host worker addresses (tls://HOST:PORT,...), host names, or a count")
     return names
 
 
@@ -70,6 +70,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "python": str,
     "ssh_options": str,
     "bind": ip_address,
+    "insecure": flag,
     "attach_timeout": seconds,
     "mesh": str,
 }
@@ -124,11 +125,13 @@ def topology(options: dict[str, Any]) -> Topology:
     hostset = launch(opts, timeout)  # launches hosts if asked (no Monarch runtime needed for that)
     try:
         bind: str | None = opts.get("bind")
-        if not hostset.local:  # other machines take part: TCP, before anything starts Monarch's runtime
-            bind = bind or network.route_address(hostset.names) or network.resolve(socket.gethostname())
-            network.use_tcp(bind)
+        tls_workers = any(network.scheme_of(a) == "tls" for a in hostset.addresses)  # even on this machine
+        if not hostset.local or tls_workers:  # other machines take part: TLS or TCP, before Monarch's runtime starts
+            here = "127.0.0.1" if hostset.local else network.resolve(socket.gethostname())
+            bind = bind or network.route_address(hostset.names) or here
+            network.use_network(bind, hostset.secure)
         elif bind is not None:
-            network.use_tcp(bind)
+            network.use_network(bind, not opts.get("insecure", False) and not network.is_loopback(bind))
         _runtime.private_dir()  # starts Monarch's runtime: its socket directory goes in there
         if hostset.job is not None:
             mesh = _job_mesh(hostset.job, opts.get("mesh"))

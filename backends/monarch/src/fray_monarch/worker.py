@@ -1,10 +1,12 @@
-"""Start a Monarch host worker that a fray context can attach to (`monarch?hosts=tcp://HOST:PORT,...`).
+"""Start a Monarch host worker that a fray context can attach to (`monarch?hosts=tls://HOST:PORT,...`).
 
-    python -m fray_monarch.worker --address tcp://127.0.0.1:29500
+    python -m fray_monarch.worker --address tls://10.0.0.2:29500
 
-SECURITY: Monarch 0.7 has no TLS for this path (`ca="trust_all_connections"`): anyone who can connect to the
-address can run arbitrary code as this user. The worker binds only to the address given; use loopback or a
-trusted private network, never a public interface.
+Over TLS (the default) the worker and every driver present certificates from the user's own authority (tls.py:
+~/.fray/tls or FRAY_TLS_DIR, made on first use; every host needs the same one), and nothing without one can
+attach. `--address tcp://HOST:PORT --insecure` serves plain TCP instead: anyone who can connect to the address
+can then run arbitrary code as this user. The worker binds only to the address given, never to every interface
+unless told so.
 """
 
 from __future__ import annotations
@@ -12,29 +14,49 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 
+from fray.errors import FrayError
 from fray.procfs import children_of
-from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
+from fray_monarch import _runtime, tls  # noqa: F401 - environment and fault hook before Monarch starts
+from fray_monarch.network import host_of, is_loopback, scheme_of
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fray_monarch.worker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--address", required=True, help="tcp://HOST:PORT to listen on (e.g. tcp://127.0.0.1:29500)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--address", help="tls://HOST:PORT to listen on (or tcp://HOST:PORT with --insecure)")
+    where.add_argument("--slurm", metavar="SCHEME:PORT", help=argparse.SUPPRESS)  # launchers.FraySlurmJob's srun
+    parser.add_argument("--insecure", action="store_true", help="allow plain TCP on an address other machines reach")
+    parser.add_argument("--identity-from-stdin", action="store_true", help=argparse.SUPPRESS)  # FraySSHJob sends it
     parser.add_argument(
         "--end-with-stdin",
         action="store_true",
         help="exit when standard input ends (how a host launched over ssh ends with the driver that launched it)",
     )
     args = parser.parse_args(argv)
-    address: str = args.address
-    channel = address.rsplit("@", 1)[-1]  # Monarch's launchers prefix the host's service identity: ID@tcp://...
-    if not channel.startswith("tcp://"):
-        parser.error("--address must look like tcp://HOST:PORT")
-    host = channel[len("tcp://") :].rsplit(":", 1)[0]
-    if host in ("*", "0.0.0.0", "[::]", "::"):
+    address: str = args.address or _slurm_address(args.slurm)
+    try:
+        host = host_of(address)[0]
+    except ValueError as exc:
+        parser.error(str(exc))
+    scheme = scheme_of(address)
+    if scheme == "ipc":
+        parser.error("--address takes tls://HOST:PORT or tcp://HOST:PORT")
+    if scheme == "tcp" and not is_loopback(host) and not args.insecure:
+        parser.error(
+            f"{address} is plain TCP on an address other machines reach: anyone who can connect could run code as "
+            "this user. Use tls://, or add --insecure on a network you trust"
+        )
+    try:
+        if scheme == "tls":
+            tls.install(_identity(host, args.identity_from_stdin))
+    except FrayError as exc:
+        parser.error(str(exc))
+    if host in ("*", "0.0.0.0", "[::]", "::") and scheme == "tcp":
         print(
             f"fray_monarch.worker: WARNING: {address} accepts unauthenticated connections that run code on "
             "every interface",
@@ -46,8 +68,42 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_end_with_stdin, name="fray-worker-stdin", daemon=True).start()
 
     print(f"fray_monarch.worker: serving on {address}", flush=True)
-    run_worker_loop_forever(address=address, ca="trust_all_connections")
+    run_worker_loop_forever(address=address, ca="trust_all_connections")  # the only value Monarch 0.7 takes
     return 0
+
+
+def _slurm_address(spec: str) -> str:
+    """`SCHEME://<this node's name>:PORT`, behind the service identity of this node's rank (SLURM_NODEID)."""
+    from monarch._src.job.service_identity import ranked_service_proc_id_from_env, service_proc_addr
+
+    scheme, _, port = spec.partition(":")
+    return str(
+        service_proc_addr(
+            f"{scheme}://{socket.gethostname()}:{port}", ranked_service_proc_id_from_env(rank_env="SLURM_NODEID")
+        )
+    )
+
+
+def _identity(host: str, from_stdin: bool) -> tls.Identity:
+    """This worker's TLS identity: the line its launcher sent first on stdin, or issued here by the user's
+    authority (made if this machine has none: then the drivers and other hosts need a copy of it)."""
+    if from_stdin:
+        line = bytearray()
+        while not line.endswith(b"\n"):  # byte by byte: what follows on stdin is _end_with_stdin's
+            chunk = os.read(0, 1)
+            if not chunk:
+                raise FrayError("standard input ended before the TLS identity the launcher sends")
+            line += chunk
+        return tls.Identity.from_json(line.decode())
+    made = not (tls.tls_dir() / tls.CA_CERT).exists()
+    identity = tls.issue(tls.own_names(host))
+    if made:
+        print(
+            f"fray_monarch.worker: made a new TLS authority in {tls.tls_dir()}: drivers and other hosts need the "
+            "same one (copy that directory, 0700, to them)",
+            file=sys.stderr,
+        )
+    return identity
 
 
 def _end_with_stdin() -> None:
