@@ -127,6 +127,7 @@ class MonarchClusterContext(ClusterContext):
         self._hostset = hostset
         # On this host, the job runners' TMPDIR (Monarch's socket directories) and the jobs' logs are in a
         # directory of this context, removed at shutdown or with the driver's private directory by the watchdog.
+        _runtime.hold_private_dir()  # until shutdown
         self._tmpdir = None if remote else _runtime.context_dir()
         self._lifeline = LifelineServer(driver_bind) if remote else None
         lifeline = None if self._lifeline is None else (self._lifeline.address, self._lifeline.token)
@@ -233,3 +234,4 @@ class MonarchClusterContext(ClusterContext):
             self._release()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
+        _runtime.let_go_private_dir()

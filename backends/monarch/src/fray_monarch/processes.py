@@ -97,6 +97,7 @@ class ProcessPool:
             self.sys_path.insert(0, os.getcwd())
         # The TMPDIR of the processes spawned on this host (Monarch's socket directories, the tasks' temp files):
         # removed at shutdown, or with the driver's private directory by the watchdog.
+        _runtime.hold_private_dir()  # until remove_tmpdir
         self.tmpdir = _runtime.context_dir() if stores.host_ids == ("local",) else None
         # processes on other hosts end with this driver (the watchdog cannot reach them): see lifeline.py
         self.lifeline = LifelineServer(stores.driver_bind) if stores.host_ids != ("local",) else None
@@ -278,6 +279,7 @@ class ProcessPool:
     def remove_tmpdir(self) -> None:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+        _runtime.let_go_private_dir()
 
 
 def ignore(_value: Any, _exc: BaseException | None) -> None:

@@ -44,6 +44,8 @@ MONARCH_SPAWNED_ENV = "HYPERACTOR_MESH_BOOTSTRAP_MODE"  # set by Monarch in the 
 CA_CERT, CA_KEY = "ca.pem", "ca-key.pem"
 CA_DAYS, IDENTITY_DAYS = 3650, 365
 
+_installed: Identity | None = None  # this process's identity, once written
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -102,12 +104,34 @@ def install(identity: Identity) -> None:
             f"{ENV_CA}, {ENV_CERT} and {ENV_KEY} are set in the environment: fray uses those files for TLS and "
             "does not replace them (unset them to let fray issue this process's identity)"
         )
+    global _installed
     if owner != str(os.getpid()) or os.path.exists(os.environ[ENV_CERT]):
         return  # the parent's (a process Monarch spawned), or written by this process before
     os.mkdir(base, 0o700)
     watchdog.watch_path(base)
     for name, text in ((ENV_CA, identity.ca), (ENV_CERT, identity.cert), (ENV_KEY, identity.key)):
         _write_private(Path(os.environ[name]), text.encode())
+    _installed = identity
+
+
+def let_go() -> None:
+    """No context of this process uses TLS now: its files go (restore() writes them again for the next one,
+    before Monarch's runtime, which keeps its TLS transport, opens a channel)."""
+    from fray import watchdog
+
+    owner, _, base = os.environ.get(OWNED_ENV, "").partition(":")
+    if _installed is None or owner != str(os.getpid()) or not os.path.isdir(base):
+        return
+    for name in (ENV_CA, ENV_CERT, ENV_KEY):
+        Path(os.environ[name]).unlink(missing_ok=True)
+    os.rmdir(base)
+    watchdog.forget_path(base)
+
+
+def restore() -> None:
+    """The identity let go of, written again."""
+    if _installed is not None:
+        install(_installed)
 
 
 def authority(create: bool = True) -> tuple[bytes, bytes]:

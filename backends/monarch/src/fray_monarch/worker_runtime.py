@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import stat
 import sys
 import threading
 import time
@@ -31,15 +32,24 @@ REPLY_MARGIN = 30.0  # a coordinator reply may take this long past the caller's 
 Report = TaskResult | StreamItem
 
 
+def _open_private_log(path: str) -> int:
+    """The log file in the driver's private directory, for appending; /dev/null where that directory is not a
+    private one of this user's (another host, where the same path may be anyone's) or the file is a symlink."""
+    try:
+        info = os.lstat(os.path.dirname(path))
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        pass
+    return os.open(os.devnull, os.O_WRONLY)
+
+
 def _route_output(log_file: str | None) -> None:
     """Once per worker process. Its output goes to the driver's console (the fds it inherited), line-buffered so
     lines arrive as printed; with log_to_driver=false, fds 1 and 2 go to the context's log file instead (on a
     host where the driver's directory does not exist, nowhere)."""
     if log_file is not None:
-        try:
-            fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        except OSError:
-            fd = os.open(os.devnull, os.O_WRONLY)
+        fd = _open_private_log(log_file)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
