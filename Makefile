@@ -35,12 +35,14 @@ system-packages:
 	  fi; \
 	else echo "make: not root or no apt-get: tests needing $(SYSTEM_PACKAGES) will skip, naming why"; fi
 
-test: install-all system-packages
+# The lint gate runs first: ruff (rules and format) and mypy --strict (pyproject.toml) on all three distributions.
+test: lint system-packages
 	$(PY) -m pytest tests
 
 lint: install-all
 	$(VENV)/bin/ruff check lib backends tests examples benchmarks
-	$(VENV)/bin/mypy lib/fray/src
+	$(VENV)/bin/ruff format --check lib backends tests examples benchmarks
+	$(VENV)/bin/mypy lib/fray/src backends/ray/src backends/monarch/src
 
 # The user documentation and the API reference (from docstrings); warnings are errors.
 docs: install-all
