@@ -69,16 +69,16 @@ def test_main_module_objects_travel_by_value() -> None:
 
 
 def test_large_copies_reuse_pooled_memory() -> None:
-    from fray import _pool
+    from fray import pool
 
     value = np.ones(4 * 1024 * 1024, dtype=np.uint8)
     first = loads(dumps(value))
     assert not first.flags.writeable and first.sum() == value.size
-    chunks = len(_pool._pool.chunks)
+    chunks = len(pool._pool.chunks)
     del first
     for _ in range(5):  # freed pieces come back: no new chunk per value
         assert loads(dumps(value)).sum() == value.size
-    assert len(_pool._pool.chunks) == chunks
+    assert len(pool._pool.chunks) == chunks
 
 
 def test_torch_read_from_a_stored_copy_is_private() -> None:

@@ -28,9 +28,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from fray import procfs
-from fray._pool import FreeList
-from fray._pool import align as _align
 from fray.errors import FrayError, ObjectStoreFullError
+from fray.pool import FreeList
+from fray.pool import align as _align
 
 SHM_ROOT = "/dev/shm"
 CHUNK = 64 * 1024 * 1024

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fray._pool import align as _align
 from fray.errors import ObjectLostError, ObjectStoreFullError
+from fray.pool import align as _align
 from fray.serialization import Blob, loads
 from fray.transfers import TransferStats
 from fray_monarch.arena import Arena, _Lease, open_segment

@@ -28,8 +28,8 @@ from typing import Any
 
 import cloudpickle
 
-from fray._pool import pool_copy
 from fray.errors import FrayError, SerializationError
+from fray.pool import pool_copy
 from fray.remote_errors import RemoteError, capture_exception
 
 __all__ = [
@@ -55,7 +55,7 @@ _local = threading.local()
 class Blob:
     """A serialized value: in-band bytes, out-of-band buffers, and the refs it contains (kept alive with it).
 
-    `buffers` are owned copies (bytes, or read-only views of pooled memory for large ones: fray._pool) or
+    `buffers` are owned copies (bytes, or read-only views of pooled memory for large ones: fray.pool) or
     memoryviews over the live source object (`dumps(copy=False)`: valid
     only while the Blob lives, to be written out at once). `private` holds the indices of buffers that a reader
     must get writable and private (torch storages), e.g. through a copy-on-write mapping."""
