@@ -1,11 +1,11 @@
 """Large values between two hosts that are separate machines to fray, beside a plain TCP socket between them.
 
-    sudo python benchmarks/bench_hosts.py [--sizes 100M,1G] [--repeats 10] [--json PATH]
+    sudo python benchmarks/bench_hosts.py [--sizes 100M,1G] [--repeats 10] [--json PATH] [--insecure]
 
 Three hosts on this machine, each its own network namespace (own address, hostname, loopback and /dev/shm;
 tests/_netns.py): the driver in host 0, a host worker (`python -m fray_monarch.worker`) in hosts 1 and 2, and
-`fray.init("monarch?hosts=...")` attached to them. For each size, in steady state (one warm-up, then --repeats
-loops):
+`fray.init("monarch?hosts=...")` attached to them over TLS (an authority made for the run; --insecure: TCP).
+For each size, in steady state (one warm-up, then --repeats loops):
 
 - fray-monarch, host A -> host B: an actor on host 1 makes a numpy array (float32), then an actor on host 2 reads
   it (returns its length and first element). Timed: the read call, from the driver, after the value was made:
@@ -27,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -102,25 +103,29 @@ def driver(spec: str, sizes: list[int], repeats: int) -> dict[str, Any]:
     return out
 
 
-def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
+def measure(sizes: list[int], repeats: int, insecure: bool = False) -> dict[str, Any]:
     """Make the hosts, run the socket baseline, the fray loops (in host 0) and the socket baseline again."""
     from _netns import namespaced_hosts, plain_socket_rate, unavailable
 
     why = unavailable()
     if why is not None:
         raise SystemExit(f"bench_hosts: namespaced hosts cannot be made here: {why}")
-    with namespaced_hosts(3) as hosts:
+    scheme, flags = ("tcp", ["--insecure"]) if insecure else ("tls", [])
+    with namespaced_hosts(3) as hosts, tempfile.TemporaryDirectory(prefix="bench-hosts-") as tls_dir:
+        env = {**os.environ, "FRAY_TLS_DIR": os.path.join(tls_dir, "tls")}  # an authority of this run's own
         workers = [
             h.popen(
-                [sys.executable, "-m", "fray_monarch.worker", "--address", f"tcp://{h.name}:{PORT}"],
+                [sys.executable, "-m", "fray_monarch.worker", "--address", f"{scheme}://{h.name}:{PORT}", *flags],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,  # Monarch's host agent prints its log banner
+                env=env,
             )
             for h in hosts[1:]
         ]
         try:
             socket_before = {size: plain_socket_rate(hosts[1], hosts[2], size, repeats) for size in sizes}
-            spec = f"monarch?hosts=tcp://{hosts[1].name}:{PORT},tcp://{hosts[2].name}:{PORT}&procs=1"
+            spec = f"monarch?hosts={scheme}://{hosts[1].name}:{PORT},{scheme}://{hosts[2].name}:{PORT}&procs=1"
+            spec += "&insecure=true" if insecure else ""
             args = [
                 sys.executable,
                 str(Path(__file__).resolve()),
@@ -131,7 +136,7 @@ def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
                 "--repeats",
                 str(repeats),
             ]
-            run = hosts[0].run(args, timeout=TIMEOUT * 2, capture_output=True, text=True, cwd=HERE)
+            run = hosts[0].run(args, timeout=TIMEOUT * 2, capture_output=True, text=True, cwd=HERE, env=env)
             if run.returncode != 0:
                 raise SystemExit(f"bench_hosts: the driver in host 0 failed:\n{run.stderr[-4000:]}")
             fray_out = json.loads(run.stdout.strip().splitlines()[-1])
@@ -190,13 +195,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="100M,1G")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--insecure", action="store_true", help="plain TCP between the hosts instead of TLS")
     parser.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     sizes = [parse_size(s) for s in opts.sizes.split(",") if s.strip()]
     if opts.driver:
         print(json.dumps(driver(opts.driver, sizes, opts.repeats)), flush=True)
         return
-    out = measure(sizes, opts.repeats)
+    out = measure(sizes, opts.repeats, opts.insecure)
     rows = report(out, sizes)
     if opts.json:
         Path(opts.json).write_text(json.dumps({"rows": rows, "raw": out, "load": os.getloadavg()}, indent=1))
