@@ -22,7 +22,7 @@ from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.jobs import LocalJobs
 from fray.procfs import children_of
 from fray.types import JobInfo, RuntimeEnv
-from fray_monarch import _runtime  # environment and fault hook first
+from fray_monarch import _runtime, tempdirs  # _runtime: environment and fault hook first
 from fray_monarch._monarch import Actor, endpoint
 from fray_monarch.launchers import HostSet
 from fray_monarch.lifeline import LifelineServer, hold
@@ -127,17 +127,17 @@ class MonarchClusterContext(ClusterContext):
         self._hostset = hostset
         # On this host, the job runners' TMPDIR (Monarch's socket directories) and the jobs' logs are in a
         # directory of this context, removed at shutdown or with the driver's private directory by the watchdog.
-        _runtime.hold_private_dir()  # until shutdown
-        self._tmpdir = None if remote else _runtime.context_dir()
+        tempdirs.hold_private_dir()  # until shutdown
+        self._tmpdir = None if remote else tempdirs.context_dir()
         self._lifeline = LifelineServer(driver_bind) if remote else None
         lifeline = None if self._lifeline is None else (self._lifeline.address, self._lifeline.token)
-        boot = {"bootstrap_command": _runtime.bootstrap_command(self._tmpdir)} if self._tmpdir else {}
+        boot = {"bootstrap_command": tempdirs.bootstrap_command(self._tmpdir)} if self._tmpdir else {}
         self._procs = [
             host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}", **boot) for host in hosts
         ]
         if self._tmpdir is not None:
             roots = [os.path.join(self._tmpdir, f"runner-{i}") for i in range(len(hosts))]
-            user_tmp: str | None = _runtime.user_tmpdir()
+            user_tmp: str | None = tempdirs.user_tmpdir()
         else:
             # made by the runner on its host (was made here too, and left behind here)
             roots = [os.path.join(tempfile.gettempdir(), f"fray-monarch-jobs-{uuid.uuid4().hex[:12]}") for _ in hosts]
@@ -234,4 +234,4 @@ class MonarchClusterContext(ClusterContext):
             self._release()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
-        _runtime.let_go_private_dir()
+        tempdirs.let_go_private_dir()

@@ -23,7 +23,7 @@ from monarch.actor import this_proc
 from fray import watchdog
 from fray.errors import FrayError
 from fray.transfers import PathStats, merge
-from fray_monarch import _runtime, instances
+from fray_monarch import instances, tempdirs
 from fray_monarch.actor_registry import ActorRegistry
 from fray_monarch.arena import reclaim_dead_segments, remove_segments, shm_dir
 from fray_monarch.coordinator import Coordinator
@@ -68,7 +68,7 @@ class Controller:
         self.key = key = uuid.uuid4().hex[:10]
         # log_to_driver=false: worker processes write their output to this file of the private directory instead
         # of the console (the context removes it at shutdown)
-        self.log_file = None if log_to_driver else os.path.join(_runtime.private_dir(), f"worker-output-{key}.log")
+        self.log_file = None if log_to_driver else os.path.join(tempdirs.private_dir(), f"worker-output-{key}.log")
         self.lock = lock = threading.RLock()
         reclaim_dead_segments()  # files of earlier drivers or workers that were killed
         # This context's store files on this machine (the driver's and its local workers') and their lock file

@@ -16,7 +16,7 @@ from typing import Any
 
 from fray.resources import EPS, add, fits, subtract
 from fray.transfers import PathStats
-from fray_monarch import _runtime
+from fray_monarch import _runtime, tempdirs
 from fray_monarch.hosts import WorkerHost
 from fray_monarch.ids import Ids
 from fray_monarch.lifeline import LifelineServer
@@ -97,8 +97,8 @@ class ProcessPool:
             self.sys_path.insert(0, os.getcwd())
         # The TMPDIR of the processes spawned on this host (Monarch's socket directories, the tasks' temp files):
         # removed at shutdown, or with the driver's private directory by the watchdog.
-        _runtime.hold_private_dir()  # until remove_tmpdir
-        self.tmpdir = _runtime.context_dir() if stores.host_ids == ("local",) else None
+        tempdirs.hold_private_dir()  # until remove_tmpdir
+        self.tmpdir = tempdirs.context_dir() if stores.host_ids == ("local",) else None
         # processes on other hosts end with this driver (the watchdog cannot reach them): see lifeline.py
         self.lifeline = LifelineServer(stores.driver_bind) if stores.host_ids != ("local",) else None
 
@@ -120,7 +120,7 @@ class ProcessPool:
         (env_key), or the process of one actor (dedicated: the actor's id; it runs no tasks and holds none of the
         host's share)."""
         key = self.ids.proc()
-        boot = {"bootstrap_command": _runtime.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
+        boot = {"bootstrap_command": tempdirs.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
         mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **boot)
         capacity = {} if dedicated else dict(self.share)
         worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), dict(env_key))
@@ -279,7 +279,7 @@ class ProcessPool:
     def remove_tmpdir(self) -> None:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
-        _runtime.let_go_private_dir()
+        tempdirs.let_go_private_dir()
 
 
 def ignore(_value: Any, _exc: BaseException | None) -> None:

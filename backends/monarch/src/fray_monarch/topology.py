@@ -22,7 +22,7 @@ from fray.options import (
     positive_int,
     seconds,
 )
-from fray_monarch import _runtime, network
+from fray_monarch import network, tempdirs
 from fray_monarch.launchers import HostSet, launch
 from fray_monarch.protocol import StoreConfig
 
@@ -132,7 +132,7 @@ def topology(options: dict[str, Any]) -> Topology:
             network.use_network(bind, hostset.secure)
         elif bind is not None:
             network.use_network(bind, not opts.get("insecure", False) and not network.is_loopback(bind))
-        _runtime.private_dir()  # starts Monarch's runtime: its socket directory goes in there
+        tempdirs.private_dir()  # starts Monarch's runtime: its socket directory goes in there
         if hostset.job is not None:
             mesh = _job_mesh(hostset.job, opts.get("mesh"))
         elif hostset.addresses:

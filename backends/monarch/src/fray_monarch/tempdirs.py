@@ -1,0 +1,149 @@
+"""The private temp directories of a monarch driver: one per process (where its Monarch runtime makes its socket
+directory), one per context in it (the TMPDIR of the processes that context spawns on this host)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import threading
+from typing import Any
+
+from fray import watchdog
+from fray.errors import FrayError
+from fray_monarch import _runtime, tls
+from fray_monarch.arena import _proc_tag
+
+# Monarch's processes make their unix-socket directories (Rust tempfile: "$TMPDIR/.tmpXXXXXX") under TMPDIR and
+# remove them only when they exit cleanly: a killed process (a driver's SIGKILL, SIGTERM or SIGINT; the SIGKILL
+# Monarch sends its children when the driver exits) leaves them behind. So fray points TMPDIR at directories of its
+# own: one per process, where this process's Monarch runtime makes its socket directory, and one per context in
+# it, the TMPDIR of the processes that context spawns on this host. A context removes its directory at shutdown;
+# fray's watchdog removes the process's directory when the process ends, however it ends.
+
+PRIVATE_PREFIX = "fray-m"  # + 8 random characters (mkdtemp): short, because sockets are made in there
+OWNER_FILE = "owner"  # in a private directory: "<pid>-<start time>" of the process it belongs to
+# A unix socket path has at most 107 bytes. Monarch's children bind "<its socket dir>/<11 characters>", the
+# socket dir being "<TMPDIR>/.tmpXXXXXX": the private directory ("/fray-mXXXXXXXX", 15) adds to that.
+_SOCKET_PATH_MAX = 107
+_MONARCH_SOCKET_TAIL = len("/.tmpXXXXXX/") + 11
+
+_private: tuple[int, str, str] | None = None  # (pid, private directory, the user's temp directory)
+_private_lock = threading.Lock()
+_holders = 0  # contexts of this process using its private directory
+_let_go: list[str] | None = None  # while no context holds it: the directory's subdirectories, to make again
+
+
+def private_dir() -> str:
+    """This process's private temp directory, made the first time (and Monarch's runtime of this process started
+    with TMPDIR pointing into it): `<TMPDIR>/fray-mXXXXXXXX`, or `/tmp/fray-mXXXXXXXX` if TMPDIR is too long for
+    Monarch's socket paths below it. Removed by fray's watchdog when this process ends; one left by a process
+    whose watchdog did not run is removed by the next start."""
+    global _private
+    with _private_lock:
+        if _private is not None and _private[0] == os.getpid():
+            if _let_go is not None:
+                _make_again(_private[1])
+            return _private[1]
+        user = tempfile.gettempdir()  # also fixes tempfile's own choice before TMPDIR changes for a moment below
+        base = user
+        if len(base) + 1 + len(PRIVATE_PREFIX) + 8 + _MONARCH_SOCKET_TAIL > _SOCKET_PATH_MAX:
+            base = "/tmp"
+        reclaim_private_dirs(base)
+        path = tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=base)
+        with open(os.path.join(path, OWNER_FILE), "w") as f:
+            f.write(_proc_tag(os.getpid()) or "")
+        watchdog.watch_path(path)
+        _runtime.start_monarch_in(path)
+        _private = (os.getpid(), path, user)
+        return path
+
+
+def hold_private_dir() -> str:
+    """The private directory, held by one more context of this process until it calls let_go_private_dir."""
+    global _holders
+    path = private_dir()
+    with _private_lock:
+        _holders += 1
+    return path
+
+
+def let_go_private_dir() -> None:
+    """A context is done with the private directory; the last one removes it, and the watchdog lets it be.
+    Monarch's runtime in this process lives on (0.7 cannot stop it) and keeps making its children's sockets in
+    the socket directory it made in there at its start, but only while it has children: with every context shut
+    down there are none. So the directory goes, and the next context makes it again, at the same path."""
+    global _holders, _let_go
+    with _private_lock:
+        _holders -= 1
+        if _holders > 0 or _private is None or _private[0] != os.getpid():
+            return
+        path = _private[1]
+        _let_go = [os.path.relpath(root, path) for root, _, _ in os.walk(path) if root != path]
+        shutil.rmtree(path, ignore_errors=True)
+        watchdog.forget_path(path)
+        tls.let_go()
+
+
+def _make_again(path: str) -> None:
+    """Make the private directory let go of again, with the subdirectories Monarch's runtime expects in it."""
+    global _let_go
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise FrayError(
+            f"{path}, where this process's Monarch runtime makes its sockets, was made again by someone else while "
+            "no fray context used it: not used. Start fray in a new process."
+        )
+    for sub in _let_go or []:
+        os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)  # in our own 0700 directory
+    with open(os.path.join(path, OWNER_FILE), "w") as f:
+        f.write(_proc_tag(os.getpid()) or "")
+    watchdog.watch_path(path)
+    tls.restore()
+    _let_go = None
+
+
+def user_tmpdir() -> str:
+    """This process's temp directory as its user set it (TMPDIR, else tempfile's choice): the jobs' TMPDIR."""
+    private_dir()
+    assert _private is not None
+    return _private[2]
+
+
+def reclaim_private_dirs(base: str) -> int:
+    """Remove the private directories in `base` of processes that are gone. Returns how many were removed."""
+    removed = 0
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(PRIVATE_PREFIX) or len(name) != len(PRIVATE_PREFIX) + 8:
+            continue
+        path = os.path.join(base, name)
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                tag = f.read().strip()
+        except OSError:
+            continue  # not one of ours, or being made right now
+        pid = tag.split("-", 1)[0]
+        if not pid.isdigit() or _proc_tag(int(pid)) == tag:
+            continue  # its process is alive
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def context_dir() -> str:
+    """A new directory in this process's private directory: the TMPDIR of one context's local processes."""
+    return tempfile.mkdtemp(prefix="c", dir=private_dir())
+
+
+def bootstrap_command(tmpdir: str) -> Any:
+    """Monarch's bootstrap command for a process on this host whose TMPDIR is `tmpdir`."""
+    return _runtime.default_bootstrap_cmd().with_env({"TMPDIR": tmpdir})
