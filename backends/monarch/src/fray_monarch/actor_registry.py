@@ -5,6 +5,7 @@ worker process, the replies of their calls, and the streams of their generator m
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,6 +19,7 @@ from fray.errors import (
     ActorUnavailableError,
     FrayError,
 )
+from fray.gang import LOST_PEER_GRACE, lost_peer
 from fray.groups import Member
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
@@ -96,6 +98,7 @@ class ActorRegistry:
         self.by_id: dict[str, ActorRec] = {}
         self.names: dict[str, str] = {}  # name -> id of the live actor with that name
         self.inflight: dict[str, Entry] = {}  # group-broadcast calls not answered yet, by object id
+        self.gang_died: Callable[[ActorRec, str], None] | None = None  # a member of an SPMD group died (meshgroups)
         self._watch = self.watch  # (bound once: every call's entry carries it)
 
     # ------------------------------------------------------------ replies
@@ -131,8 +134,28 @@ class ActorRegistry:
             elif reply.status == "dead":
                 name = rec.label if rec else ""
                 self.directory.complete(entry, None, ActorDiedError(f"actor {name} is dead: {reply.reason}"))
-            else:
+            elif rec is None or not self.hold(rec, entry, reply.error):
                 self.directory.complete(entry, None, reply.error)
+
+    def hold(self, rec: ActorRec, entry: Entry, error: Any) -> bool:
+        """Under the lock: an SPMD member's collective says a peer is gone, maybe before fray has learnt of that
+        peer's death: the error waits for it (up to LOST_PEER_GRACE), so the call fails with the group's death,
+        naming the rank that died. True if the entry is held (or failed with that death already)."""
+        group = rec.group
+        if group is None or not group.distributed or not lost_peer(error):
+            return False
+        if group.dead:
+            self.directory.complete(entry, None, ActorDiedError(f"actor {rec.label} died: {rec.reason}"))
+            return True
+        group.held[entry.id] = entry
+
+        def release() -> None:  # no death came: the collective's own error it is
+            with self.lock:
+                if group.held.pop(entry.id, None) is not None:
+                    self.directory.complete(entry, None, error)
+
+        _runtime.call_later(LOST_PEER_GRACE, release)
+        return True
 
     def watch(self, entry: Entry) -> None:
         """Under the lock: the entry of a call completes by itself when its reply comes (somebody waits on it)."""
@@ -143,6 +166,7 @@ class ActorRegistry:
         directly from its Monarch future (the fast path of an actor round trip)."""
         fut = entry.future
         if fut is not None and not entry.outcome.done():
+            deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 reply = fut.get(timeout=timeout)
             except TimeoutError:
@@ -151,7 +175,10 @@ class ActorRegistry:
                 self.reply(entry, None, exc)
             else:
                 self.reply(entry, reply, None)
-            return True
+            if entry.outcome.done():
+                return True
+            # (held: an SPMD member's lost-peer error waiting for the peer's death; see hold)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         return entry.outcome.wait(timeout)
 
     # ------------------------------------------------------------ creation and placement
@@ -264,7 +291,11 @@ class ActorRegistry:
         """Under the lock: the actors of a dead process come back on another (restarts left) or are dead."""
         for aid in list(proc.actors):
             rec = self.by_id[aid]
-            if rec.can_restart:
+            if rec.state == ActorState.DEAD:
+                continue  # (its SPMD group died with another member, just now)
+            if rec.group is not None and rec.group.distributed and self.gang_died is not None:
+                self.gang_died(rec, f"its process crashed: {reason}")  # the whole group fails with it
+            elif rec.can_restart:
                 rec.restarts += 1
                 self.place(rec)
                 self.fail_inflight(rec, RuntimeError(reason))  # -> ActorUnavailableError
@@ -318,10 +349,27 @@ class ActorRegistry:
                 error = ActorDiedError(f"actor {rec.class_name} {aid} is dead: {rec.reason}")
                 self.directory.complete(entry, None, error)
                 return payload
-            entry.future = rec.mesh.call.call_one(entry.id, method, args, deps)
-            entry.watch = self._watch
+            self.send_one(rec, entry, method, args, deps)
             entry.keep = keep
             return payload
+
+    def send_one(self, rec: ActorRec, entry: Entry, method: str, args: WireValue, deps: list[str]) -> None:
+        """Under the lock: a call to rec alone. An SPMD member's reply is watched at once and the call is listed
+        in its group, whose death fails it (the future of a call on a mesh fray stopped may never complete)."""
+        fut = rec.mesh.call.call_one(entry.id, method, args, deps)
+        group = rec.group
+        if group is None or not group.distributed:
+            entry.future = fut
+            entry.watch = self._watch
+            return
+        group.calls[entry.id] = entry
+
+        def replied(value: Any, exc: BaseException | None) -> None:
+            with self.lock:
+                group.calls.pop(entry.id, None)
+                self.reply(entry, value, exc)
+
+        _runtime.on_done(fut, replied)
 
     def call_stream(self, aid: str, method: str, args: Any, deps: list[str], keep: list[Any]) -> str:
         """A generator method's call: its items come as a stream (streaming.py); returns the stream's id."""

@@ -24,7 +24,8 @@ from typing import Any
 from monarch.actor import Channel
 
 from fray.current import ActorInfo
-from fray.errors import ActorAlreadyExistsError, FrayError
+from fray.errors import ActorAlreadyExistsError, ActorDiedError, FrayError
+from fray.gang import died_error, group_label
 from fray.groups import member_name, spmd_env
 from fray.net import free_port
 from fray.resources import add, capacity
@@ -32,7 +33,7 @@ from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
 from fray_monarch.actor_registry import ActorRec, ActorRegistry
-from fray_monarch.directory import ObjectDirectory
+from fray_monarch.directory import Entry, ObjectDirectory
 from fray_monarch.hosts import FrayActorHost, WorkerHost
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
@@ -89,6 +90,11 @@ class GroupRec:
     name: str | None
     blocks: list[Block] = field(default_factory=list)
     members: list[ActorRec] = field(default_factory=list)  # by rank
+    label: str = ""  # how errors name it (fray.gang.group_label)
+    distributed: bool = False  # an SPMD group: one member's death is the whole group's (member_died)
+    dead: bool = False
+    held: dict[str, Entry] = field(default_factory=dict)  # members' lost-peer errors waiting (ActorRegistry.hold)
+    calls: dict[str, Entry] = field(default_factory=dict)  # SPMD members' pending calls sent alone (send_one)
 
 
 class GroupRegistry:
@@ -105,6 +111,7 @@ class GroupRegistry:
         self.by_id: dict[str, GroupRec] = {}
         self.reply_port, self.reply_receiver = Channel.open()  # where members answer broadcasts
         self.reply_thread: threading.Thread | None = None
+        actors.gang_died = self.member_died
 
     # ------------------------------------------------------------ placement
     def _host_room(self, host: int, resources: dict[str, float]) -> float:
@@ -198,7 +205,8 @@ class GroupRegistry:
             for name in names:
                 if self.actors.name_taken(name):
                     raise ActorAlreadyExistsError(f"an actor named {name!r} exists already")
-            group = GroupRec(self.ids.group(), options.name)
+            label = group_label(class_name, count, options.name)
+            group = GroupRec(self.ids.group(), options.name, label=label, distributed=distributed)
             try:
                 for hosts, per_host, two_d in self._blocks(layout):
                     actor = (cls_data, class_name, methods, args, deps, keep, options)
@@ -287,6 +295,29 @@ class GroupRegistry:
         self.by_id.pop(group.id, None)
         return meshes
 
+    def member_died(self, rec: ActorRec, reason: str) -> None:
+        """Under the lock: a member of an SPMD group died, so the group is dead: every member's process is stopped
+        (a survivor blocked in a collective cannot leave it otherwise) and every pending call of every member
+        fails with ActorDiedError naming the rank that died."""
+        group = rec.group
+        if group is None or group.dead:
+            return
+        group.dead = True
+        why = str(died_error(group.label, rec.info.rank, reason))
+        meshes = self._drop(group, why)
+        group.blocks = []  # (stopped here once: a later kill of the group has no mesh left to stop)
+        for mesh in meshes:
+            try:
+                _runtime.on_done(mesh.stop(), ignore)
+            except Exception:
+                _runtime.log.debug("fray: stop of a dead SPMD group's mesh failed", exc_info=True)
+        pending = [*group.held.values(), *group.calls.values()]
+        group.held, group.calls = {}, {}
+        for entry in pending:
+            member = entry.actor
+            label = member.label if member is not None else group.label
+            self.directory.complete(entry, None, ActorDiedError(f"actor {label} died: {why}"))
+
     # ------------------------------------------------------------ calls
     def call(
         self,
@@ -324,8 +355,7 @@ class GroupRegistry:
                     sends.setdefault((rec.group.id, rec.slot[0]), []).append(rec.slot[1])
                     self.actors.track(rec, entry)
                 else:
-                    entry.future = rec.mesh.call.call_one(entry.id, method, args, deps)
-                    entry.watch = self.actors.watch
+                    self.actors.send_one(rec, entry, method, args, deps)
             if sends:
                 data = plain_data(args)
                 message = None if data is not None else compact(args, args.value)

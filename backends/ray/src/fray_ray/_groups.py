@@ -39,6 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from fray.context import JobContext
 from fray.current import ActorInfo
 from fray.errors import InfeasibleResourcesError
+from fray.gang import group_label
 from fray.groups import ActorGroup, Member, member_name, spmd_env
 from fray.net import free_port
 from fray.refs import ActorHandle, ObjectRef
@@ -48,6 +49,7 @@ from fray.types import ActorOptions, Lifetime
 from fray_ray._actors import RayActors
 from fray_ray._args import is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
+from fray_ray._gangs import GangWatch
 
 __all__ = [
     "DEFAULT_BUNDLE",
@@ -196,6 +198,7 @@ class RayGroups:
         self._actors = actors
         self._cancels = cancels
         self._placement_groups: dict[Any, Any] = {}  # placement group id -> placement group
+        self.gangs = GangWatch()  # the SPMD groups made here fail as one (fray_ray._gangs)
 
     def create(
         self,
@@ -237,6 +240,8 @@ class RayGroups:
             raise
         if not detached:
             self._placement_groups[pg.id] = pg
+        if distributed:
+            self.gangs.add(group_label(klass.__name__, count, options.name), [h.payload for h in handles])
         return ActorGroup(handles, options.name, RayGroup(pg, count, detached), ctx=self._ctx)
 
     def call(self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[ObjectRef]:
@@ -248,6 +253,10 @@ class RayGroups:
         noted = ray_args is not args or ray_kwargs is not kwargs
         refs = []
         for handle in group.handles:
+            refused = self.gangs.refused(handle.payload)  # a member of a dead SPMD group
+            if refused is not None:
+                refs.append(ObjectRef(refused, "ray"))
+                continue
             try:
                 ref = getattr(handle.payload, method).remote(*ray_args, **ray_kwargs)
             except TypeError as exc:
@@ -263,6 +272,7 @@ class RayGroups:
     def kill(self, group: ActorGroup) -> None:
         """Kill the members; a whole group (not a slice) also loses its placement group (removing it would kill
         every member in it, so a slice keeps it)."""
+        self.gangs.killed([h.payload for h in group.handles])
         self._actors.kill(group.handles)
         payload = group.payload
         pg = None

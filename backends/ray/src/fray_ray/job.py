@@ -154,6 +154,9 @@ class RayJobContext(JobContext):
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         self._refuse_if_shut_down()
+        refused = self._groups.gangs.refused(handle.payload)  # a member of a dead SPMD group
+        if refused is not None:
+            return ObjectRef(refused, BACKEND)
         ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
         try:
             ref = getattr(handle.payload, method).remote(*ray_args, **ray_kwargs)
@@ -280,6 +283,9 @@ class RayJobContext(JobContext):
         try:
             values: list[Any] = ray.get(payloads, timeout=timeout)
         except Exception as exc:
+            group_death = self._groups.gangs.failure(exc, payloads)  # a member's SPMD group died: its error
+            if group_death is not None:
+                raise group_death from None
             new = translate(exc)
             if new is exc:
                 raise
@@ -340,6 +346,7 @@ class RayJobContext(JobContext):
 
     def _shutdown(self) -> None:
         self._actors.forget()
+        self._groups.gangs.close()
         self._groups.remove_all()  # the non-detached groups created here (removing one kills its members)
         if self._owns_connection:
             _connect.release()

@@ -23,6 +23,9 @@ class Capability(enum.Enum):
     CANCEL_RUNNING = "cancel_running"  # cancel(ref) of a task that has started running
     STREAMING = "streaming"  # TaskOptions(streaming=True), handle.method.stream(...): ObjectRefStream
     SPMD_GROUPS = "spmd_groups"  # create_actor_group(..., distributed=True): a process per member, torch env set
+    # create_actor_group(distributed=True, options=ActorOptions(max_restarts=N)): a member's death restarts the
+    # whole SPMD group together (every member on a fresh process, __init__ again on every rank)
+    SPMD_GANG_RESTART = "spmd_gang_restart"
     ASYNC_ACTORS = "async_actors"  # `async def` actor methods run on an event loop inside the actor
     # Properties of the backend, with no call to refuse: tests that need them are skipped by name.
     PROCESS_ISOLATION = "process_isolation"  # tasks/actors run in other processes; a crash is contained

@@ -143,6 +143,12 @@ class JobContext(ABC):
             self.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
         if distributed:
             self.require(Capability.SPMD_GROUPS, "create_actor_group(distributed=True)")
+            if opts.max_restarts != 0:  # per-member restarts would leave the group's collectives broken for good
+                self.require(
+                    Capability.SPMD_GANG_RESTART,
+                    "create_actor_group(distributed=True, options=ActorOptions(max_restarts=N)) (restarting an "
+                    "SPMD group as a whole: this backend cannot yet; use max_restarts=0)",
+                )
         if opts.name is not None:
             existing = existing_group(self, opts.name, count, opts.get_if_exists)
             if existing is not None:

@@ -154,12 +154,14 @@ def forget(ctx: JobContext) -> None:
 @dataclass(frozen=True)
 class ActorInfo:
     """Who `fray.current_actor()` is: an actor's name, its rank in the group it was created in and that group's
-    size and name. A plain actor is rank 0 of 1."""
+    size and name. A plain actor is rank 0 of 1. `restarts`: how many times this actor (for a member of an SPMD
+    group: its whole group) has been restarted, 0 at creation, so __init__ can resume from a checkpoint."""
 
     name: str | None = None
     rank: int = 0
     size: int = 1
     group: str | None = None
+    restarts: int = 0
 
 
 _actor: contextvars.ContextVar[ActorInfo | None] = contextvars.ContextVar("fray_actor", default=None)

@@ -48,6 +48,7 @@ class Member:
     info: ActorInfo
     distributed: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
+    gang: Any = None  # the backend's record of its SPMD group, shared by the members (fail/restart together)
 
 
 class GroupMethod:
@@ -273,12 +274,15 @@ def create_one_by_one(
     kwargs: dict[str, Any],
     options: ActorOptions,
     distributed: bool,
+    gang: Any = None,
 ) -> ActorGroup:
     """A group whose members are created one by one through `ctx._create_actor(..., member=...)` (the default
-    JobContext._create_actor_group); if one cannot be created, the ones created are killed."""
+    JobContext._create_actor_group); if one cannot be created, the ones created are killed. `gang` goes to every
+    member (Member.gang)."""
     handles: list[ActorHandle] = []
     try:
         for member in local_members(count, options.name, distributed):
+            member = dataclasses.replace(member, gang=gang)
             member_options = dataclasses.replace(options, name=member.info.name, get_if_exists=False)
             handles.append(ctx._create_actor(klass, args, kwargs, member_options, member=member))
     except BaseException:

@@ -10,6 +10,7 @@ ends; kill() ends it at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import os
 import signal
@@ -24,25 +25,47 @@ import cloudpickle
 
 from fray import watchdog
 from fray.current import ActorInfo, set_process_actor
-from fray.errors import ActorDiedError, SerializationError
+from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
+from fray.gang import LOST_PEER_GRACE, lost_peer
+from fray.in_memory._gang import Gang
 from fray.remote_errors import RemoteError, capture_exception
 
 __all__ = ["ProcessMember"]
 
 
 class ProcessMember:
-    """Stands in for the instance: `proxy.method(*args)` runs the method in the member's process."""
+    """Stands in for the instance: `proxy.method(*args)` runs the method in the member's process. With a `gang`
+    (its SPMD group's Gang) it fails and restarts with the group's other members."""
 
     def __init__(
-        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], info: ActorInfo, env: dict[str, str]
+        self,
+        klass: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        info: ActorInfo,
+        env: dict[str, str],
+        gang: Gang | None = None,
     ) -> None:
         self._label = info.name or f"rank {info.rank} of {klass.__name__} x{info.size}"
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one call at a time, and no call while the process is replaced
+        self._init = (klass, args, kwargs, info)
+        self._env = dict(env)
+        self._gang = gang
+        self._generation = 0  # the life of its group its current process belongs to
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._closed = False
+        with self._lock:
+            self._start(info, 0)
+        if gang is not None:
+            gang.joined(info.rank, self)
+
+    def _start(self, info: ActorInfo, generation: int) -> None:
+        """Under the lock: a fresh child process with the member's environment, its __init__ run there."""
         parent_sock, child_sock = socket.socketpair()
         path = os.pathsep.join(p for p in sys.path if p)  # the child imports what this process can
-        child_env = {**os.environ, **env, "PYTHONPATH": path}
+        child_env = {**os.environ, **self._env, "PYTHONPATH": path}
         try:
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "fray.in_memory._process_member", str(child_sock.fileno())],
                 pass_fds=(child_sock.fileno(),),
                 env=child_env,
@@ -51,29 +74,65 @@ class ProcessMember:
             )
         finally:
             child_sock.close()
-        watchdog.watch_group(self._proc.pid)
-        self._conn = Connection(parent_sock.detach())
-        self._exchange((klass, args, kwargs, info), "__init__")
+        watchdog.watch_group(proc.pid)
+        self._proc, self._conn, self._generation = proc, Connection(parent_sock.detach()), generation
+        if self._gang is not None:
+            self._gang.watch(info.rank, proc, generation)
+        klass, args, kwargs, _ = self._init
+        self._outcome(self._send_receive((klass, args, kwargs, info), "__init__"), generation)
 
-    def _exchange(self, message: Any, what: str) -> Any:
+    def respawn(self, env: dict[str, str], restarts: int, generation: int) -> None:
+        """The group restarts: this member on a fresh process (the old one was stopped), __init__ again."""
+        with self._lock:
+            if self._closed:
+                raise ActorDiedError(f"actor {self._label} was killed during its group's restart")
+            self._close_connection()
+            self._env.update(env)
+            info = dataclasses.replace(self._init[3], restarts=restarts)
+            self._start(info, generation)
+
+    def _send_receive(self, message: Any, what: str) -> bytes | None:
+        """Under the lock: the reply to one message; None if the process is gone."""
         try:
             data = cloudpickle.dumps(message)
         except Exception as exc:
             raise SerializationError(f"the arguments of {what} of {self._label} cannot be pickled: {exc}") from exc
-        with self._lock:
-            try:
-                self._conn.send_bytes(data)
-                reply = self._conn.recv_bytes()
-            except (EOFError, OSError):
-                code = self._proc.wait(timeout=10)
-                raise ActorDiedError(
-                    f"actor {self._label} died: its process exited with code {code} during {what}"
-                ) from None
+        try:
+            self._conn.send_bytes(data)
+            return self._conn.recv_bytes()
+        except (EOFError, OSError):
+            return None
+
+    def _outcome(self, reply: bytes | None, generation: int, what: str = "__init__") -> Any:
+        """The value of a reply, or the error to raise: a group's failure replaces both a lost process and a
+        collective's error about a lost peer (the peer's death may reach fray a moment after that error)."""
+        gang = self._gang
+        if reply is None:
+            failure = gang.failure_since(generation, 30.0) if gang is not None else None
+            if failure is not None:
+                raise failure from None
+            assert self._proc is not None
+            code = self._proc.wait(timeout=10)
+            raise ActorDiedError(f"actor {self._label} died: its process exited with code {code} during {what}")
         ok, value = cloudpickle.loads(reply)
-        if not ok:
-            assert isinstance(value, RemoteError)
-            raise value.rebuild()
-        return value
+        if ok:
+            return value
+        assert isinstance(value, RemoteError)
+        error = value.rebuild()
+        if gang is not None and lost_peer(error):
+            failure = gang.failure_since(generation, LOST_PEER_GRACE)
+            if failure is not None:
+                raise failure from None
+        raise error
+
+    def _exchange(self, message: Any, what: str) -> Any:
+        generation = self._gang.check() if self._gang is not None else 0
+        with self._lock:
+            if self._gang is not None and generation != self._generation:  # the group failed since the check
+                failure = self._gang.failure_since(generation, 0)
+                raise failure if failure is not None else ActorUnavailableError(f"actor {self._label} restarted")
+            reply = self._send_receive(message, what)
+        return self._outcome(reply, generation, what)
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):
@@ -84,18 +143,30 @@ class ProcessMember:
 
         return call
 
-    def _fray_close(self) -> None:
+    def stop_process(self) -> None:
+        """SIGKILL its process (not waiting: a call may hold the lock, blocked on the process's answer)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _close_connection(self) -> None:
         try:
             self._conn.close()
         except OSError:
             pass
-        if self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if self._proc is not None:
+            self.stop_process()
             self._proc.wait(timeout=10)
-        watchdog.forget_group(self._proc.pid)
+            watchdog.forget_group(self._proc.pid)
+
+    def _fray_close(self) -> None:
+        self._closed = True
+        if self._gang is not None:  # a killed member takes its group down: the others' collectives need it
+            self._gang.died(self._init[3].rank, self._generation, "it was killed", restart=False)
+        self._close_connection()
 
 
 def _reply(conn: Connection, ok: bool, value: Any) -> None:

@@ -187,7 +187,8 @@ class ActorTable:
             if actor.member is not None and actor.member.distributed:
                 from fray.in_memory._process_member import ProcessMember
 
-                actor.instance = ProcessMember(actor.klass, args, kwargs, actor.info, dict(actor.member.env))
+                member = actor.member
+                actor.instance = ProcessMember(actor.klass, args, kwargs, actor.info, dict(member.env), member.gang)
             else:
                 actor.instance = actor.klass(*args, **kwargs)
         except BaseException as exc:

@@ -22,7 +22,9 @@ from fray.errors import (
     TaskCancelledError,
     attach_remote_traceback,
 )
-from fray.groups import Member
+from fray.gang import group_label
+from fray.groups import ActorGroup, Member, create_one_by_one
+from fray.in_memory._gang import Gang
 from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_call
 from fray.in_memory._scheduler import Ledger, Signature, Work, signature
 from fray.in_memory._tasks import _async_raise, _Interrupt, _mark_dispatched, _Task, _tls
@@ -50,6 +52,7 @@ class InMemoryJobContext(JobContext):
             Capability.ZERO_COPY_OBJECTS,  # get of numpy returns read-only views of the stored copy
             Capability.STREAMING,
             Capability.SPMD_GROUPS,  # SPMD members run in child processes of their own
+            Capability.SPMD_GANG_RESTART,  # those processes fail and restart together (in_memory/_gang.py)
             Capability.ASYNC_ACTORS,
         }
     )
@@ -110,6 +113,22 @@ class InMemoryJobContext(JobContext):
         member: Member | None = None,
     ) -> ActorHandle:
         return self._actors.create(klass, args, kwargs, options, member)
+
+    def _create_actor_group(
+        self,
+        klass: type,
+        count: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        placement: str,
+        strict: bool,
+        distributed: bool,
+    ) -> ActorGroup:
+        # An SPMD group's members share a Gang: one member's death stops (and restarts) them all.
+        label = group_label(klass.__name__, count, options.name)
+        gang = Gang(label, count, options.max_restarts) if distributed else None
+        return create_one_by_one(self, klass, count, args, kwargs, options, distributed, gang)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         return self._actors.call(handle, method, args, kwargs)

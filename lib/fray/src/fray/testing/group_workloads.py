@@ -72,6 +72,19 @@ class GlooMember:
 
         return dist.get_rank(), dist.get_world_size(), os.environ.get("LOCAL_RANK"), os.environ.get("MASTER_ADDR")
 
+    def all_reduce_noting(self, value: float, flag: str) -> list[float]:
+        """all_reduce, writing `flag` first: the test knows this rank is inside the collective."""
+        Path(flag).write_text("in")
+        return self.all_reduce(value)
+
+    def crash_now(self) -> None:
+        os._exit(1)
+
+    def facts(self) -> dict[str, Any]:
+        """This member's process, restart count and rendezvous port."""
+        me = fray.current_actor()
+        return {"pid": os.getpid(), "restarts": me.restarts, "rank": me.rank, "port": os.environ.get("MASTER_PORT")}
+
 
 def use_group(group: Any, x: int) -> list[int]:
     """A group passed into a task is used there like a handle."""

@@ -9,6 +9,7 @@ import pytest
 
 from fray import ActorOptions, Capability, Lifetime, Resource, RuntimeEnv, TaskOptions, UnsupportedFeatureError
 from fray.context import ClusterContext, JobContext
+from fray.testing import group_workloads as g
 from fray.testing import workloads as h
 
 
@@ -40,6 +41,8 @@ def _use(capability: Capability, ctx: JobContext, cluster: ClusterContext, tmp_p
             ctx.cancel(ref)
         finally:
             ctx.get(ref, timeout=60)
+    elif capability is Capability.SPMD_GANG_RESTART:
+        ctx.create_actor_group(g.Member, 2, distributed=True, options=ActorOptions(max_restarts=1))
     else:
         raise AssertionError(f"no way to use {capability}")
 

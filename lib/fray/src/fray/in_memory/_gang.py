@@ -1,0 +1,141 @@
+"""An in_memory SPMD group's shared fate: its members (child processes, `ProcessMember`) fail and restart as one.
+
+Each member's process is watched by a thread waiting for its exit. The first exit fray did not cause ends the
+group's current generation: every member's process is SIGKILLed at once (a survivor blocked in a collective
+cannot leave it otherwise) and every call pending on any member fails: with ActorUnavailableError when a restart
+is left (`ActorOptions.max_restarts`), then every member comes back on a fresh process with a new MASTER_PORT and
+runs __init__ again (all ranks at once, as at creation; `fray.current_actor().restarts` counts); with
+ActorDiedError naming the rank that died when none is left. Calls made while the group restarts raise
+ActorUnavailableError at once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from typing import TYPE_CHECKING
+
+from fray.errors import FrayError
+from fray.gang import died_error, restarting_error
+from fray.net import free_port
+
+if TYPE_CHECKING:
+    from fray.in_memory._process_member import ProcessMember
+
+__all__ = ["Gang"]
+
+
+class Gang:
+    """The members of one SPMD group, by rank, and the group's state: `generation` counts the group's lives
+    (0 at creation, +1 at each failure); `failures[g]` is why life g ended."""
+
+    def __init__(self, label: str, size: int, max_restarts: int) -> None:
+        self.label = label
+        self.size = size
+        self.max_restarts = max_restarts
+        self.members: dict[int, ProcessMember] = {}
+        self.started = False  # every member's first __init__ returned: a death from now on may restart
+        self.restarts = 0
+        self.generation = 0
+        self.failures: dict[int, FrayError] = {}
+        self.error: FrayError | None = None  # ActorUnavailableError while restarting; ActorDiedError when dead
+        self.dead = False
+        self.cond = threading.Condition()
+
+    # ------------------------------------------------------------ members
+    def joined(self, rank: int, member: ProcessMember) -> None:
+        """A member's process runs its first __init__ successfully."""
+        with self.cond:
+            self.members[rank] = member
+            self.started = len(self.members) == self.size
+
+    def watch(self, rank: int, proc: subprocess.Popen[bytes], generation: int) -> None:
+        """Learn of the exit of a member's process (of the group's life `generation`)."""
+
+        def await_exit() -> None:
+            code = proc.wait()
+            self.died(rank, generation, f"its process exited with code {code}")
+
+        threading.Thread(target=await_exit, name=f"fray-gang-watch-{rank}", daemon=True).start()
+
+    # ------------------------------------------------------------ calls
+    def check(self) -> int:
+        """The group's current life, for a call about to be sent; raises at once while it restarts or is dead."""
+        with self.cond:
+            if self.error is not None:
+                raise _copy(self.error)
+            return self.generation
+
+    def failure_since(self, generation: int, wait: float) -> FrayError | None:
+        """Why life `generation` ended (waiting up to `wait` seconds for it to end); None if it goes on."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.generation != generation, timeout=wait)
+            failure = self.failures.get(generation)
+            return None if failure is None else _copy(failure)
+
+    # ------------------------------------------------------------ deaths and restarts
+    def died(self, rank: int, generation: int, why: str, restart: bool = True) -> None:
+        """A member's process of life `generation` ended (or it was killed: restart=False): end that life."""
+        with self.cond:
+            if generation != self.generation or self.dead:
+                return  # a process fray stopped itself, or of a life already ended
+            self.generation += 1
+            can_restart = self.max_restarts == -1 or self.restarts < self.max_restarts
+            if restart and self.started and can_restart:
+                self.restarts += 1
+                self.error = restarting_error(self.label, rank, why, self.restarts, self.max_restarts)
+            else:
+                self.dead = True
+                self.error = died_error(self.label, rank, why)
+            self.failures[generation] = self.error
+            members = list(self.members.values())
+            restarting = not self.dead
+            self.cond.notify_all()
+        for member in members:
+            member.stop_process()
+        if restarting:
+            threading.Thread(
+                target=self._restart, args=(self.generation, rank), name="fray-gang-restart", daemon=True
+            ).start()
+
+    def _restart(self, generation: int, lost: int) -> None:
+        """Every member on a fresh process, a new MASTER_PORT, __init__ on every rank at once; all or nothing."""
+        port = str(free_port())
+        failed: list[BaseException] = []
+
+        def respawn(member: ProcessMember) -> None:
+            try:
+                member.respawn({"MASTER_PORT": port}, self.restarts, generation)
+            except BaseException as exc:
+                failed.append(exc)
+                self._give_up(generation, lost, f"the restart failed: {type(exc).__name__}: {exc}")
+
+        with self.cond:
+            members = list(self.members.values())
+        threads = [threading.Thread(target=respawn, args=(m,), daemon=True) for m in members]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        with self.cond:
+            if not failed and self.generation == generation and not self.dead:
+                self.error = None
+                self.cond.notify_all()
+
+    def _give_up(self, generation: int, rank: int, why: str) -> None:
+        """A restart that failed: the group is dead; the processes started for it are stopped."""
+        with self.cond:
+            if self.dead or generation != self.generation:
+                return
+            self.generation += 1
+            self.dead = True
+            self.error = self.failures[generation] = died_error(self.label, rank, why)
+            members = list(self.members.values())
+            self.cond.notify_all()
+        for member in members:
+            member.stop_process()
+
+
+def _copy(error: FrayError) -> FrayError:
+    """A fresh exception of the same type and message for each call (one raised object would chain tracebacks)."""
+    return type(error)(str(error))

@@ -1,0 +1,125 @@
+"""SPMD groups fail as one (issue 19): a rank's death fails every pending call of every member, survivors blocked in
+a collective included, naming the rank; with max_restarts the whole group comes back together.
+
+Bounds are generous (a loaded 2-core machine must never make them flaky); the measured times are printed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fray import ActorDiedError, ActorOptions, ActorUnavailableError, ObjectRef, UnsupportedFeatureError
+from fray.context import JobContext
+from fray.testing import group_workloads as g
+from fray.testing import requires_capability
+from fray.testing.workloads import wait_for_file
+
+# The issue's goal is 5 s; the bound asserted leaves room for a loaded machine.
+FAIL_BOUND = 20.0
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie counts as exited: its code no longer runs)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if not _gone(p)]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if not _gone(p)]
+
+
+def _fails_with(ctx: JobContext, ref: ObjectRef, error: type[Exception], match: str) -> float:
+    """get(ref) raises `error` matching `match`; returns when (monotonic)."""
+    with pytest.raises(error, match=match):
+        ctx.get(ref, timeout=120)
+    return time.monotonic()
+
+
+def _rank0_inside_all_reduce(ctx: JobContext, group: Any, flag: Path) -> tuple[ObjectRef, ObjectRef]:
+    """Rank 0 blocked in an all_reduce rank 1 never joins, and a collective queued behind it on rank 0 (a
+    non-collective call could run on the survivor, and answer, before fray stops it)."""
+    blocked = group[0].all_reduce_noting(1.0, str(flag))
+    queued = group[0].all_reduce(1.0)
+    wait_for_file(str(flag), 120)
+    time.sleep(0.2)  # (from the flag to the collective's wait: a few lines of Python)
+    return blocked, queued
+
+
+@requires_capability("spmd_groups")
+def test_a_dead_rank_fails_every_pending_call_of_its_spmd_group(fray_ctx: JobContext, tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="torch is not installed (the group uses torch.distributed)")
+    group = fray_ctx.create_actor_group(g.GlooMember, 2, distributed=True)
+    try:
+        assert fray_ctx.get(group.all_reduce(1.0), timeout=180) == [[2.0], [2.0]]
+        pids = [f["pid"] for f in fray_ctx.get(group.facts(), timeout=60)]
+        blocked, queued = _rank0_inside_all_reduce(fray_ctx, group, tmp_path / "in")
+        start = time.monotonic()
+        crash = group[1].crash_now()
+        ends = [_fails_with(fray_ctx, ref, ActorDiedError, "rank 1") for ref in (crash, blocked, queued)]
+        took = max(ends) - start
+        print(f"every pending call of the group failed {took:.2f} s after rank 1's crash was sent")
+        assert took < FAIL_BOUND
+        later = [group[0].facts(), group[1].facts()]
+        for ref in later:  # the group is dead for good: later calls fail the same way, at once
+            _fails_with(fray_ctx, ref, ActorDiedError, "rank 1")
+        assert _wait_gone(pids) == [], "fray must stop the survivors' processes"
+    finally:
+        fray_ctx.kill(group)
+
+
+@requires_capability("spmd_groups", "spmd_gang_restart")
+def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="torch is not installed (the group uses torch.distributed)")
+    options = ActorOptions(max_restarts=1)
+    group = fray_ctx.create_actor_group(g.GlooMember, 2, distributed=True, options=options)
+    try:
+        before = fray_ctx.get(group.facts(), timeout=180)
+        assert [f["restarts"] for f in before] == [0, 0]
+        blocked, queued = _rank0_inside_all_reduce(fray_ctx, group, tmp_path / "in")
+        start = time.monotonic()
+        crash = group[1].crash_now()
+        ends = [_fails_with(fray_ctx, r, ActorUnavailableError, "rank 1") for r in (crash, blocked, queued)]
+        print(f"pending calls failed (restarting) {max(ends) - start:.2f} s after the crash was sent")
+        assert max(ends) - start < FAIL_BOUND
+        deadline = time.monotonic() + 180
+        while True:  # calls made while the group restarts raise ActorUnavailableError
+            try:
+                assert fray_ctx.get(group.all_reduce(2.0), timeout=120) == [[4.0], [4.0]]
+                break
+            except ActorUnavailableError:
+                assert time.monotonic() < deadline, "the group did not come back within 180 s"
+                time.sleep(0.2)
+        print(f"the group answered a collective again {time.monotonic() - start:.2f} s after the crash")
+        after = fray_ctx.get(group.facts(), timeout=60)
+        assert [f["restarts"] for f in after] == [1, 1]
+        assert [f["rank"] for f in after] == [0, 1]
+        assert not {f["pid"] for f in after} & {f["pid"] for f in before}, "every member on a fresh process"
+        assert after[0]["port"] != before[0]["port"], "a new MASTER_PORT for the new rendezvous"
+        assert _wait_gone([f["pid"] for f in before]) == [], "the old processes are gone"
+        # The last restart is spent: the next death is the group's end.
+        with pytest.raises((ActorDiedError, ActorUnavailableError)):
+            fray_ctx.get(group[0].crash_now(), timeout=120)
+        for ref in (group[0].facts(), group[1].facts()):
+            _fails_with(fray_ctx, ref, ActorDiedError, "rank 0")
+    finally:
+        fray_ctx.kill(group)
+
+
+@requires_capability("spmd_groups")
+def test_spmd_group_restarts_are_refused_where_the_backend_cannot_restart_a_group(fray_ctx: JobContext) -> None:
+    if "spmd_gang_restart" in {c.value for c in fray_ctx.capabilities}:
+        pytest.skip("this backend restarts SPMD groups (test_spmd_group_restarts_as_a_whole)")
+    with pytest.raises(UnsupportedFeatureError, match="spmd_gang_restart"):
+        fray_ctx.create_actor_group(g.Member, 2, distributed=True, options=ActorOptions(max_restarts=1))
