@@ -144,8 +144,8 @@ class ActorRegistry:
         group = rec.group
         if group is None or not group.distributed or not lost_peer(error):
             return False
-        if group.dead:
-            self.directory.complete(entry, None, ActorDiedError(f"actor {rec.label} died: {rec.reason}"))
+        if group.error is not None:  # it failed already (dead, or restarting)
+            self.directory.complete(entry, None, type(group.error)(str(group.error)))
             return True
         group.held[entry.id] = entry
 
@@ -249,9 +249,10 @@ class ActorRegistry:
         fitting = [p for p in pool if p.fits_at_all(rec.resources)] or pool
         self.claim(rec, max(fitting, key=lambda p: (p.free_capacity.get("CPU", 0.0), -len(p.actors))))
 
-    def place(self, rec: ActorRec) -> None:
+    def place(self, rec: ActorRec, on_init: Callable[[Any, BaseException | None], None] = ignore) -> None:
         """Under the lock: spawn the actor on the least loaded live process that can hold its resources, or on a
-        fresh process of its own (a dedicated actor: an SPMD member; a group member coming back)."""
+        fresh process of its own (a dedicated actor: an SPMD member; a group member coming back). on_init is
+        told when its __init__ has returned (an SPMD group's restart waits for every rank's)."""
         if rec.dedicated:  # (a group member coming back: on a fresh process, never on its group's mesh)
             proc = self.pool.spawn(rec.host, dedicated=rec.id)
             rec.slot = None
@@ -271,7 +272,7 @@ class ActorRegistry:
             rec.dedicated,
         )
         init = rec.mesh.init.call_one(rec.cls_data, rec.args, rec.deps, [(rec.info, rec.env)])
-        _runtime.on_done(init, ignore)
+        _runtime.on_done(init, on_init)
 
     # ------------------------------------------------------------ death
     def dead(self, rec: ActorRec, reason: str) -> None:
@@ -348,6 +349,10 @@ class ActorRegistry:
             if rec.state == ActorState.DEAD:
                 error = ActorDiedError(f"actor {rec.class_name} {aid} is dead: {rec.reason}")
                 self.directory.complete(entry, None, error)
+                return payload
+            failed = rec.group.error if rec.group is not None else None
+            if failed is not None:  # its SPMD group is restarting
+                self.directory.complete(entry, None, type(failed)(str(failed)))
                 return payload
             self.send_one(rec, entry, method, args, deps)
             entry.keep = keep

@@ -31,6 +31,7 @@ CAPABILITIES = frozenset(
         Capability.MULTI_HOST,
         Capability.ZERO_COPY_OBJECTS,
         Capability.SPMD_GROUPS,
+        Capability.SPMD_GANG_RESTART,  # gangs.py
         Capability.STREAMING,
         Capability.ASYNC_ACTORS,
     }

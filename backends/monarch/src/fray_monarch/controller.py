@@ -28,6 +28,7 @@ from fray_monarch.actor_registry import ActorRegistry
 from fray_monarch.arena import reclaim_dead_segments, remove_segments, shm_dir
 from fray_monarch.coordinator import Coordinator
 from fray_monarch.directory import ObjectDirectory
+from fray_monarch.gangs import GangKeeper
 from fray_monarch.ids import Ids
 from fray_monarch.meshgroups import GroupRegistry
 from fray_monarch.objects import RefPayload, Tracker, owner_key, set_tracker
@@ -95,6 +96,7 @@ class Controller:
         self.scheduler = TaskScheduler(lock, ids, self.directory, self.pool, self.streams)
         self.actors = ActorRegistry(lock, ids, self.directory, self.pool, self.streams, self.scheduler.pump)
         self.groups = GroupRegistry(lock, ids, self.directory, self.pool, self.actors)
+        self.gangs = GangKeeper(lock, self.directory, self.pool, self.actors, self.groups)  # SPMD groups fail as one
         self.service = WorkerService(
             lock, self.directory, self.scheduler, self.streams, self.actors, self.groups, self.close_stream
         )

@@ -24,8 +24,8 @@ from typing import Any
 from monarch.actor import Channel
 
 from fray.current import ActorInfo
-from fray.errors import ActorAlreadyExistsError, ActorDiedError, FrayError
-from fray.gang import died_error, group_label
+from fray.errors import ActorAlreadyExistsError, FrayError
+from fray.gang import group_label
 from fray.groups import member_name, spmd_env
 from fray.net import free_port
 from fray.resources import add, capacity
@@ -91,7 +91,12 @@ class GroupRec:
     blocks: list[Block] = field(default_factory=list)
     members: list[ActorRec] = field(default_factory=list)  # by rank
     label: str = ""  # how errors name it (fray.gang.group_label)
-    distributed: bool = False  # an SPMD group: one member's death is the whole group's (member_died)
+    distributed: bool = False  # an SPMD group: one member's death is the whole group's (gangs.py)
+    max_restarts: int = 0
+    restarts: int = 0  # how many times the whole group has been restarted
+    generation: int = 0  # +1 at each failure (a restart's late news of an earlier life is ignored)
+    initializing: int = 0  # members whose __init__ of the current restart has not returned
+    error: FrayError | None = None  # while it restarts (ActorUnavailableError) or once dead (ActorDiedError)
     dead: bool = False
     held: dict[str, Entry] = field(default_factory=dict)  # members' lost-peer errors waiting (ActorRegistry.hold)
     calls: dict[str, Entry] = field(default_factory=dict)  # SPMD members' pending calls sent alone (send_one)
@@ -111,7 +116,6 @@ class GroupRegistry:
         self.by_id: dict[str, GroupRec] = {}
         self.reply_port, self.reply_receiver = Channel.open()  # where members answer broadcasts
         self.reply_thread: threading.Thread | None = None
-        actors.gang_died = self.member_died
 
     # ------------------------------------------------------------ placement
     def _host_room(self, host: int, resources: dict[str, float]) -> float:
@@ -207,6 +211,7 @@ class GroupRegistry:
                     raise ActorAlreadyExistsError(f"an actor named {name!r} exists already")
             label = group_label(class_name, count, options.name)
             group = GroupRec(self.ids.group(), options.name, label=label, distributed=distributed)
+            group.max_restarts = options.max_restarts if distributed else 0
             try:
                 for hosts, per_host, two_d in self._blocks(layout):
                     actor = (cls_data, class_name, methods, args, deps, keep, options)
@@ -283,6 +288,8 @@ class GroupRegistry:
     def _drop(self, group: GroupRec, reason: str) -> list[Any]:
         """Under the lock: every member dead, their processes forgotten; returns the meshes to stop."""
         meshes = [block.procs for block in group.blocks]
+        group.dead = True  # (an SPMD group's restart under way stops here: gangs.py checks it)
+        group.generation += 1
         for rec in group.members:
             if rec.state != ActorState.DEAD:
                 self.actors.dead(rec, reason)
@@ -294,29 +301,6 @@ class GroupRegistry:
                     meshes.append(proc.mesh)
         self.by_id.pop(group.id, None)
         return meshes
-
-    def member_died(self, rec: ActorRec, reason: str) -> None:
-        """Under the lock: a member of an SPMD group died, so the group is dead: every member's process is stopped
-        (a survivor blocked in a collective cannot leave it otherwise) and every pending call of every member
-        fails with ActorDiedError naming the rank that died."""
-        group = rec.group
-        if group is None or group.dead:
-            return
-        group.dead = True
-        why = str(died_error(group.label, rec.info.rank, reason))
-        meshes = self._drop(group, why)
-        group.blocks = []  # (stopped here once: a later kill of the group has no mesh left to stop)
-        for mesh in meshes:
-            try:
-                _runtime.on_done(mesh.stop(), ignore)
-            except Exception:
-                _runtime.log.debug("fray: stop of a dead SPMD group's mesh failed", exc_info=True)
-        pending = [*group.held.values(), *group.calls.values()]
-        group.held, group.calls = {}, {}
-        for entry in pending:
-            member = entry.actor
-            label = member.label if member is not None else group.label
-            self.directory.complete(entry, None, ActorDiedError(f"actor {label} died: {why}"))
 
     # ------------------------------------------------------------ calls
     def call(
@@ -348,6 +332,9 @@ class GroupRegistry:
                 out.append(payload)
                 if rec.state == ActorState.DEAD:
                     self.actors.reply(entry, ActorReply("dead", reason=rec.reason), None)
+                    continue
+                if rec.group is not None and rec.group.error is not None:  # an SPMD group restarting
+                    self.directory.complete(entry, None, type(rec.group.error)(str(rec.group.error)))
                     continue
                 entry.keep = keep
                 if in_mesh:

@@ -1,0 +1,149 @@
+"""SPMD groups on monarch fail and restart as one (issue 19; see fray.gang), a part of the Controller.
+
+`ActorRegistry.proc_died` hands a member's death here (`gang_died`). The group's every process is stopped (a
+survivor blocked in a collective cannot leave it otherwise) and every call pending on any member fails with the
+group's error. With a restart left (`ActorOptions.max_restarts`) that error is ActorUnavailableError and every
+member comes back on a fresh process of its own (never on the group's mesh: Monarch hangs spawning on a mesh
+that lost a process), with a new MASTER_PORT on rank 0's host, `fray.current_actor().restarts` counting, and
+__init__ sent to every rank at once (their init_process_group meets); calls made until every __init__ has
+returned raise ActorUnavailableError. Without one, or when an __init__ of the restart fails, the group is dead
+(ActorDiedError naming the rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from functools import partial
+from typing import Any
+
+from fray.errors import ActorDiedError
+from fray.gang import died_error, restarting_error
+from fray_monarch import _runtime
+from fray_monarch.actor_registry import ActorRec, ActorRegistry
+from fray_monarch.directory import Entry, ObjectDirectory
+from fray_monarch.meshgroups import GroupRec, GroupRegistry
+from fray_monarch.processes import ProcessPool, ignore
+
+__all__ = ["GangKeeper"]
+
+
+class GangKeeper:
+    """What happens to an SPMD group when a member dies, under the controller's lock."""
+
+    def __init__(
+        self,
+        lock: threading.RLock,
+        directory: ObjectDirectory,
+        pool: ProcessPool,
+        actors: ActorRegistry,
+        groups: GroupRegistry,
+    ) -> None:
+        self.lock = lock
+        self.directory = directory
+        self.pool = pool
+        self.actors = actors
+        self.groups = groups
+        actors.gang_died = self.member_died
+
+    def member_died(self, rec: ActorRec, reason: str) -> None:
+        """Under the lock: a member of an SPMD group died (also during a restart)."""
+        group: GroupRec | None = rec.group
+        if group is None or group.dead:
+            return
+        rank = rec.info.rank
+        if not (group.max_restarts == -1 or group.restarts < group.max_restarts):
+            self._die(group, rank, reason)
+            return
+        group.restarts += 1
+        group.generation += 1
+        group.error = restarting_error(group.label, rank, reason, group.restarts, group.max_restarts)
+        self._stop_all(group)
+        threading.Thread(
+            target=self._restart, args=(group, group.generation), name="fray-monarch-gang-restart", daemon=True
+        ).start()
+
+    def _die(self, group: GroupRec, rank: int, reason: str) -> None:
+        """Under the lock: the group is dead for good; its processes are stopped and its calls failed."""
+        group.dead = True
+        group.generation += 1
+        why = str(died_error(group.label, rank, reason))
+        group.error = ActorDiedError(why)
+        meshes = self.groups._drop(group, why)
+        group.blocks = []  # (stopped here once: a later kill of the group has no mesh left to stop)
+        self._stop(meshes)
+        self._fail(group, [*group.held.values(), *group.calls.values()])
+
+    def _stop_all(self, group: GroupRec) -> None:
+        """Under the lock: every member's process stopped and forgotten, every pending call failed."""
+        meshes = [block.procs for block in group.blocks]
+        group.blocks = []
+        pending: list[Entry] = [*group.held.values(), *group.calls.values()]
+        for member in group.members:
+            proc = member.proc
+            if proc is not None:
+                proc.actors.discard(member.id)
+                if self.pool.forget(proc):
+                    self.directory.forget_holder(proc.key)
+                    self.directory.mark_lost(proc.key, f"it was stored by actor {member.label}, whose group failed")
+                if member.slot is None:  # (on a process of its own since an earlier restart)
+                    meshes.append(proc.mesh)
+            self.actors.unclaim(member)
+            pending += [e for e in (self.actors.inflight.pop(oid, None) for oid in member.inflight) if e]
+            member.inflight.clear()
+        self._stop(meshes)
+        self._fail(group, pending)
+
+    def _fail(self, group: GroupRec, entries: list[Entry]) -> None:
+        group.held, group.calls = {}, {}
+        assert group.error is not None
+        for entry in entries:
+            if not entry.outcome.done():
+                self.directory.complete(entry, None, type(group.error)(str(group.error)))
+
+    @staticmethod
+    def _stop(meshes: list[Any]) -> None:
+        for mesh in {id(m): m for m in meshes}.values():
+            try:
+                _runtime.on_done(mesh.stop(), ignore)
+            except Exception:
+                _runtime.log.debug("fray: stop of an SPMD group's mesh failed", exc_info=True)
+
+    # ------------------------------------------------------------ restart
+    def _restart(self, group: GroupRec, generation: int) -> None:
+        """(Own thread: rank 0's port may be asked of its host.) Every member on a fresh process, __init__ sent
+        to every rank at once."""
+        try:
+            addr, port = self.groups._master(group.members[0].host)
+        except Exception as exc:
+            with self.lock:
+                if group.generation == generation:
+                    self._die(group, 0, f"no port for the restart's rendezvous: {exc}")
+            return
+        with self.lock:
+            if group.dead or group.generation != generation or self.pool.closed:
+                return
+            group.initializing = len(group.members)
+            for member in group.members:
+                member.env = {**member.env, "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+                member.info = dataclasses.replace(member.info, restarts=group.restarts)
+                member.restarts += 1  # (names its new Monarch actor)
+                try:
+                    self.actors.place(member, on_init=partial(self._initialized, group, generation, member))
+                except Exception as exc:
+                    self._die(group, member.info.rank, f"it could not be restarted: {exc}")
+                    return
+
+    def _initialized(self, group: GroupRec, generation: int, member: ActorRec, reply: Any, exc: Any) -> None:
+        """A member's __init__ of a restart returned: the group is back once every rank's has."""
+        with self.lock:
+            if group.dead or group.generation != generation:
+                return
+            error = exc if exc is not None else getattr(reply, "error", None)
+            if error is not None or getattr(reply, "status", "ok") != "ok":
+                detail = getattr(error, "message", None) or str(error)
+                self._die(group, member.info.rank, f"its __init__ failed in restart {group.restarts}: {detail}")
+                return
+            group.initializing -= 1
+            if group.initializing == 0:
+                group.error = None
