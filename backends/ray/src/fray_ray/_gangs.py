@@ -1,13 +1,17 @@
-"""SPMD groups on Ray fail as one (issue 19; see fray.gang).
+"""SPMD groups on Ray fail and restart as one (issue 19; see fray.gang).
 
 Ray tells the driver nothing when an idle actor dies, so the members of each live SPMD group are watched: one
 thread per context asks Ray's GCS for their states every `POLL` seconds (~0.2 ms per member asked) while any such
-group lives. When a member is DEAD (or RESTARTING) and fray did not kill the whole group itself, the group is
-dead: the other members are killed with ray.kill (a survivor blocked in a collective cannot leave it otherwise),
-and every get of a member's call raises the group's ActorDiedError naming the rank that died.
+group lives. When a member is DEAD (or RESTARTING) and fray did not kill the whole group itself, every member is
+killed with ray.kill (a survivor blocked in a collective cannot leave it otherwise) and every get of a call sent
+to the group in that life raises the group's error: ActorDiedError naming the rank that died, or, with a restart
+left (`ActorOptions.max_restarts`; the Ray actors themselves have none), ActorUnavailableError while new members
+are made in the same placement group bundles on fresh processes (`RayGang.respawn`: a new MASTER_PORT,
+`fray.current_actor().restarts`, __init__ again on every rank). Calls through the group's handles go to the new
+members (`route`), and raise at once while it restarts or once it is dead.
 
-A get that fails because of that death (Ray's ActorDiedError of the killed survivors, or the collective's own
-error about a lost peer, which may come first) does not wait for the next poll: it polls at once and waits up to
+A get that fails because of a death (Ray's ActorDiedError of the killed survivors, or the collective's own error
+about a lost peer, which may come first) does not wait for the next poll: it polls at once and waits up to
 `fray.gang.LOST_PEER_GRACE` for the death, then raises the group's error.
 """
 
@@ -16,15 +20,15 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 import ray.exceptions as rex
 
-from fray.errors import ActorDiedError
-from fray.gang import LOST_PEER_GRACE, died_error, lost_peer
+from fray.errors import ActorDiedError, FrayError
+from fray.gang import LOST_PEER_GRACE, died_error, lost_peer, restarting_error
 
 __all__ = ["POLL", "GangWatch", "RayGang"]
 
@@ -35,45 +39,79 @@ _DEATH_MESSAGE = re.compile(r'error_message: "([^"]*)"')
 
 @dataclass
 class RayGang:
-    """One SPMD group: its Ray actor handles and ids by rank, and its fate."""
+    """One SPMD group: its current Ray actor handles and ids by rank, and its fate. `generation` counts its lives
+    (+1 at each failure); `failures[g]` is why life g ended; `error` is set while it restarts, or once dead."""
 
     label: str
     actors: list[Any]
     ids: list[str]
-    error: ActorDiedError | None = None
-    over: threading.Event = field(default_factory=threading.Event)  # dead, or killed by fray (not watched)
+    max_restarts: int = 0
+    respawn: Callable[[RayGang], list[Any]] | None = None  # new members on fresh processes (RayGroups)
+    restarts: int = 0
+    generation: int = 0
+    failures: dict[int, FrayError] = field(default_factory=dict)
+    error: FrayError | None = None
+    dead: bool = False
+    history: list[Any] = field(default_factory=list)  # every handle it had (their id() stay valid for route)
 
 
 class GangWatch:
     """The SPMD groups of one context and the thread watching them."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_actor: dict[str, RayGang] = {}  # Ray actor id (hex) -> its group (live or dead)
+        self._lock = threading.Condition()
+        self._by_actor: dict[str, tuple[RayGang, int]] = {}  # Ray actor id (hex) -> its group and life
+        self._ranks: dict[int, tuple[RayGang, int]] = {}  # id() of a member's Ray handle -> its group and rank
         self._live: list[RayGang] = []
-        self._dead_handles: dict[int, RayGang] = {}  # id() of a dead group's Ray actor handles -> the group
         self._poke = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def add(self, label: str, actors: Sequence[Any]) -> None:
-        gang = RayGang(label, list(actors), [a._actor_id.hex() for a in actors])
+    def add(
+        self,
+        label: str,
+        actors: Sequence[Any],
+        max_restarts: int = 0,
+        respawn: Callable[[RayGang], list[Any]] | None = None,
+    ) -> None:
+        gang = RayGang(label, [], [], max_restarts, respawn)
         with self._lock:
-            for actor_id in gang.ids:
-                self._by_actor[actor_id] = gang
+            self._adopt(gang, list(actors))
             self._live.append(gang)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._watch, name="fray-ray-gangs", daemon=True)
-                self._thread.start()
+            self._start_watching()
 
-    def killed(self, actors: Sequence[Any]) -> None:
-        """fray kills these actors: a whole group killed is no death to report (a part of one is: see _watch)."""
+    def _adopt(self, gang: RayGang, actors: list[Any]) -> None:
+        """Under the lock: these are the group's members now."""
+        gang.actors, gang.ids = actors, [a._actor_id.hex() for a in actors]
+        gang.history += actors
+        for rank, (actor, actor_id) in enumerate(zip(actors, gang.ids, strict=True)):
+            self._by_actor[actor_id] = (gang, gang.generation)
+            self._ranks[id(actor)] = (gang, rank)
+
+    def _start_watching(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._watch, name="fray-ray-gangs", daemon=True)
+            self._thread.start()
+
+    def killed(self, actors: Sequence[Any]) -> list[tuple[int, Any]]:
+        """fray kills these actors: a whole group killed is no death to report (a part of one is: see _watch).
+        Returns the (rank, Ray handle) of the group's members now, if a restart replaced them, to kill as well."""
         ids = {a._actor_id.hex() for a in actors}
+        more: list[tuple[int, Any]] = []
         with self._lock:
-            for gang in list(self._live):
-                if set(gang.ids) <= ids:
+            gangs = {id(g): g for g, _ in (self._by_actor[i] for i in ids if i in self._by_actor)}.values()
+            for gang in gangs:
+                ranks = {self._ranks[id(a)][1] for a in gang.history if a._actor_id.hex() in ids}
+                if len(ranks) < len(gang.actors) or gang.dead:
+                    continue  # a part of it: its death is the group's
+                if gang in self._live:
                     self._live.remove(gang)
-                    gang.over.set()
+                gang.dead = True
+                gang.error = gang.failures[gang.generation] = ActorDiedError(f"{gang.label} was killed")
+                gang.generation += 1
+                more += [(r, a) for r, a in enumerate(gang.actors) if a._actor_id.hex() not in ids]
+                self._lock.notify_all()
+        return more
 
     def close(self) -> None:
         self._closed = True
@@ -83,86 +121,140 @@ class GangWatch:
     def _watch(self) -> None:
         while not self._closed:
             with self._lock:
-                live = list(self._live)
-            if not live:
-                return
+                live = [g for g in self._live if g.error is None]  # (one restarting is looked at once back)
+                if not self._live:
+                    return
             for gang in live:
                 try:
-                    self._look(gang)
+                    self._look(gang, gang.generation)
                 except Exception:  # Ray going away (shutdown): the next round, or the end
                     if self._closed or not ray.is_initialized():
                         return
             self._poke.wait(POLL)
             self._poke.clear()
 
-    def _look(self, gang: RayGang) -> None:
+    def _look(self, gang: RayGang, generation: int) -> None:
         from ray._private import state  # (Ray's GCS actor table; no dashboard needed)
 
-        for rank, actor_id in enumerate(gang.ids):
+        for rank, actor_id in enumerate(list(gang.ids)):
             info = state.actors(actor_id=actor_id)
             if info.get("State") in _GONE:
                 found = _DEATH_MESSAGE.search(str(info.get("DeathCause", "")))
                 why = found.group(1) if found else f"its Ray actor is {info.get('State')}"
-                self._fail(gang, rank, why)
+                self._fail(gang, generation, rank, why)
                 return
 
-    def _fail(self, gang: RayGang, rank: int, why: str) -> None:
+    def _fail(self, gang: RayGang, generation: int, rank: int, why: str) -> None:
+        """Life `generation` of the group ended with its rank's death: every member killed; restarted or dead."""
         with self._lock:
-            if gang not in self._live:
+            if gang not in self._live or gang.generation != generation or gang.error is not None:
                 return
-            self._live.remove(gang)
-            gang.error = died_error(gang.label, rank, why)
-            self._dead_handles.update((id(actor), gang) for actor in gang.actors)
-        for other, actor in enumerate(gang.actors):
-            if other != rank:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:  # dead already
-                    pass
-        gang.over.set()
+            if gang.respawn is not None and (gang.max_restarts == -1 or gang.restarts < gang.max_restarts):
+                gang.restarts += 1
+                gang.error = restarting_error(gang.label, rank, why, gang.restarts, gang.max_restarts)
+            else:
+                self._live.remove(gang)
+                gang.dead = True
+                gang.error = died_error(gang.label, rank, why)
+            gang.failures[generation] = gang.error
+            gang.generation += 1
+            members = list(gang.actors)
+            self._lock.notify_all()
+        for actor in members:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # dead already
+                pass
+        if not gang.dead:
+            threading.Thread(
+                target=self._restart, args=(gang, gang.generation, members), name="fray-ray-gang-restart", daemon=True
+            ).start()
+
+    def _restart(self, gang: RayGang, generation: int, old: list[Any]) -> None:
+        """Once the old members are dead (their names and bundles free again): new ones, on fresh processes."""
+        from ray._private import state
+
+        deadline = time.monotonic() + _RESTART_TIMEOUT
+        for actor in old:
+            while time.monotonic() < deadline and state.actors(actor_id=actor._actor_id.hex()).get("State") != "DEAD":
+                time.sleep(0.05)
+        assert gang.respawn is not None
+        try:
+            new = gang.respawn(gang)
+        except Exception as exc:
+            with self._lock:
+                if gang.generation == generation and not gang.dead:
+                    self._live.remove(gang)
+                    gang.dead = True
+                    gang.error = gang.failures[generation] = ActorDiedError(
+                        f"{gang.label} is dead: its restart {gang.restarts} failed: {type(exc).__name__}: {exc}"
+                    )
+                    gang.generation += 1
+                    self._lock.notify_all()
+            return
+        with self._lock:
+            if gang.generation != generation or gang.dead:  # killed meanwhile
+                stale = new
+            else:
+                stale = []
+                self._adopt(gang, new)
+                gang.error = None
+                self._start_watching()
+        for actor in stale:
+            ray.kill(actor, no_restart=True)
 
     # ------------------------------------------------------------ calls and failed gets
-    def refused(self, actor: Any) -> Any:
-        """A Ray ref whose get raises the group's error, for a call to a member of a dead group (else None): the
-        call must not run on a survivor the kill has not reached yet."""
-        if not self._dead_handles:
-            return None
-        gang = self._dead_handles.get(id(actor))
-        if gang is None or gang.error is None:
-            return None
+    def route(self, actor: Any) -> tuple[Any, Any]:
+        """(the Ray handle to call, None) for a call through `actor`: a member of a restarted group is called on
+        its new actor. (None, a Ray ref whose get raises) while its group restarts or once it is dead: the call
+        must not run on a survivor the kill has not reached yet."""
+        if not self._ranks:
+            return actor, None
+        found = self._ranks.get(id(actor))
+        if found is None:
+            return actor, None
+        gang, rank = found
+        error = gang.error
+        if error is None:
+            return gang.actors[rank], None
         global _raiser
         if _raiser is None:
             _raiser = ray.remote(num_cpus=0, max_retries=0)(_raise)
-        return _raiser.remote(ActorDiedError(str(gang.error)))
+        return None, _raiser.remote(type(error)(str(error)))
 
-    def failure(self, exc: BaseException, payloads: Sequence[Any]) -> ActorDiedError | None:
-        """The group's error to raise instead of `exc`, a failed get of these Ray refs, if a member's group died
-        (waiting up to LOST_PEER_GRACE for a death `exc` says has happened); else None."""
+    def failure(self, exc: BaseException, payloads: Sequence[Any]) -> FrayError | None:
+        """The group's error to raise instead of `exc`, a failed get of these Ray refs, if the life of a member's
+        group the call was sent in has ended (waiting up to LOST_PEER_GRACE for an end `exc` says has
+        happened); else None."""
         if not self._by_actor:
             return None
-        gangs = []
+        sent: list[tuple[RayGang, int]] = []
         for payload in payloads:
             try:
-                gang = self._by_actor.get(payload.task_id().actor_id().hex())
+                found = self._by_actor.get(payload.task_id().actor_id().hex())
             except Exception:  # not an actor call's ref
-                gang = None
-            if gang is not None and gang not in gangs:
-                gangs.append(gang)
-        if not gangs:
+                found = None
+            if found is not None and found not in sent:
+                sent.append(found)
+        if not sent:
             return None
         cause = exc.cause if isinstance(exc, rex.RayTaskError) else exc
         if isinstance(exc, rex.RayActorError) or (cause is not None and lost_peer(cause)):
             self._poke.set()
             deadline = time.monotonic() + LOST_PEER_GRACE
-            for gang in gangs:
-                gang.over.wait(max(0.0, deadline - time.monotonic()))
-        for gang in gangs:
-            if gang.error is not None:
-                return ActorDiedError(str(gang.error))
+            with self._lock:
+                for gang, generation in sent:
+                    while gang.generation == generation and time.monotonic() < deadline:
+                        self._lock.wait(max(0.0, deadline - time.monotonic()))
+        for gang, generation in sent:
+            error = gang.failures.get(generation)
+            if error is not None:
+                return type(error)(str(error))
         return None
 
 
-_raiser: Any = None  # the Ray task behind `refused` (registered at first use)
+_RESTART_TIMEOUT = 60.0  # seconds the old members get to be DEAD in the GCS before the new ones are made
+_raiser: Any = None  # the Ray task behind `route`'s refusals (registered at first use)
 
 
 def _raise(error: BaseException) -> None:

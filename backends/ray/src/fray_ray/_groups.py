@@ -49,7 +49,7 @@ from fray.types import ActorOptions, Lifetime
 from fray_ray._actors import RayActors
 from fray_ray._args import is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
-from fray_ray._gangs import GangWatch
+from fray_ray._gangs import GangWatch, RayGang
 
 __all__ = [
     "DEFAULT_BUNDLE",
@@ -216,11 +216,44 @@ class RayGroups:
         what = f"actor group {options.name or klass.__name__}"
         pg = create_placement_group(options, count, placement, strict, what)
         detached = options.lifetime is Lifetime.DETACHED
+        # fray restarts an SPMD group as a whole (_gangs.py): its Ray actors never restart alone
+        member_options = dataclasses.replace(options, max_restarts=0) if distributed else options
+        try:
+            first = members(pg, count, options.name, distributed)
+            handles = self._spawn(klass, args, kwargs, member_options, pg, first)
+        except BaseException:
+            remove_placement_group(pg)
+            raise
+        if not detached:
+            self._placement_groups[pg.id] = pg
+        if distributed:
+
+            def respawn(gang: RayGang) -> list[Any]:  # new members in the same bundles, a new MASTER_PORT
+                fresh = [
+                    dataclasses.replace(m, info=dataclasses.replace(m.info, restarts=gang.restarts))
+                    for m in members(pg, count, options.name, True)
+                ]
+                return [h.payload for h in self._spawn(klass, args, kwargs, member_options, pg, fresh)]
+
+            label = group_label(klass.__name__, count, options.name)
+            self.gangs.add(label, [h.payload for h in handles], options.max_restarts, respawn)
+        return ActorGroup(handles, options.name, RayGroup(pg, count, detached), ctx=self._ctx)
+
+    def _spawn(
+        self,
+        klass: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        pg: Any,
+        group_members: list[Member],
+    ) -> list[ActorHandle]:
+        """One actor per member, member r in bundle r; all or nothing (the ones made are killed on a failure)."""
         # An unnamed group's members get a Ray name too (unique), so that Ray's ActorDiedError names the rank.
         ray_prefix = options.name or f"fray-group-{uuid.uuid4().hex[:12]}"
         handles: list[ActorHandle] = []
         try:
-            for member in members(pg, count, options.name, distributed):
+            for member in group_members:
                 rank = member.info.rank
                 extra: dict[str, Any] = {
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -236,13 +269,8 @@ class RayGroups:
                 self._actors.kill(handles)
             except Exception:  # the creation error is the one to report
                 pass
-            remove_placement_group(pg)
             raise
-        if not detached:
-            self._placement_groups[pg.id] = pg
-        if distributed:
-            self.gangs.add(group_label(klass.__name__, count, options.name), [h.payload for h in handles])
-        return ActorGroup(handles, options.name, RayGroup(pg, count, detached), ctx=self._ctx)
+        return handles
 
     def call(self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[ObjectRef]:
         """One Ray call per member, with the arguments converted once; a large argument is put once and every
@@ -253,12 +281,12 @@ class RayGroups:
         noted = ray_args is not args or ray_kwargs is not kwargs
         refs = []
         for handle in group.handles:
-            refused = self.gangs.refused(handle.payload)  # a member of a dead SPMD group
+            actor, refused = self.gangs.route(handle.payload)  # an SPMD group restarted, restarting or dead
             if refused is not None:
                 refs.append(ObjectRef(refused, "ray"))
                 continue
             try:
-                ref = getattr(handle.payload, method).remote(*ray_args, **ray_kwargs)
+                ref = getattr(actor, method).remote(*ray_args, **ray_kwargs)
             except TypeError as exc:
                 if is_serialization_error(exc):
                     raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
@@ -272,8 +300,10 @@ class RayGroups:
     def kill(self, group: ActorGroup) -> None:
         """Kill the members; a whole group (not a slice) also loses its placement group (removing it would kill
         every member in it, so a slice keeps it)."""
-        self.gangs.killed([h.payload for h in group.handles])
-        self._actors.kill(group.handles)
+        replaced = self.gangs.killed([h.payload for h in group.handles])  # (members a restart made)
+        methods = group.handles[0].methods
+        now = [ActorHandle(a, "ray", group.class_name, methods, member_name(group.name, r)) for r, a in replaced]
+        self._actors.kill([*group.handles, *now])
         payload = group.payload
         pg = None
         if isinstance(payload, RayGroup):

@@ -58,6 +58,7 @@ class RayJobContext(JobContext):
             Capability.CANCEL_RUNNING,
             Capability.STREAMING,
             Capability.SPMD_GROUPS,
+            Capability.SPMD_GANG_RESTART,  # _gangs.py
             Capability.ASYNC_ACTORS,
             Capability.PROCESS_ISOLATION,
             Capability.MULTI_HOST,
@@ -154,12 +155,12 @@ class RayJobContext(JobContext):
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         self._refuse_if_shut_down()
-        refused = self._groups.gangs.refused(handle.payload)  # a member of a dead SPMD group
+        actor, refused = self._groups.gangs.route(handle.payload)  # an SPMD group restarted, restarting or dead
         if refused is not None:
             return ObjectRef(refused, BACKEND)
         ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
         try:
-            ref = getattr(handle.payload, method).remote(*ray_args, **ray_kwargs)
+            ref = getattr(actor, method).remote(*ray_args, **ray_kwargs)
         except TypeError as exc:
             if is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None

@@ -6,6 +6,7 @@ Bounds are generous (a loaded 2-core machine must never make them flaky); the me
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +81,11 @@ def test_a_dead_rank_fails_every_pending_call_of_its_spmd_group(fray_ctx: JobCon
 
 
 @requires_capability("spmd_groups", "spmd_gang_restart")
-def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path) -> None:
+@pytest.mark.parametrize("named", [False, True])
+def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path, named: bool) -> None:
     pytest.importorskip("torch", reason="torch is not installed (the group uses torch.distributed)")
-    options = ActorOptions(max_restarts=1)
+    name = f"gang-{uuid.uuid4().hex[:8]}" if named else None
+    options = ActorOptions(max_restarts=1, name=name)
     group = fray_ctx.create_actor_group(g.GlooMember, 2, distributed=True, options=options)
     try:
         before = fray_ctx.get(group.facts(), timeout=180)
@@ -108,6 +111,8 @@ def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path) ->
         assert not {f["pid"] for f in after} & {f["pid"] for f in before}, "every member on a fresh process"
         assert after[0]["port"] != before[0]["port"], "a new MASTER_PORT for the new rendezvous"
         assert _wait_gone([f["pid"] for f in before]) == [], "the old processes are gone"
+        if name is not None:  # a named group's members are found by name again, restarted
+            assert fray_ctx.get(fray_ctx.get_actor(f"{name}/1").facts(), timeout=60)["restarts"] == 1
         # The last restart is spent: the next death is the group's end.
         with pytest.raises((ActorDiedError, ActorUnavailableError)):
             fray_ctx.get(group[0].crash_now(), timeout=120)
