@@ -1,10 +1,17 @@
-"""Shared benchmark helpers: medians over repeats and a ratio table (fray / engine used directly)."""
+"""Shared benchmark helpers: medians and percentiles over repeats and a ratio table (fray / engine used directly)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
+
+
+def percentile(samples: list[float], pct: float) -> float:
+    """The pct-th percentile of samples (nearest rank: a value that was measured, never an interpolation)."""
+    ordered = sorted(samples)
+    rank = max(1, -(-len(ordered) * pct // 100))
+    return ordered[min(int(rank), len(ordered)) - 1]
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> float:

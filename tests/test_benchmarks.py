@@ -1,0 +1,46 @@
+"""The benchmarks stay runnable: each runs in its --quick mode (small sizes, few steps) on each installed backend.
+
+Smoke runs only: they check that the loops complete and print their tables, never how fast (timings on a shared
+machine are not a test).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fray
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BACKENDS = ("in_memory", "ray", "monarch")
+
+
+def run_bench(*args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(BENCH)}
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=600, env=env, cwd=BENCH.parent, check=False
+    )
+    assert proc.returncode == 0, f"{args} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rlhf_step_loop_runs_quick(backend: str) -> None:
+    if backend not in fray.available_backends():
+        pytest.skip(f"{backend} is not installed")
+    out = run_bench(str(BENCH / "bench_rlhf.py"), "--quick", "--backend", backend)
+    assert "copy floor of the step" in out
+    assert f"fray-{backend}" in out
+    if backend != "in_memory":  # the engine used directly, in the same run
+        assert f"raw {backend}" in out
+
+
+def test_store_loop_runs_quick() -> None:
+    if "monarch" not in fray.available_backends():
+        pytest.skip("monarch is not installed")
+    out = run_bench(str(BENCH / "bench_store_loop.py"), "--quick", "--backend", "monarch")
+    assert "numpy put" in out and "torch actor -> driver" in out and "memcpy p50" in out
