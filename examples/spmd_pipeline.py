@@ -14,12 +14,24 @@ the current policy and streams it back sample batch by sample batch. Each step:
 3. rank 0's new weights are put once and read by every rollout member (one put, N readers).
 
 The "reward" is how close the policy's outputs are to a hidden target; the training loss falls step by step.
+
+Surviving a rank's death (issue 19): rank 0 saves a checkpoint after every step, and the trainer group is
+created with `max_restarts=1`. With `--kill-rank 1 --at-step 3` the driver SIGKILLs that rank's process while
+the step trains: the whole group fails at once (`ActorUnavailableError`), fray restarts every rank on a fresh
+process, each `__init__` sees `fray.current_actor().restarts == 1` and loads the checkpoint, and the loop goes
+on from the step after it; the loss keeps falling.
+
+    python examples/spmd_pipeline.py --kill-rank 1 --at-step 3
+
 Needs torch (installed by the full install: `make test`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -63,16 +75,24 @@ class Rollout:
 
 
 class Trainer:
-    """One rank of a data-parallel trainer: torch.distributed is set up from the environment fray provides."""
+    """One rank of a data-parallel trainer: torch.distributed is set up from the environment fray provides. After
+    a restart of its group it resumes from the last checkpoint rank 0 saved."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoint: str) -> None:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
         dist.init_process_group("gloo")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.checkpoint = checkpoint
         self.model = DistributedDataParallel(make_policy())
         self.opt = torch.optim.Adam(self.model.parameters(), lr=0.02)
+        self.resumed_from = -1  # the step whose checkpoint this rank loaded (-1: a fresh start)
+        if fray.current_actor().restarts and os.path.exists(checkpoint):
+            saved = torch.load(checkpoint)
+            self.model.module.load_state_dict(saved["model"])
+            self.opt.load_state_dict(saved["opt"])
+            self.resumed_from = saved["step"]
 
     def train(self, batch: dict[str, torch.Tensor]) -> float:
         obs = batch["obs"][self.rank :: self.world]  # this rank's shard of the step's batch
@@ -86,37 +106,91 @@ class Trainer:
             losses.append(float(loss.detach()))
         return sum(losses) / len(losses)
 
+    def save(self, step: int) -> None:
+        """Rank 0 writes the checkpoint (every rank's model and optimizer are the same after a DDP step)."""
+        if self.rank == 0:
+            state = {"model": self.model.module.state_dict(), "opt": self.opt.state_dict(), "step": step}
+            torch.save(state, self.checkpoint + ".tmp")
+            os.replace(self.checkpoint + ".tmp", self.checkpoint)  # a crash never leaves half a checkpoint
+
+    def resumed(self) -> tuple[int, int]:
+        return fray.current_actor().restarts, self.resumed_from
+
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.module.state_dict().items()}
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def where(self) -> str:
         return f"rank {self.rank}/{self.world} pid {os.getpid()} MASTER={os.environ['MASTER_ADDR']}"
 
 
+def wait_until_back(ctx: fray.JobContext, trainers: fray.ActorGroup) -> int:
+    """The trainer group restarts (calls raise ActorUnavailableError meanwhile); returns the step it resumed
+    from."""
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            resumed = ctx.get(trainers.resumed(), timeout=120)
+            break
+        except fray.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    restarts, step = resumed[0]
+    print(f"the trainer group restarted (restart {restarts}); every rank resumed from the checkpoint of step {step}")
+    return int(step)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kill-rank", type=int, default=None, help="SIGKILL this trainer rank's process ...")
+    parser.add_argument("--at-step", type=int, default=3, help="... while this step trains")
+    args = parser.parse_args()
+    checkpoint = os.path.join(tempfile.mkdtemp(prefix="fray-spmd-"), "trainer.pt")
     ctx = fray.init()
     print(f"backend: {ctx.backend}")
-    trainers = ctx.create_actor_group(Trainer, 2, distributed=True)
+    options = fray.ActorOptions(max_restarts=1)  # a rank's death restarts the whole trainer group, once
+    trainers = ctx.create_actor_group(Trainer, 2, args=(checkpoint,), options=options, distributed=True)
     rollouts = ctx.create_actor_group(Rollout, 2)
     print("trainers:", *ctx.get(trainers.where(), timeout=180), sep="\n  ")
 
-    losses = []
-    for step in range(STEPS):
+    losses: dict[int, float] = {}
+    step = 0
+    while step < STEPS:
         started = time.perf_counter()
         streams = [member.generate.stream(BATCHES_PER_ROLLOUT) for member in rollouts]
         items = [ctx.get(ref, timeout=120) for stream in streams for ref in stream]  # as they are produced
         batch = ctx.put({key: torch.cat([item[key] for item in items]) for key in ("obs", "reward")})
-        step_losses = ctx.get(trainers.train(batch), timeout=120)  # every rank reads the one put batch
+        kill = step == args.at_step and args.kill_rank is not None
+        victim = ctx.get(trainers[args.kill_rank].pid(), timeout=60) if kill else 0
+        training = trainers.train(batch)  # every rank reads the one put batch
+        if kill:
+            os.kill(victim, signal.SIGKILL)  # (a machine lost mid-step, as far as the group can tell)
+            print(f"step {step}: killed trainer rank {args.kill_rank} (pid {victim}) while it trained")
+            args.kill_rank = None
+        try:
+            step_losses = ctx.get(training, timeout=120)
+            ctx.get(trainers.save(step), timeout=60)
+        except fray.ActorUnavailableError as exc:
+            print(f"step {step}: {exc}")
+            step = wait_until_back(ctx, trainers) + 1
+            weights = ctx.put(ctx.get(trainers[0].weights(), timeout=60))  # the rollouts act as the checkpoint
+            ctx.get(rollouts.set_weights(weights), timeout=60)
+            continue
         weights = ctx.put(ctx.get(trainers[0].weights(), timeout=60))  # one put ...
         ctx.get(rollouts.set_weights(weights), timeout=60)  # ... read by every rollout member
-        losses.append(sum(step_losses) / len(step_losses))
-        print(f"step {step}: loss {losses[-1]:.4f}  ({len(items)} batches, {time.perf_counter() - started:.2f} s)")
+        losses[step] = sum(step_losses) / len(step_losses)
+        print(f"step {step}: loss {losses[step]:.4f}  ({len(items)} batches, {time.perf_counter() - started:.2f} s)")
+        step += 1
 
     ctx.kill(trainers)
     ctx.kill(rollouts)
     fray.shutdown()
-    if losses[-1] < losses[0] * 0.7:
-        print(f"ok: loss fell from {losses[0]:.4f} to {losses[-1]:.4f}")
+    first, last = losses[min(losses)], losses[STEPS - 1]
+    if last < first * 0.7:
+        print(f"ok: loss fell from {first:.4f} to {last:.4f}")
     else:
         raise SystemExit(f"the loss did not fall enough: {losses}")
 

@@ -140,7 +140,8 @@ class GangWatch:
             info = state.actors(actor_id=actor_id)
             if info.get("State") in _GONE:
                 found = _DEATH_MESSAGE.search(str(info.get("DeathCause", "")))
-                why = found.group(1) if found else f"its Ray actor is {info.get('State')}"
+                # (Ray's message goes on with advice about OOM kills: its first sentence says what happened)
+                why = found.group(1).split(". ")[0].rstrip(".") if found else f"its Ray actor is {info.get('State')}"
                 self._fail(gang, generation, rank, why)
                 return
 
