@@ -21,10 +21,13 @@ from fray_monarch import _runtime
 from fray_monarch.objects import RefPayload, Tracker
 from fray_monarch.protocol import Stored, Value
 
-# An unreferenced object is dropped this long after its last reference goes: a small margin; what keeps a ref in
-# flight alive is ordering and keeps (see .agents/monarch-backend.md). It was 2 s, which kept a freed value's
-# memory from being reused by the next put for ~3.5 s (every put then paid new pages: ~90 ms per 100 MiB).
-FREE_GRACE = 0.05
+# An unreferenced object is dropped this long after its last reference goes. What keeps a ref in flight alive is
+# ordering and keeps (see .agents/monarch-backend.md), not this delay; a worker's releases are delayed on their side
+# (worker_runtime.RELEASE_DELAY). 0: the free runs on the loop thread as soon as it can (never in the finalizer that
+# dropped the count). It was 2 s, then 50 ms: a loop putting a 100 MiB value every ~5 ms then had ~10 of them
+# alive and kept growing the store by fresh chunks (~55 ms of page zeroing and faults each, every 3-6 puts); now
+# the previous value's memory is free before the next put but one (issue 21).
+FREE_GRACE = 0.0
 
 
 @dataclass
@@ -185,7 +188,7 @@ class ObjectDirectory:
                 self.sweep_armed = False
                 delay = None
             else:
-                delay = max(0.05, self.free_due[0][0] - now)
+                delay = max(0.0, self.free_due[0][0] - now)
             if freed:
                 self.free_stored(freed)
         if delay is not None:
