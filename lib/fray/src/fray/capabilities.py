@@ -31,6 +31,9 @@ class Capability(enum.Enum):
     PROCESS_ISOLATION = "process_isolation"  # tasks/actors run in other processes; a crash is contained
     MULTI_HOST = "multi_host"  # one context can span several machines
     ZERO_COPY_OBJECTS = "zero_copy_objects"  # get of a large numpy array does not copy it
+    # an SPMD member whose process stops answering without dying (SIGSTOP, a machine gone quiet) is treated as
+    # dead after FRAY_SPMD_HANG_TIMEOUT seconds (fray.gang.hang_timeout; 30 by default)
+    SPMD_HANG_DETECTION = "spmd_hang_detection"
 
     @property
     def has_api(self) -> bool:
@@ -38,4 +41,11 @@ class Capability(enum.Enum):
         return self not in _PROPERTIES
 
 
-_PROPERTIES = frozenset({Capability.PROCESS_ISOLATION, Capability.MULTI_HOST, Capability.ZERO_COPY_OBJECTS})
+_PROPERTIES = frozenset(
+    {
+        Capability.PROCESS_ISOLATION,
+        Capability.MULTI_HOST,
+        Capability.ZERO_COPY_OBJECTS,
+        Capability.SPMD_HANG_DETECTION,
+    }
+)

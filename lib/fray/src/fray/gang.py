@@ -12,10 +12,24 @@ holds it for up to `LOST_PEER_GRACE` seconds waiting for the death, so the call 
 
 from __future__ import annotations
 
-from fray.errors import ActorDiedError, ActorUnavailableError
+import math
+import os
+
+from fray.errors import ActorDiedError, ActorUnavailableError, FrayError
 from fray.remote_errors import RemoteError
 
-__all__ = ["LOST_PEER_GRACE", "died_error", "group_label", "lost_peer", "restarting_error"]
+__all__ = [
+    "DEFAULT_HANG_TIMEOUT",
+    "HANG_TIMEOUT_ENV",
+    "LOST_PEER_GRACE",
+    "died_error",
+    "group_label",
+    "hang_timeout",
+    "heartbeat_interval",
+    "hung_reason",
+    "lost_peer",
+    "restarting_error",
+]
 
 # How long an error that says a collective lost a peer waits for fray to learn of that peer's death (on one
 # machine the dead process's exit is seen in milliseconds; a busy cluster takes longer).
@@ -30,6 +44,32 @@ _LOST_PEER_TEXT = (
     "nccl communicator was aborted",
 )
 _LOST_PEER_TYPES = {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}
+
+
+# A member that stops answering without dying (its machine lost power or network; SIGSTOP) is treated as dead
+# after this many seconds without a heartbeat from its process. FRAY_SPMD_HANG_TIMEOUT sets it (read when a group
+# is created); 0 turns the check off.
+HANG_TIMEOUT_ENV = "FRAY_SPMD_HANG_TIMEOUT"
+DEFAULT_HANG_TIMEOUT = 30.0
+
+
+def hang_timeout() -> float:
+    """Seconds without a heartbeat after which an SPMD member counts as dead (inf: never)."""
+    raw = os.environ.get(HANG_TIMEOUT_ENV, "")
+    try:
+        value = float(raw) if raw.strip() else DEFAULT_HANG_TIMEOUT
+    except ValueError:
+        raise FrayError(f"{HANG_TIMEOUT_ENV} must be a number of seconds (0: off), got {raw!r}") from None
+    return math.inf if value <= 0 else value
+
+
+def heartbeat_interval(timeout: float) -> float:
+    """How often a member's process says it is alive: several beats per timeout, none needed when it is off."""
+    return 5.0 if math.isinf(timeout) else max(0.05, min(timeout / 6, 5.0))
+
+
+def hung_reason(timeout: float) -> str:
+    return f"it stopped responding: no heartbeat from its process for {timeout:g} s"
 
 
 def lost_peer(error: object) -> bool:

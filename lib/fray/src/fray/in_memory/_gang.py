@@ -6,17 +6,21 @@ cannot leave it otherwise) and every call pending on any member fails: with Acto
 is left (`ActorOptions.max_restarts`), then every member comes back on a fresh process with a new MASTER_PORT and
 runs __init__ again (all ranks at once, as at creation; `fray.current_actor().restarts` counts); with
 ActorDiedError naming the rank that died when none is left. Calls made while the group restarts raise
-ActorUnavailableError at once.
+ActorUnavailableError at once. A member whose process sends no heartbeat for `hang_timeout` seconds (stopped,
+or its machine gone quiet) counts as dead the same way (fray.gang.hang_timeout).
 """
 
 from __future__ import annotations
 
+import math
+import os
+import select
 import subprocess
 import threading
 from typing import TYPE_CHECKING
 
 from fray.errors import FrayError
-from fray.gang import died_error, restarting_error
+from fray.gang import died_error, hung_reason, restarting_error
 from fray.net import free_port
 
 if TYPE_CHECKING:
@@ -29,8 +33,9 @@ class Gang:
     """The members of one SPMD group, by rank, and the group's state: `generation` counts the group's lives
     (0 at creation, +1 at each failure); `failures[g]` is why life g ended."""
 
-    def __init__(self, label: str, size: int, max_restarts: int) -> None:
+    def __init__(self, label: str, size: int, max_restarts: int, hang_timeout: float = math.inf) -> None:
         self.label = label
+        self.hang_timeout = hang_timeout  # seconds without a heartbeat from a member's process: it is dead
         self.size = size
         self.max_restarts = max_restarts
         self.members: dict[int, ProcessMember] = {}
@@ -49,14 +54,29 @@ class Gang:
             self.members[rank] = member
             self.started = len(self.members) == self.size
 
-    def watch(self, rank: int, proc: subprocess.Popen[bytes], generation: int) -> None:
-        """Learn of the exit of a member's process (of the group's life `generation`)."""
+    def watch(self, rank: int, proc: subprocess.Popen[bytes], generation: int, beats: int) -> None:
+        """Learn of the exit of a member's process (of the group's life `generation`), and of its silence: its
+        heartbeats arrive on the pipe `beats` (closed here)."""
 
         def await_exit() -> None:
             code = proc.wait()
             self.died(rank, generation, f"its process exited with code {code}")
 
+        def await_silence() -> None:
+            try:
+                while True:
+                    wait = None if math.isinf(self.hang_timeout) else self.hang_timeout
+                    ready, _, _ = select.select([beats], [], [], wait)
+                    if not ready:  # (a stopped process is SIGKILLed with the others by died)
+                        self.died(rank, generation, hung_reason(self.hang_timeout))
+                        return
+                    if not os.read(beats, 4096):
+                        return  # its process exited: await_exit says so
+            finally:
+                os.close(beats)
+
         threading.Thread(target=await_exit, name=f"fray-gang-watch-{rank}", daemon=True).start()
+        threading.Thread(target=await_silence, name=f"fray-gang-beats-{rank}", daemon=True).start()
 
     # ------------------------------------------------------------ calls
     def check(self) -> int:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -26,7 +28,7 @@ import cloudpickle
 from fray import watchdog
 from fray.current import ActorInfo, set_process_actor
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
-from fray.gang import LOST_PEER_GRACE, lost_peer
+from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
 from fray.in_memory._gang import Gang
 from fray.remote_errors import RemoteError, capture_exception
 
@@ -62,22 +64,28 @@ class ProcessMember:
     def _start(self, info: ActorInfo, generation: int) -> None:
         """Under the lock: a fresh child process with the member's environment, its __init__ run there."""
         parent_sock, child_sock = socket.socketpair()
+        beats, beat_out = os.pipe()  # the child's heartbeats (a gang watches them)
+        interval = heartbeat_interval(self._gang.hang_timeout if self._gang is not None else math.inf)
         path = os.pathsep.join(p for p in sys.path if p)  # the child imports what this process can
         child_env = {**os.environ, **self._env, "PYTHONPATH": path}
+        command = [sys.executable, "-m", "fray.in_memory._process_member", str(child_sock.fileno())]
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "fray.in_memory._process_member", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),),
+                [*command, str(beat_out), str(interval)],
+                pass_fds=(child_sock.fileno(), beat_out),
                 env=child_env,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         finally:
             child_sock.close()
+            os.close(beat_out)
         watchdog.watch_group(proc.pid)
         self._proc, self._conn, self._generation = proc, Connection(parent_sock.detach()), generation
         if self._gang is not None:
-            self._gang.watch(info.rank, proc, generation)
+            self._gang.watch(info.rank, proc, generation, beats)
+        else:
+            os.close(beats)
         klass, args, kwargs, _ = self._init
         self._outcome(self._send_receive((klass, args, kwargs, info), "__init__"), generation)
 
@@ -177,7 +185,18 @@ def _reply(conn: Connection, ok: bool, value: Any) -> None:
     conn.send_bytes(data)
 
 
-def _main(fd: int) -> None:
+def _beat(fd: int, interval: float) -> None:
+    """Tell the parent this process is alive, every `interval` seconds, until it stops reading."""
+    while True:
+        try:
+            os.write(fd, b".")
+        except OSError:
+            return
+        time.sleep(interval)
+
+
+def _main(fd: int, beat_fd: int, interval: float) -> None:
+    threading.Thread(target=_beat, args=(beat_fd, interval), name="fray-heartbeat", daemon=True).start()
     conn = Connection(fd)
     klass, args, kwargs, info = cloudpickle.loads(conn.recv_bytes())
     set_process_actor(info)
@@ -207,4 +226,4 @@ def _main(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]))
+    _main(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))

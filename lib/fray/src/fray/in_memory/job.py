@@ -22,7 +22,7 @@ from fray.errors import (
     TaskCancelledError,
     attach_remote_traceback,
 )
-from fray.gang import group_label
+from fray.gang import group_label, hang_timeout
 from fray.groups import ActorGroup, Member, create_one_by_one
 from fray.in_memory._gang import Gang
 from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_call
@@ -53,6 +53,7 @@ class InMemoryJobContext(JobContext):
             Capability.STREAMING,
             Capability.SPMD_GROUPS,  # SPMD members run in child processes of their own
             Capability.SPMD_GANG_RESTART,  # those processes fail and restart together (in_memory/_gang.py)
+            Capability.SPMD_HANG_DETECTION,  # and send heartbeats
             Capability.ASYNC_ACTORS,
         }
     )
@@ -127,7 +128,7 @@ class InMemoryJobContext(JobContext):
     ) -> ActorGroup:
         # An SPMD group's members share a Gang: one member's death stops (and restarts) them all.
         label = group_label(klass.__name__, count, options.name)
-        gang = Gang(label, count, options.max_restarts) if distributed else None
+        gang = Gang(label, count, options.max_restarts, hang_timeout()) if distributed else None
         return create_one_by_one(self, klass, count, args, kwargs, options, distributed, gang)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:

@@ -5,6 +5,8 @@ Bounds are generous (a loaded 2-core machine must never make them flaky); the me
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -128,3 +130,40 @@ def test_spmd_group_restarts_are_refused_where_the_backend_cannot_restart_a_grou
         pytest.skip("this backend restarts SPMD groups (test_spmd_group_restarts_as_a_whole)")
     with pytest.raises(UnsupportedFeatureError, match="spmd_gang_restart"):
         fray_ctx.create_actor_group(g.Member, 2, distributed=True, options=ActorOptions(max_restarts=1))
+
+
+@requires_capability("spmd_groups", "spmd_gang_restart", "spmd_hang_detection")
+def test_a_stopped_rank_is_detected_and_its_group_restarts(
+    fray_ctx: JobContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank that stops answering without dying (SIGSTOP) counts as dead after FRAY_SPMD_HANG_TIMEOUT."""
+    pytest.importorskip("torch", reason="torch is not installed (the group uses torch.distributed)")
+    hang_timeout = 3.0
+    monkeypatch.setenv("FRAY_SPMD_HANG_TIMEOUT", str(hang_timeout))  # (read when the group is created)
+    group = fray_ctx.create_actor_group(g.GlooMember, 2, distributed=True, options=ActorOptions(max_restarts=1))
+    stopped = 0
+    try:
+        before = fray_ctx.get(group.facts(), timeout=180)
+        blocked, queued = _rank0_inside_all_reduce(fray_ctx, group, tmp_path / "in")
+        start = time.monotonic()
+        stopped = before[1]["pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        ends = [_fails_with(fray_ctx, r, ActorUnavailableError, "rank 1") for r in (blocked, queued)]
+        took = max(ends) - start
+        print(f"a stopped rank was detected and the pending calls failed {took:.2f} s after its SIGSTOP")
+        assert hang_timeout * 0.5 < took < hang_timeout + FAIL_BOUND
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                assert fray_ctx.get(group.all_reduce(2.0), timeout=120) == [[4.0], [4.0]]
+                break
+            except ActorUnavailableError:
+                assert time.monotonic() < deadline, "the group did not come back within 180 s"
+                time.sleep(0.2)
+        after = fray_ctx.get(group.facts(), timeout=60)
+        assert [f["restarts"] for f in after] == [1, 1]
+        assert _wait_gone([f["pid"] for f in before]) == [], "the stopped process is killed, the others too"
+    finally:
+        if stopped and not _gone(stopped):  # (a failed test must not leave a stopped process behind)
+            os.kill(stopped, signal.SIGKILL)
+        fray_ctx.kill(group)
