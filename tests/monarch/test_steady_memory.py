@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,3 +91,36 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "the value was never freed"
         time.sleep(0.001)
+
+
+def torch_full(n: int) -> object:
+    import torch
+
+    return torch.full((n,), 2.0, dtype=torch.float32)
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_a_torch_result_is_mapped_without_populating_what_is_not_read(ctx: fray.JobContext) -> None:
+    """The driver's copy-on-write mapping of a torch result faults pages in as they are touched: reading one element
+    of 100 MiB does not bring 100 MiB into this process (it did when the private span was populated), and writing
+    still copies only the page written, never into the owner's memory."""
+    import torch  # (imported before measuring: the import alone adds ~150 MiB)
+
+    ref = ctx.create_task(torch_full, args=(25 * MiB,))
+    ctx.wait([ref], timeout=120)
+    ctx.get(ctx.create_task(torch_full, args=(1024,)), timeout=60)  # a first torch value, off the measure
+    before = _rss()
+    tensor = ctx.get(ref, timeout=60)
+    assert isinstance(tensor, torch.Tensor)
+    assert float(tensor[0]) == 2.0 and float(tensor[-1]) == 2.0
+    assert _rss() - before < 20 * MiB
+    tensor[0] = -1.0  # private to this reader
+    assert float(ctx.get(ref, timeout=60)[0]) == 2.0
+    rest = tensor[1:]
+    assert float(tensor[0]) == -1.0 and float(rest.min()) == float(rest.max()) == 2.0  # every page read
