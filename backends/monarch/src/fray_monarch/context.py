@@ -32,6 +32,7 @@ CAPABILITIES = frozenset(
         Capability.ZERO_COPY_OBJECTS,
         Capability.SPMD_GROUPS,
         Capability.SPMD_GANG_RESTART,  # gangs.py
+        Capability.SPMD_HANG_DETECTION,  # gangs.py: pings
         Capability.STREAMING,
         Capability.ASYNC_ACTORS,
     }

@@ -7,18 +7,23 @@ member comes back on a fresh process of its own (never on the group's mesh: Mona
 that lost a process), with a new MASTER_PORT on rank 0's host, `fray.current_actor().restarts` counting, and
 __init__ sent to every rank at once (their init_process_group meets); calls made until every __init__ has
 returned raise ActorUnavailableError. Without one, or when an __init__ of the restart fails, the group is dead
-(ActorDiedError naming the rank).
+(ActorDiedError naming the rank). A member whose process leaves a ping unanswered for FRAY_SPMD_HANG_TIMEOUT
+seconds (stopped, or its machine gone quiet; fray.gang.hang_timeout) counts as dead the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import signal
 import threading
+import time
 from functools import partial
 from typing import Any
 
 from fray.errors import ActorDiedError
-from fray.gang import died_error, restarting_error
+from fray.gang import died_error, heartbeat_interval, hung_reason, restarting_error
 from fray_monarch import _runtime
 from fray_monarch.actor_registry import ActorRec, ActorRegistry
 from fray_monarch.directory import Entry, ObjectDirectory
@@ -45,6 +50,59 @@ class GangKeeper:
         self.actors = actors
         self.groups = groups
         actors.gang_died = self.member_died
+        groups.spmd_created = self.watch_hangs
+        self._watched: list[GroupRec] = []  # SPMD groups whose members are pinged (hang detection)
+        self._pings: dict[str, float] = {}  # process key -> when its unanswered ping was sent
+        self._pinger: threading.Thread | None = None
+
+    # ------------------------------------------------------------ hangs
+    def watch_hangs(self, group: GroupRec) -> None:
+        """Under the lock: ping the group's members' processes (their WorkerHost answers, also while the member
+        is busy in a collective); one that leaves a ping unanswered for group.hang_timeout counts as dead."""
+        if math.isinf(group.hang_timeout):
+            return
+        self._watched.append(group)
+        if self._pinger is None or not self._pinger.is_alive():
+            self._pinger = threading.Thread(target=self._ping_loop, name="fray-monarch-gang-pings", daemon=True)
+            self._pinger.start()
+
+    def _ping_loop(self) -> None:
+        while True:
+            with self.lock:
+                self._watched = [g for g in self._watched if not g.dead]
+                if not self._watched or self.pool.closed:
+                    self._pinger = None
+                    return
+                interval = min(heartbeat_interval(g.hang_timeout) for g in self._watched)
+                now = time.monotonic()
+                for group in self._watched:
+                    if group.error is not None:
+                        continue  # restarting: its new processes are pinged once it is back
+                    for member in group.members:
+                        self._ping(group, member, now)
+            time.sleep(interval)
+
+    def _answered(self, key: str, _value: Any, _exc: BaseException | None) -> None:
+        with self.lock:
+            self._pings.pop(key, None)  # (a failed ping is a death: the process watch reports it)
+
+    def _ping(self, group: GroupRec, member: ActorRec, now: float) -> None:
+        """Under the lock."""
+        proc = member.proc
+        if proc is None or not proc.alive:
+            return
+        sent = self._pings.get(proc.key)
+        if sent is None:
+            self._pings[proc.key] = now
+            _runtime.on_done(proc.worker.ping.call_one(), partial(self._answered, proc.key))
+        elif now - sent > group.hang_timeout:
+            self._pings.pop(proc.key, None)
+            if proc.pid:  # (a stopped process cannot be asked to stop; on another host Monarch stops its mesh)
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.member_died(member, hung_reason(group.hang_timeout))
 
     def member_died(self, rec: ActorRec, reason: str) -> None:
         """Under the lock: a member of an SPMD group died (also during a restart)."""

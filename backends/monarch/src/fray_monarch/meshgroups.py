@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from monarch.actor import Channel
 
 from fray.current import ActorInfo
 from fray.errors import ActorAlreadyExistsError, FrayError
-from fray.gang import group_label
+from fray.gang import group_label, hang_timeout
 from fray.groups import member_name, spmd_env
 from fray.net import free_port
 from fray.resources import add, capacity
@@ -97,6 +98,7 @@ class GroupRec:
     generation: int = 0  # +1 at each failure (a restart's late news of an earlier life is ignored)
     initializing: int = 0  # members whose __init__ of the current restart has not returned
     error: FrayError | None = None  # while it restarts (ActorUnavailableError) or once dead (ActorDiedError)
+    hang_timeout: float = math.inf  # seconds a member's process may leave a ping unanswered (gangs.py)
     dead: bool = False
     held: dict[str, Entry] = field(default_factory=dict)  # members' lost-peer errors waiting (ActorRegistry.hold)
     calls: dict[str, Entry] = field(default_factory=dict)  # SPMD members' pending calls sent alone (send_one)
@@ -116,6 +118,7 @@ class GroupRegistry:
         self.by_id: dict[str, GroupRec] = {}
         self.reply_port, self.reply_receiver = Channel.open()  # where members answer broadcasts
         self.reply_thread: threading.Thread | None = None
+        self.spmd_created: Callable[[GroupRec], None] | None = None  # (gangs.py watches SPMD groups for hangs)
 
     # ------------------------------------------------------------ placement
     def _host_room(self, host: int, resources: dict[str, float]) -> float:
@@ -212,6 +215,7 @@ class GroupRegistry:
             label = group_label(class_name, count, options.name)
             group = GroupRec(self.ids.group(), options.name, label=label, distributed=distributed)
             group.max_restarts = options.max_restarts if distributed else 0
+            group.hang_timeout = hang_timeout() if distributed else math.inf
             try:
                 for hosts, per_host, two_d in self._blocks(layout):
                     actor = (cls_data, class_name, methods, args, deps, keep, options)
@@ -220,6 +224,8 @@ class GroupRegistry:
                 self._drop(group, "its group could not be created")
                 raise
             self.by_id[group.id] = group
+            if distributed and self.spmd_created is not None:
+                self.spmd_created(group)
             if self.reply_thread is None:  # the first group: answers are read from now on
                 self.reply_thread = _runtime.receive_each(self.reply_receiver, self._answer, "fray-monarch-replies")
             return group.id, [(m.id, m.name) for m in group.members]

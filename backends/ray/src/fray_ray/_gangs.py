@@ -17,7 +17,10 @@ about a lost peer, which may come first) does not wait for the next poll: it pol
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,11 +29,12 @@ from typing import Any
 
 import ray
 import ray.exceptions as rex
+from ray.experimental import internal_kv
 
 from fray.errors import ActorDiedError, FrayError
-from fray.gang import LOST_PEER_GRACE, died_error, lost_peer, restarting_error
+from fray.gang import LOST_PEER_GRACE, died_error, hung_reason, lost_peer, restarting_error
 
-__all__ = ["POLL", "GangWatch", "RayGang"]
+__all__ = ["HEARTBEAT_ENV", "POLL", "GangWatch", "RayGang", "Refusal", "raise_refusals", "start_heartbeat"]
 
 POLL = 0.2  # seconds between two looks at the members' states
 _GONE = {"DEAD", "RESTARTING"}
@@ -53,6 +57,8 @@ class RayGang:
     error: FrayError | None = None
     dead: bool = False
     history: list[Any] = field(default_factory=list)  # every handle it had (their id() stay valid for route)
+    hang_timeout: float = math.inf  # seconds a member's heartbeat may stay unchanged (fray.gang.hang_timeout)
+    beats: dict[str, tuple[Any, float]] = field(default_factory=dict)  # actor id -> (last beat, when it changed)
 
 
 class GangWatch:
@@ -66,6 +72,7 @@ class GangWatch:
         self._poke = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.refusing = False  # a Refusal was handed out: gets look for them (raise_refusals)
 
     def add(
         self,
@@ -73,8 +80,9 @@ class GangWatch:
         actors: Sequence[Any],
         max_restarts: int = 0,
         respawn: Callable[[RayGang], list[Any]] | None = None,
+        hang_timeout: float = math.inf,
     ) -> None:
-        gang = RayGang(label, [], [], max_restarts, respawn)
+        gang = RayGang(label, [], [], max_restarts, respawn, hang_timeout=hang_timeout)
         with self._lock:
             self._adopt(gang, list(actors))
             self._live.append(gang)
@@ -84,6 +92,8 @@ class GangWatch:
         """Under the lock: these are the group's members now."""
         gang.actors, gang.ids = actors, [a._actor_id.hex() for a in actors]
         gang.history += actors
+        now = time.monotonic()
+        gang.beats = {actor_id: (None, now) for actor_id in gang.ids}  # (silence counts from now)
         for rank, (actor, actor_id) in enumerate(zip(actors, gang.ids, strict=True)):
             self._by_actor[actor_id] = (gang, gang.generation)
             self._ranks[id(actor)] = (gang, rank)
@@ -144,6 +154,22 @@ class GangWatch:
                 why = found.group(1).split(". ")[0].rstrip(".") if found else f"its Ray actor is {info.get('State')}"
                 self._fail(gang, generation, rank, why)
                 return
+            if not math.isinf(gang.hang_timeout) and self._silent(gang, actor_id):
+                _kill_stopped(info)
+                self._fail(gang, generation, rank, hung_reason(gang.hang_timeout))
+                return
+
+    @staticmethod
+    def _silent(gang: RayGang, actor_id: str) -> bool:
+        """The member's heartbeat (a counter its process writes in Ray's KV) has not changed for hang_timeout."""
+        beat = internal_kv._internal_kv_get(_beat_key(actor_id))
+        last, since = gang.beats.get(actor_id, (None, time.monotonic()))
+        now = time.monotonic()
+        if beat != last:
+            gang.beats[actor_id] = (beat, now)
+            return False
+        # (before its first beat the process may still be starting: Ray starts a worker, it imports torch...)
+        return now - since > gang.hang_timeout + (0.0 if last is not None else _STARTUP_GRACE)
 
     def _fail(self, gang: RayGang, generation: int, rank: int, why: str) -> None:
         """Life `generation` of the group ended with its rank's death: every member killed; restarted or dead."""
@@ -218,10 +244,8 @@ class GangWatch:
         error = gang.error
         if error is None:
             return gang.actors[rank], None
-        global _raiser
-        if _raiser is None:
-            _raiser = ray.remote(num_cpus=0, max_retries=0)(_raise)
-        return None, _raiser.remote(type(error)(str(error)))
+        self.refusing = True
+        return None, ray.put(Refusal(type(error)(str(error))))
 
     def failure(self, exc: BaseException, payloads: Sequence[Any]) -> FrayError | None:
         """The group's error to raise instead of `exc`, a failed get of these Ray refs, if the life of a member's
@@ -254,9 +278,66 @@ class GangWatch:
         return None
 
 
+_STARTUP_GRACE = 60.0  # seconds a member's process gets to send its first heartbeat, on top of hang_timeout
 _RESTART_TIMEOUT = 60.0  # seconds the old members get to be DEAD in the GCS before the new ones are made
-_raiser: Any = None  # the Ray task behind `route`'s refusals (registered at first use)
 
 
-def _raise(error: BaseException) -> None:
-    raise error
+class Refusal:
+    """The value behind a refused call's ref (`route`): its get raises `error`. A put value, not a failing Ray
+    task: Ray would log every failed object nobody read as an "Unhandled error"."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: FrayError) -> None:
+        self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Refusal, (self.error,))
+
+
+def raise_refusals(values: Sequence[Any]) -> None:
+    """Raise the error of the first Refusal among the values a get returned."""
+    for value in values:
+        if type(value) is Refusal:
+            raise type(value.error)(str(value.error))
+
+
+# --------------------------------------------------------------------------------------- heartbeats
+HEARTBEAT_ENV = "FRAY_SPMD_HEARTBEAT"  # in an SPMD member's environment: seconds between its heartbeats
+
+
+def _beat_key(actor_id: str) -> bytes:
+    return f"fray-beat/{actor_id}".encode()
+
+
+def start_heartbeat(interval: float) -> None:
+    """In an SPMD member's process: a thread counting up in Ray's KV every `interval` seconds (a stopped process
+    stops counting; the driver's watcher notices)."""
+    key = _beat_key(ray.get_runtime_context().get_actor_id() or "")
+
+    def beat() -> None:
+        count = 0
+        while True:
+            count += 1
+            try:
+                internal_kv._internal_kv_put(key, str(count).encode(), overwrite=True)
+            except Exception:  # Ray going away
+                return
+            time.sleep(interval)
+
+    threading.Thread(target=beat, name="fray-heartbeat", daemon=True).start()
+
+
+def _kill_stopped(info: dict[str, Any]) -> None:
+    """SIGKILL a stopped member's process when it is on this machine's node (it cannot answer Ray's kill)."""
+    pid = int(info.get("Pid") or 0)
+    node = str((info.get("Address") or {}).get("NodeID", ""))
+    try:
+        here = ray.get_runtime_context().get_node_id()
+    except Exception:
+        return
+    if pid and node and node == here:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -39,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from fray.context import JobContext
 from fray.current import ActorInfo
 from fray.errors import InfeasibleResourcesError
-from fray.gang import group_label
+from fray.gang import group_label, hang_timeout, heartbeat_interval
 from fray.groups import ActorGroup, Member, member_name, spmd_env
 from fray.net import free_port
 from fray.refs import ActorHandle, ObjectRef
@@ -49,7 +49,7 @@ from fray.types import ActorOptions, Lifetime
 from fray_ray._actors import RayActors
 from fray_ray._args import is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
-from fray_ray._gangs import GangWatch, RayGang
+from fray_ray._gangs import HEARTBEAT_ENV, GangWatch, RayGang
 
 __all__ = [
     "DEFAULT_BUNDLE",
@@ -218,8 +218,17 @@ class RayGroups:
         detached = options.lifetime is Lifetime.DETACHED
         # fray restarts an SPMD group as a whole (_gangs.py): its Ray actors never restart alone
         member_options = dataclasses.replace(options, max_restarts=0) if distributed else options
+        hangs = hang_timeout() if distributed else math.inf
+        beats = {} if math.isinf(hangs) else {HEARTBEAT_ENV: str(heartbeat_interval(hangs))}
+
+        def with_beats(group_members: list[Member], restarts: int = 0) -> list[Member]:
+            return [
+                dataclasses.replace(m, env={**m.env, **beats}, info=dataclasses.replace(m.info, restarts=restarts))
+                for m in group_members
+            ]
+
         try:
-            first = members(pg, count, options.name, distributed)
+            first = with_beats(members(pg, count, options.name, distributed))
             handles = self._spawn(klass, args, kwargs, member_options, pg, first)
         except BaseException:
             remove_placement_group(pg)
@@ -229,14 +238,11 @@ class RayGroups:
         if distributed:
 
             def respawn(gang: RayGang) -> list[Any]:  # new members in the same bundles, a new MASTER_PORT
-                fresh = [
-                    dataclasses.replace(m, info=dataclasses.replace(m.info, restarts=gang.restarts))
-                    for m in members(pg, count, options.name, True)
-                ]
+                fresh = with_beats(members(pg, count, options.name, True), gang.restarts)
                 return [h.payload for h in self._spawn(klass, args, kwargs, member_options, pg, fresh)]
 
             label = group_label(klass.__name__, count, options.name)
-            self.gangs.add(label, [h.payload for h in handles], options.max_restarts, respawn)
+            self.gangs.add(label, [h.payload for h in handles], options.max_restarts, respawn, hangs)
         return ActorGroup(handles, options.name, RayGroup(pg, count, detached), ctx=self._ctx)
 
     def _spawn(

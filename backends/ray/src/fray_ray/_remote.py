@@ -27,6 +27,7 @@ from fray.errors import RemoteExceptionProxy, attach_remote_traceback
 from fray.remote_errors import portable as make_portable
 from fray.resources import task_resources
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
+from fray_ray._gangs import HEARTBEAT_ENV, start_heartbeat
 from fray_ray._values import pack
 
 # --------------------------------------------------------------------------------------- inside a worker
@@ -117,6 +118,8 @@ def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None) -> None:
     info, env = member
     os.environ.update(env)
     current.set_process_actor(info)
+    if HEARTBEAT_ENV in env:  # an SPMD member says it is alive (fray_ray._gangs watches for silence)
+        start_heartbeat(float(env[HEARTBEAT_ENV]))
 
 
 MEMBER_KWARG = "__fray_member__"  # the hidden creation argument carrying (ActorInfo, env) into the actor

@@ -32,6 +32,7 @@ from fray_ray import _connect, _remote
 from fray_ray._actors import RayActors
 from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
+from fray_ray._gangs import raise_refusals
 from fray_ray._groups import RayGroups
 from fray_ray._remote import Registry, is_default_task, task_options, translate
 from fray_ray._streams import RayStreamSource
@@ -59,6 +60,7 @@ class RayJobContext(JobContext):
             Capability.STREAMING,
             Capability.SPMD_GROUPS,
             Capability.SPMD_GANG_RESTART,  # _gangs.py
+            Capability.SPMD_HANG_DETECTION,  # _gangs.py: heartbeats in Ray's KV
             Capability.ASYNC_ACTORS,
             Capability.PROCESS_ISOLATION,
             Capability.MULTI_HOST,
@@ -265,6 +267,7 @@ class RayJobContext(JobContext):
         def settle(done: Future[Any]) -> None:
             try:
                 value = done.result()
+                raise_refusals([value])
             except BaseException as exc:
                 out.set_exception(translate(exc))
                 return
@@ -291,6 +294,8 @@ class RayJobContext(JobContext):
             if new is exc:
                 raise
             raise new from None
+        if self._groups.gangs.refusing:  # (calls to an SPMD group restarting or dead: fray_ray._gangs.route)
+            raise_refusals(values)
         seconds = time.perf_counter() - start
         nbytes = take_unpacked_bytes() + sum(known_nbytes(v) for v in values)
         with self._gets_lock:
