@@ -44,3 +44,13 @@ def test_store_loop_runs_quick() -> None:
         pytest.skip("monarch is not installed")
     out = run_bench(str(BENCH / "bench_store_loop.py"), "--quick", "--backend", "monarch")
     assert "numpy put" in out and "torch actor -> driver" in out and "memcpy p50" in out
+
+
+def test_dataplane_runs_small_on_every_installed_backend() -> None:
+    backends = [b for b in ("in_memory", "ray", "monarch") if b in fray.available_backends()]
+    if "monarch" in backends:
+        backends.append("rdma")
+    chosen = ",".join(backends)
+    out = run_bench(str(BENCH / "bench_dataplane.py"), "--sizes", "1M", "--repeats", "2", "--backends", chosen)
+    assert "FAILED" not in out, out
+    assert "| p90 |" in out and "task -> get (create+get)" in out
