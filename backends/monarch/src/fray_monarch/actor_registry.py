@@ -98,7 +98,8 @@ class ActorRegistry:
         self.by_id: dict[str, ActorRec] = {}
         self.names: dict[str, str] = {}  # name -> id of the live actor with that name
         self.inflight: dict[str, Entry] = {}  # group-broadcast calls not answered yet, by object id
-        self.gang_died: Callable[[ActorRec, str], None] | None = None  # a member of an SPMD group died (meshgroups)
+        # a member of an SPMD group died (gangs.py): (member, why, whether its group may restart)
+        self.gang_died: Callable[[ActorRec, str, bool], None] | None = None
         self._watch = self.watch  # (bound once: every call's entry carries it)
 
     # ------------------------------------------------------------ replies
@@ -295,7 +296,7 @@ class ActorRegistry:
             if rec.state == ActorState.DEAD:
                 continue  # (its SPMD group died with another member, just now)
             if rec.group is not None and rec.group.distributed and self.gang_died is not None:
-                self.gang_died(rec, f"its process crashed: {reason}")  # the whole group fails with it
+                self.gang_died(rec, f"its process crashed: {reason}", True)  # the whole group fails with it
             elif rec.can_restart:
                 rec.restarts += 1
                 self.place(rec)
@@ -422,6 +423,8 @@ class ActorRegistry:
             if rec.state == ActorState.DEAD:
                 return
             self.dead(rec, "it was killed")
+            if rec.group is not None and rec.group.distributed and self.gang_died is not None:
+                self.gang_died(rec, "it was killed", False)  # (its peers' collectives need it: the group goes too)
             mesh = rec.mesh
             own = rec.proc if rec.dedicated else None
             in_group_mesh = rec.slot is not None

@@ -104,13 +104,14 @@ class GangKeeper:
                     pass
             self.member_died(member, hung_reason(group.hang_timeout))
 
-    def member_died(self, rec: ActorRec, reason: str) -> None:
-        """Under the lock: a member of an SPMD group died (also during a restart)."""
+    def member_died(self, rec: ActorRec, reason: str, restart: bool = True) -> None:
+        """Under the lock: a member of an SPMD group died (also during a restart), or was killed (restart=False:
+        a kill is final, and the group cannot go on without it)."""
         group: GroupRec | None = rec.group
         if group is None or group.dead:
             return
         rank = rec.info.rank
-        if not (group.max_restarts == -1 or group.restarts < group.max_restarts):
+        if not restart or not (group.max_restarts == -1 or group.restarts < group.max_restarts):
             self._die(group, rank, reason)
             return
         group.restarts += 1

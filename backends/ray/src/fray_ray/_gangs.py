@@ -108,12 +108,16 @@ class GangWatch:
         Returns the (rank, Ray handle) of the group's members now, if a restart replaced them, to kill as well."""
         ids = {a._actor_id.hex() for a in actors}
         more: list[tuple[int, Any]] = []
+        later: list[tuple[RayGang, int, int]] = []
         with self._lock:
             gangs = {id(g): g for g, _ in (self._by_actor[i] for i in ids if i in self._by_actor)}.values()
             for gang in gangs:
                 ranks = {self._ranks[id(a)][1] for a in gang.history if a._actor_id.hex() in ids}
-                if len(ranks) < len(gang.actors) or gang.dead:
-                    continue  # a part of it: its death is the group's
+                if gang.dead:
+                    continue
+                if len(ranks) < len(gang.actors):  # a part of it: the group cannot go on without it, nor restart
+                    later.append((gang, gang.generation, min(ranks)))
+                    continue
                 if gang in self._live:
                     self._live.remove(gang)
                 gang.dead = True
@@ -121,6 +125,8 @@ class GangWatch:
                 gang.generation += 1
                 more += [(r, a) for r, a in enumerate(gang.actors) if a._actor_id.hex() not in ids]
                 self._lock.notify_all()
+        for gang, generation, rank in later:
+            self._fail(gang, generation, rank, "it was killed", restart=False)
         return more
 
     def close(self) -> None:
@@ -171,12 +177,13 @@ class GangWatch:
         # (before its first beat the process may still be starting: Ray starts a worker, it imports torch...)
         return now - since > gang.hang_timeout + (0.0 if last is not None else _STARTUP_GRACE)
 
-    def _fail(self, gang: RayGang, generation: int, rank: int, why: str) -> None:
+    def _fail(self, gang: RayGang, generation: int, rank: int, why: str, restart: bool = True) -> None:
         """Life `generation` of the group ended with its rank's death: every member killed; restarted or dead."""
         with self._lock:
             if gang not in self._live or gang.generation != generation or gang.error is not None:
                 return
-            if gang.respawn is not None and (gang.max_restarts == -1 or gang.restarts < gang.max_restarts):
+            can_restart = gang.max_restarts == -1 or gang.restarts < gang.max_restarts
+            if restart and gang.respawn is not None and can_restart:
                 gang.restarts += 1
                 gang.error = restarting_error(gang.label, rank, why, gang.restarts, gang.max_restarts)
             else:

@@ -178,6 +178,7 @@ class RayJobContext(JobContext):
 
     def _kill(self, handle: ActorHandle) -> None:
         self._refuse_if_shut_down()
+        self._groups.gangs.killed([handle.payload])  # a member of an SPMD group: the group goes with it
         self._actors.kill([handle])
 
     # ------------------------------------------------------------------ groups (fray_ray._groups)

@@ -125,6 +125,26 @@ def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path, na
 
 
 @requires_capability("spmd_groups")
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_killing_one_rank_takes_its_spmd_group_down(fray_ctx: JobContext, tmp_path: Path, max_restarts: int) -> None:
+    """A kill is final (no restart, whatever max_restarts says), and the other ranks cannot go on without it."""
+    pytest.importorskip("torch", reason="torch is not installed (the group uses torch.distributed)")
+    if max_restarts and "spmd_gang_restart" not in {c.value for c in fray_ctx.capabilities}:
+        pytest.skip("this backend does not restart SPMD groups")
+    options = ActorOptions(max_restarts=max_restarts)
+    group = fray_ctx.create_actor_group(g.GlooMember, 2, distributed=True, options=options)
+    try:
+        pids = [f["pid"] for f in fray_ctx.get(group.facts(), timeout=180)]
+        blocked, queued = _rank0_inside_all_reduce(fray_ctx, group, tmp_path / "in")
+        fray_ctx.kill(group[1])
+        for ref in (blocked, queued, group[0].facts()):
+            _fails_with(fray_ctx, ref, ActorDiedError, "rank 1")
+        assert _wait_gone(pids) == [], "the other rank's process is stopped too"
+    finally:
+        fray_ctx.kill(group)
+
+
+@requires_capability("spmd_groups")
 def test_spmd_group_restarts_are_refused_where_the_backend_cannot_restart_a_group(fray_ctx: JobContext) -> None:
     if "spmd_gang_restart" in {c.value for c in fray_ctx.capabilities}:
         pytest.skip("this backend restarts SPMD groups (test_spmd_group_restarts_as_a_whole)")
