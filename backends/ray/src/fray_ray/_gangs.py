@@ -254,6 +254,15 @@ class GangWatch:
         self.refusing = True
         return None, ray.put(Refusal(type(error)(str(error))))
 
+    def involves(self, payload: Any) -> bool:
+        """The Ray ref is of a call to a member of an SPMD group (its failure may be the group's: failure)."""
+        if not self._by_actor:
+            return False
+        try:
+            return payload.task_id().actor_id().hex() in self._by_actor
+        except Exception:
+            return False
+
     def failure(self, exc: BaseException, payloads: Sequence[Any]) -> FrayError | None:
         """The group's error to raise instead of `exc`, a failed get of these Ray refs, if the life of a member's
         group the call was sent in has ended (waiting up to LOST_PEER_GRACE for an end `exc` says has

@@ -270,9 +270,15 @@ class RayJobContext(JobContext):
                 value = done.result()
                 raise_refusals([value])
             except BaseException as exc:
-                out.set_exception(translate(exc))
+                if self._groups.gangs.involves(payload):  # may wait for the group's death: not on Ray's thread
+                    threading.Thread(target=settle_group_failure, args=(exc,), daemon=True).start()
+                else:
+                    out.set_exception(translate(exc))
                 return
             out.set_result(value)
+
+        def settle_group_failure(exc: BaseException) -> None:
+            out.set_exception(self._groups.gangs.failure(exc, [payload]) or translate(exc))
 
         inner.add_done_callback(settle)
         return out

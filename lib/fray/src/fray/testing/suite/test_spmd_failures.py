@@ -68,12 +68,15 @@ def test_a_dead_rank_fails_every_pending_call_of_its_spmd_group(fray_ctx: JobCon
         assert fray_ctx.get(group.all_reduce(1.0), timeout=180) == [[2.0], [2.0]]
         pids = [f["pid"] for f in fray_ctx.get(group.facts(), timeout=60)]
         blocked, queued = _rank0_inside_all_reduce(fray_ctx, group, tmp_path / "in")
+        waiting = queued.future()  # (futures and await fail the same way)
         start = time.monotonic()
         crash = group[1].crash_now()
         ends = [_fails_with(fray_ctx, ref, ActorDiedError, "rank 1") for ref in (crash, blocked, queued)]
         took = max(ends) - start
         print(f"every pending call of the group failed {took:.2f} s after rank 1's crash was sent")
         assert took < FAIL_BOUND
+        with pytest.raises(ActorDiedError, match="rank 1"):
+            waiting.result(timeout=120)
         later = [group[0].facts(), group[1].facts()]
         for ref in later:  # the group is dead for good: later calls fail the same way, at once
             _fails_with(fray_ctx, ref, ActorDiedError, "rank 1")
