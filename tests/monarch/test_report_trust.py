@@ -1,6 +1,7 @@
-"""The controller checks what a worker process reports against who reports it (issue 20): an object it registers
-must carry an id of its own namespace that does not exist yet, and a value it says is stored must be in its own
-store. Real worker processes send the reports through the real coordinator."""
+"""The controller checks what a worker process reports against who reports it (issue 20): a request proves which
+process sent it (a credential only that process was given), an object it registers must carry an id of its own
+namespace that does not exist yet, and a value it says is stored must be in its own store. Real worker processes
+send the reports through the real coordinator."""
 
 from __future__ import annotations
 
@@ -20,10 +21,19 @@ def _worker() -> object:
     return worker_process._worker.rt
 
 
-def _put(rt: object, oid: str, value: Inline | Stored) -> str | None:
+def _put(rt: object, oid: str, value: Inline | Stored, credential: str | None = None) -> str | None:
     """The coordinator's answer to this worker's put: None if accepted, else the refusal's text."""
-    reply = rt.coord.put.call_one(rt.proc_key, oid, WireValue(value)).get(timeout=60)  # type: ignore[attr-defined]
+    who = rt.credential if credential is None else credential  # type: ignore[attr-defined]
+    reply = rt.coord.put.call_one(who, oid, WireValue(value)).get(timeout=60)  # type: ignore[attr-defined]
     return None if reply.error is None else str(reply.error)
+
+
+def report_in_the_name_of_others() -> list[str | None]:
+    """A put of this process's own new id, sent with a bare key, a made-up proof, and the driver's key."""
+    rt = _worker()
+    value = Inline(dumps(1).data)
+    forged = [rt.proc_key, f"{rt.proc_key}:{'0' * 64}", "driver"]  # type: ignore[attr-defined]
+    return [_put(rt, rt.new_oid(), value, credential) for credential in forged]  # type: ignore[attr-defined]
 
 
 def report_the_same_id_twice() -> list[str | None]:
@@ -81,3 +91,9 @@ def test_a_value_claimed_to_be_stored_by_another_process_is_refused(ctx: fray.Jo
     refusal = ctx.get(ctx.create_task(report_a_value_stored_by_another_process), timeout=120)
     assert refusal is not None and "not by itself" in refusal
     assert ctx.get(ctx.put(b"x" * (2 << 20)), timeout=60) == b"x" * (2 << 20)  # the driver's store is intact
+
+
+def test_a_request_that_does_not_prove_its_process_is_refused(ctx: fray.JobContext) -> None:
+    refusals = ctx.get(ctx.create_task(report_in_the_name_of_others), timeout=120)
+    assert len(refusals) == 3 and all(r is not None and "does not prove" in r for r in refusals), refusals
+    assert ctx.get(ctx.create_task(report_the_same_id_twice), timeout=120)[0] is None  # its own credential works

@@ -1,5 +1,7 @@
 """The Coordinator: a Monarch actor in the driver's process through which worker processes reach their
-controller (its WorkerService: same process, same tables). Each request is answered with a Reply."""
+controller (its WorkerService: same process, same tables). Each request is answered with a Reply. A request on a
+process's behalf carries that process's credential (WorkerSetup.credential), never a bare key a worker could
+make up: Monarch 0.7 does not tell an endpoint who sent a message."""
 
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ class Coordinator(Actor):
         _runtime.log.debug("fray coordinator: child mesh failed: %s", failure)
         return True
 
+    def _who(self, credential: str) -> str:
+        """The worker process a request comes from, as its credential proves (FrayError: it proves none)."""
+        proc_key: str = instances.controller(self.ctl_key).pool.proven(credential)
+        return proc_key
+
     def _safe(self, request: Callable[[WorkerService], Any]) -> Reply:
         """The answer to a request: its value, or the exception it raised (the caller raises it)."""
         try:
@@ -49,43 +56,43 @@ class Coordinator(Actor):
             port.send(Reply(error=portable(exc)))
 
     @endpoint
-    def done(self, proc_key: str, results: list[Any], holds: list[str], releases: list[str]) -> None:
+    def done(self, credential: str, results: list[Any], holds: list[str], releases: list[str]) -> None:
         try:
-            self._service().report(proc_key, results, holds, releases)
+            self._service().report(self._who(credential), results, holds, releases)
         except Exception:
             _runtime.log.exception("fray coordinator: bad worker report")
 
     @endpoint
-    def submit(self, proc_key: str, fn_data: bytes, call: WireValue, deps: list[str], options: Any) -> Reply:
-        return self._safe(lambda s: s.submit(proc_key, fn_data, call, deps, options))
+    def submit(self, credential: str, fn_data: bytes, call: WireValue, deps: list[str], options: Any) -> Reply:
+        return self._safe(lambda s: s.submit(self._who(credential), fn_data, call, deps, options))
 
     @endpoint
     def create_actor(
-        self, proc_key: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, member: Any = None
+        self, credential: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, member: Any = None
     ) -> Reply:
-        return self._safe(lambda s: s.create_actor(proc_key, cls_data, call, deps, options, member))
+        return self._safe(lambda s: s.create_actor(self._who(credential), cls_data, call, deps, options, member))
 
     @endpoint
-    def call_actor(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Reply:
-        return self._safe(lambda s: s.call_actor(proc_key, aid, method, call, deps))
+    def call_actor(self, credential: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Reply:
+        return self._safe(lambda s: s.call_actor(self._who(credential), aid, method, call, deps))
 
     @endpoint
     def create_group(
-        self, proc_key: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, spec: Any
+        self, credential: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, spec: Any
     ) -> Reply:
-        return self._safe(lambda s: s.create_group(proc_key, cls_data, call, deps, options, spec))
+        return self._safe(lambda s: s.create_group(self._who(credential), cls_data, call, deps, options, spec))
 
     @endpoint
-    def call_group(self, proc_key: str, aids: list[str], method: str, call: WireValue, deps: list[str]) -> Reply:
-        return self._safe(lambda s: s.call_group(proc_key, aids, method, call, deps))
+    def call_group(self, credential: str, aids: list[str], method: str, call: WireValue, deps: list[str]) -> Reply:
+        return self._safe(lambda s: s.call_group(self._who(credential), aids, method, call, deps))
 
     @endpoint
     def kill_group(self, aids: list[str]) -> Reply:
         return self._safe(lambda s: s.kill_group(aids))
 
     @endpoint
-    def call_actor_stream(self, proc_key: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Reply:
-        return self._safe(lambda s: s.call_actor_stream(proc_key, aid, method, call, deps))
+    def call_actor_stream(self, credential: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Reply:
+        return self._safe(lambda s: s.call_actor_stream(self._who(credential), aid, method, call, deps))
 
     @endpoint
     def stream_close(self, sid: str) -> None:
@@ -95,12 +102,12 @@ class Coordinator(Actor):
             _runtime.log.debug("fray coordinator: stream close failed", exc_info=True)
 
     @endpoint(explicit_response_port=True)
-    def stream_next(self, port: Any, proc_key: str, sid: str, timeout: float | None) -> None:
-        self._answer(port, lambda s: s.stream_next(port, proc_key, sid, timeout))
+    def stream_next(self, port: Any, credential: str, sid: str, timeout: float | None) -> None:
+        self._answer(port, lambda s: s.stream_next(port, self._who(credential), sid, timeout))
 
     @endpoint
-    def put(self, proc_key: str, oid: str, value: WireValue) -> Reply:
-        return self._safe(lambda s: s.put(proc_key, oid, value))
+    def put(self, credential: str, oid: str, value: WireValue) -> Reply:
+        return self._safe(lambda s: s.put(self._who(credential), oid, value))
 
     @endpoint
     def get_actor(self, name: str) -> Reply:
@@ -115,9 +122,9 @@ class Coordinator(Actor):
         return self._safe(lambda s: s.cancel(oid))
 
     @endpoint(explicit_response_port=True)
-    def get(self, port: Any, proc_key: str, oids: list[str], timeout: float | None) -> None:
-        self._answer(port, lambda s: s.get(port, proc_key, oids, timeout))
+    def get(self, port: Any, credential: str, oids: list[str], timeout: float | None) -> None:
+        self._answer(port, lambda s: s.get(port, self._who(credential), oids, timeout))
 
     @endpoint(explicit_response_port=True)
-    def wait(self, port: Any, proc_key: str, oids: list[str], num_returns: int, timeout: float | None) -> None:
-        self._answer(port, lambda s: s.wait(port, proc_key, oids, num_returns, timeout))
+    def wait(self, port: Any, credential: str, oids: list[str], num_returns: int, timeout: float | None) -> None:
+        self._answer(port, lambda s: s.wait(port, self._who(credential), oids, num_returns, timeout))

@@ -3,8 +3,11 @@ one that lost a process), their share of their host's resources, and how their d
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import os
+import secrets
 import shutil
 import sys
 import threading
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from fray.errors import FrayError
 from fray.resources import EPS, add, fits, subtract
 from fray.transfers import PathStats
 from fray_monarch import _runtime, tempdirs
@@ -97,6 +101,7 @@ class ProcessPool:
             self.sys_path.insert(0, os.getcwd())
         # The TMPDIR of the processes spawned on this host (Monarch's socket directories, the tasks' temp files):
         # removed at shutdown, or with the driver's private directory by the watchdog.
+        self._secret = secrets.token_bytes(32)  # proofs of the processes' keys (proof())
         tempdirs.hold_private_dir()  # until remove_tmpdir
         self.tmpdir = tempdirs.context_dir() if stores.host_ids == ("local",) else None
         # processes on other hosts end with this driver (the watchdog cannot reach them): see lifeline.py
@@ -134,6 +139,18 @@ class ProcessPool:
         _runtime.on_done(proc.worker.watch.call_one(), partial(self._died, proc))
         _runtime.on_done(proc.worker.ping.call_one(), partial(self._watch_pid, proc))
 
+    def proof(self, proc_key: str) -> str:
+        """What only the process `proc_key` was given (in its WorkerSetup): an HMAC of its key under this pool's
+        secret. Monarch 0.7 does not tell an endpoint who sent a message; this is how a request proves it."""
+        return hmac.new(self._secret, proc_key.encode(), hashlib.sha256).hexdigest()
+
+    def proven(self, credential: str) -> str:
+        """The process key a request's credential ("<proc_key>:<proof>") proves; FrayError if it proves none."""
+        proc_key, _, proof = credential.rpartition(":")
+        if not proc_key or not hmac.compare_digest(proof.encode(), self.proof(proc_key).encode()):
+            raise FrayError("refused: a request that does not prove which worker process of this context sent it")
+        return proc_key
+
     def setup(self, host: int, proc_key: str, capacity: dict[str, float] | None = None) -> WorkerSetup:
         """What a process (or an actor host in it) on `host` starts with."""
         return WorkerSetup(
@@ -151,6 +168,7 @@ class ProcessPool:
             log_file=self.log_file,
             lifeline=None if self.lifeline is None else (self.lifeline.address, self.lifeline.token),
             driver_host=self.stores.driver_bind,
+            credential=f"{proc_key}:{self.proof(proc_key)}",
         )
 
     def ensure_env(self, env_key: EnvKey) -> None:

@@ -289,3 +289,4 @@ class WorkerSetup:
     # ("host:port", token) of the driver's lifeline (lifeline.py), for processes on other hosts: None on this one
     lifeline: tuple[str, bytes] | None = None
     driver_host: str = "127.0.0.1"  # the address the driver listens on
+    credential: str = ""  # "<proc_key>:<proof>": what the process's requests to the coordinator carry

@@ -50,7 +50,7 @@ class RemoteStream:
 
     def next_ref(self, timeout: float | None) -> ObjectRef | None:
         with lending():
-            reply = _reply(self.rt.coord.stream_next.call_one(self.rt.proc_key, self.sid, timeout), timeout)
+            reply = _reply(self.rt.coord.stream_next.call_one(self.rt.credential, self.sid, timeout), timeout)
         if reply.timed_out:
             raise GetTimeoutError(f"no next item of the stream within {timeout} s")
         oid = reply.unwrap()
@@ -67,7 +67,7 @@ class WorkerClient:
     def __init__(self, rt: WorkerRuntime, nodes: list[dict[str, float]]) -> None:
         self.rt = rt
         self.coord = rt.coord
-        self.proc_key = rt.proc_key
+        self.credential = rt.credential  # proves which process asks (processes.ProcessPool.proven)
         self.nodes = nodes
 
     @staticmethod
@@ -93,7 +93,9 @@ class WorkerClient:
     # ------------------------------------------------------------ tasks, actors, groups, streams
     def submit(self, fn: Callable[..., Any], call: Call, options: TaskOptions) -> RefPayload:
         fn_data = dumps(fn, f"task function {getattr(fn, '__qualname__', fn)}").data  # (keyed by its hash there)
-        return RefPayload(self._ask(self.coord.submit.call_one(self.proc_key, fn_data, call.args, call.deps, options)))
+        return RefPayload(
+            self._ask(self.coord.submit.call_one(self.credential, fn_data, call.args, call.deps, options))
+        )
 
     def stream(self, sid: str) -> StreamSource:
         return RemoteStream(self.rt, sid)
@@ -101,26 +103,26 @@ class WorkerClient:
     def create_actor(
         self, klass: type, cls_data: bytes, call: Call, options: ActorOptions, member: Member | None
     ) -> ActorDesc:
-        request = self.coord.create_actor.call_one(self.proc_key, cls_data, call.args, call.deps, options, member)
+        request = self.coord.create_actor.call_one(self.credential, cls_data, call.args, call.deps, options, member)
         return _desc(self._ask(request))
 
     def create_group(
         self, klass: type, cls_data: bytes, call: Call, options: ActorOptions, spec: GroupSpec
     ) -> tuple[str, MemberIds]:
-        request = self.coord.create_group.call_one(self.proc_key, cls_data, call.args, call.deps, options, spec)
+        request = self.coord.create_group.call_one(self.credential, cls_data, call.args, call.deps, options, spec)
         gid, members = self._ask(request, REPLY_MARGIN + GROUP_MARGIN)
         return str(gid), [(str(aid), name) for aid, name in members]
 
     def call_actor(self, aid: str, method: str, call: Call) -> RefPayload:
-        request = self.coord.call_actor.call_one(self.proc_key, aid, method, call.args, call.deps)
+        request = self.coord.call_actor.call_one(self.credential, aid, method, call.args, call.deps)
         return RefPayload(self._ask(request))
 
     def call_actor_stream(self, aid: str, method: str, call: Call) -> StreamSource:
-        request = self.coord.call_actor_stream.call_one(self.proc_key, aid, method, call.args, call.deps)
+        request = self.coord.call_actor_stream.call_one(self.credential, aid, method, call.args, call.deps)
         return RemoteStream(self.rt, self._ask(request))
 
     def call_group(self, aids: list[str], method: str, call: Call) -> list[RefPayload]:
-        request = self.coord.call_group.call_one(self.proc_key, aids, method, call.args, call.deps)
+        request = self.coord.call_group.call_one(self.credential, aids, method, call.args, call.deps)
         return [RefPayload(oid) for oid in self._ask(request)]
 
     def kill_group(self, aids: list[str]) -> None:
@@ -138,7 +140,7 @@ class WorkerClient:
     # ------------------------------------------------------------ waiting
     def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         with lending():
-            reply = _reply(self.coord.get.call_one(self.proc_key, [r.payload.id for r in refs], timeout), timeout)
+            reply = _reply(self.coord.get.call_one(self.credential, [r.payload.id for r in refs], timeout), timeout)
         if reply.timed_out:
             raise GetTimeoutError(f"get did not finish within {timeout} s")
         values = reply.unwrap()
@@ -147,7 +149,7 @@ class WorkerClient:
     def wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         with lending():
             oids = [r.payload.id for r in refs]
-            reply = _reply(self.coord.wait.call_one(self.proc_key, oids, num_returns, timeout), timeout)
+            reply = _reply(self.coord.wait.call_one(self.credential, oids, num_returns, timeout), timeout)
         return set(reply.unwrap())
 
     def outcomes(self, refs: list[ObjectRef]) -> None:
@@ -167,7 +169,7 @@ class WorkerClient:
             except BaseException as error:  # the future carries it to whoever awaits
                 future.set_exception(error)
 
-        _runtime.on_done(self.coord.get.call_one(self.proc_key, [ref.payload.id], None), settle)
+        _runtime.on_done(self.coord.get.call_one(self.credential, [ref.payload.id], None), settle)
         return future
 
     def transfer_stats(self) -> dict[str, PathStats]:

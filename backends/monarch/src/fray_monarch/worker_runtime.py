@@ -74,6 +74,7 @@ class WorkerRuntime:
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         self.ctl_key, self.proc_key, self.coord = setup.ctl_key, setup.proc_key, setup.coord
+        self.credential = setup.credential  # what each request to the coordinator carries (not the bare key)
         if setup.lifeline is not None:  # a process on another host: it ends when its driver ends
             prefix = segment_prefix(setup.ctl_key, setup.host_id)
 
@@ -152,7 +153,7 @@ class WorkerRuntime:
         if self.stopped:  # the process is being stopped: sending now would panic inside Monarch (closed mailbox)
             return True
         if results or holds or due:
-            self.coord.done.broadcast(self.proc_key, results, holds, due)
+            self.coord.done.broadcast(self.credential, results, holds, due)
         return False
 
     def report(self, result: Report) -> None:
@@ -177,7 +178,7 @@ class WorkerRuntime:
         oid = self.new_oid()
         payload = RefPayload(oid)
         wire = self.encode(blob, oid)
-        self.coord.put.call_one(self.proc_key, oid, wire).get(timeout=REPLY_MARGIN).unwrap()
+        self.coord.put.call_one(self.credential, oid, wire).get(timeout=REPLY_MARGIN).unwrap()
         return payload, wire
 
     def encode_call(self, blob: Blob) -> tuple[WireValue, RefPayload | None]:
