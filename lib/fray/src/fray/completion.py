@@ -27,7 +27,7 @@ POLL = 0.2  # seconds one _wait of the watcher may take before it looks for refs
 
 
 class RefWatcher:
-    """One thread for a context: settles the outcome of each ref given to `outcome()` when the backend's `_wait`
+    """One thread for a context: settles the outcome of each ref given to `outcomes()` when the backend's `_wait`
     says it is done (value None: readers ask `_get`). Ends when nothing is pending, or with its context."""
 
     def __init__(self, ctx: JobContext) -> None:
@@ -36,11 +36,11 @@ class RefWatcher:
         self.pending: dict[ObjectRef, Outcome] = {}
         self.thread: threading.Thread | None = None
 
-    def outcome(self, ref: ObjectRef) -> Outcome:
+    def outcomes(self, refs: list[ObjectRef]) -> list[Outcome]:
+        """The outcome of each ref, all registered before the thread's next round: a round started while refs
+        were still being added one by one would see only some of them, and settle the rest one round each."""
         with self.lock:
-            found = self.pending.get(ref)
-            if found is None:
-                found = self.pending[ref] = Outcome()
+            found = [self.pending.setdefault(ref, Outcome()) for ref in refs]
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name=f"fray-{self.ctx.backend}-watch", daemon=True)
                 self.thread.start()
@@ -81,7 +81,7 @@ def outcomes(ctx: JobContext, refs: list[ObjectRef]) -> list[Outcome]:
             if ctx._watcher is None:
                 ctx._watcher = RefWatcher(ctx)
             watcher = ctx._watcher
-    return [watcher.outcome(ref) for ref in refs]
+    return watcher.outcomes(refs)
 
 
 def as_completed(
