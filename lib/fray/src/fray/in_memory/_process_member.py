@@ -1,7 +1,7 @@
 """An in_memory SPMD group member: the actor's instance lives in a child process of its own, with the group's
 torch.distributed environment (threads share one os.environ and one torch.distributed world, so SPMD members
 cannot be threads). The in_memory actor machinery calls this proxy as it would the instance; each call travels
-over a socket pair (cloudpickle), one at a time.
+over a socket pair, one at a time, its large buffers through shared memory (fray.in_memory._channel).
 
 The child is in its own process group, watched by fray.watchdog, so it dies with its owner however the owner
 ends; kill() ends it at once.
@@ -20,17 +20,16 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
 from typing import Any
-
-import cloudpickle
 
 from fray import watchdog
 from fray.current import ActorInfo, set_process_actor
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
 from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
+from fray.in_memory._channel import Channel, Serialized
 from fray.in_memory._gang import Gang
 from fray.remote_errors import RemoteError, capture_exception
+from fray.serialization import Blob, dumps, loads
 
 __all__ = ["ProcessMember"]
 
@@ -81,7 +80,7 @@ class ProcessMember:
             child_sock.close()
             os.close(beat_out)
         watchdog.watch_group(proc.pid)
-        self._proc, self._conn, self._generation = proc, Connection(parent_sock.detach()), generation
+        self._proc, self._channel, self._generation = proc, Channel(parent_sock), generation
         if self._gang is not None:
             self._gang.watch(info.rank, proc, generation, beats)
         else:
@@ -99,19 +98,17 @@ class ProcessMember:
             info = dataclasses.replace(self._init[3], restarts=restarts)
             self._start(info, generation)
 
-    def _send_receive(self, message: Any, what: str) -> bytes | None:
-        """Under the lock: the reply to one message; None if the process is gone."""
+    def _send_receive(self, message: Any, what: str) -> tuple[bool, Blob] | None:
+        """Under the lock: the reply to one message, (ok, the result or a RemoteError, serialized); None if the
+        process is gone."""
         try:
-            data = cloudpickle.dumps(message)
-        except Exception as exc:
-            raise SerializationError(f"the arguments of {what} of {self._label} cannot be pickled: {exc}") from exc
-        try:
-            self._conn.send_bytes(data)
-            return self._conn.recv_bytes()
+            self._channel.send(message, f"the arguments of {what} of {self._label}")
+            ok: bool = self._channel.recv("a reply's status")
+            return ok, self._channel.recv_blob(f"the result of {what} of {self._label}")
         except (EOFError, OSError):
             return None
 
-    def _outcome(self, reply: bytes | None, generation: int, what: str = "__init__") -> Any:
+    def _outcome(self, reply: tuple[bool, Blob] | None, generation: int, what: str = "__init__") -> Serialized:
         """The value of a reply, or the error to raise: a group's failure replaces both a lost process and a
         collective's error about a lost peer (the peer's death may reach fray a moment after that error)."""
         gang = self._gang
@@ -122,9 +119,10 @@ class ProcessMember:
             assert self._proc is not None
             code = self._proc.wait(timeout=10)
             raise ActorDiedError(f"actor {self._label} died: its process exited with code {code} during {what}")
-        ok, value = cloudpickle.loads(reply)
+        ok, blob = reply
         if ok:
-            return value
+            return Serialized(blob)
+        value = loads(blob, f"the error of {what} of {self._label}")
         assert isinstance(value, RemoteError)
         error = value.rebuild()
         if gang is not None and lost_peer(error):
@@ -162,7 +160,7 @@ class ProcessMember:
 
     def _close_connection(self) -> None:
         try:
-            self._conn.close()
+            self._channel.close()
         except OSError:
             pass
         if self._proc is not None:
@@ -177,12 +175,14 @@ class ProcessMember:
         self._close_connection()
 
 
-def _reply(conn: Connection, ok: bool, value: Any) -> None:
+def _reply(channel: Channel, ok: bool, value: Any) -> None:
+    """Two messages: whether the call succeeded, then its result (or error), which the parent stores as it is."""
     try:
-        data = cloudpickle.dumps((ok, value))
-    except Exception as exc:  # an unpicklable return value fails this call, not the member
-        data = cloudpickle.dumps((False, capture_exception(SerializationError(f"the result cannot be pickled: {exc}"))))
-    conn.send_bytes(data)
+        blob = dumps(value, "the result", copy=False)
+    except SerializationError as exc:  # an unpicklable return value fails this call, not the member
+        ok, blob = False, dumps(capture_exception(exc), "the error")
+    channel.send(ok, "a reply's status")
+    channel.send_blob(blob)
 
 
 def _beat(fd: int, interval: float) -> None:
@@ -197,8 +197,8 @@ def _beat(fd: int, interval: float) -> None:
 
 def _main(fd: int, beat_fd: int, interval: float) -> None:
     threading.Thread(target=_beat, args=(beat_fd, interval), name="fray-heartbeat", daemon=True).start()
-    conn = Connection(fd)
-    klass, args, kwargs, info = cloudpickle.loads(conn.recv_bytes())
+    conn = Channel(socket.socket(fileno=fd))
+    klass, args, kwargs, info = conn.recv("the actor's class and arguments")
     set_process_actor(info)
     try:
         instance = klass(*args, **kwargs)
@@ -209,9 +209,12 @@ def _main(fd: int, beat_fd: int, interval: float) -> None:
     loop: asyncio.AbstractEventLoop | None = None
     while True:
         try:
-            method, args, kwargs = cloudpickle.loads(conn.recv_bytes())
+            method, args, kwargs = conn.recv("a call's arguments")
         except (EOFError, OSError):
             return
+        except Exception as exc:  # arguments that do not load here fail this call, not the member
+            _reply(conn, False, capture_exception(exc))
+            continue
         try:
             value = getattr(instance, method)(*args, **kwargs)
             if inspect.iscoroutine(value):

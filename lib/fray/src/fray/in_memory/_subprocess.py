@@ -1,52 +1,90 @@
 """Run one in_memory task in a child process: the way a task gets its own environment variables (threads share
-one os.environ). The function and arguments travel by cloudpickle; the child writes its outcome to a file."""
+one os.environ). The function, its arguments and its result travel through fray.in_memory._channel (large
+buffers in shared memory; the result is stored as it arrived); the child first gets this process's sys.path,
+so it can import what the call needs."""
 
 from __future__ import annotations
 
 import os
-import pickle
+import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
-
-from fray.errors import WorkerCrashedError
+from fray.errors import SerializationError, WorkerCrashedError
+from fray.in_memory._channel import Channel, Serialized
 from fray.remote_errors import RemoteError, capture_exception
+from fray.serialization import dumps, loads
 
 
 def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, str]) -> Any:
-    with tempfile.TemporaryDirectory(prefix="fray-task-") as tmp:
-        call_path, result_path = os.path.join(tmp, "call"), os.path.join(tmp, "result")
-        with open(call_path, "wb") as f:
-            cloudpickle.dump((fn, args, kwargs, sys.path), f)
-        child_env = {**os.environ, **env}
-        code = subprocess.call(
-            [sys.executable, "-m", "fray.in_memory._subprocess", call_path, result_path], env=child_env
+    parent_sock, child_sock = socket.socketpair()
+    channel = Channel(parent_sock)
+    with child_sock:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fray.in_memory._subprocess", str(child_sock.fileno())],
+            pass_fds=(child_sock.fileno(),),
+            env={**os.environ, **env},
         )
-        if not os.path.exists(result_path):
-            raise WorkerCrashedError(f"the child process running this task exited with code {code}")
-        with open(result_path, "rb") as f:
-            ok, value = pickle.load(f)
-    if not ok:
-        assert isinstance(value, RemoteError)
-        raise value.rebuild()
-    return value
-
-
-def _main(call_path: str, result_path: str) -> None:
-    with open(call_path, "rb") as f:
-        fn, args, kwargs, parent_path = pickle.load(f)
-    sys.path[:] = [*parent_path, *(p for p in sys.path if p not in parent_path)]
     try:
-        outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
+        channel.send(sys.path, "sys.path")
+        channel.send((fn, args, kwargs), "the task and its arguments")
+        ok: bool = channel.recv("a reply's status")
+        blob = channel.recv_blob("the task's result")
+    except (EOFError, OSError):
+        code = proc.wait()
+        raise WorkerCrashedError(f"the child process running this task exited with code {code}") from None
+    finally:
+        channel.close()
+        if not _exits(proc):
+            proc.kill()
+            proc.wait()
+    if ok:
+        return Serialized(blob)  # the store keeps it as it arrived
+    error = loads(blob, "the task's error")
+    assert isinstance(error, RemoteError)
+    raise error.rebuild()
+
+
+def _exits(proc: subprocess.Popen[bytes]) -> bool:
+    try:
+        proc.wait(timeout=10)  # it exits once its result is sent
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _main(fd: int) -> None:
+    channel = Channel(socket.socket(fileno=fd))
+    try:
+        parent_path: list[str] = channel.recv("sys.path")
+        sys.path[:] = [*parent_path, *(p for p in sys.path if p not in parent_path)]
+        ok, value = _run(channel)
+        try:
+            blob = dumps(value, "the task's result", copy=False)
+        except SerializationError as exc:  # an unpicklable result fails the task, it is not lost
+            ok, blob = False, dumps(capture_exception(exc), "the task's error")
+        channel.send(ok, "a reply's status")
+        channel.send_blob(blob)
+    except (EOFError, OSError):  # the parent is gone (or could not send the call): nobody to answer
+        pass
+    finally:
+        channel.close()
+
+
+def _run(channel: Channel) -> tuple[bool, Any]:
+    try:
+        fn, args, kwargs = channel.recv("the task and its arguments")
+    except (EOFError, OSError):
+        raise
+    except Exception as exc:  # arguments that do not load here
+        return (False, capture_exception(exc))
+    try:
+        return (True, fn(*args, **kwargs))
     except BaseException as exc:
-        outcome = (False, capture_exception(exc))
-    with open(result_path, "wb") as f:
-        cloudpickle.dump(outcome, f)
+        return (False, capture_exception(exc))
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])
+    _main(int(sys.argv[1]))

@@ -24,6 +24,7 @@ from fray.errors import (
 )
 from fray.gang import group_label, hang_timeout
 from fray.groups import ActorGroup, Member, create_one_by_one
+from fray.in_memory._channel import Serialized
 from fray.in_memory._gang import Gang
 from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_call
 from fray.in_memory._scheduler import Ledger, Signature, Work, signature
@@ -85,6 +86,8 @@ class InMemoryJobContext(JobContext):
 
     # ------------------------------------------------------------------ values
     def _encode(self, value: Any, what: str) -> Any:
+        if isinstance(value, Serialized):  # a child process's result, already serialized into this process's memory
+            return value.blob if self.serialize else loads(value.blob, what)
         return dumps(value, what) if self.serialize and type(value) not in _IMMUTABLE else value
 
     def _decode(self, stored: Any, what: str = "a value") -> Any:

@@ -1,0 +1,128 @@
+"""in_memory's child processes (SPMD members, runtime_env tasks) exchange values through shared memory."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import fray
+from fray import TaskOptions
+from fray.errors import SerializationError
+from fray.in_memory._channel import Channel
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def ends() -> Iterator[tuple[Channel, Channel]]:
+    a, b = socket.socketpair()
+    left, right = Channel(a), Channel(b)
+    yield left, right
+    left.close()
+    right.close()
+
+
+def test_large_buffers_cross_through_one_arena_reused_while_it_is_large_enough(ends: tuple[Channel, Channel]) -> None:
+    left, right = ends
+    first = np.arange(8 * MiB // 8, dtype=np.int64)
+    left.send({"a": first, "small": b"x" * 100}, "a value")
+    got = right.recv("a value")
+    assert np.array_equal(got["a"], first) and got["small"] == b"x" * 100
+    arena = left._out
+    assert arena is not None and right._in is not None and right._in.size == arena.size
+    left.send(first + 1, "a value")  # the same arena, rewritten in place
+    second = right.recv("a value")
+    assert left._out is arena
+    assert np.array_equal(got["a"], first), "a value already received changed when the arena was reused"
+    assert np.array_equal(second, first + 1)
+    assert not second.flags.writeable  # read-only, as a value from a store
+    left.send(np.zeros(200 * MiB // 8), "a value")  # larger than the arena: a new one, its fd sent along
+    assert left._out is not arena and right.recv("a value").shape == (200 * MiB // 8,)
+
+
+def test_a_torch_tensor_arrives_writable_and_private(ends: tuple[Channel, Channel]) -> None:
+    torch = pytest.importorskip("torch", reason="torch is an optional dependency of fray-core")
+    left, right = ends
+    tensor = torch.arange(4 * MiB // 4, dtype=torch.float32)
+    left.send([tensor, tensor[10:20]], "tensors")
+    whole, view = right.recv("tensors")
+    whole[10] = -1.0
+    assert float(view[0]) == -1.0, "a view and its base share one storage after the trip"
+    assert float(tensor[10]) == 10.0, "the receiver's writes reach the sender's tensor"
+    left.send(tensor * 2, "tensors")
+    right.recv("tensors")
+    assert float(whole[11]) == 11.0, "the next message changed a tensor already received"
+
+
+def test_an_unpicklable_value_fails_before_anything_is_sent(ends: tuple[Channel, Channel]) -> None:
+    left, right = ends
+    with pytest.raises(SerializationError, match="a lock"):
+        left.send(__import__("threading").Lock(), "a lock")
+    left.send(np.ones(2 * MiB), "next")  # the channel is still in step
+    assert right.recv("next").sum() == 2 * MiB
+
+
+def test_a_closed_peer_is_end_of_file(ends: tuple[Channel, Channel]) -> None:
+    left, right = ends
+    left.close()
+    with pytest.raises(EOFError):
+        right.recv("a value")
+
+
+class Member:
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        self.pid = os.getpid()
+
+    def double(self, array: np.ndarray) -> tuple[int, np.ndarray]:
+        return self.pid, array * 2
+
+    def tensor(self, n: int) -> object:
+        import torch
+
+        return torch.ones(n)
+
+    def lock(self) -> object:
+        return __import__("threading").Lock()
+
+
+def test_spmd_members_take_and_return_large_arrays_in_their_own_processes() -> None:
+    pytest.importorskip("torch", reason="SPMD groups need torch.distributed")
+    ctx = fray.init("in_memory")
+    try:
+        group = ctx.create_actor_group(Member, 2, distributed=True)
+        array = np.arange(16 * MiB // 8, dtype=np.int64)
+        for _ in range(3):  # the arenas are reused from the second call on
+            results = ctx.get(group.double(array), timeout=120)
+            assert {pid for pid, _ in results}.isdisjoint({os.getpid()}) and len({pid for pid, _ in results}) == 2
+            assert all(np.array_equal(doubled, array * 2) for _, doubled in results)
+        stored = group[0].tensor(4 * MiB)
+        first, second = ctx.get(stored, timeout=60), ctx.get(stored, timeout=60)
+        first[0] = -1.0
+        assert float(second[0]) == 1.0 and float(ctx.get(stored, timeout=60)[0]) == 1.0, "readers share a result"
+        with pytest.raises(SerializationError, match="the result"):
+            ctx.get(group[0].lock(), timeout=60)
+        assert np.array_equal(ctx.get(group[0].double(array), timeout=60)[1], array * 2)  # the member lives on
+    finally:
+        fray.shutdown()
+
+
+def child_pid_and_sum(array: np.ndarray) -> tuple[int, int, np.ndarray]:
+    return os.getpid(), int(array.sum()), array[::-1].copy()
+
+
+def test_a_runtime_env_task_takes_and_returns_large_arrays_in_a_child_process() -> None:
+    ctx = fray.init("in_memory")
+    try:
+        array = np.arange(16 * MiB // 8, dtype=np.int64)
+        options = TaskOptions(runtime_env=fray.RuntimeEnv(env={"FRAY_TEST_CHILD": "1"}))
+        pid, total, reversed_ = ctx.get(ctx.create_task(child_pid_and_sum, args=(array,), options=options), timeout=120)
+        assert pid != os.getpid() and total == int(array.sum()) and np.array_equal(reversed_, array[::-1])
+    finally:
+        fray.shutdown()
