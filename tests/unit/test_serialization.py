@@ -123,3 +123,34 @@ def test_transfer_stats_count_by_path() -> None:
     assert merge(snap, stats.snapshot())["inline"] == PathStats(5, 31, 1.5)
     stats.reset()
     assert stats.snapshot() == {}
+
+
+def test_torch_read_from_a_stored_copy_maps_it_copy_on_write_and_keeps_it_leased() -> None:
+    torch = pytest.importorskip("torch", reason="torch is needed for the tensor test")
+    from fray import pool
+
+    blob = dumps(torch.arange(2 * 1024 * 1024, dtype=torch.float32))
+    (stored,) = blob.buffers
+    reader = loads(blob)
+    piece = stored.obj.lease
+    address = reader.untyped_storage().data_ptr()
+    assert address != pool.buffer_address(stored), "the reader should not alias the store"
+    assert _mapping_at(address).endswith("rw-p memfd:fray-pool"), "the reader's tensor is not a copy-on-write mapping"
+    reader[0] = -1.0  # a written page becomes the reader's own
+    assert float(loads(blob)[0]) == 0.0
+    del blob, stored
+    taken = [pool.pool_copy(np.zeros(8 * 1024 * 1024, dtype=np.uint8), readonly=True) for _ in range(4)]
+    for other in taken:  # the piece the reader maps is not handed out again while it lives
+        assert other.obj.lease.chunk is not piece.chunk or other.obj.lease.offset != piece.offset
+    assert float(reader[1]) == 1.0 and float(reader[-1]) == 2 * 1024 * 1024 - 1
+
+
+def _mapping_at(address: int) -> str:
+    """The permissions and file of the mapping holding `address`, from /proc/self/maps."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return f"{fields[1]} {fields[5].lstrip('/') if len(fields) > 5 else ''}"
+    return ""

@@ -1,8 +1,13 @@
 """Reusable memory for large copies: a stored value's buffers, a reader's private copy of a tensor.
 
 New memory costs more than the copy into it: a fresh 100 MiB allocation is ~25,600 page faults, ~50 ms here,
-against ~10 ms for the copy itself. The pool hands out page-aligned pieces of anonymous mmap chunks and takes
-them back when the last view of a piece is gone, so a value put after another reuses pages already faulted in.
+against ~10 ms for the copy itself. The pool hands out page-aligned pieces of memfd chunks and takes them back
+when the last view of a piece is gone, so a value put after another reuses pages already faulted in.
+
+A reader that needs a writable private copy of a pooled piece (a torch storage: torch has no read-only tensors)
+gets a copy-on-write mapping of it instead of a copy: nothing is copied until it writes, and only the pages it
+writes (measured here, 256 MiB: mapping ~0.04 ms; reading every page 27 ms and unmapping 15 ms, against 13 ms
+for a copy into warm memory and ~135 ms into fresh memory; a reader that touches a few pages pays almost nothing).
 
 `FreeList` (first fit over sorted, coalesced free ranges) is shared with fray_monarch's shared-memory arena.
 """
@@ -11,12 +16,13 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["POOL_MIN", "FreeList", "pool_copy"]
+__all__ = ["POOL_MIN", "FreeList", "buffer_address", "pool_copy"]
 
 PAGE = mmap.PAGESIZE
 POOL_MIN = 1024 * 1024  # smaller buffers are plain bytes: their allocation is cheap
@@ -67,9 +73,20 @@ class FreeList:
 
 
 class _Chunk:
+    """A memfd mapped shared (not anonymous memory): a reader can map one of its pieces copy-on-write."""
+
     def __init__(self, size: int) -> None:
-        self.map = mmap.mmap(-1, size)
+        self.fd = os.memfd_create("fray-pool", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.ranges = FreeList(size)
+
+    def __del__(self) -> None:
+        os.close(self.fd)  # its pieces' mappings stay valid: a mapping holds the file itself
 
 
 class _Lease:
@@ -117,6 +134,23 @@ class _Pool:
         raw.lease = _Lease(self, chunk, offset, size)  # type: ignore[attr-defined]
         return memoryview(raw).cast("B")[:nbytes]
 
+    @staticmethod
+    def private_mapping(view: memoryview) -> memoryview | None:
+        """A writable copy-on-write mapping of `view` when it is a whole pooled piece, else None. The mapping
+        keeps the piece leased: a page the reader has not written still shows the piece's memory."""
+        piece = view.obj
+        lease = getattr(piece, "lease", None)
+        if not isinstance(piece, ctypes.Array) or not isinstance(lease, _Lease):
+            return None
+        if buffer_address(view) != ctypes.addressof(piece):  # a slice of a piece: not mapped alone
+            return None
+        private = mmap.mmap(
+            lease.chunk.fd, lease.size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE, offset=lease.offset
+        )
+        raw = (ctypes.c_ubyte * max(view.nbytes, 1)).from_buffer(private)
+        raw.lease = lease  # type: ignore[attr-defined]
+        return memoryview(raw).cast("B")[: view.nbytes]
+
     def _drain(self) -> None:
         while self.returned:
             chunk, offset, size = self.returned.popleft()
@@ -149,6 +183,42 @@ def pool_copy(source: object, readonly: bool) -> memoryview | bytes:
     view = memoryview(source).cast("B")  # type: ignore[arg-type]
     if view.nbytes < POOL_MIN:
         return bytes(view) if readonly else memoryview(bytearray(view))
+    if not readonly and view.readonly:
+        mapped = _pool.private_mapping(view)
+        if mapped is not None:
+            return mapped
     target = _pool.take(view.nbytes)
-    target[:] = view
+    ctypes.memmove(buffer_address(target), buffer_address(view), view.nbytes)  # the GIL is let go while it runs
     return target.toreadonly() if readonly else target
+
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [  # CPython's Py_buffer
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+
+
+def buffer_address(view: memoryview) -> int:
+    """The address of a contiguous buffer's first byte, read-only ones too (ctypes' from_buffer wants writable)."""
+    info = _PyBuffer()
+    _get_buffer(view, ctypes.byref(info), 0)  # PyBUF_SIMPLE: the buffer is C-contiguous bytes
+    try:
+        return info.buf or 0
+    finally:
+        _release_buffer(ctypes.byref(info))
