@@ -154,3 +154,20 @@ def _mapping_at(address: int) -> str:
             if start <= address < end:
                 return f"{fields[1]} {fields[5].lstrip('/') if len(fields) > 5 else ''}"
     return ""
+
+
+def test_a_pickled_tensor_is_freed_with_its_blob_without_the_cyclic_gc() -> None:
+    torch = pytest.importorskip("torch", reason="torch is needed for the tensor test")
+    import gc
+    import weakref
+
+    gc.disable()  # a loop of a few large tensors rarely triggers a collection: nothing may wait for one
+    try:
+        for copy in (False, True):
+            tensor = torch.ones(1024 * 1024)
+            alive = weakref.ref(tensor)
+            blob = dumps([tensor, tensor[3:]], copy=copy)
+            del blob, tensor
+            assert alive() is None, f"dumps(copy={copy}) kept the tensor alive after its blob was gone"
+    finally:
+        gc.enable()

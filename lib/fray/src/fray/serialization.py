@@ -125,7 +125,7 @@ class _Storage:
 
     __slots__ = ("pickler", "storage")
 
-    def __init__(self, storage: Any, pickler: Any) -> None:
+    def __init__(self, storage: Any, pickler: Any) -> None:  # pickler: None once its dump is done
         self.storage = storage
         self.pickler = pickler
 
@@ -240,7 +240,15 @@ class _CloudPickler(_Reducers, cloudpickle.Pickler):  # type: ignore[misc]
 def _pickle_with(cls: type, obj: Any, buffers: list[pickle.PickleBuffer]) -> tuple[bytes, Any]:
     out = io.BytesIO()
     pickler = cls(out, buffers.append)
-    pickler.dump(obj)
+    try:
+        pickler.dump(obj)
+    finally:
+        # pickler.storages -> _Storage -> pickler is a cycle: left alone, every tensor pickled stays alive until
+        # the cyclic GC runs, which a loop of few large tensors rarely triggers (an RLHF trainer grew 256 MiB a
+        # step and its fresh allocations slowed from 0.05 to 0.35 s).
+        for box in pickler.storages.values():
+            box.pickler = None
+        pickler.storages.clear()
     return out.getvalue(), pickler
 
 
