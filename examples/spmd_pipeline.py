@@ -148,7 +148,11 @@ def main() -> None:
     parser.add_argument("--kill-rank", type=int, default=None, help="SIGKILL this trainer rank's process ...")
     parser.add_argument("--at-step", type=int, default=3, help="... while this step trains")
     args = parser.parse_args()
-    checkpoint = os.path.join(tempfile.mkdtemp(prefix="fray-spmd-"), "trainer.pt")
+    with tempfile.TemporaryDirectory(prefix="fray-spmd-") as scratch:  # removed however the run ends
+        run(args, os.path.join(scratch, "trainer.pt"))
+
+
+def run(args: argparse.Namespace, checkpoint: str) -> None:
     ctx = fray.init()
     print(f"backend: {ctx.backend}")
     options = fray.ActorOptions(max_restarts=1)  # a rank's death restarts the whole trainer group, once

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,7 @@ def test_example_spmd_pipeline_runs_unchanged(backend: str) -> None:
         "HOME": os.environ.get("HOME", "/root"),
         "FRAY_BACKEND": backend,
     }
+    before = _scratch_dirs()
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "spmd_pipeline.py")],
         capture_output=True,
@@ -70,6 +73,7 @@ def test_example_spmd_pipeline_runs_unchanged(backend: str) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"backend: {backend}" in out.stdout and "ok: loss fell" in out.stdout
+    assert _scratch_dirs() <= before, "the example left its checkpoint directory behind"
 
 
 @pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
@@ -85,6 +89,7 @@ def test_example_spmd_pipeline_survives_a_killed_rank(backend: str) -> None:
         "HOME": os.environ.get("HOME", "/root"),
         "FRAY_BACKEND": backend,
     }
+    before = _scratch_dirs()
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "spmd_pipeline.py"), "--kill-rank", "1", "--at-step", "3"],
         capture_output=True,
@@ -98,3 +103,8 @@ def test_example_spmd_pipeline_survives_a_killed_rank(backend: str) -> None:
     # (step 2's, unless a descheduled driver let step 3 finish and be saved before its kill landed)
     assert re.search(r"every rank resumed from the checkpoint of step [23]\b", out.stdout), out.stdout
     assert "ok: loss fell" in out.stdout, out.stdout
+    assert _scratch_dirs() <= before, "the example left its checkpoint directory behind"
+
+
+def _scratch_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "fray-spmd-*")))
