@@ -12,6 +12,7 @@ one thread imports everything, the other waits.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import inspect
 import os
 import queue
@@ -27,7 +28,7 @@ from fray.errors import ActorDiedError
 from fray.refs import ObjectRef
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, loads
-from fray_monarch import _runtime
+from fray_monarch import _runtime, environ
 from fray_monarch._monarch import Actor, endpoint
 from fray_monarch.calls import fill_deps
 from fray_monarch.objects import RefPayload
@@ -35,6 +36,10 @@ from fray_monarch.protocol import BACKEND, ActorReply, Inline, ProcInfo, WireVal
 from fray_monarch.worker_process import ensure_worker
 
 __all__ = ["FrayActorHost", "WorkerHost"]
+
+
+# A process fray starts that dies of a fatal signal prints the Python stack of each thread on its way out.
+faulthandler.enable()
 
 
 def _mesh_index() -> int:
@@ -54,7 +59,7 @@ class WorkerHost(Actor):
     """Runs tasks in its process (one per worker process); a never-answered `watch` call reports its death."""
 
     def __init__(self, setup: WorkerSetup | list[WorkerSetup], env: dict[str, str]) -> None:
-        os.environ.update(env)  # a process for tasks with these env vars (ProcessPool.ensure_env)
+        environ.publish(env)  # a process for tasks with these env vars (ProcessPool.ensure_env)
         _runtime.start_client_context()  # before anything prints Monarch's banner (see _runtime.BANNER)
         self.worker = ensure_worker(_mine(setup, _mesh_index()))
         self.rt = self.worker.rt
@@ -206,7 +211,7 @@ class FrayActorHost(Actor):
     ) -> ActorReply:
         self.info, env = members[self.index] if self.index < len(members) else members[0]
         if env:
-            os.environ.update(env)  # an SPMD member: torch.distributed's variables, before __init__
+            environ.publish(env)  # an SPMD member: torch.distributed's variables, before __init__
         if self.owns_process:
             fray_current.set_process_actor(self.info)
         tokens = self._enter()

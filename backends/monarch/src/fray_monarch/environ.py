@@ -1,0 +1,56 @@
+"""Setting environment variables in a process where Monarch's Rust threads already run.
+
+`os.environ.update` calls setenv once per variable, and glibc's setenv grows the `environ` array with realloc:
+a Rust thread reading a variable at that moment (Monarch's telemetry thread reads HYPERACTOR_PROCESS_NAME on its
+first event) walks a freed array and the process dies of SIGSEGV. Seen in ~1 of 20 fresh SPMD member
+processes, whose torch.distributed variables fray sets before `__init__` (core dump: getenv in
+hyperactor_telemetry's worker loop).
+
+`publish` builds a new, complete `environ` array and swaps the global pointer in one store; the old array is
+never freed, so a reader sees either the old variables or the new ones. Python's `os.environ` is then updated
+without calling setenv again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Mapping
+
+__all__ = ["publish"]
+
+_libc = ctypes.CDLL(None)
+_environ = ctypes.c_void_p.in_dll(_libc, "environ")
+_kept: list[object] = []  # every array published, and its strings: a reader may still walk any of them
+
+
+def _entries() -> list[bytes]:
+    entries: list[bytes] = []
+    if not _environ.value:
+        return entries
+    array = ctypes.cast(_environ.value, ctypes.POINTER(ctypes.c_char_p))
+    i = 0
+    while array[i] is not None:
+        entries.append(array[i])
+        i += 1
+    return entries
+
+
+def publish(env: Mapping[str, str]) -> None:
+    """Set `env` in this process (the C environment and os.environ) without a window where a concurrent
+    getenv can read freed memory."""
+    if not env:
+        return
+    updates = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+    entries = []
+    for entry in _entries():
+        name = entry.split(b"=", 1)[0]
+        if name not in updates:
+            entries.append(entry)
+    entries += [name + b"=" + value for name, value in updates.items()]
+    array = (ctypes.c_char_p * (len(entries) + 1))(*entries, None)
+    _kept.append(array)
+    _environ.value = ctypes.addressof(array)  # one pointer store: the new array is complete before it is seen
+    data = os.environ._data  # type: ignore[attr-defined]  # CPython's mapping behind os.environ
+    for name, value in updates.items():
+        data[name] = value
