@@ -4,11 +4,13 @@ caller had running already. (The same over ssh and Slurm, on separate network st
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -48,6 +50,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def _job_dirs() -> set[str]:
+    """Monarch's ProcessJob makes its socket directory with tempfile.mkdtemp(prefix="monarch_process_job_")."""
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "monarch_process_job_*")))
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -58,14 +65,17 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("how", ["spec", "object", "running"])
 def test_a_context_ends_the_hosts_it_launched_at_shutdown(how: str) -> None:
+    before = _job_dirs()
     out = subprocess.run([sys.executable, "-c", SCRIPT, how, "shutdown"], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     first, second = (json.loads(line) for line in out.stdout.splitlines()[-2:])
     assert first["nodes"] == 2 and len(first["workers"]) == 2  # tasks ran under both host workers
     assert second["after"] == ([True, True] if how == "running" else [False, False])
+    assert _job_dirs() <= before, "a process job's socket directory was left behind"
 
 
 def test_hosts_a_killed_driver_launched_end_with_it() -> None:
+    before = _job_dirs()
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "spec", "kill"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -76,6 +86,9 @@ def test_hosts_a_killed_driver_launched_end_with_it() -> None:
         deadline = time.monotonic() + 15
         while any(_alive(w) for w in workers):  # the watchdog ends the host workers, their processes with them
             assert time.monotonic() < deadline, [w for w in workers if _alive(w)]
+            time.sleep(0.2)
+        while not _job_dirs() <= before:  # and removes the job's socket directory
+            assert time.monotonic() < deadline, _job_dirs() - before
             time.sleep(0.2)
     finally:
         proc.kill()

@@ -307,10 +307,15 @@ def _process(opts: dict[str, Any]) -> HostSet:
     pids = [state.pid for state in job._host_to_pid.values()]
     for pid in pids:  # each worker leads its own session and group; its processes die with it
         watchdog.watch_group(pid)
+    sockets = job._tmpdir  # the job's socket directory: its kill() removes it, the watchdog if fray is killed
+    if sockets is not None:
+        watchdog.watch_path(sockets)
 
     def forget() -> None:
         for pid in pids:
             watchdog.forget_group(pid)
+        if sockets is not None:
+            watchdog.forget_path(sockets)
 
     addresses = [job._host_to_pid[f"hosts_{i}"].channel for i in range(count)]
     return HostSet(addresses, [f"process {i}" for i in range(count)], "process job", _release(job, forget))
