@@ -99,3 +99,32 @@ def test_shutdown_leaves_no_process_socket_or_shm(tmp_path: Path) -> None:
 def test_spec_options_are_checked(spec: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         fray.init(spec)
+
+
+def test_a_host_worker_ends_on_sigterm_and_removes_its_tls_files(tmp_path: Path) -> None:
+    """scancel, `fray cluster stop` or a service manager end a host worker with SIGTERM: it ends like at the end
+    of its stdin (its processes first), and its TLS files go with it (the watchdog that would remove them is one
+    of the processes it kills)."""
+    from fray.net import free_port
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    address = f"tls://127.0.0.1:{free_port()}"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "fray_monarch.worker", "--address", address],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        for line in worker.stdout:  # serving: its TLS files are written by then
+            if "serving on" in line:
+                break
+        assert list(tmp_path.glob("fray-tls-*/cert.pem")), list(tmp_path.iterdir())
+        worker.send_signal(15)
+        assert worker.wait(timeout=30) == 0
+        assert not list(tmp_path.glob("fray-tls-*")), list(tmp_path.iterdir())
+    finally:
+        worker.kill()
+        worker.wait()

@@ -10,12 +10,14 @@ hold it), and plain TCP only where a test asks for it with insecure=true.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import queue
 import shlex
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -217,10 +219,16 @@ def test_hosts_launched_over_ssh(hosts: list[Host], env: dict[str, str], tmp_pat
     try:
         options = shlex.join([arg for s in servers for arg in s.client_args()])
         query = {"job": "ssh", "hosts": f"{hosts[1].name},{hosts[2].name}", "procs": "1", "ssh_options": options}
+        identities = os.path.join(env.get("TMPDIR", tempfile.gettempdir()), "fray-tls-*")
+        before = set(glob.glob(identities))
         result, _ = run_then_kill(
             hosts, "monarch?" + urllib.parse.urlencode(query), 64 * 2**20, env, tmp_path / "d.log"
         )
         check_cross_host(result, hosts)
+        deadline = time.monotonic() + GONE_WITHIN  # each host worker removes its TLS files as it ends
+        while left := set(glob.glob(identities)) - before:
+            assert time.monotonic() < deadline, left
+            time.sleep(0.2)
     finally:
         for s in servers:
             s.close()

@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from monarch.actor import run_worker_loop_forever
 
+    _end_on_sigterm()
     if args.end_with_stdin:
         threading.Thread(target=_end_with_stdin, name="fray-worker-stdin", daemon=True).start()
 
@@ -107,14 +108,46 @@ def _identity(host: str, from_stdin: bool) -> tls.Identity:
 
 
 def _end_with_stdin() -> None:
-    """Exit once stdin ends, after the processes this worker started (Monarch's procs, its children): they are
-    killed and waited for, then the shared-memory files of dead fray processes on this host are removed."""
+    """Exit once stdin ends (see _finish)."""
     try:
         while os.read(0, 4096):
             pass
     except OSError:
         pass
+    _finish()
+
+
+def _end_on_sigterm() -> None:
+    """SIGTERM (scancel, `fray cluster stop`, a service manager) ends this worker the way the end of its stdin
+    does. Python runs a signal handler only in the main thread, which stays inside Monarch's loop; CPython's own
+    C handler also writes the signal's number to the wakeup fd, from whichever thread took it, and a thread of
+    ours reads it there."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd)
+    # A Python handler, so CPython's C handler is installed; should the main thread run it (or another handler
+    # take the wakeup fd over), it ends the worker too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=_finish, daemon=True).start())
+
+    def wait() -> None:
+        while True:
+            got = os.read(read_fd, 64)
+            if not got or signal.SIGTERM in got:
+                _finish()
+
+    threading.Thread(target=wait, name="fray-worker-sigterm", daemon=True).start()
+
+
+_finishing = threading.Lock()
+
+
+def _finish() -> None:
+    """Exit after the processes this worker started (Monarch's procs, its children, fray's watchdog among them):
+    they are killed and waited for, then the shared-memory files of dead fray processes on this host are
+    removed. This worker's TLS files go first: the watchdog that would remove them is one of those children."""
+    _finishing.acquire()  # once, whichever comes first; the other caller waits here until the process is gone
     try:  # whatever fails here, the process ends (its stderr may be the ssh connection that just closed)
+        tls.let_go()  # first: a scheduler's SIGKILL may follow its SIGTERM within seconds (Slurm's KillWait)
         for pid in children_of(os.getpid()):
             try:
                 os.kill(pid, signal.SIGKILL)  # our own children (their parent pid is ours): no one else's
