@@ -34,6 +34,9 @@ def test_published_variables_reach_getenv_os_environ_and_children_while_threads_
         assert os.environ["PATH"] and libc.getenv(b"PATH")  # what was there stays
         out = subprocess.run(["sh", "-c", "echo $FRAY_ENV_TEST_42"], capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "42", out.stdout
+        publish({"FRAY_ENV_TEST_42": None})  # None removes it
+        assert libc.getenv(b"FRAY_ENV_TEST_42") is None and "FRAY_ENV_TEST_42" not in os.environ
+        assert os.environ["FRAY_ENV_TEST_41"] == "41"
         print("ok")
         """
     )

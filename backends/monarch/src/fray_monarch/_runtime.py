@@ -323,16 +323,15 @@ def start_monarch_in(path: str) -> None:
     directory it makes for its children is in there; TMPDIR is restored at once. A runtime started earlier (by
     the user's own Monarch code) keeps its directory where it is."""
     global _client_started
+    from fray_monarch import environ
+
     saved = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = path
+    environ.publish({"TMPDIR": path})  # Monarch's Rust threads may run already: no setenv (see environ.py)
     try:
         without_banner(_monarch_actor.context)
         _client_started = True
     finally:
-        if saved is None:
-            del os.environ["TMPDIR"]
-        else:
-            os.environ["TMPDIR"] = saved
+        environ.publish({"TMPDIR": saved})
 
 
 def default_bootstrap_cmd() -> Any:

@@ -36,21 +36,24 @@ def _entries() -> list[bytes]:
     return entries
 
 
-def publish(env: Mapping[str, str]) -> None:
+def publish(env: Mapping[str, str | None]) -> None:
     """Set `env` in this process (the C environment and os.environ) without a window where a concurrent
-    getenv can read freed memory."""
+    getenv can read freed memory. A None value removes the variable."""
     if not env:
         return
-    updates = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+    updates = {os.fsencode(k): None if v is None else os.fsencode(v) for k, v in env.items()}
     entries = []
     for entry in _entries():
         name = entry.split(b"=", 1)[0]
         if name not in updates:
             entries.append(entry)
-    entries += [name + b"=" + value for name, value in updates.items()]
+    entries += [name + b"=" + value for name, value in updates.items() if value is not None]
     array = (ctypes.c_char_p * (len(entries) + 1))(*entries, None)
     _kept.append(array)
     _environ.value = ctypes.addressof(array)  # one pointer store: the new array is complete before it is seen
     data = os.environ._data  # type: ignore[attr-defined]  # CPython's mapping behind os.environ
     for name, value in updates.items():
-        data[name] = value
+        if value is None:
+            data.pop(name, None)
+        else:
+            data[name] = value
