@@ -22,8 +22,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from fray.errors import FrayError
+from fray.errors import FrayError, SerializationError
 from fray.pool import POOL_MIN, align, pool_copy
+from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, loads
 
 __all__ = ["Channel", "Serialized"]
@@ -97,6 +98,21 @@ class Channel:
         """The next value. Raises EOFError if the peer closed its end, OSError if the socket failed, and
         SerializationError (naming `what`) if the value cannot be rebuilt here."""
         return loads(self.recv_blob(what, readers=1), what)
+
+    def send_outcome(self, ok: bool, value: Any, what: str) -> None:
+        """A call's outcome, from the child: whether it succeeded, then its result (or RemoteError). A result
+        that cannot be pickled fails the call instead (the child goes on)."""
+        try:
+            blob = dumps(value, what, copy=False)
+        except SerializationError as exc:
+            ok, blob = False, dumps(capture_exception(exc), f"the error of {what}")
+        self.send(ok, "a call's status")
+        self.send_blob(blob)
+
+    def recv_outcome(self, what: str) -> tuple[bool, Blob]:
+        """What send_outcome sent: (ok, the result or RemoteError, still serialized: a store keeps it as is)."""
+        ok: bool = self.recv("a call's status")
+        return ok, self.recv_blob(what)
 
     def send_blob(self, blob: Blob) -> None:
         """Send a value already serialized (its buffers are read before this returns)."""

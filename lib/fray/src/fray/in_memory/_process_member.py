@@ -24,12 +24,12 @@ from typing import Any
 
 from fray import watchdog
 from fray.current import ActorInfo, set_process_actor
-from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
+from fray.errors import ActorDiedError, ActorUnavailableError
 from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
 from fray.in_memory._channel import Channel, Serialized
 from fray.in_memory._gang import Gang
 from fray.remote_errors import RemoteError, capture_exception
-from fray.serialization import Blob, dumps, loads
+from fray.serialization import Blob, loads
 
 __all__ = ["ProcessMember"]
 
@@ -103,8 +103,7 @@ class ProcessMember:
         process is gone."""
         try:
             self._channel.send(message, f"the arguments of {what} of {self._label}")
-            ok: bool = self._channel.recv("a reply's status")
-            return ok, self._channel.recv_blob(f"the result of {what} of {self._label}")
+            return self._channel.recv_outcome(f"the result of {what} of {self._label}")
         except (EOFError, OSError):
             return None
 
@@ -175,16 +174,6 @@ class ProcessMember:
         self._close_connection()
 
 
-def _reply(channel: Channel, ok: bool, value: Any) -> None:
-    """Two messages: whether the call succeeded, then its result (or error), which the parent stores as it is."""
-    try:
-        blob = dumps(value, "the result", copy=False)
-    except SerializationError as exc:  # an unpicklable return value fails this call, not the member
-        ok, blob = False, dumps(capture_exception(exc), "the error")
-    channel.send(ok, "a reply's status")
-    channel.send_blob(blob)
-
-
 def _beat(fd: int, interval: float) -> None:
     """Tell the parent this process is alive, every `interval` seconds, until it stops reading."""
     while True:
@@ -203,9 +192,9 @@ def _main(fd: int, beat_fd: int, interval: float) -> None:
     try:
         instance = klass(*args, **kwargs)
     except BaseException as exc:
-        _reply(conn, False, capture_exception(exc))
+        conn.send_outcome(False, capture_exception(exc), "the error")
         return
-    _reply(conn, True, None)
+    conn.send_outcome(True, None, "__init__")
     loop: asyncio.AbstractEventLoop | None = None
     while True:
         try:
@@ -213,7 +202,7 @@ def _main(fd: int, beat_fd: int, interval: float) -> None:
         except (EOFError, OSError):
             return
         except Exception as exc:  # arguments that do not load here fail this call, not the member
-            _reply(conn, False, capture_exception(exc))
+            conn.send_outcome(False, capture_exception(exc), "the error")
             continue
         try:
             value = getattr(instance, method)(*args, **kwargs)
@@ -223,9 +212,9 @@ def _main(fd: int, beat_fd: int, interval: float) -> None:
             elif inspect.isgenerator(value):
                 value.close()
                 raise TypeError(f"{method} is a generator: SPMD members on in_memory cannot stream its items")
-            _reply(conn, True, value)
+            conn.send_outcome(True, value, "the result")
         except BaseException as exc:
-            _reply(conn, False, capture_exception(exc))
+            conn.send_outcome(False, capture_exception(exc), "the error")
 
 
 if __name__ == "__main__":

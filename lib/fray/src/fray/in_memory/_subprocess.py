@@ -12,10 +12,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fray.errors import SerializationError, WorkerCrashedError
+from fray.errors import WorkerCrashedError
 from fray.in_memory._channel import Channel, Serialized
 from fray.remote_errors import RemoteError, capture_exception
-from fray.serialization import dumps, loads
+from fray.serialization import loads
 
 
 def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, str]) -> Any:
@@ -30,8 +30,7 @@ def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     try:
         channel.send(sys.path, "sys.path")
         channel.send((fn, args, kwargs), "the task and its arguments")
-        ok: bool = channel.recv("a reply's status")
-        blob = channel.recv_blob("the task's result")
+        ok, blob = channel.recv_outcome("the task's result")
     except (EOFError, OSError):
         code = proc.wait()
         raise WorkerCrashedError(f"the child process running this task exited with code {code}") from None
@@ -60,13 +59,7 @@ def _main(fd: int) -> None:
     try:
         parent_path: list[str] = channel.recv("sys.path")
         sys.path[:] = [*parent_path, *(p for p in sys.path if p not in parent_path)]
-        ok, value = _run(channel)
-        try:
-            blob = dumps(value, "the task's result", copy=False)
-        except SerializationError as exc:  # an unpicklable result fails the task, it is not lost
-            ok, blob = False, dumps(capture_exception(exc), "the task's error")
-        channel.send(ok, "a reply's status")
-        channel.send_blob(blob)
+        channel.send_outcome(*_run(channel), "the task's result")
     except (EOFError, OSError):  # the parent is gone (or could not send the call): nobody to answer
         pass
     finally:
