@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 
 import numpy as np
@@ -126,3 +129,34 @@ def test_a_runtime_env_task_takes_and_returns_large_arrays_in_a_child_process() 
         assert pid != os.getpid() and total == int(array.sum()) and np.array_equal(reversed_, array[::-1])
     finally:
         fray.shutdown()
+
+
+def test_without_memfds_values_still_cross_and_torch_reads_copy() -> None:
+    """Where os.memfd_create is missing (not Linux), the pool uses anonymous memory and the channel the socket."""
+    pytest.importorskip("torch", reason="torch is an optional dependency of fray-core")
+    code = textwrap.dedent(
+        """
+        import os, socket
+        del os.memfd_create
+        import numpy as np, torch
+        from fray.in_memory._channel import Channel
+        from fray.serialization import dumps, loads
+
+        blob = dumps(torch.arange(1 << 20, dtype=torch.float32))
+        first, second = loads(blob), loads(blob)
+        first[1] = -1.0
+        assert float(second[1]) == 1.0
+        import threading
+        a, b = socket.socketpair()
+        left, right = Channel(a), Channel(b)
+        got = []
+        reader = threading.Thread(target=lambda: got.append(right.recv("a value")))  # 8 MiB fill the socket
+        reader.start()
+        left.send(np.arange(1 << 20), "a value")
+        reader.join()
+        assert got[0].sum() == np.arange(1 << 20).sum() and left._out is None
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr

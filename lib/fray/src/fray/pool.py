@@ -73,9 +73,15 @@ class FreeList:
 
 
 class _Chunk:
-    """A memfd mapped shared (not anonymous memory): a reader can map one of its pieces copy-on-write."""
+    """A memfd mapped shared (not anonymous memory): a reader can map one of its pieces copy-on-write. Where
+    there are no memfds (not Linux), anonymous memory, and readers copy."""
 
     def __init__(self, size: int) -> None:
+        self.fd: int | None = None
+        if not hasattr(os, "memfd_create"):
+            self.map = mmap.mmap(-1, size)
+            self.ranges = FreeList(size)
+            return
         self.fd = os.memfd_create("fray-pool", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, size)
@@ -86,7 +92,8 @@ class _Chunk:
         self.ranges = FreeList(size)
 
     def __del__(self) -> None:
-        os.close(self.fd)  # its pieces' mappings stay valid: a mapping holds the file itself
+        if self.fd is not None:
+            os.close(self.fd)  # its pieces' mappings stay valid: a mapping holds the file itself
 
 
 class _Lease:
@@ -140,7 +147,7 @@ class _Pool:
         keeps the piece leased: a page the reader has not written still shows the piece's memory."""
         piece = view.obj
         lease = getattr(piece, "lease", None)
-        if not isinstance(piece, ctypes.Array) or not isinstance(lease, _Lease):
+        if not isinstance(piece, ctypes.Array) or not isinstance(lease, _Lease) or lease.chunk.fd is None:
             return None
         if buffer_address(view) != ctypes.addressof(piece):  # a slice of a piece: not mapped alone
             return None

@@ -30,6 +30,7 @@ from fray.serialization import Blob, dumps, loads
 __all__ = ["Channel", "Serialized"]
 
 _HEADER = struct.Struct("!Q")  # the length of the message that follows
+_HAS_MEMFD = hasattr(os, "memfd_create")  # elsewhere than Linux every buffer goes through the socket
 ARENA_STEP = 64 * 1024 * 1024  # an arena grows in steps of this much (and never shrinks while its channel lives)
 
 
@@ -120,7 +121,7 @@ class Channel:
         offsets: dict[int, tuple[int, int]] = {}
         end = 0
         for i, n in enumerate(sizes):
-            if n >= POOL_MIN:
+            if n >= POOL_MIN and _HAS_MEMFD:
                 offsets[i] = (end, n)
                 end += align(n)
         fds: list[int] = []
