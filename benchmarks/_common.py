@@ -1,4 +1,5 @@
-"""Shared benchmark helpers: medians and percentiles over repeats and a ratio table (fray / engine used directly)."""
+"""Shared benchmark helpers: medians and percentiles over repeats, the machine's memcpy, and a ratio table (fray /
+engine used directly)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,22 @@ def percentile(samples: list[float], pct: float) -> float:
     ordered = sorted(samples)
     rank = max(1, -(-len(ordered) * pct // 100))
     return ordered[min(int(rank), len(ordered)) - 1]
+
+
+def memcpy_seconds(nbytes: int, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` copies of `nbytes` between two buffers already faulted in: the machine's
+    limit for moving data in memory."""
+    import numpy as np
+
+    src = np.full(nbytes // 4, 1.5, dtype=np.float32)
+    dst = np.empty_like(src)
+    dst.fill(0)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        samples.append(time.perf_counter() - start)
+    return samples
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> float:

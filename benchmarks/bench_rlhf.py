@@ -39,11 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import percentile
+from _common import memcpy_seconds, percentile
 
 MiB = 1 << 20
 TIMEOUT = 600.0
@@ -112,27 +110,15 @@ def free_port() -> int:
 
 
 # ---------------------------------------------------------------- measuring
-def memcpy_seconds(nbytes: int = 100 * MiB, repeats: int = 5) -> list[float]:
-    src = np.full(nbytes // 4, 1.5, dtype=np.float32)
-    dst = np.empty_like(src)
-    dst.fill(0)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        samples.append(time.perf_counter() - start)
-    return samples
-
-
 def timed_steps(step: Callable[[int], object], steps: int, memcpy: list[float]) -> list[float]:
-    memcpy += memcpy_seconds()
+    memcpy += memcpy_seconds(100 * MiB, repeats=5)
     step(0)  # warm-up
     samples = []
     for i in range(1, steps + 1):
         start = time.perf_counter()
         step(i)
         samples.append(time.perf_counter() - start)
-    memcpy += memcpy_seconds()
+    memcpy += memcpy_seconds(100 * MiB, repeats=5)
     return samples
 
 

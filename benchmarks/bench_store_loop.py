@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import percentile
+from _common import memcpy_seconds, percentile
 
 import fray
 
@@ -50,18 +50,6 @@ def tiny(x: Any) -> tuple[int, float]:
 class Maker:
     def make(self, kind: str, n: int) -> Any:
         return make(kind, n)
-
-
-def memcpy_seconds(nbytes: int, repeats: int = 7) -> list[float]:
-    src = np.full(nbytes // 4, 1.5, dtype=np.float32)
-    dst = np.empty_like(src)
-    dst.fill(0)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 def loop(fn: Callable[[], object], iterations: int) -> list[float]:
@@ -110,9 +98,9 @@ def main() -> None:
     rows: list[tuple[str, list[float]]] = []
     for kind in args.kinds.split(","):
         for case, fn in cases(ctx, maker, kind, n).items():
-            memcpy += memcpy_seconds(nbytes)
+            memcpy += memcpy_seconds(nbytes, repeats=7)
             rows.append((f"{kind} {case}", loop(fn, args.iterations)))
-    memcpy += memcpy_seconds(nbytes)
+    memcpy += memcpy_seconds(nbytes, repeats=7)
     copy = statistics.median(memcpy)
     print(f"\n{ctx.backend}: {args.size_mib:g} MiB values, {args.iterations} iterations after one warm-up")
     print(f"memcpy p50 {copy * 1e3:.1f} ms (range {min(memcpy) * 1e3:.1f}-{max(memcpy) * 1e3:.1f})")
