@@ -53,32 +53,24 @@ def test_example_pipeline_runs_unchanged(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
 def test_example_spmd_pipeline_runs_unchanged(backend: str) -> None:
-    pytest.importorskip("torch", reason="the SPMD example needs torch (make test installs it)")
-    try:
-        get_backend(backend)
-    except BackendNotAvailableError:
-        pytest.skip(f"backend {backend!r} is not installed here (make test installs it)")
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.environ.get("HOME", "/root"),
-        "FRAY_BACKEND": backend,
-    }
-    before = _scratch_dirs()
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "spmd_pipeline.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = _run_spmd_example(backend)
     assert f"backend: {backend}" in out.stdout and "ok: loss fell" in out.stdout
-    assert _scratch_dirs() <= before, "the example left its checkpoint directory behind"
 
 
 @pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
 def test_example_spmd_pipeline_survives_a_killed_rank(backend: str) -> None:
     """--kill-rank: a trainer rank SIGKILLed mid-step; the group restarts, resumes from the checkpoint (issue 19)."""
+    out = _run_spmd_example(backend, "--kill-rank", "1", "--at-step", "3")
+    assert "killed trainer rank 1" in out.stdout, out.stdout
+    assert "is restarting (restart 1 of 1): its rank 1 died" in out.stdout, out.stdout
+    # (step 2's, unless a descheduled driver let step 3 finish and be saved before its kill landed)
+    assert re.search(r"every rank resumed from the checkpoint of step [23]\b", out.stdout), out.stdout
+    assert "ok: loss fell" in out.stdout, out.stdout
+
+
+def _run_spmd_example(backend: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """examples/spmd_pipeline.py on `backend` (skipped where torch or the backend is missing): it must exit 0 and
+    leave its checkpoint directory behind in no case."""
     pytest.importorskip("torch", reason="the SPMD example needs torch (make test installs it)")
     try:
         get_backend(backend)
@@ -91,19 +83,15 @@ def test_example_spmd_pipeline_survives_a_killed_rank(backend: str) -> None:
     }
     before = _scratch_dirs()
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "spmd_pipeline.py"), "--kill-rank", "1", "--at-step", "3"],
+        [sys.executable, str(ROOT / "examples" / "spmd_pipeline.py"), *args],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "killed trainer rank 1" in out.stdout, out.stdout
-    assert "is restarting (restart 1 of 1): its rank 1 died" in out.stdout, out.stdout
-    # (step 2's, unless a descheduled driver let step 3 finish and be saved before its kill landed)
-    assert re.search(r"every rank resumed from the checkpoint of step [23]\b", out.stdout), out.stdout
-    assert "ok: loss fell" in out.stdout, out.stdout
     assert _scratch_dirs() <= before, "the example left its checkpoint directory behind"
+    return out
 
 
 def _scratch_dirs() -> set[str]:
