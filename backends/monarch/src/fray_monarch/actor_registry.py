@@ -255,7 +255,7 @@ class ActorRegistry:
         fresh process of its own (a dedicated actor: an SPMD member; a group member coming back). on_init is
         told when its __init__ has returned (an SPMD group's restart waits for every rank's)."""
         if rec.dedicated:  # (a group member coming back: on a fresh process, never on its group's mesh)
-            proc = self.pool.spawn(rec.host, dedicated=rec.id)
+            proc = self.pool.spawn(rec.host, dedicated=rec.id, cpus=rec.resources.get("CPU"))
             rec.slot = None
             self.claim_on_host(rec, rec.host)
         else:

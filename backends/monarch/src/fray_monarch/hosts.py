@@ -28,6 +28,7 @@ from fray.errors import ActorDiedError
 from fray.refs import ObjectRef
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, loads
+from fray.worker_env import worker_env_defaults
 from fray_monarch import _runtime, environ
 from fray_monarch._monarch import Actor, endpoint
 from fray_monarch.calls import fill_deps
@@ -58,8 +59,9 @@ def _mine(value: Any, index: int) -> Any:
 class WorkerHost(Actor):
     """Runs tasks in its process (one per worker process); a never-answered `watch` call reports its death."""
 
-    def __init__(self, setup: WorkerSetup | list[WorkerSetup], env: dict[str, str]) -> None:
-        environ.publish(env)  # a process for tasks with these env vars (ProcessPool.ensure_env)
+    def __init__(self, setup: WorkerSetup | list[WorkerSetup], env: dict[str, str], cpus: float | None = None) -> None:
+        # env: a process for tasks with these variables (ensure_env); cpus: those of the one actor it is for
+        environ.publish({**worker_env_defaults(cpus), **env})
         _runtime.start_client_context()  # before anything prints Monarch's banner (see _runtime.BANNER)
         self.worker = ensure_worker(_mine(setup, _mesh_index()))
         self.rt = self.worker.rt
@@ -267,7 +269,9 @@ class FrayActorHost(Actor):
                     value = await fn(*args, **kwargs)
                 else:
                     value = await asyncio.to_thread(fn, *args, **kwargs)
-                reply = ActorReply("ok", self.rt.encode(dumps(value, f"the return value of {method}", copy=False), oid))
+                reply = ActorReply(
+                    "ok", self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid)
+                )
             except BaseException as exc:
                 reply = ActorReply("err", error=capture_exception(exc))
             finally:
@@ -305,7 +309,9 @@ class FrayActorHost(Actor):
         try:
             args, kwargs = self._args(call, deps, f"the arguments of {type(self.obj).__name__}.{method}")
             value = getattr(self.obj, method)(*args, **kwargs)
-            return ActorReply("ok", self.rt.encode(dumps(value, f"the return value of {method}", copy=False), oid))
+            return ActorReply(
+                "ok", self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid)
+            )
         except BaseException as exc:
             return ActorReply("err", error=capture_exception(exc))
         finally:

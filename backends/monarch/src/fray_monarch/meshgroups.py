@@ -252,12 +252,12 @@ class GroupRegistry:
         keys = [self.ids.proc() for _ in range(size)]
         host_of = [hosts[i // per_host] for i in range(size)]
         setups = [pool.setup(host_of[i], keys[i], {}) for i in range(size)]
-        workers = procs.spawn("fray_worker", WorkerHost, setups, {})
+        resources = normalize_resources(options.resources)
+        workers = procs.spawn("fray_worker", WorkerHost, setups, {}, resources.get("CPU"))
         actors = procs.spawn(f"fray_group_{group.id}", FrayActorHost, setups, options.max_concurrency, True)
         block = Block(procs, actors, workers, hosts, per_host, two_d, len(group.members), size)
         group.blocks.append(block)
         members: list[tuple[ActorInfo, dict[str, str]]] = []
-        resources = normalize_resources(options.resources)
         for index in range(size):
             rank = len(group.members)
             aid = self.ids.actor()

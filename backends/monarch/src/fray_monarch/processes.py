@@ -120,15 +120,15 @@ class ProcessPool:
             proc.worker.ping.call_one().get(timeout=120)
 
     # ------------------------------------------------------------ spawning
-    def spawn(self, host: int, env_key: EnvKey = (), dedicated: str = "") -> Proc:
+    def spawn(self, host: int, env_key: EnvKey = (), dedicated: str = "", cpus: float | None = None) -> Proc:
         """Under the lock: a fresh proc mesh of one worker process: a general one, one for tasks with env vars
         (env_key), or the process of one actor (dedicated: the actor's id; it runs no tasks and holds none of the
-        host's share)."""
+        host's share; cpus: the CPUs that actor holds)."""
         key = self.ids.proc()
         boot = {"bootstrap_command": tempdirs.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
         mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **boot)
         capacity = {} if dedicated else dict(self.share)
-        worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), dict(env_key))
+        worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), dict(env_key), cpus)
         proc = Proc(key, host, mesh, worker, capacity, env_key=env_key, dedicated=dedicated)
         self.adopt(proc)
         return proc

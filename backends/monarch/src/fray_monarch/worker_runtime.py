@@ -26,7 +26,10 @@ from fray_monarch.objects import RefPayload, Tracker, set_tracker
 from fray_monarch.protocol import Inline, StreamItem, TaskResult, Value, WireValue, WorkerSetup
 from fray_monarch.store import ObjectStore
 
-RELEASE_DELAY = 0.05  # releases wait this long before being sent, so they never overtake the hold they undo
+# The release of a ref that left this process in an actor's reply waits this long before being sent: the reply goes
+# through the caller's response port, not the report FIFO, and the release must not overtake the keep that the
+# reply's registration adds. Every other release goes at once (the FIFO orders it after whatever carried the ref).
+RELEASE_DELAY = 0.05
 REPLY_MARGIN = 30.0  # a coordinator reply may take this long past the caller's own timeout before we give up
 
 Report = TaskResult | StreamItem
@@ -104,6 +107,7 @@ class WorkerRuntime:
         self.outbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.streams: set[str] = set()  # streams producing here
         self.stop_streams: set[str] = set()  # ... whose consumer has gone: stop at the next item
+        self.in_replies: set[str] = set()  # ids that left in an actor's reply (their release waits RELEASE_DELAY)
         self.stopped = False
         set_tracker(Tracker(self._first, self._zero))
         threading.Thread(target=self._sender, name="fray-sender", daemon=True).start()
@@ -114,10 +118,16 @@ class WorkerRuntime:
             self.outbox.put(("hold", oid))
 
     def _zero(self, oid: str) -> None:
-        self.outbox.put(("release", (time.monotonic() + RELEASE_DELAY, oid)))
+        with self.lock:
+            in_reply = oid in self.in_replies
+            self.in_replies.discard(oid)
+        if in_reply:
+            self.outbox.put(("release_later", (time.monotonic() + RELEASE_DELAY, oid)))
+        else:
+            self.outbox.put(("release", oid))
 
     def _sender(self) -> None:
-        releases: deque[tuple[float, str]] = deque()
+        releases: deque[tuple[float, str]] = deque()  # delayed ones, in deadline order (one fixed delay)
         while True:
             try:
                 if self._send_once(releases):
@@ -136,18 +146,19 @@ class WorkerRuntime:
                 items.append(self.outbox.get_nowait())
             except queue.Empty:
                 break
-        results, holds = [], []
+        results, holds, due = [], [], []
         for kind, value in items:
             if kind == "result":
                 results.append(value)
             elif kind == "hold":
                 holds.append(value)
             elif kind == "release":
+                due.append(value)
+            elif kind == "release_later":
                 releases.append(value)
             elif kind == "stop":
                 return True
         now = time.monotonic()
-        due = []
         while releases and releases[0][0] <= now:
             due.append(releases.popleft()[1])
         if self.stopped:  # the process is being stopped: sending now would panic inside Monarch (closed mailbox)
@@ -171,6 +182,15 @@ class WorkerRuntime:
     def encode(self, blob: Blob, oid: str) -> WireValue:
         """A value made here under `oid` (a task or method result): stored here when large."""
         return WireValue(self.store.encode(blob, oid), contained_ids(blob))
+
+    def encode_reply(self, blob: Blob, oid: str) -> WireValue:
+        """An actor method's return value: like encode, and the refs it carries are marked as having left in a
+        reply (so their release here waits RELEASE_DELAY)."""
+        wire = self.encode(blob, oid)
+        if wire.contained:
+            with self.lock:
+                self.in_replies.update(wire.contained)
+        return wire
 
     def register(self, blob: Blob) -> tuple[RefPayload, WireValue]:
         """A value made here that needs its own object (a put, or large call arguments): stored here when

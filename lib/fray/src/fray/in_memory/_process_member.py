@@ -30,6 +30,7 @@ from fray.in_memory._channel import Channel, Serialized
 from fray.in_memory._gang import Gang
 from fray.remote_errors import RemoteError, capture_exception
 from fray.serialization import Blob, loads
+from fray.worker_env import worker_env_defaults
 
 __all__ = ["ProcessMember"]
 
@@ -46,11 +47,12 @@ class ProcessMember:
         info: ActorInfo,
         env: dict[str, str],
         gang: Gang | None = None,
+        cpus: float | None = None,
     ) -> None:
         self._label = info.name or f"rank {info.rank} of {klass.__name__} x{info.size}"
         self._lock = threading.Lock()  # one call at a time, and no call while the process is replaced
         self._init = (klass, args, kwargs, info)
-        self._env = dict(env)
+        self._env = {**worker_env_defaults(cpus), **env}  # (the defaults of a process holding `cpus` CPUs)
         self._gang = gang
         self._generation = 0  # the life of its group its current process belongs to
         self._proc: subprocess.Popen[bytes] | None = None

@@ -16,6 +16,7 @@ from fray.errors import WorkerCrashedError
 from fray.in_memory._channel import Channel, Serialized
 from fray.remote_errors import RemoteError, capture_exception
 from fray.serialization import loads
+from fray.worker_env import worker_env_defaults
 
 
 def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, str]) -> Any:
@@ -25,7 +26,7 @@ def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
         proc = subprocess.Popen(
             [sys.executable, "-m", "fray.in_memory._subprocess", str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),),
-            env={**os.environ, **env},
+            env={**os.environ, **worker_env_defaults(), **env},
         )
     try:
         channel.send(sys.path, "sys.path")

@@ -188,7 +188,9 @@ class ActorTable:
                 from fray.in_memory._process_member import ProcessMember
 
                 member = actor.member
-                actor.instance = ProcessMember(actor.klass, args, kwargs, actor.info, dict(member.env), member.gang)
+                cpus = actor_resources(actor.options).get("CPU")
+                env = dict(member.env)
+                actor.instance = ProcessMember(actor.klass, args, kwargs, actor.info, env, member.gang, cpus)
             else:
                 actor.instance = actor.klass(*args, **kwargs)
         except BaseException as exc:

@@ -1,0 +1,27 @@
+"""Environment defaults of the worker processes fray starts (monarch's workers, in_memory's child processes).
+
+- OMP_NUM_THREADS: the CPUs the process's actor holds (its `resources["CPU"]`, at least 1), and 1 for a process
+  that runs tasks, as Ray sets it for its workers. torch and numpy's BLAS otherwise start a thread per core in
+  every process: on a 2-core machine three such processes made a 256 MiB `torch.full` take 0.2-0.5 s now and then
+  instead of 0.02 s (threads spinning while a sibling waits for a core; issue 21, bench_rlhf.py).
+- THP_MEM_ALLOC_ENABLE=1: torch's CPU allocator aligns large tensors to 2 MiB and asks for transparent huge pages,
+  as numpy does for its arrays by default: a fresh 100 MiB tensor costs ~4 ms of page faults instead of ~17 ms
+  (measured on this project's 2-core machine kind), most of what a task returning a new tensor pays. torch reads
+  it once, at its first allocation, so it is set when the process starts.
+
+A variable already set (in the driver's environment, which fray's processes inherit, or a task's env_vars) wins.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+__all__ = ["worker_env_defaults"]
+
+
+def worker_env_defaults(cpus: float | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The defaults of a worker process whose actor holds `cpus` CPUs (None: a process that runs tasks) that
+    `environ` does not set already."""
+    defaults = {"OMP_NUM_THREADS": str(max(1, int(cpus or 1))), "THP_MEM_ALLOC_ENABLE": "1"}
+    return {name: value for name, value in defaults.items() if name not in environ}
