@@ -1,6 +1,7 @@
 """The store in a loop (issue 21): a value is freed as soon as its last reference is gone (FREE_GRACE 0), so its
 memory is reused by the next put. Reuse that early must never change a value somebody still refers to: refs in
-flight to actors (top-level and inside a list), in an actor group's calls, and in an actor's reply."""
+flight to actors (top-level and inside a list), in an actor group's calls, and in an actor's reply (made there,
+or arrived there and sent back: a worker's release of a ref that left in a reply is the one it delays)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class Checker:
     def make(self, value: int) -> list[fray.ObjectRef]:
         return [fray.get_job_context().put(fill(value))]  # a ref made here, returned inside the reply
 
+    def echo(self, refs: list[fray.ObjectRef]) -> list[fray.ObjectRef]:
+        return refs  # a ref that arrived here, returned inside the reply: its release here must wait for the reply
+
 
 @pytest.fixture(scope="module")
 def ctx() -> Iterator[fray.JobContext]:
@@ -62,9 +66,11 @@ def test_values_freed_at_once_never_change_under_actors(ctx: fray.JobContext) ->
             *group.check(round_ + 2000, ctx.put(fill(round_ + 2000))),
         ]
         made = ctx.get(checker.make(round_ + 3000), timeout=60)
+        echoed = ctx.get(checker.echo([ctx.put(fill(round_ + 5000))]), timeout=60)
         churn = [ctx.put(fill(round_ + 4000)) for _ in range(3)]  # reuses whatever was freed meanwhile
         del churn
         assert same(round_ + 3000, ctx.get(made[0], timeout=60)), round_
+        assert same(round_ + 5000, ctx.get(echoed[0], timeout=60)), round_
         assert ctx.get(calls, timeout=120) == [True] * 4, round_
     ctx.kill(group)
     ctx.kill(checker)
