@@ -22,11 +22,11 @@ from fray_monarch.objects import RefPayload, Tracker
 from fray_monarch.protocol import Stored, Value
 
 # An unreferenced object is dropped this long after its last reference goes. What keeps a ref in flight alive is
-# ordering and keeps (see .agents/monarch-backend.md), not this delay; a worker delays only the release of a ref that
-# left it in an actor's reply (worker_runtime.RELEASE_DELAY). 0: the free runs on the loop thread as soon as it can (never in the finalizer that
-# dropped the count). It was 2 s, then 50 ms: a loop putting a 100 MiB value every ~5 ms then had ~10 of them
-# alive and kept growing the store by fresh chunks (~55 ms of page zeroing and faults each, every 3-6 puts); now
-# the previous value's memory is free before the next put but one (issue 21).
+# ordering and keeps (see .agents/monarch-backend.md), not this delay; a worker delays only the release of a ref
+# that left it in an actor's reply (worker_runtime.RELEASE_DELAY). 0: the free runs on the loop thread as soon as it
+# can (never in the finalizer that dropped the count). It was 2 s, then 50 ms: a loop putting a 100 MiB value every
+# ~5 ms then had ~10 of them alive and kept growing the store by fresh chunks (~55 ms of page zeroing and faults
+# each, every 3-6 puts); now the previous value's memory is free before the next put but one (issue 21).
 FREE_GRACE = 0.0
 
 
