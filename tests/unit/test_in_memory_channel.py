@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -29,35 +30,48 @@ def ends() -> Iterator[tuple[Channel, Channel]]:
     right.close()
 
 
-def test_large_buffers_cross_through_one_arena_reused_while_it_is_large_enough(ends: tuple[Channel, Channel]) -> None:
+def trip(sender: Channel, receiver: Channel, value: object, what: str = "a value") -> object:
+    """Send on one end, receive on the other (a thread: the receiver answers the sender's request for room)."""
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.append(receiver.recv(what)))
+    reader.start()
+    try:
+        sender.send(value, what)
+    finally:
+        reader.join(timeout=60)
+    assert got, "nothing arrived"
+    return got[0]
+
+
+def test_large_buffers_land_in_the_receivers_pool_and_its_chunks_are_mapped_once(
+    ends: tuple[Channel, Channel],
+) -> None:
     left, right = ends
     first = np.arange(8 * MiB // 8, dtype=np.int64)
-    left.send({"a": first, "small": b"x" * 100}, "a value")
-    got = right.recv("a value")
-    assert np.array_equal(got["a"], first) and got["small"] == b"x" * 100
-    arena = left._out
-    assert arena is not None and right._in is not None and right._in.size == arena.size
-    left.send(first + 1, "a value")  # the same arena, rewritten in place
-    second = right.recv("a value")
-    assert left._out is arena
-    assert np.array_equal(got["a"], first), "a value already received changed when the arena was reused"
-    assert np.array_equal(second, first + 1)
-    assert not second.flags.writeable  # read-only, as a value from a store
-    left.send(np.zeros(200 * MiB // 8), "a value")  # larger than the arena: a new one, its fd sent along
-    assert left._out is not arena and right.recv("a value").shape == (200 * MiB // 8,)
+    got = trip(left, right, {"a": first, "small": b"x" * 100})
+    assert isinstance(got, dict) and np.array_equal(got["a"], first) and got["small"] == b"x" * 100
+    assert not got["a"].flags.writeable  # read-only, as a value from a store
+    mapped = dict(left._peer)
+    assert len(mapped) == 1 and set(right._shared) == set(mapped), "the receiver's chunk, mapped by the sender"
+    second = trip(left, right, first + 1)  # the same chunk: no fd crosses again
+    assert left._peer == mapped
+    assert np.array_equal(got["a"], first), "a value already received changed when the next one arrived"
+    assert np.array_equal(second, first + 1)  # type: ignore[arg-type]
+    big = trip(left, right, np.zeros(200 * MiB // 8))  # larger than a chunk: a new one, its fd sent along
+    assert big.shape == (200 * MiB // 8,) and len(left._peer) == 2  # type: ignore[attr-defined]
+    back = trip(right, left, first * 3)  # the other way: into the other end's pool
+    assert np.array_equal(back, first * 3) and len(right._peer) == 1  # type: ignore[arg-type]
 
 
 def test_a_torch_tensor_arrives_writable_and_private(ends: tuple[Channel, Channel]) -> None:
     torch = pytest.importorskip("torch", reason="torch is an optional dependency of fray-core")
     left, right = ends
     tensor = torch.arange(4 * MiB // 4, dtype=torch.float32)
-    left.send([tensor, tensor[10:20]], "tensors")
-    whole, view = right.recv("tensors")
+    whole, view = trip(left, right, [tensor, tensor[10:20]], "tensors")  # type: ignore[misc]
     whole[10] = -1.0
     assert float(view[0]) == -1.0, "a view and its base share one storage after the trip"
     assert float(tensor[10]) == 10.0, "the receiver's writes reach the sender's tensor"
-    left.send(tensor * 2, "tensors")
-    right.recv("tensors")
+    trip(left, right, tensor * 2, "tensors")
     assert float(whole[11]) == 11.0, "the next message changed a tensor already received"
 
 
@@ -65,8 +79,7 @@ def test_an_unpicklable_value_fails_before_anything_is_sent(ends: tuple[Channel,
     left, right = ends
     with pytest.raises(SerializationError, match="a lock"):
         left.send(__import__("threading").Lock(), "a lock")
-    left.send(np.ones(2 * MiB), "next")  # the channel is still in step
-    assert right.recv("next").sum() == 2 * MiB
+    assert trip(left, right, np.ones(2 * MiB), "next").sum() == 2 * MiB  # type: ignore[attr-defined]
 
 
 def test_a_closed_peer_is_end_of_file(ends: tuple[Channel, Channel]) -> None:
@@ -154,7 +167,7 @@ def test_without_memfds_values_still_cross_and_torch_reads_copy() -> None:
         reader.start()
         left.send(np.arange(1 << 20), "a value")
         reader.join()
-        assert got[0].sum() == np.arange(1 << 20).sum() and left._out is None
+        assert got[0].sum() == np.arange(1 << 20).sum() and not left._peer
         print("ok")
         """
     )

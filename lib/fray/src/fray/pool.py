@@ -15,6 +15,7 @@ for a copy into warm memory and ~135 ms into fresh memory; a reader that touches
 from __future__ import annotations
 
 import ctypes
+import itertools
 import mmap
 import os
 import threading
@@ -22,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["POOL_MIN", "FreeList", "buffer_address", "pool_copy"]
+__all__ = ["POOL_MIN", "FreeList", "Piece", "buffer_address", "live_chunks", "pool_copy", "pool_piece"]
 
 PAGE = mmap.PAGESIZE
 POOL_MIN = 1024 * 1024  # smaller buffers are plain bytes: their allocation is cheap
@@ -73,10 +74,14 @@ class FreeList:
 
 
 class _Chunk:
-    """A memfd mapped shared (not anonymous memory): a reader can map one of its pieces copy-on-write. Where
-    there are no memfds (not Linux), anonymous memory, and readers copy."""
+    """A memfd mapped shared (not anonymous memory): a reader can map one of its pieces copy-on-write, another
+    process can write one of its pieces (fray.in_memory's channel). Where there are no memfds (not Linux),
+    anonymous memory, and readers copy."""
+
+    keys = itertools.count()
 
     def __init__(self, size: int) -> None:
+        self.key = next(self.keys)  # names it to a process it is shared with
         self.fd: int | None = None
         if not hasattr(os, "memfd_create"):
             self.map = mmap.mmap(-1, size)
@@ -124,6 +129,10 @@ class _Pool:
     def take(self, nbytes: int) -> memoryview:
         """A writable view of `nbytes` of pooled memory, returned to the pool when the view (and every view made
         from it) is gone."""
+        return self.piece(nbytes).view
+
+    def piece(self, nbytes: int) -> Piece:
+        """`take`, and where the memory is (its chunk and offset)."""
         size = align(max(nbytes, 1))
         with self.lock:
             self._drain()
@@ -139,7 +148,7 @@ class _Pool:
             self._note_use()
         raw = (ctypes.c_ubyte * max(nbytes, 1)).from_buffer(chunk.map, offset)
         raw.lease = _Lease(self, chunk, offset, size)  # type: ignore[attr-defined]
-        return memoryview(raw).cast("B")[:nbytes]
+        return Piece(memoryview(raw).cast("B")[:nbytes], chunk, offset)
 
     @staticmethod
     def private_mapping(view: memoryview) -> memoryview | None:
@@ -181,7 +190,28 @@ class _Pool:
         return self.peak if time.monotonic() - self.peak_at < PEAK_WINDOW else 0
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A writable view of pooled memory (returned to the pool when the view and every view made from it are
+    gone), and where it is: its chunk (`chunk.key`, `chunk.fd`: None without memfds) and the offset in it."""
+
+    view: memoryview
+    chunk: _Chunk
+    offset: int
+
+
 _pool = _Pool()
+
+
+def pool_piece(nbytes: int) -> Piece:
+    """`nbytes` of pooled memory, for another process to write (its chunk's fd is shared with that process)."""
+    return _pool.piece(nbytes)
+
+
+def live_chunks() -> set[int]:
+    """The keys of the chunks the pool holds now (a process that mapped others may unmap them)."""
+    with _pool.lock:
+        return {chunk.key for chunk in _pool.chunks}
 
 
 def pool_copy(source: object, readonly: bool) -> memoryview | bytes:

@@ -1,19 +1,21 @@
 """Values between an in_memory process and its child (an SPMD member, a runtime_env task) through shared memory.
 
 A message is a value serialized by fray.serialization (protocol 5): its small in-band part goes over a Unix
-socket, its large buffers (arrays, tensors, big bytes) through an arena: a memfd the sending side owns, mapped
-by both sides, whose fd crosses the socket once (SCM_RIGHTS) and again only when the arena grows. The sender
-copies each buffer into the arena once; the reader copies it out once into its own pooled memory, so the arena
-is free again as soon as `recv` returns and the next message reuses its warm pages (a fresh 100 MiB costs more
-in page faults than the copy: fray.pool). Before, a value was pickled into bytes, written through the socket,
-read into bytes and unpickled: four copies, each into fresh memory.
+socket, its large buffers (arrays, tensors, big bytes) straight into the receiver's own pooled memory (fray.pool):
+the sender asks for room (`_Want`), the receiver takes pieces of its pool and says where they are (`_Given`: chunk
+and offset; a chunk's memfd crosses the socket once, SCM_RIGHTS), the sender copies each buffer there, then sends
+the message. One copy, into warm pages the receiver keeps as the value's memory (a store keeps them as they are).
+Before: the sender copied into an arena of its own and the receiver out of it into its pool (two copies), and
+before that a value was pickled, written through the socket, read and unpickled (four, into fresh memory).
 
-Messages alternate (a call, its reply), so a side never writes its arena while the other still reads it.
-The arena is a memfd: nothing in the file system to clean up, gone with the last process that maps it.
+Messages alternate (a call, its reply): whoever sends, the other end is reading, so it answers a `_Want` at once.
+Chunks are memfds: nothing in the file system to clean up, gone with the last process that maps them. Where
+there are no memfds (not Linux) every buffer goes through the socket.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pickle
@@ -23,59 +25,52 @@ from dataclasses import dataclass
 from typing import Any
 
 from fray.errors import FrayError, SerializationError
-from fray.pool import POOL_MIN, align, pool_copy
+from fray.pool import POOL_MIN, Piece, buffer_address, live_chunks, pool_piece
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, loads
 
 __all__ = ["Channel", "Serialized"]
 
-_HEADER = struct.Struct("!Q")  # the length of the message that follows
+_HEADER = struct.Struct("!Q")  # the length of the frame that follows
 _HAS_MEMFD = hasattr(os, "memfd_create")  # elsewhere than Linux every buffer goes through the socket
-ARENA_STEP = 64 * 1024 * 1024  # an arena grows in steps of this much (and never shrinks while its channel lives)
+MAX_FDS = 253  # Linux's SCM_MAX_FD: the most chunk fds one frame carries
 
 
 @dataclass(frozen=True)
 class Serialized:
     """A method's result that arrived serialized from a child process: the store keeps its blob as it is (its
-    buffers are already this process's own copies), instead of rebuilding the value to serialize it again."""
+    buffers are already this process's own memory), instead of rebuilding the value to serialize it again."""
 
     blob: Blob
 
 
 @dataclass(frozen=True)
+class _Want:
+    """The sender's request for room: one piece per large buffer, of these sizes."""
+
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Given:
+    """The receiver's answer: (chunk key, offset) of each piece; the keys of the chunks whose fds come with this
+    frame (in order); the keys of every chunk its pool still holds (the sender unmaps the others)."""
+
+    places: tuple[tuple[int, int], ...]
+    new: tuple[int, ...]
+    live: frozenset[int]
+
+
+@dataclass(frozen=True)
 class _Message:
-    """What crosses the socket: the in-band bytes and where each buffer is (inline or in the arena)."""
+    """A value: its in-band bytes, its small buffers (by index) and which piece of the `_Given` before it holds
+    each large one (index -> position)."""
 
     data: bytes
-    inline: dict[int, bytes]  # small buffers, by index
-    placed: dict[int, tuple[int, int]]  # index -> (offset, size) in the sender's arena
+    inline: dict[int, bytes]
+    placed: dict[int, int]
     count: int
     private: frozenset[int]
-
-
-class _Arena:
-    """A memfd mapped shared: one side writes it, the other maps the same pages."""
-
-    def __init__(self, fd: int, size: int) -> None:
-        self.fd, self.size = fd, size
-        self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-
-    @classmethod
-    def create(cls, size: int) -> _Arena:
-        fd = os.memfd_create("fray-channel", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, size)
-            return cls(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def close(self) -> None:
-        try:
-            self.map.close()
-        except BufferError:  # a view of it still lives (a copy in flight when the channel is closed): the GC unmaps
-            pass
-        os.close(self.fd)
 
 
 class Channel:
@@ -84,8 +79,8 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._out: _Arena | None = None  # the arena this end writes
-        self._in: _Arena | None = None  # the peer's arena, mapped here
+        self._peer: dict[int, mmap.mmap] = {}  # the receiver's chunks this end writes, by key
+        self._shared: set[int] = set()  # keys of this end's chunks whose fds the peer has
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -117,29 +112,72 @@ class Channel:
 
     def send_blob(self, blob: Blob) -> None:
         """Send a value already serialized (its buffers are read before this returns)."""
-        sizes = [memoryview(b).nbytes for b in blob.buffers]
-        offsets: dict[int, tuple[int, int]] = {}
-        end = 0
-        for i, n in enumerate(sizes):
-            if n >= POOL_MIN and _HAS_MEMFD:
-                offsets[i] = (end, n)
-                end += align(n)
-        fds: list[int] = []
-        if offsets and (self._out is None or self._out.size < end):
-            if self._out is not None:
-                self._out.close()
-            self._out = _Arena.create(-(-end // ARENA_STEP) * ARENA_STEP)
-            fds.append(self._out.fd)
-        if offsets:
-            assert self._out is not None
-            target = memoryview(self._out.map)
-            try:
-                for i, (offset, n) in offsets.items():
-                    target[offset : offset + n] = memoryview(blob.buffers[i]).cast("B")
-            finally:
-                target.release()
-        inline = {i: bytes(memoryview(b).cast("B")) for i, b in enumerate(blob.buffers) if i not in offsets}
-        message = pickle.dumps(_Message(blob.data, inline, offsets, len(sizes), blob.private), protocol=5)
+        views = [memoryview(b).cast("B") for b in blob.buffers]
+        large = [i for i, view in enumerate(views) if view.nbytes >= POOL_MIN] if _HAS_MEMFD else []
+        if large:
+            self._send_frame(_Want(tuple(views[i].nbytes for i in large)))
+            given, fds = self._read_frame("room for a value")
+            if not isinstance(given, _Given):
+                raise FrayError(f"the other end answered a request for room with {type(given).__name__}")
+            self._map_chunks(given, fds)
+            for i, (key, offset) in zip(large, given.places, strict=True):
+                with memoryview(self._peer[key]) as target:
+                    ctypes.memmove(buffer_address(target) + offset, buffer_address(views[i]), views[i].nbytes)
+        placed = {i: position for position, i in enumerate(large)}
+        inline = {i: bytes(view) for i, view in enumerate(views) if i not in placed}
+        self._send_frame(_Message(blob.data, inline, placed, len(views), blob.private))
+
+    def recv_blob(self, what: str, readers: int = 0) -> Blob:
+        """The next value, serialized: its large buffers in this process's pooled memory. readers=0 (a store
+        keeps it: any number may read it): every buffer read-only, so each reader of a torch storage gets its
+        own copy. readers=1 (`recv` loads it once): a torch storage's buffer is writable, its one reader uses it
+        in place."""
+        frame, _ = self._read_frame(what)
+        pieces: list[Piece] = []
+        if isinstance(frame, _Want):
+            pieces = [pool_piece(n) for n in frame.sizes]
+            self._give(pieces)
+            frame, _ = self._read_frame(what)
+        if not isinstance(frame, _Message):
+            raise FrayError(f"{what}: the other end sent {type(frame).__name__} instead of a value")
+        buffers: list[Any] = []
+        for i in range(frame.count):
+            if i in frame.inline:
+                buffers.append(frame.inline[i])
+            else:
+                view = pieces[frame.placed[i]].view
+                buffers.append(view if readers == 1 and i in frame.private else view.toreadonly())
+        return Blob(frame.data, buffers, private=frame.private)
+
+    def _give(self, pieces: list[Piece]) -> None:
+        """Tell the sender where the pieces are, with the fds of the chunks it has not mapped yet."""
+        new = list({p.chunk.key: p.chunk for p in pieces if p.chunk.key not in self._shared}.values())
+        if len(new) > MAX_FDS:
+            raise FrayError(f"a value of {len(pieces)} large buffers needs {len(new)} new chunks (at most {MAX_FDS})")
+        fds = [chunk.fd for chunk in new if chunk.fd is not None]
+        assert len(fds) == len(new), "pooled chunks are memfds wherever the channel asks for room"
+        given = _Given(
+            tuple((p.chunk.key, p.offset) for p in pieces), tuple(c.key for c in new), frozenset(live_chunks())
+        )
+        self._send_frame(given, fds)
+        self._shared.update(chunk.key for chunk in new)
+        self._shared &= given.live
+
+    def _map_chunks(self, given: _Given, fds: list[int]) -> None:
+        """Map the receiver's new chunks (their fds closed once mapped); unmap those its pool let go."""
+        try:
+            if len(fds) != len(given.new):
+                raise FrayError(f"{len(given.new)} chunks announced, {len(fds)} fds arrived")
+            for key, fd in zip(given.new, fds, strict=True):
+                self._peer[key] = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        for key in [k for k in self._peer if k not in given.live]:
+            self._peer.pop(key).close()
+
+    def _send_frame(self, frame: object, fds: list[int] | None = None) -> None:
+        message = pickle.dumps(frame, protocol=5)
         header = _HEADER.pack(len(message))
         if fds:
             socket.send_fds(self.sock, [header], fds)
@@ -147,35 +185,16 @@ class Channel:
             self.sock.sendall(header)
         self.sock.sendall(message)
 
-    def recv_blob(self, what: str, readers: int = 0) -> Blob:
-        """The next value, serialized: its large buffers in this process's pooled memory, the arena free again.
-        readers=0 (a store keeps it: any number may read it): every buffer read-only, so each reader of a torch
-        storage gets its own copy. readers=1 (`recv` loads it once): a torch storage's buffer is writable, its
-        one reader uses it in place."""
+    def _read_frame(self, what: str) -> tuple[object, list[int]]:
         header, fds = self._read_header()
-        for fd in fds:  # the peer's arena grew: map the new one
-            if self._in is not None:
-                self._in.close()
-            self._in = _Arena(fd, os.fstat(fd).st_size)
-        message = pickle.loads(self._read_exactly(_HEADER.unpack(header)[0]))
-        assert isinstance(message, _Message)
-        buffers: list[Any] = []
-        for i in range(message.count):
-            if i in message.inline:
-                buffers.append(message.inline[i])
-                continue
-            if self._in is None:
-                raise FrayError(f"{what}: a buffer in shared memory arrived before its arena")
-            offset, n = message.placed[i]
-            source = memoryview(self._in.map)[offset : offset + n]
-            try:
-                buffers.append(pool_copy(source, readonly=readers != 1 or i not in message.private))
-            finally:
-                source.release()
-        return Blob(message.data, buffers, private=message.private)
+        return pickle.loads(self._read_exactly(_HEADER.unpack(header)[0])), fds
 
     def _read_header(self) -> tuple[bytes, list[int]]:
-        data, fds, _flags, _addr = socket.recv_fds(self.sock, _HEADER.size, 4)
+        data, fds, flags, _addr = socket.recv_fds(self.sock, _HEADER.size, MAX_FDS)
+        if flags & socket.MSG_CTRUNC:
+            for fd in fds:
+                os.close(fd)
+            raise FrayError("more file descriptors arrived than a frame may carry")
         if not data:
             for fd in fds:
                 os.close(fd)
@@ -196,8 +215,10 @@ class Channel:
         return bytes(buf)
 
     def close(self) -> None:
-        for arena in (self._out, self._in):
-            if arena is not None:
-                arena.close()
-        self._out = self._in = None
+        for chunk in self._peer.values():
+            try:
+                chunk.close()
+            except BufferError:  # a copy into it still in flight when the channel is closed: the GC unmaps
+                pass
+        self._peer.clear()
         self.sock.close()
