@@ -170,12 +170,22 @@ class ObjectDirectory:
             entry = self.entries.get(oid)
             if entry is None or entry.free_armed or self.closed:
                 return
+            if not FREE_GRACE and self._nothing_to_free(entry):  # dropped here: no wake-up of the loop thread
+                self._free_if_unreferenced(oid, [])
+                return
             entry.free_armed = True
             self.free_due.append((time.monotonic() + FREE_GRACE, oid))
             if self.sweep_armed:
                 return
             self.sweep_armed = True
         _runtime.call_later(FREE_GRACE, self._sweep)
+
+    @staticmethod
+    def _nothing_to_free(entry: Entry) -> bool:
+        """Dropping it frees no memory and drops no other ref (a small value or a failure, keeping nothing): safe
+        even in the finalizer that dropped its count. Each actor call's ref ends this way; handing it to the loop
+        thread cost a cross-thread wake-up per call (issue 21: ~0.05 ms of a 0.7 ms round trip)."""
+        return entry.outcome.done() and not isinstance(entry.value, Stored) and not entry.keep
 
     def _sweep(self) -> None:
         """One timer for all pending frees (a timer per object cost ~0.1 ms of every actor call)."""
