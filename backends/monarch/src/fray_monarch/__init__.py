@@ -56,6 +56,7 @@ class MonarchBackend(Backend):
                 on_shutdown=top.release,
                 host_mesh=top.host_mesh,
                 log_to_driver=log_to_driver,
+                host_addresses=top.hostset.addresses,
             )
         except BaseException:
             top.release()

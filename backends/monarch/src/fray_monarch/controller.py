@@ -14,6 +14,7 @@ leaving, and shutdown.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import uuid
 from typing import Any
@@ -65,6 +66,7 @@ class Controller:
         stores: StoreConfig,
         host_mesh: Any = None,
         log_to_driver: bool = True,
+        host_addresses: list[str] | None = None,
     ) -> None:
         self.key = key = uuid.uuid4().hex[:10]
         # log_to_driver=false: worker processes write their output to this file of the private directory instead
@@ -78,7 +80,16 @@ class Controller:
         watchdog.watch_prefix(self.shm_prefix)
         self.ids = ids = Ids(key)
         self.pool = ProcessPool(
-            ids, lock, hosts, procs_per_host, host_resources, stores, host_mesh, self.log_file, self._proc_died
+            ids,
+            lock,
+            hosts,
+            procs_per_host,
+            host_resources,
+            stores,
+            host_mesh,
+            self.log_file,
+            self._proc_died,
+            host_addresses,
         )
         self.store = ObjectStore(
             key,
@@ -117,10 +128,29 @@ class Controller:
             if proc.pid:
                 reclaim_dead_segments()  # its shared memory (mappings readers already have stay valid)
             if proc.general:  # env processes come back on demand; an actor's own process with the actor
-                self.pool.spawn(proc.host)
+                self._replace(proc.host)
             self.scheduler.proc_died(proc, reason)
             self.actors.proc_died(proc, reason)
             self.scheduler.pump()
+
+    def _replace(self, host: int) -> None:
+        """Under the lock: a general process of `host` comes back, on a fresh process; on another machine only once
+        its host worker answers (its own thread probes it), never on a host that is lost."""
+        if self.pool.stores.host_ids[host] == "local":
+            self.pool.spawn(host)
+            return
+
+        def probe_then_spawn() -> None:
+            why = self.pool.host_lost(host)
+            with self.lock:
+                if self.pool.closed:
+                    return
+                if why is None:
+                    self.pool.spawn(host)
+                    return
+            print(f"fray: {why}: its work goes to the other hosts from now on", file=sys.stderr, flush=True)
+
+        threading.Thread(target=probe_then_spawn, name="fray-monarch-replace", daemon=True).start()
 
     def close_stream(self, sid: str) -> None:
         """The consumer of a stream has gone: drop what it did not read, and stop the producer at its next item

@@ -40,9 +40,11 @@ def driver_context(
     on_shutdown: Callable[[], None] | None = None,
     host_mesh: Any = None,
     log_to_driver: bool = True,
+    host_addresses: list[str] | None = None,
 ) -> MonarchJobContext:
-    """A new context with a controller of its own: worker processes on `hosts` (see fray_monarch.topology)."""
-    ctl = Controller(hosts, procs_per_host, host_resources, stores, host_mesh, log_to_driver)
+    """A new context with a controller of its own: worker processes on `hosts` (see fray_monarch.topology), whose
+    host workers listen at `host_addresses` (none: this machine, or a Monarch job object's hosts)."""
+    ctl = Controller(hosts, procs_per_host, host_resources, stores, host_mesh, log_to_driver, host_addresses)
     return MonarchJobContext(DriverClient(ctl, on_shutdown))
 
 

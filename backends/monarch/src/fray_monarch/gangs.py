@@ -171,7 +171,9 @@ class GangKeeper:
     # ------------------------------------------------------------ restart
     def _restart(self, group: GroupRec, generation: int) -> None:
         """(Own thread: rank 0's port may be asked of its host.) Every member on a fresh process, __init__ sent
-        to every rank at once."""
+        to every rank at once; members whose host is lost are placed on the others first."""
+        if not self._off_lost_hosts(group, generation):
+            return
         try:
             addr, port = self.groups._master(group.members[0].host)
         except Exception as exc:
@@ -192,6 +194,23 @@ class GangKeeper:
                 except Exception as exc:
                     self._die(group, member.info.rank, f"it could not be restarted: {exc}")
                     return
+
+    def _off_lost_hosts(self, group: GroupRec, generation: int) -> bool:
+        """(The restart's thread: probes hosts, not under the lock.) Members on a lost host get hosts that are not,
+        by the group's placement; False if the group died (the other hosts cannot hold it) or moved on."""
+        lost = {m.host: why for m in group.members if (why := self.pool.host_lost(m.host)) is not None}
+        if not lost:
+            return True
+        with self.lock:
+            if group.dead or group.generation != generation:
+                return False
+            if self.groups.relayout(group):
+                return True
+            rank = next(m.info.rank for m in group.members if m.host in lost)
+            why = "; ".join(sorted(set(lost.values())))
+            room = f"the {len(self.pool.live_hosts())} other host(s) cannot hold its {len(group.members)} members"
+            self._die(group, rank, f"{why}, and {room}")
+            return False
 
     def _initialized(self, group: GroupRec, generation: int, member: ActorRec, reply: Any, exc: Any) -> None:
         """A member's __init__ of a restart returned: the group is back once every rank's has."""

@@ -7,8 +7,10 @@ its driver's lifeline server: when the driver's process ends, the kernel closes 
 ends itself. A driver whose machine vanished without closing anything is noticed by TCP keepalive, within
 KEEPALIVE_BOUND seconds.
 
-A connection proves itself with the context's random token before the server keeps it; the server never reads
-anything else from it, never sends anything, and drops connections that do not prove themselves in time.
+A connection proves itself with the context's random token, then names its process (its key), before the server
+keeps it; the server never reads anything else from it, never sends anything, and drops connections that do not
+prove themselves in time. The same connections tell the driver at once when a process on another host ends, or its
+host is lost (`on_closed`): Monarch's supervision took up to 30 s to report a host whose processes were killed.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ def _keepalive(sock: socket.socket) -> None:
 class LifelineServer:
     """The driver's end: accepts the connections of its processes on other hosts and keeps them open."""
 
-    def __init__(self, bind: str) -> None:
+    def __init__(self, bind: str, on_closed: Callable[[str], None] | None = None) -> None:
+        """on_closed(name) is called (on the server's thread) when the connection of a process that proved itself
+        closes while the server runs: that process ended, or its host is gone."""
+        self._on_closed = on_closed
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -59,7 +64,7 @@ class LifelineServer:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
         self._unproven: dict[socket.socket, tuple[float, bytearray]] = {}
-        self._held: set[socket.socket] = set()
+        self._held: dict[socket.socket, str] = {}  # proven connections -> the name of their process
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fray-monarch-lifeline", daemon=True)
         self._thread.start()
@@ -113,18 +118,24 @@ class LifelineServer:
         pending = self._unproven.get(sock)
         if pending is None:
             return  # a proven process sends nothing more; ignore anything it does
-        pending[1].extend(data)
-        if len(pending[1]) < TOKEN_BYTES:
-            return
+        got = pending[1]
+        got.extend(data)
+        if len(got) < TOKEN_BYTES + 1 or len(got) < TOKEN_BYTES + 1 + got[TOKEN_BYTES]:
+            return  # (the token, then the length of the process's name, then the name)
         del self._unproven[sock]
-        if hmac.compare_digest(bytes(pending[1][:TOKEN_BYTES]), self.token):
-            self._held.add(sock)
+        if hmac.compare_digest(bytes(got[:TOKEN_BYTES]), self.token):
+            self._held[sock] = bytes(got[TOKEN_BYTES + 1 : TOKEN_BYTES + 1 + got[TOKEN_BYTES]]).decode(errors="replace")
         else:
             self._drop(sock)
 
     def _drop(self, sock: socket.socket) -> None:
         self._unproven.pop(sock, None)
-        self._held.discard(sock)
+        name = self._held.pop(sock, None)
+        if name is not None and self._on_closed is not None and not self._stop.is_set():
+            try:
+                self._on_closed(name)
+            except Exception:
+                log.debug("fray: lifeline close of %s not handled", name, exc_info=True)
         try:
             self._sel.unregister(sock)
         except (KeyError, ValueError):
@@ -149,10 +160,12 @@ def end_process(address: str) -> None:
     os._exit(70)
 
 
-def hold(address: str, token: bytes, on_lost: Callable[[str], None] = end_process) -> threading.Thread:
-    """This process's end: connect to the driver's lifeline at `address` ("host:port") and call on_lost(address)
-    when the connection ends (or when the driver could not be reached for CONNECT_FOR seconds). By default that
-    ends this process at once: its driver is gone, so nothing will ever collect its results."""
+def hold(address: str, token: bytes, on_lost: Callable[[str], None] = end_process, name: str = "") -> threading.Thread:
+    """This process's end: connect to the driver's lifeline at `address` ("host:port"), as `name` (its key, at most
+    255 bytes), and call on_lost(address) when the connection ends (or when the driver could not be reached for
+    CONNECT_FOR seconds). By default that ends this process at once: its driver is gone, so nothing will ever
+    collect its results."""
+    label = name.encode()[:255]
     host, _, port = address.rpartition(":")
 
     def run() -> None:
@@ -169,7 +182,7 @@ def hold(address: str, token: bytes, on_lost: Callable[[str], None] = end_proces
         try:
             _keepalive(sock)
             sock.settimeout(None)
-            sock.sendall(token)
+            sock.sendall(token + bytes([len(label)]) + label)
             while sock.recv(4096):
                 pass
         except OSError:

@@ -93,6 +93,7 @@ class GroupRec:
     members: list[ActorRec] = field(default_factory=list)  # by rank
     label: str = ""  # how errors name it (fray.gang.group_label)
     distributed: bool = False  # an SPMD group: one member's death is the whole group's (gangs.py)
+    placement: str = "pack"  # (a restart that must leave a lost host places its members by it again)
     max_restarts: int = 0
     restarts: int = 0  # how many times the whole group has been restarted
     generation: int = 0  # +1 at each failure (a restart's late news of an earlier life is ignored)
@@ -130,10 +131,13 @@ class GroupRegistry:
             add(free, proc.free_capacity)
         return capacity(free, resources)
 
-    def _layout(self, count: int, placement: str, resources: dict[str, float]) -> list[tuple[int, int]]:
-        """(host, members) in host order: pack fills the roomiest host first; spread shares out evenly. Best
-        effort: what does not fit goes to the roomiest host (the core refused what could never fit)."""
-        hosts = range(len(self.pool.hosts))
+    def _layout(
+        self, count: int, placement: str, resources: dict[str, float], among: list[int] | None = None
+    ) -> list[tuple[int, int]]:
+        """(host, members) in host order, over the hosts `among` (default: all): pack fills the roomiest host
+        first; spread shares out evenly. Best effort: what does not fit goes to the roomiest host (the core
+        refused what could never fit)."""
+        hosts = range(len(self.pool.hosts)) if among is None else among
         room = {h: self._host_room(h, resources) for h in hosts}
         order = sorted(hosts, key=lambda h: -room[h])  # stable: the first host wins a tie
         share: dict[int, int] = {}
@@ -153,6 +157,24 @@ class GroupRegistry:
             if left:
                 share[order[0]] = share.get(order[0], 0) + left
         return sorted((h, n) for h, n in share.items() if n > 0)
+
+    def relayout(self, group: GroupRec) -> bool:
+        """Under the lock, in a restart: the members of an SPMD group placed again over the hosts that are not
+        lost, by the group's placement, with their LOCAL_RANK and LOCAL_WORLD_SIZE (MASTER_ADDR and MASTER_PORT
+        are the restart's). False if those hosts cannot hold every member."""
+        live = self.pool.live_hosts()
+        count = len(group.members)
+        resources = group.members[0].resources
+        if not live or sum(self._host_room(h, resources) for h in live) < count:
+            return False
+        rank = 0
+        for host, n in self._layout(count, group.placement, resources, live):
+            for local in range(n):
+                member = group.members[rank]
+                member.host = host
+                member.env = {**member.env, **spmd_env(rank, count, "", 0, local, n)}
+                rank += 1
+        return True
 
     def _blocks(self, layout: list[tuple[int, int]]) -> list[tuple[list[int], int, bool]]:
         """(hosts, members per host, 2-D) of each process mesh: one mesh when all members are on one host, or
@@ -213,7 +235,7 @@ class GroupRegistry:
                 if self.actors.name_taken(name):
                     raise ActorAlreadyExistsError(f"an actor named {name!r} exists already")
             label = group_label(class_name, count, options.name)
-            group = GroupRec(self.ids.group(), options.name, label=label, distributed=distributed)
+            group = GroupRec(self.ids.group(), options.name, label=label, distributed=distributed, placement=placement)
             group.max_restarts = options.max_restarts if distributed else 0
             group.hang_timeout = hang_timeout() if distributed else math.inf
             try:

@@ -125,7 +125,7 @@ def use_network(bind: str, secure: bool) -> str:
     return spec
 
 
-def _why_silent(address: str) -> str | None:
+def why_silent(address: str) -> str | None:
     """Why nothing answers at a host worker's address, or None if something accepts connections there."""
     host, port = host_of(address)
     if scheme_of(address) == "ipc":
@@ -174,7 +174,7 @@ def attach(
         raise
     except Exception as exc:
         waited = time.monotonic() - start
-        silent = {a: reason for a in addresses if (reason := _why_silent(a)) is not None}
+        silent = {a: reason for a in addresses if (reason := why_silent(a)) is not None}
         if silent:
             listed = "; ".join(f"{a}: {reason}" for a, reason in silent.items())
             raise FrayError(

@@ -20,7 +20,7 @@ from typing import Any
 from fray.errors import FrayError
 from fray.resources import EPS, add, fits, subtract
 from fray.transfers import PathStats
-from fray_monarch import _runtime, tempdirs
+from fray_monarch import _runtime, network, tempdirs
 from fray_monarch.hosts import WorkerHost
 from fray_monarch.ids import Ids
 from fray_monarch.lifeline import LifelineServer
@@ -83,6 +83,7 @@ class ProcessPool:
         host_mesh: Any,
         log_file: str | None,
         on_death: Callable[[Proc, BaseException | None], None],
+        host_addresses: list[str] | None = None,
     ) -> None:
         self.ids = ids
         self.lock = lock
@@ -94,6 +95,8 @@ class ProcessPool:
         self.log_file = log_file
         self.on_death = on_death
         self.procs: list[Proc] = []
+        self.host_addresses = list(host_addresses or [])  # each host worker's address (probed: host_lost)
+        self.lost_hosts: dict[int, str] = {}  # host -> why it counts as lost; a lost host is never used again
         self.closed = False  # nothing is spawned, and no death is reported, any more
         self.coord: Any = None  # the coordinator actor their requests go to (start)
         self.sys_path = [p for p in sys.path if p]
@@ -105,7 +108,8 @@ class ProcessPool:
         tempdirs.hold_private_dir()  # until remove_tmpdir
         self.tmpdir = tempdirs.context_dir() if stores.host_ids == ("local",) else None
         # processes on other hosts end with this driver (the watchdog cannot reach them): see lifeline.py
-        self.lifeline = LifelineServer(stores.driver_bind) if stores.host_ids != ("local",) else None
+        remote = stores.host_ids != ("local",)
+        self.lifeline = LifelineServer(stores.driver_bind, self._lifeline_closed) if remote else None
 
     def start(self, coord: Any) -> None:
         """Spawn the general processes (their requests go to the coordinator actor `coord`) and wait until each
@@ -199,6 +203,34 @@ class ProcessPool:
         return True
 
     # ------------------------------------------------------------ deaths
+    def _lifeline_closed(self, key: str) -> None:
+        """A process on another host closed its lifeline: it ended, or its host is gone (seen at once; Monarch's
+        supervision took up to 30 s to report a host whose processes were killed)."""
+        with self.lock:
+            proc = self.by_key(key)
+        if proc is not None:
+            self._died(proc, None, RuntimeError("its connection to the driver closed: its process or host is gone"))
+
+    def host_lost(self, host: int) -> str | None:
+        """Why `host` counts as lost (nothing answers at its host worker's address any more), else None (it
+        answers, or it is this machine, or its address is unknown: hosts of a Monarch job object). Probes the
+        address, so never call it under the lock (up to network.PROBE_TIMEOUT). A lost host stays lost."""
+        with self.lock:
+            if host in self.lost_hosts:
+                return self.lost_hosts[host]
+        address = self.host_addresses[host] if host < len(self.host_addresses) else ""
+        if self.stores.host_ids[host] == "local" or not address:
+            return None
+        why = network.why_silent(address)
+        if why is None:
+            return None
+        with self.lock:
+            return self.lost_hosts.setdefault(host, f"its host {address} is lost ({why})")
+
+    def live_hosts(self) -> list[int]:
+        """Under the lock: the hosts not lost."""
+        return [h for h in range(len(self.hosts)) if h not in self.lost_hosts]
+
     def _died(self, proc: Proc, _value: Any, exc: BaseException | None) -> None:
         """Its `watch` call failed (Monarch supervision), or its pid exited."""
         if not self.closed:

@@ -85,7 +85,7 @@ class WorkerRuntime:
                 remove_segments(prefix)  # the whole context is gone: every store file of it on this host too
                 lifeline.end_process(address)
 
-            lifeline.hold(*setup.lifeline, on_lost=driver_gone)
+            lifeline.hold(*setup.lifeline, on_lost=driver_gone, name=setup.proc_key)
         _route_output(setup.log_file)
         self.bind = bind = setup.bind_host or network.route_address([setup.driver_host]) or "127.0.0.1"
         # ` ip=<host>` in output labels only where the context has several hosts (attached ones; local means one)

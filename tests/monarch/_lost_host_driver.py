@@ -1,0 +1,67 @@
+"""Driver for test_lost_host.py, run inside namespaced host 0: an SPMD group of 2 spread over hosts 1 and 2, with
+one restart. Prints `BEFORE <json>`, waits for a line on stdin (the test kills one host meanwhile), then calls the
+group until it answers again or fails for good and prints `AFTER <json>`.
+
+    python _lost_host_driver.py SPEC CPUS_PER_MEMBER
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import fray
+from fray import ActorOptions
+from fray.errors import ActorUnavailableError
+
+
+class Rank:
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+
+    def where(self) -> dict[str, Any]:
+        env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+        return {"host": socket.gethostname(), "pid": os.getpid(), "restarts": fray.current_actor().restarts, **env}
+
+    def reduce(self) -> float:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return float(t[0])
+
+
+def main() -> None:
+    spec, cpus = sys.argv[1], float(sys.argv[2])
+    ctx = fray.init(spec)
+    options = ActorOptions(max_restarts=1, resources={"CPU": cpus} if cpus else None)
+    group = ctx.create_actor_group(Rank, 2, placement="spread", distributed=True, options=options)
+    before = {"where": ctx.get(group.where(), timeout=120), "reduce": ctx.get(group.reduce(), timeout=120)}
+    print("BEFORE " + json.dumps(before), flush=True)
+    sys.stdin.readline()
+    start = time.monotonic()
+    after: dict[str, Any] = {"unavailable": 0}
+    while time.monotonic() - start < 120:
+        try:
+            after.update(where=ctx.get(group.where(), timeout=60), reduce=ctx.get(group.reduce(), timeout=60))
+            break
+        except ActorUnavailableError:  # restarting
+            after["unavailable"] += 1
+            time.sleep(0.5)
+        except Exception as exc:
+            after["error"] = f"{type(exc).__name__}: {exc}"
+            break
+    after["seconds"] = round(time.monotonic() - start, 1)
+    print("AFTER " + json.dumps(after), flush=True)
+    fray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

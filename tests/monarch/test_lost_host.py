@@ -1,0 +1,109 @@
+"""A host lost under an SPMD group (issue 19), on namespaced hosts (separate machines to Monarch): every process of
+one host is SIGKILLed, its host worker included, while a group of 2 spread over hosts 1 and 2 (one rank on each)
+has a restart left. The group comes back on the host that is left, if it can hold both ranks (rank 0's host lost
+too: MASTER_ADDR moves with it); if it cannot, the group dies with an error naming the lost host."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _netns import Host, namespaced_hosts, require_namespaced_hosts
+
+HERE = Path(__file__).parent
+DRIVER = HERE / "_lost_host_driver.py"
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[list[Host]]:
+    require_namespaced_hosts()
+    with namespaced_hosts(3) as made:
+        yield made
+
+
+def _line(stream: Any, marker: str, log: Path) -> dict[str, Any]:
+    for line in stream:
+        if line.startswith(marker + " "):
+            found: dict[str, Any] = json.loads(line[len(marker) + 1 :])
+            return found
+    raise AssertionError(f"the driver never printed {marker}: {log.read_text(errors='replace')[-4000:]}")
+
+
+def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: str) -> tuple[Any, Any, Host]:
+    """Start host workers on hosts 1 and 2, the driver in host 0; once the group answered, SIGKILL every process
+    of the host where rank `lose` ("0" or "1") runs. What the driver saw before and after, and the host left."""
+    env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
+    workers = [
+        h.popen(
+            [PY, "-m", "fray_monarch.worker", "--address", f"tls://{h.name}:29500"], stdout=subprocess.DEVNULL, env=env
+        )
+        for h in hosts[1:]
+    ]
+    spec = f"monarch?hosts=tls://{hosts[1].name}:29500,tls://{hosts[2].name}:29500&procs=1&cpus={cpus}"
+    log = tmp_path / "driver.log"
+    try:
+        with open(log, "w") as errors:
+            driver = hosts[0].popen(
+                [PY, str(DRIVER), spec, str(member_cpus)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+                cwd=HERE,
+                env=env,
+            )
+        assert driver.stdin is not None and driver.stdout is not None
+        try:
+            before = _line(driver.stdout, "BEFORE", log)
+            lost_name = before["where"][int(lose)]["host"]
+            lost = next(h for h in hosts if h.name == lost_name)
+            left = next(h for h in hosts[1:] if h is not lost)
+            for pid in lost.pids():  # the machine is gone: its host worker and every process fray started there
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            driver.stdin.write("go\n")
+            driver.stdin.flush()
+            after = _line(driver.stdout, "AFTER", log)
+            driver.wait(timeout=120)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
+        return before, after, left
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait(10)
+
+
+@pytest.mark.parametrize("lose", ["1", "0"])  # rank 0's host lost: the new rendezvous is on the host left
+def test_a_group_on_a_lost_host_comes_back_on_the_hosts_left(hosts: list[Host], tmp_path: Path, lose: str) -> None:
+    before, after, left = _run(hosts, tmp_path, cpus=2, member_cpus=0, lose=lose)
+    assert [w["host"] for w in before["where"]] == [hosts[1].name, hosts[2].name] and before["reduce"] == [2.0, 2.0]
+    assert "error" not in after, after
+    assert after["reduce"] == [2.0, 2.0], after
+    ranks = after["where"]
+    assert [r["host"] for r in ranks] == [left.name, left.name], ranks
+    assert [r["restarts"] for r in ranks] == [1, 1]
+    assert [(r["RANK"], r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"]) for r in ranks] == [("0", "0", "2"), ("1", "1", "2")]
+    assert {r["MASTER_ADDR"] for r in ranks} == {left.address}
+    old = {w["pid"] for w in before["where"] if w["host"] == left.name}
+    assert not old & {r["pid"] for r in ranks}, "the ranks on the host left run on fresh processes"
+    assert after["seconds"] < 60, after  # the loss is seen through the lifelines at once, not after 30 s
+
+
+def test_a_group_the_hosts_left_cannot_hold_dies_naming_the_lost_host(hosts: list[Host], tmp_path: Path) -> None:
+    _, after, _ = _run(hosts, tmp_path, cpus=1, member_cpus=1, lose="1")
+    error = after.get("error", "")
+    assert error.startswith("ActorDiedError"), after
+    assert f"tls://{hosts[2].name}:29500 is lost" in error and "cannot hold its 2 members" in error, error
