@@ -18,7 +18,7 @@ import pytest
 from _netns import Host, namespaced_hosts, require_namespaced_hosts
 
 HERE = Path(__file__).parent
-DRIVER = HERE / "_lost_host_driver.py"
+DRIVER = HERE.parent / "_lost_host_driver.py"
 PY = sys.executable
 
 
@@ -52,7 +52,7 @@ def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: s
     try:
         with open(log, "w") as errors:
             driver = hosts[0].popen(
-                [PY, str(DRIVER), spec, str(member_cpus)],
+                [PY, str(DRIVER), spec, json.dumps({"CPU": member_cpus} if member_cpus else {})],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=errors,

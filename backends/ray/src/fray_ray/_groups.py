@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -166,6 +167,21 @@ def _free_port_on(node_id: str, host: str) -> int:
     return int(ray.get(_probe.options(scheduling_strategy=strategy_).remote(host), timeout=_PORT_PROBE_TIMEOUT))
 
 
+def _placed_on_live_nodes(pg: Any, timeout: float) -> bool:
+    """Whether every bundle of `pg` is placed on a live node within `timeout` seconds (after a node is lost, Ray
+    places its bundles again elsewhere if there is room: the table then shows RESCHEDULING, then CREATED)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        table = placement_group_table(pg)
+        alive = {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
+        nodes = [str(v) for v in table.get("bundles_to_node_id", {}).values()]
+        if table.get("state") == "CREATED" and nodes and set(nodes) <= alive:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
 def members(pg: Any, count: int, name: str | None, distributed: bool) -> list[Member]:
     """Each member's identity; for an SPMD group also its torch.distributed environment, from where the placement
     group put each bundle."""
@@ -238,6 +254,13 @@ class RayGroups:
         if distributed:
 
             def respawn(gang: RayGang) -> list[Any]:  # new members in the same bundles, a new MASTER_PORT
+                # A bundle on a node that was lost is placed again by Ray on another (the group's MASTER_ADDR
+                # then moves with rank 0's bundle): wait until every bundle has a live node.
+                if not _placed_on_live_nodes(pg, PLACEMENT_TIMEOUT):
+                    raise InfeasibleResourcesError(
+                        f"{what}: Ray could not place its members again within {PLACEMENT_TIMEOUT:g} s after a "
+                        f"node was lost (missing now: {_shortfall(bundle(options), count)})"
+                    )
                 fresh = with_beats(members(pg, count, options.name, True), gang.restarts)
                 return [h.payload for h in self._spawn(klass, args, kwargs, member_options, pg, fresh)]
 

@@ -1,8 +1,9 @@
-"""Driver for test_lost_host.py, run inside namespaced host 0: an SPMD group of 2 spread over hosts 1 and 2, with
-one restart. Prints `BEFORE <json>`, waits for a line on stdin (the test kills one host meanwhile), then calls the
-group until it answers again or fails for good and prints `AFTER <json>`.
+"""Driver for the lost-host tests (tests/monarch/test_lost_host.py, tests/ray/test_ray_lost_node.py), run inside
+namespaced host 0: an SPMD group of 2 spread over hosts 1 and 2, with one restart. Prints `BEFORE <json>`, waits
+for a line on stdin (the test kills one host meanwhile), then calls the group until it answers again or fails for
+good and prints `AFTER <json>`.
 
-    python _lost_host_driver.py SPEC CPUS_PER_MEMBER
+    python _lost_host_driver.py SPEC RESOURCES_PER_MEMBER_JSON
 """
 
 from __future__ import annotations
@@ -39,16 +40,16 @@ class Rank:
 
 
 def main() -> None:
-    spec, cpus = sys.argv[1], float(sys.argv[2])
+    spec, resources = sys.argv[1], json.loads(sys.argv[2])
     ctx = fray.init(spec)
-    options = ActorOptions(max_restarts=1, resources={"CPU": cpus} if cpus else None)
+    options = ActorOptions(max_restarts=1, resources=resources or None)
     group = ctx.create_actor_group(Rank, 2, placement="spread", distributed=True, options=options)
     before = {"where": ctx.get(group.where(), timeout=120), "reduce": ctx.get(group.reduce(), timeout=120)}
     print("BEFORE " + json.dumps(before), flush=True)
     sys.stdin.readline()
     start = time.monotonic()
     after: dict[str, Any] = {"unavailable": 0}
-    while time.monotonic() - start < 120:
+    while time.monotonic() - start < 180:
         try:
             after.update(where=ctx.get(group.where(), timeout=60), reduce=ctx.get(group.reduce(), timeout=60))
             break

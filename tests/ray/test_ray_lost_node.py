@@ -1,0 +1,105 @@
+"""A Ray node lost under an SPMD group (issue 19), on namespaced hosts: a Ray head on host 0 (where the driver
+runs) and a worker node on each of hosts 1 and 2; a group of 2 spread over the two worker nodes (one rank each,
+by a custom resource only they have), one restart. Every process of rank 0's host is SIGKILLed (the node is
+lost); Ray places rank 0's bundle again on the node left, and fray restarts the group there: both ranks on
+fresh processes on host 2, MASTER_ADDR moved to it, `restarts == 1`, the collective answering again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fray_ray")
+
+from _netns import Host, namespaced_hosts, require_namespaced_hosts
+from _ray_hosts import PORT, RayNode, cluster_env, log_tails, start_node, stop_nodes, wait_for_nodes, wait_started
+
+DRIVER = Path(__file__).resolve().parent.parent / "_lost_host_driver.py"
+CLUSTER_WAIT = 180.0
+pytestmark = pytest.mark.timeout(CLUSTER_WAIT + 420)
+
+
+def _line(stream: Any, marker: str, err: Path, nodes: list[RayNode]) -> dict[str, Any]:
+    for line in stream:
+        if line.startswith(marker + " "):
+            found: dict[str, Any] = json.loads(line[len(marker) + 1 :])
+            return found
+    raise AssertionError(f"no {marker}: {err.read_text(errors='replace')[-3000:]}\n{log_tails(nodes)}")
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[list[Host], list[RayNode], Path, dict[str, str]]]:
+    require_namespaced_hosts()
+    base = Path(tempfile.mkdtemp(prefix="fray-ln-", dir="/tmp"))  # short: Ray's socket paths are under it
+    try:
+        with namespaced_hosts(3) as hosts:
+            env = cluster_env(base)
+            nodes: list[RayNode] = []
+            try:
+                deadline = time.monotonic() + CLUSTER_WAIT
+                nodes.append(start_node(hosts[0], base, env, {"head_tag": 1}, head=None))
+                wait_started(nodes, deadline)
+                for host in hosts[1:]:
+                    nodes.append(start_node(host, base, env, {"member_slot": 2}, head=hosts[0]))
+                wait_for_nodes(nodes, env, deadline)
+                yield hosts, nodes, base, env
+            finally:
+                stop_nodes(nodes)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_group_on_a_lost_node_comes_back_on_the_node_left(
+    cluster: tuple[list[Host], list[RayNode], Path, dict[str, str]],
+) -> None:
+    hosts, nodes, base, env = cluster
+    err = base / "driver.err"
+    spec = f"ray?address={hosts[0].address}:{PORT}&log_to_driver=false"
+    with open(err, "w") as errors:
+        driver = hosts[0].popen(
+            [sys.executable, str(DRIVER), spec, json.dumps({"member_slot": 1})],
+            cwd=str(base),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+    assert driver.stdin is not None and driver.stdout is not None
+    try:
+        before = _line(driver.stdout, "BEFORE", err, nodes)
+        workers = {hosts[1].name, hosts[2].name}
+        assert {w["host"] for w in before["where"]} == workers and before["reduce"] == [2.0, 2.0], before
+        lost = next(h for h in hosts if h.name == before["where"][0]["host"])  # rank 0's: the rendezvous moves
+        left = next(h for h in hosts[1:] if h is not lost)
+        for pid in lost.pids():  # the machine is gone: its raylet, its workers, everything
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        after = _line(driver.stdout, "AFTER", err, nodes)
+        driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert "error" not in after, after
+    ranks = after["where"]
+    assert after["reduce"] == [2.0, 2.0] and [r["host"] for r in ranks] == [left.name, left.name], after
+    assert [r["restarts"] for r in ranks] == [1, 1]
+    assert {r["MASTER_ADDR"] for r in ranks} == {left.address}
+    assert [(r["RANK"], r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"]) for r in ranks] == [("0", "0", "2"), ("1", "1", "2")]
+    assert not {w["pid"] for w in before["where"]} & {r["pid"] for r in ranks}, "fresh processes"
