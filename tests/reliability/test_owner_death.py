@@ -251,3 +251,63 @@ def _check_owner_death(how: str, backend: str, tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
             pytest.fail(f"left behind after {how}: processes {left}, dirs {_fray_job_dirs() - before_dirs}")
         time.sleep(0.2)
+
+
+IN_MEMORY_CHILDREN = textwrap.dedent(
+    """
+    import os, sys, time, fray
+    from fray import RuntimeEnv, TaskOptions
+
+    class Member:
+        def __init__(self):
+            import torch.distributed as dist
+            dist.init_process_group("gloo")
+
+        def pid(self):
+            return os.getpid()
+
+    def sleep_in_child(seconds):
+        print(os.getpid(), flush=True)
+        time.sleep(seconds)
+
+    ctx = fray.init("in_memory?cpus=2")
+    group = ctx.create_actor_group(Member, 2, distributed=True)
+    members = ctx.get(group.pid(), timeout=120)
+    options = TaskOptions(runtime_env=RuntimeEnv(env={"FRAY_TEST_CHILD": "1"}))
+    ctx.create_task(sleep_in_child, args=(600,), options=options)  # a task in a child process of its own
+    print("READY", *members, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_in_memory_child_processes_die_with_their_owner(how: str) -> None:
+    """SPMD members and a running runtime_env task each run in a child process; the owner ends by a signal (no
+    Python cleanup with SIGKILL): within 10 s none of them is left."""
+    pytest.importorskip("torch", reason="SPMD groups need torch.distributed")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IN_MEMORY_CHILDREN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    children: list[int] = []
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]  # the task's pid and READY, in either order
+        ready = next((line for line in lines if line.startswith("READY")), "")
+        assert ready, f"the driver did not start: {lines} {proc.stderr.read() if proc.stderr else ''}"
+        task_pid = next(line for line in lines if not line.startswith("READY"))
+        children = [int(p) for p in ready.split()[1:]] + [int(task_pid)]
+        assert len(children) == 3 and all(procfs.alive(p) for p in children)
+        proc.send_signal(getattr(signal, how))
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    deadline = time.monotonic() + 10
+    while left := [p for p in children if procfs.alive(p)]:
+        if time.monotonic() > deadline:
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"child processes left 10 s after the owner's {how}: {left}")
+        time.sleep(0.1)

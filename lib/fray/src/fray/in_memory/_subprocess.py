@@ -1,7 +1,7 @@
 """Run one in_memory task in a child process: the way a task gets its own environment variables (threads share
 one os.environ). The function, its arguments and its result travel through fray.in_memory._channel (large
 buffers in shared memory; the result is stored as it arrived); the child first gets this process's sys.path,
-so it can import what the call needs."""
+so it can import what the call needs. It dies with this process however that ends (fray.watchdog)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fray import watchdog
 from fray.errors import WorkerCrashedError
 from fray.in_memory._channel import Channel, Serialized
 from fray.remote_errors import RemoteError, capture_exception
@@ -27,7 +28,9 @@ def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
             [sys.executable, "-m", "fray.in_memory._subprocess", str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),),
             env={**os.environ, **worker_env_defaults(), **env},
+            start_new_session=True,  # a group of its own, which fray's watchdog kills if this process ends first
         )
+    watchdog.watch_group(proc.pid)
     try:
         channel.send(sys.path, "sys.path")
         channel.send((fn, args, kwargs), "the task and its arguments")
@@ -40,6 +43,7 @@ def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
         if not _exits(proc):
             proc.kill()
             proc.wait()
+        watchdog.forget_group(proc.pid)
     if ok:
         return Serialized(blob)  # the store keeps it as it arrived
     error = loads(blob, "the task's error")
