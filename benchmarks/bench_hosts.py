@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the namespaced hosts (tests/_netns.py)
+sys.path.insert(0, str(HERE))
+
+from _common import memcpy_seconds, percentile  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 TIMEOUT = 900.0
@@ -55,22 +57,6 @@ class Sink:
         import socket
 
         return socket.gethostname()
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def memcpy_samples(size: int, repeats: int) -> list[float]:
-    src, dst = np.ones(size, dtype=np.uint8), np.zeros(size, dtype=np.uint8)
-    np.copyto(dst, src)
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def driver(spec: str, sizes: list[int], repeats: int) -> dict[str, Any]:
@@ -96,7 +82,7 @@ def driver(spec: str, sizes: list[int], repeats: int) -> dict[str, Any]:
                 assert length == n and first == 1.5
                 del ref
             out["fray"][size] = times
-            out["memcpy"][size] = memcpy_samples(size, repeats)
+            out["memcpy"][size] = memcpy_seconds(size, repeats)
         out["paths"] = {p: [s.count, s.bytes] for p, s in ctx.transfer_stats().items()}
     finally:
         fray.shutdown()
@@ -169,7 +155,7 @@ def report(out: dict[str, Any], sizes: list[int]) -> list[dict[str, Any]]:
         }
         row: dict[str, Any] = {"size": size}
         for name, samples in cells.items():
-            p50, p90 = statistics.median(samples), percentile(samples, 0.9)
+            p50, p90 = percentile(samples, 50), percentile(samples, 90)
             row[name] = {"p50_s": p50, "p90_s": p90, "gbps_p50": size / p50 / 1e9, "n": len(samples)}
         row["fray_rate_vs_socket_p50"] = row["socket"]["p50_s"] / row["fray"]["p50_s"]
         row["fray_rate_vs_memcpy_p50"] = row["memcpy"]["p50_s"] / row["fray"]["p50_s"]
