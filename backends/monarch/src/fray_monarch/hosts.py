@@ -33,7 +33,18 @@ from fray_monarch import _runtime, environ
 from fray_monarch._monarch import Actor, endpoint
 from fray_monarch.calls import fill_deps
 from fray_monarch.objects import RefPayload
-from fray_monarch.protocol import BACKEND, ActorReply, Inline, ProcInfo, WireValue, WorkerSetup, expand, group_answer
+from fray_monarch.protocol import (
+    BACKEND,
+    ActorCall,
+    ActorReply,
+    Inline,
+    ProcInfo,
+    WireValue,
+    WorkerSetup,
+    compact,
+    expand,
+    group_answer,
+)
 from fray_monarch.worker_process import ensure_worker
 
 __all__ = ["FrayActorHost", "WorkerHost"]
@@ -152,6 +163,18 @@ class _Tagged:
 
     def send(self, reply: ActorReply) -> None:
         self.port.send(group_answer(self.oid, reply))
+
+
+class _Compacted:
+    """A call's response port that sends the reply compacted (protocol.compact; the caller expands it)."""
+
+    __slots__ = ("port",)
+
+    def __init__(self, port: Any) -> None:
+        self.port = port
+
+    def send(self, reply: ActorReply) -> None:
+        self.port.send(compact(reply, None if reply.value is None else reply.value.value))
 
 
 class FrayActorHost(Actor):
@@ -383,13 +406,15 @@ class FrayActorHost(Actor):
         self._submit(port, self._init, cls_data, call, deps, members)
 
     @endpoint(explicit_response_port=True)
-    def call(self, port: Any, oid: str, method: str, call: WireValue, deps: list[str]) -> None:
+    def call(self, port: Any, message: Any) -> None:
+        """message: an ActorCall, compacted; the reply goes back compacted too."""
+        m: ActorCall = expand(message)
         if self.max_threads > 1:
             self.init_done.wait()  # (with one thread, __init__ ran on this very thread already)
         if self.loop is not None:
-            self._submit_async(port, oid, method, call, deps)
+            self._submit_async(_Compacted(port), m.oid, m.method, m.call, m.deps)
         else:
-            self._submit(port, self._invoke, oid, method, call, deps)
+            self._submit(_Compacted(port), self._invoke, m.oid, m.method, m.call, m.deps)
 
     @endpoint(explicit_response_port=True)
     def call_stream(self, port: Any, sid: str, method: str, call: WireValue, deps: list[str]) -> None:
