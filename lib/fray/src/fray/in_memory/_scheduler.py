@@ -4,6 +4,11 @@ Work waits until its resources are free, then runs on a worker thread. A worker 
 resources runs the next ready work itself (no queue hop, no thread wake-up), which is most of in_memory's
 throughput. A task blocked in get/wait hands its resources back while it waits (as Ray releases a blocked
 task's CPU), so nested work cannot deadlock: a new thread is started whenever work is ready and none is idle.
+
+One lock guards the ledger, the workers' counts and the tasks' states, and a worker takes it ~4 times a task; a
+thread submitting while every CPU is taken stages its work without it (Ledger.submit). Under the GIL a contended
+lock is a hand-over of the interpreter: the submitting thread and the workers convoyed on it (~25% of the
+acquisitions blocked) and 10k tiny tasks ran at 0.19-0.28x a ThreadPoolExecutor; without that, 0.38-0.40x.
 """
 
 from __future__ import annotations
@@ -89,14 +94,8 @@ class Workers:
             with self._lock:
                 self._idle -= 1
                 self._queued -= 1
-            while work is not None:
+            while work is not None:  # (release marks this worker finishing only when it returns no next work)
                 work = work()
-                if work is not None:  # this thread stays busy with the next work: it is not finishing after all
-                    with self._lock:
-                        self._not_finishing()
-                        spawn = self._needs_thread()
-                    if spawn:
-                        self._spawn()
 
     def close(self) -> None:
         """No new threads; every thread exits once its current work is done (idle ones at once)."""
@@ -118,6 +117,9 @@ class Ledger:
         self._lock = self.lock
         self.workers = Workers("fray-in-memory", self._lock)
         self._closed = False
+        # Work submitted while its resources were all taken, not yet in a queue: appended without the lock (see
+        # submit), moved into the queues by the next release (or by submit itself, if they freed meanwhile).
+        self._staged: deque[tuple[Signature, Work, Callable[[], None] | None]] = deque()
 
     def _fits(self, request: Signature) -> bool:
         free = self._free
@@ -130,9 +132,22 @@ class Ledger:
     def submit(self, request: Signature, work: Work, on_dispatch: Callable[[], None] | None = None) -> None:
         """Run `work` on a worker once `request` fits; the work must call release(request) when done.
         `on_dispatch` runs under the ledger's lock at the moment the resources are taken for it."""
+        if self._closed:
+            raise RuntimeError("in_memory context is shut down")
+        if not self._fits(request):
+            # Its resources are all taken, so a worker will release some: leave the work for that release
+            # instead of taking the lock, which the workers take several times a task. A thread submitting
+            # thousands of tiny tasks otherwise queued behind them for the lock (a lock convoy: ~25% of the
+            # acquisitions blocked, each a hand-over of the GIL; issue 21). Checked again once staged: a release
+            # that freed them meanwhile may have come before the work was staged.
+            self._staged.append((request, work, on_dispatch))
+            if self._fits(request):
+                self._kick()
+            return
         with self._lock:
             if self._closed:
                 raise RuntimeError("in_memory context is shut down")
+            self._unstage()
             if self._queues.get(request) or not self._fits(request):
                 self._queues.setdefault(request, deque()).append((work, on_dispatch))
                 return
@@ -148,11 +163,9 @@ class Ledger:
         with self._lock:
             for key, qty in request:
                 self._free[key] = self._free.get(key, 0.0) + qty
-            if finishing:
+            ready = self._drain() if self._queues or self._staged else []
+            if finishing and not ready:  # (a worker that runs the next work itself stays busy: not finishing)
                 self.workers._mark_finishing()
-            if not self._queues:
-                return None
-            ready = self._drain()
             spawns = [self.workers._count_queued() for _ in ready[1:]]
         for work, spawn in zip(ready[1:], spawns, strict=True):
             self.workers._put(work, spawn)
@@ -169,7 +182,21 @@ class Ledger:
         with self._lock:
             self._take(request)
 
+    def _kick(self) -> None:
+        """Start whatever fits now (staged work whose resources were freed while it was staged)."""
+        with self._lock:
+            ready = self._drain()
+            spawns = [self.workers._count_queued() for _ in ready]
+        for work, spawn in zip(ready, spawns, strict=True):
+            self.workers._put(work, spawn)
+
+    def _unstage(self) -> None:  # holds the lock: staged work joins the queues, in the order it came
+        while self._staged:
+            request, work, on_dispatch = self._staged.popleft()
+            self._queues.setdefault(request, deque()).append((work, on_dispatch))
+
     def _drain(self) -> list[Work]:
+        self._unstage()
         ready = []
         for request, waiting in list(self._queues.items()):
             while waiting and self._fits(request):
@@ -186,6 +213,7 @@ class Ledger:
         with self._lock:
             self._closed = True
             self._queues.clear()
+            self._staged.clear()
         self.workers.close()
 
 
