@@ -3,7 +3,9 @@ namespaced host 0: an SPMD group of 2 spread over hosts 1 and 2, with one restar
 for a line on stdin (the test kills one host meanwhile), then calls the group until it answers again or fails for
 good and prints `AFTER <json>`.
 
-    python _lost_host_driver.py SPEC RESOURCES_PER_MEMBER_JSON
+    python _lost_host_driver.py SPEC RESOURCES_PER_MEMBER_JSON [task]
+
+`task`: then a task is run instead (the test kills every host: it must fail, not wait).
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ def main() -> None:
     print("BEFORE " + json.dumps(before), flush=True)
     sys.stdin.readline()
     start = time.monotonic()
+    if len(sys.argv) > 3 and sys.argv[3] == "task":  # every host lost: a task has nowhere to run
+        try:
+            ctx.get(ctx.create_task(socket.gethostname), timeout=120)
+            print("AFTER " + json.dumps({"error": ""}), flush=True)
+        except Exception as exc:
+            seconds = round(time.monotonic() - start, 1)
+            print("AFTER " + json.dumps({"error": f"{type(exc).__name__}: {exc}", "seconds": seconds}), flush=True)
+        fray.shutdown()
+        return
     after: dict[str, Any] = {"unavailable": 0}
     while time.monotonic() - start < 180:
         try:

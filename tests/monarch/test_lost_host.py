@@ -39,7 +39,8 @@ def _line(stream: Any, marker: str, log: Path) -> dict[str, Any]:
 
 def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: str) -> tuple[Any, Any, Host]:
     """Start host workers on hosts 1 and 2, the driver in host 0; once the group answered, SIGKILL every process
-    of the host where rank `lose` ("0" or "1") runs. What the driver saw before and after, and the host left."""
+    of the host where rank `lose` ("0" or "1") runs, or of both hosts ("all": the driver then runs a task).
+    What the driver saw before and after, and the host left."""
     env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
     workers = [
         h.popen(
@@ -52,7 +53,8 @@ def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: s
     try:
         with open(log, "w") as errors:
             driver = hosts[0].popen(
-                [PY, str(DRIVER), spec, json.dumps({"CPU": member_cpus} if member_cpus else {})],
+                [PY, str(DRIVER), spec, json.dumps({"CPU": member_cpus} if member_cpus else {})]
+                + (["task"] if lose == "all" else []),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=errors,
@@ -63,10 +65,10 @@ def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: s
         assert driver.stdin is not None and driver.stdout is not None
         try:
             before = _line(driver.stdout, "BEFORE", log)
-            lost_name = before["where"][int(lose)]["host"]
-            lost = next(h for h in hosts if h.name == lost_name)
-            left = next(h for h in hosts[1:] if h is not lost)
-            for pid in lost.pids():  # the machine is gone: its host worker and every process fray started there
+            names = [w["host"] for w in before["where"]] if lose == "all" else [before["where"][int(lose)]["host"]]
+            lost = [h for h in hosts if h.name in names]
+            left = next((h for h in hosts[1:] if h not in lost), hosts[0])
+            for pid in [p for h in lost for p in h.pids()]:  # those machines are gone, with all fray started there
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -107,3 +109,11 @@ def test_a_group_the_hosts_left_cannot_hold_dies_naming_the_lost_host(hosts: lis
     error = after.get("error", "")
     assert error.startswith("ActorDiedError"), after
     assert f"tls://{hosts[2].name}:29500 is lost" in error and "cannot hold its 2 members" in error, error
+
+
+def test_with_every_host_lost_a_task_fails_naming_them(hosts: list[Host], tmp_path: Path) -> None:
+    _, after, _ = _run(hosts, tmp_path, cpus=2, member_cpus=0, lose="all")
+    error = after["error"]
+    assert error.startswith("WorkerCrashedError") and "every host is lost" in error, after
+    assert f"tls://{hosts[1].name}:29500 is lost" in error and f"tls://{hosts[2].name}:29500 is lost" in error
+    assert after["seconds"] < 60, after

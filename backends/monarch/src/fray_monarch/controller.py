@@ -149,6 +149,8 @@ class Controller:
                     self.pool.spawn(host)
                     return
             print(f"fray: {why}: its work goes to the other hosts from now on", file=sys.stderr, flush=True)
+            with self.lock:
+                self.scheduler.pump()  # (with no host left, queued tasks fail now instead of waiting for good)
 
         threading.Thread(target=probe_then_spawn, name="fray-monarch-replace", daemon=True).start()
 

@@ -27,6 +27,7 @@ from fray_monarch.lifeline import LifelineServer
 from fray_monarch.protocol import ProcInfo, StoreConfig, WorkerSetup
 
 MAX_ENV_PROCS = 4  # processes kept for tasks with their own env vars
+PROBE_AGAIN = 0.3  # seconds between the two probes that say a host still answers (host_lost)
 
 EnvKey = tuple[tuple[str, str], ...]
 
@@ -222,6 +223,9 @@ class ProcessPool:
         if self.stores.host_ids[host] == "local" or not address:
             return None
         why = network.why_silent(address)
+        if why is None:  # asked as its processes die: a host worker killed with them may still accept for a moment
+            time.sleep(PROBE_AGAIN)
+            why = network.why_silent(address)
         if why is None:
             return None
         with self.lock:

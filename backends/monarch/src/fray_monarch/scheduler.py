@@ -137,6 +137,12 @@ class TaskScheduler:
         """Under the lock: send queued tasks to processes with room, in batches."""
         if self.pool.closed:
             return
+        if self.queue and not self.pool.live_hosts():  # nowhere to run, ever: fail rather than wait for good
+            why = "; ".join(sorted(set(self.pool.lost_hosts.values())))
+            while self.queue:
+                task = self.queue.popleft()
+                self.finish(task, None, WorkerCrashedError(f"task {task.id} cannot run: every host is lost: {why}"))
+            return
         batches: dict[str, tuple[Proc, list[Any]]] = {}
         skipped: list[Task] = []
         while self.queue:
