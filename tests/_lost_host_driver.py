@@ -41,6 +41,15 @@ class Rank:
         return float(t[0])
 
 
+def marked_line(stream: Any, marker: str) -> dict[str, Any] | None:
+    """(For the tests.) The JSON of the first line of `stream` that starts with `marker`; None if it ended first."""
+    for line in stream:
+        if line.startswith(marker + " "):
+            found: dict[str, Any] = json.loads(line[len(marker) + 1 :])
+            return found
+    return None
+
+
 def main() -> None:
     spec, resources = sys.argv[1], json.loads(sys.argv[2])
     ctx = fray.init(spec)

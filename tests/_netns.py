@@ -77,6 +77,14 @@ class Host:
         ns = _netns_id(self.netns)
         return [] if ns is None else [p for p in _pids_in({ns}) if p != self.holder_pid]
 
+    def kill_all(self) -> None:
+        """SIGKILL every process in this host but the holder: the machine is lost, with all that ran there."""
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def shm_files(self) -> list[str]:
         """Names in this host's private /dev/shm, and in its per-user fray-<uid> directories (as dir/name: those
         directories are fray's lasting home there, like ~/.cache, and are not counted themselves)."""

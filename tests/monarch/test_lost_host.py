@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _lost_host_driver import marked_line
 from _netns import Host, namespaced_hosts, require_namespaced_hosts
 
 HERE = Path(__file__).parent
@@ -30,11 +30,9 @@ def hosts() -> Iterator[list[Host]]:
 
 
 def _line(stream: Any, marker: str, log: Path) -> dict[str, Any]:
-    for line in stream:
-        if line.startswith(marker + " "):
-            found: dict[str, Any] = json.loads(line[len(marker) + 1 :])
-            return found
-    raise AssertionError(f"the driver never printed {marker}: {log.read_text(errors='replace')[-4000:]}")
+    found = marked_line(stream, marker)
+    assert found is not None, f"the driver never printed {marker}: {log.read_text(errors='replace')[-4000:]}"
+    return found
 
 
 def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: str) -> tuple[Any, Any, Host]:
@@ -68,11 +66,8 @@ def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: s
             names = [w["host"] for w in before["where"]] if lose == "all" else [before["where"][int(lose)]["host"]]
             lost = [h for h in hosts if h.name in names]
             left = next((h for h in hosts[1:] if h not in lost), hosts[0])
-            for pid in [p for h in lost for p in h.pids()]:  # those machines are gone, with all fray started there
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            for host in lost:
+                host.kill_all()  # the machine is gone, with all fray started there
             driver.stdin.write("go\n")
             driver.stdin.flush()
             after = _line(driver.stdout, "AFTER", log)

@@ -10,6 +10,7 @@ file would switch every later default `ray start` on this shared machine into to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +126,24 @@ def wait_for_nodes(nodes: list[RayNode], env: dict[str, str], deadline: float) -
         raise AssertionError(f"{len(nodes)} Ray nodes not alive in the GCS (seen: {seen}):\n{log_tails(nodes)}")
     alive: list[dict[str, Any]] = json.loads(lines[-1])
     return alive
+
+
+@contextlib.contextmanager
+def running_cluster(
+    hosts: list[Host], base: Path, env: dict[str, str], worker_resources: dict[str, float], wait: float
+) -> Iterator[tuple[list[RayNode], list[dict[str, Any]]]]:
+    """A Ray head on hosts[0] (resource head_tag) and a worker node on each other host (`worker_resources`), up
+    within `wait` seconds: its nodes (the head's first) and the live nodes as the GCS lists them. Stopped after."""
+    nodes: list[RayNode] = []
+    try:
+        deadline = time.monotonic() + wait
+        nodes.append(start_node(hosts[0], base, env, {"head_tag": 1}, head=None))
+        wait_started(nodes, deadline)  # (a worker node best starts once its head has: it finds the GCS at once)
+        for host in hosts[1:]:
+            nodes.append(start_node(host, base, env, worker_resources, head=hosts[0]))
+        yield nodes, wait_for_nodes(nodes, env, deadline)
+    finally:
+        stop_nodes(nodes)
 
 
 def stop_nodes(nodes: list[RayNode]) -> None:

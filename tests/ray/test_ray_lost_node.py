@@ -7,13 +7,10 @@ fresh processes on host 2, MASTER_ADDR moved to it, `restarts == 1`, the collect
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +19,9 @@ import pytest
 
 pytest.importorskip("fray_ray")
 
+from _lost_host_driver import marked_line
 from _netns import Host, namespaced_hosts, require_namespaced_hosts
-from _ray_hosts import PORT, RayNode, cluster_env, log_tails, start_node, stop_nodes, wait_for_nodes, wait_started
+from _ray_hosts import PORT, RayNode, cluster_env, log_tails, running_cluster
 
 DRIVER = Path(__file__).resolve().parent.parent / "_lost_host_driver.py"
 CLUSTER_WAIT = 180.0
@@ -31,11 +29,9 @@ pytestmark = pytest.mark.timeout(CLUSTER_WAIT + 420)
 
 
 def _line(stream: Any, marker: str, err: Path, nodes: list[RayNode]) -> dict[str, Any]:
-    for line in stream:
-        if line.startswith(marker + " "):
-            found: dict[str, Any] = json.loads(line[len(marker) + 1 :])
-            return found
-    raise AssertionError(f"no {marker}: {err.read_text(errors='replace')[-3000:]}\n{log_tails(nodes)}")
+    found = marked_line(stream, marker)
+    assert found is not None, f"no {marker}: {err.read_text(errors='replace')[-3000:]}\n{log_tails(nodes)}"
+    return found
 
 
 @pytest.fixture
@@ -45,17 +41,8 @@ def cluster() -> Iterator[tuple[list[Host], list[RayNode], Path, dict[str, str]]
     try:
         with namespaced_hosts(3) as hosts:
             env = cluster_env(base)
-            nodes: list[RayNode] = []
-            try:
-                deadline = time.monotonic() + CLUSTER_WAIT
-                nodes.append(start_node(hosts[0], base, env, {"head_tag": 1}, head=None))
-                wait_started(nodes, deadline)
-                for host in hosts[1:]:
-                    nodes.append(start_node(host, base, env, {"member_slot": 2}, head=hosts[0]))
-                wait_for_nodes(nodes, env, deadline)
+            with running_cluster(hosts, base, env, {"member_slot": 2}, CLUSTER_WAIT) as (nodes, _):
                 yield hosts, nodes, base, env
-            finally:
-                stop_nodes(nodes)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -83,11 +70,7 @@ def test_a_group_on_a_lost_node_comes_back_on_the_node_left(
         assert {w["host"] for w in before["where"]} == workers and before["reduce"] == [2.0, 2.0], before
         lost = next(h for h in hosts if h.name == before["where"][0]["host"])  # rank 0's: the rendezvous moves
         left = next(h for h in hosts[1:] if h is not lost)
-        for pid in lost.pids():  # the machine is gone: its raylet, its workers, everything
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        lost.kill_all()  # the machine is gone: its raylet, its workers, everything
         driver.stdin.write("go\n")
         driver.stdin.flush()
         after = _line(driver.stdout, "AFTER", err, nodes)

@@ -36,7 +36,7 @@ import pytest
 pytest.importorskip("fray_ray")
 
 from _netns import Host, namespaced_hosts, require_namespaced_hosts, start_time
-from _ray_hosts import PORT, RayNode, cluster_env, log_tails, start_node, stop_nodes, wait_for_nodes, wait_started
+from _ray_hosts import PORT, RayNode, cluster_env, log_tails, running_cluster
 
 DRIVER = Path(__file__).resolve().with_name("_multihost_driver.py")
 PUT_BYTES = 32 * 2**20  # as in the driver
@@ -110,16 +110,8 @@ def cluster() -> Iterator[Cluster]:
     try:
         with namespaced_hosts(2) as hosts:
             env = cluster_env(base)
-            nodes: list[RayNode] = []
-            try:
-                deadline = time.monotonic() + CLUSTER_WAIT
-                nodes.append(start_node(hosts[0], base, env, {"head_tag": 1}, head=None))
-                wait_started(nodes, deadline)
-                nodes.append(start_node(hosts[1], base, env, {"worker_tag": 1}, head=hosts[0]))
-                alive = wait_for_nodes(nodes, env, deadline)
+            with running_cluster(hosts, base, env, {"worker_tag": 1}, CLUSTER_WAIT) as (nodes, alive):
                 yield Cluster(hosts, nodes, alive, env, base)
-            finally:
-                stop_nodes(nodes)
             # Workers are in process groups of their own: they end by themselves once their raylet is gone.
             left = _poll(lambda: _host_processes(hosts), STOPPED_WAIT)
             assert not left, f"left in the hosts after the cluster stopped: {left}"
