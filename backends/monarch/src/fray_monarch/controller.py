@@ -69,6 +69,7 @@ class Controller:
         host_addresses: list[str] | None = None,
     ) -> None:
         self.key = key = uuid.uuid4().hex[:10]
+        self._told_lost: set[int] = set()  # lost hosts the user was told of
         # log_to_driver=false: worker processes write their output to this file of the private directory instead
         # of the console (the context removes it at shutdown)
         self.log_file = None if log_to_driver else os.path.join(tempdirs.private_dir(), f"worker-output-{key}.log")
@@ -148,9 +149,11 @@ class Controller:
                 if why is None:
                     self.pool.spawn(host)
                     return
-            print(f"fray: {why}: its work goes to the other hosts from now on", file=sys.stderr, flush=True)
-            with self.lock:
                 self.scheduler.pump()  # (with no host left, queued tasks fail now instead of waiting for good)
+                first = host not in self._told_lost
+                self._told_lost.add(host)
+            if first:  # (once per host, not once per process it had)
+                print(f"fray: {why}: its work goes to the other hosts from now on", file=sys.stderr, flush=True)
 
         threading.Thread(target=probe_then_spawn, name="fray-monarch-replace", daemon=True).start()
 

@@ -116,7 +116,7 @@ class Channel:
         large = [i for i, view in enumerate(views) if view.nbytes >= POOL_MIN] if _HAS_MEMFD else []
         if large:
             self._send_frame(_Want(tuple(views[i].nbytes for i in large)))
-            given, fds = self._read_frame("room for a value")
+            given, fds = self._read_frame()
             if not isinstance(given, _Given):
                 raise FrayError(f"the other end answered a request for room with {type(given).__name__}")
             self._map_chunks(given, fds)
@@ -132,12 +132,12 @@ class Channel:
         keeps it: any number may read it): every buffer read-only, so each reader of a torch storage gets its
         own copy. readers=1 (`recv` loads it once): a torch storage's buffer is writable, its one reader uses it
         in place."""
-        frame, _ = self._read_frame(what)
+        frame, _ = self._read_frame()
         pieces: list[Piece] = []
         if isinstance(frame, _Want):
             pieces = [pool_piece(n) for n in frame.sizes]
             self._give(pieces)
-            frame, _ = self._read_frame(what)
+            frame, _ = self._read_frame()
         if not isinstance(frame, _Message):
             raise FrayError(f"{what}: the other end sent {type(frame).__name__} instead of a value")
         buffers: list[Any] = []
@@ -185,7 +185,7 @@ class Channel:
             self.sock.sendall(header)
         self.sock.sendall(message)
 
-    def _read_frame(self, what: str) -> tuple[object, list[int]]:
+    def _read_frame(self) -> tuple[object, list[int]]:
         header, fds = self._read_header()
         return pickle.loads(self._read_exactly(_HEADER.unpack(header)[0])), fds
 
