@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +28,27 @@ def hosts() -> Iterator[list[Host]]:
     require_namespaced_hosts()
     with namespaced_hosts(3) as made:
         yield made
+
+
+def _lose(host: Host) -> None:
+    """The machine is lost: SIGKILL all that runs there. Then remove the TLS files its fray processes kept in the
+    /tmp this test's hosts share (a real machine's go with it; here nothing else would remove them): their paths
+    are in the environment of each process there (FRAY_TLS_RUNTIME_DIR, "<owner pid>:<dir>", set by the host
+    worker and inherited by what it started)."""
+    dirs = set()
+    for pid in host.pids():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            name, _, value = item.partition(b"=")
+            if name == b"FRAY_TLS_RUNTIME_DIR":
+                dirs.add(value.decode().partition(":")[2])
+    host.kill_all()
+    for path in dirs:
+        if os.path.basename(path).startswith("fray-tls-"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _line(stream: Any, marker: str, log: Path) -> dict[str, Any]:
@@ -67,7 +89,7 @@ def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: s
             lost = [h for h in hosts if h.name in names]
             left = next((h for h in hosts[1:] if h not in lost), hosts[0])
             for host in lost:
-                host.kill_all()  # the machine is gone, with all fray started there
+                _lose(host)
             driver.stdin.write("go\n")
             driver.stdin.flush()
             after = _line(driver.stdout, "AFTER", log)
