@@ -198,7 +198,7 @@ class GangKeeper:
     def _off_lost_hosts(self, group: GroupRec, generation: int) -> bool:
         """(The restart's thread: probes hosts, not under the lock.) Members on a lost host get hosts that are not,
         by the group's placement; False if the group died (the other hosts cannot hold it) or moved on."""
-        lost = {m.host: why for m in group.members if (why := self.pool.host_lost(m.host)) is not None}
+        lost = self.pool.hosts_lost(m.host for m in group.members)
         if not lost:
             return True
         with self.lock:

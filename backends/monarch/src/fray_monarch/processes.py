@@ -12,7 +12,8 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -230,6 +231,14 @@ class ProcessPool:
             return None
         with self.lock:
             return self.lost_hosts.setdefault(host, f"its host {address} is lost ({why})")
+
+    def hosts_lost(self, hosts: Iterable[int]) -> dict[int, str]:
+        """host_lost of each of `hosts` that is lost, probed in parallel (each probe may take PROBE_AGAIN and
+        more: one after the other, a group over 8 hosts waited 8 times as long)."""
+        unique = sorted(set(hosts))
+        with ThreadPoolExecutor(max_workers=max(1, len(unique)), thread_name_prefix="fray-probe") as probes:
+            whys = list(probes.map(self.host_lost, unique))
+        return {host: why for host, why in zip(unique, whys, strict=True) if why is not None}
 
     def live_hosts(self) -> list[int]:
         """Under the lock: the hosts not lost."""
