@@ -3,31 +3,21 @@ holds (1 for task processes), THP_MEM_ALLOC_ENABLE=1; a variable the user set wi
 
 from __future__ import annotations
 
-import os
+from _worker_env_probe import Member, worker_env
 
 import fray
 from fray import ActorOptions, RuntimeEnv, TaskOptions
-
-NAMES = ("OMP_NUM_THREADS", "THP_MEM_ALLOC_ENABLE")
-
-
-def _env() -> dict[str, str | None]:
-    return {name: os.environ.get(name) for name in NAMES}
-
-
-class Member:
-    def env(self) -> dict[str, str | None]:
-        return _env()
 
 
 def test_worker_processes_get_the_defaults_and_a_users_values_win() -> None:
     ctx = fray.init("monarch?procs=1&cpus=2")
     try:
-        assert ctx.get(ctx.create_task(_env), timeout=120) == {"OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "1"}
+        defaults = {"OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "1"}
+        assert ctx.get(ctx.create_task(worker_env), timeout=120) == defaults
         group = ctx.create_actor_group(Member, 1, options=ActorOptions(resources={"CPU": 2}), distributed=True)
         assert ctx.get(group.env(), timeout=120) == [{"OMP_NUM_THREADS": "2", "THP_MEM_ALLOC_ENABLE": "1"}]
         mine = TaskOptions(runtime_env=RuntimeEnv(env={"THP_MEM_ALLOC_ENABLE": "0"}))
-        assert ctx.get(ctx.create_task(_env, options=mine), timeout=120) == {
+        assert ctx.get(ctx.create_task(worker_env, options=mine), timeout=120) == {
             "OMP_NUM_THREADS": "1",
             "THP_MEM_ALLOC_ENABLE": "0",
         }

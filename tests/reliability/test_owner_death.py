@@ -289,15 +289,16 @@ def test_in_memory_child_processes_die_with_their_owner(how: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", IN_MEMORY_CHILDREN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    children: list[int] = []
+    children: dict[int, str] = {}  # pid -> start time (_tree): only these very processes are looked at, or killed
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline(), proc.stdout.readline()]  # the task's pid and READY, in either order
         ready = next((line for line in lines if line.startswith("READY")), "")
         assert ready, f"the driver did not start: {lines} {proc.stderr.read() if proc.stderr else ''}"
         task_pid = next(line for line in lines if not line.startswith("READY"))
-        children = [int(p) for p in ready.split()[1:]] + [int(task_pid)]
-        assert len(children) == 3 and all(procfs.alive(p) for p in children)
+        tree = _tree(proc.pid)
+        children = {pid: tree[pid] for pid in [int(p) for p in ready.split()[1:]] + [int(task_pid)] if pid in tree}
+        assert len(_alive(children)) == 3, (lines, tree)  # two members and the task, all descended from the owner
         proc.send_signal(getattr(signal, how))
         proc.wait(60)
     finally:
@@ -305,7 +306,7 @@ def test_in_memory_child_processes_die_with_their_owner(how: str) -> None:
             proc.kill()
             proc.wait(10)
     deadline = time.monotonic() + 10
-    while left := [p for p in children if procfs.alive(p)]:
+    while left := _alive(children):
         if time.monotonic() > deadline:
             for pid in left:
                 os.kill(pid, signal.SIGKILL)

@@ -3,22 +3,11 @@ them: OMP_NUM_THREADS from the CPUs their actor holds (1 for tasks), THP_MEM_ALL
 
 from __future__ import annotations
 
-import os
+from _worker_env_probe import Member, worker_env
 
 import fray
 from fray import ActorOptions, RuntimeEnv, TaskOptions
 from fray.worker_env import worker_env_defaults
-
-NAMES = ("OMP_NUM_THREADS", "THP_MEM_ALLOC_ENABLE")
-
-
-def _env() -> dict[str, str | None]:
-    return {name: os.environ.get(name) for name in NAMES}
-
-
-class Member:
-    def env(self) -> dict[str, str | None]:
-        return _env()
 
 
 def test_defaults_follow_the_cpus_and_leave_what_is_set() -> None:
@@ -41,7 +30,7 @@ def test_in_memory_child_processes_get_the_defaults_and_a_users_values_win() -> 
         mine = TaskOptions(
             runtime_env=RuntimeEnv(env={"OMP_NUM_THREADS": "3"})
         )  # a task with env_vars runs in a child process
-        assert ctx.get(ctx.create_task(_env, options=mine), timeout=120) == {
+        assert ctx.get(ctx.create_task(worker_env, options=mine), timeout=120) == {
             "OMP_NUM_THREADS": "3",
             "THP_MEM_ALLOC_ENABLE": "1",
         }
