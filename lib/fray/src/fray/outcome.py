@@ -110,6 +110,16 @@ class Outcome:
         callback(self)
         return _nothing
 
+    def _subscribe(self, key: int, callback: Callable[[Outcome], None]) -> None:
+        """add_callback under a key the caller chose (one key for many outcomes: no remover made per outcome)."""
+        with self._lock:
+            if self.state is State.PENDING:
+                if self._callbacks is None:
+                    self._callbacks = {}
+                self._callbacks[key] = callback
+                return
+        callback(self)
+
     def _remove(self, key: int) -> None:
         with self._lock:
             if self._callbacks is not None:
@@ -148,48 +158,49 @@ def when(
     outcomes: Sequence[Outcome], count: int, then: Callable[[], None], stop_on_failure: bool = False
 ) -> Callable[[], None]:
     """Call then() once `count` of outcomes have settled (at once if they have), or, with stop_on_failure, once
-    one has failed. Returns a function that cancels it (then() is never called after that)."""
-    lock = threading.Lock()
-    state = {"left": count, "fired": False}
-    removers: list[Callable[[], None]] = []
+    one has failed. Returns a function that cancels it (then() is never called after that).
 
-    def fire() -> None:
-        for remove in removers:
-            remove()
+    Cheap per outcome, since a get of 10k refs runs this over all of them: one key and one callback for all,
+    and an outcome that has settled is not visited again to remove it (its callbacks went when it settled)."""
+    pending = []
+    left = count
+    for outcome in outcomes:
+        if outcome.state is State.PENDING:
+            pending.append(outcome)
+        else:
+            left -= 1
+            if stop_on_failure and outcome.failed():
+                left = 0
+    if left <= 0:
         then()
+        return _nothing
+    key = next(_ids)
+    lock = threading.Lock()
+    waiting = [left, False]  # settlements still needed; fired (or cancelled)
+
+    def unsubscribe() -> None:
+        for outcome in pending:
+            if outcome.state is State.PENDING:
+                outcome._remove(key)
 
     def settled(outcome: Outcome) -> None:
         with lock:
-            if state["fired"]:
+            if waiting[1]:
                 return
-            state["left"] -= 1
-            if state["left"] > 0 and not (stop_on_failure and outcome.failed()):
+            waiting[0] -= 1
+            if waiting[0] > 0 and not (stop_on_failure and outcome.failed()):
                 return
-            state["fired"] = True
-        fire()
-
-    pending = []
-    with lock:
-        for outcome in outcomes:
-            if outcome.done():
-                state["left"] -= 1
-                if stop_on_failure and outcome.failed():
-                    state["left"] = 0
-            else:
-                pending.append(outcome)
-        ready = state["left"] <= 0
-        state["fired"] = ready
-    if ready:
+            waiting[1] = True
+        unsubscribe()
         then()
-        return _nothing
+
     for outcome in pending:
-        removers.append(outcome.add_callback(settled))
+        outcome._subscribe(key, settled)
 
     def cancel() -> None:
         with lock:
-            state["fired"] = True
-        for remove in removers:
-            remove()
+            waiting[1] = True
+        unsubscribe()
 
     return cancel
 
@@ -197,14 +208,14 @@ def when(
 def wait_for(outcomes: Sequence[Outcome], count: int, timeout: float | None, stop_on_failure: bool = False) -> set[int]:
     """Block until `count` of outcomes have settled (or, with stop_on_failure, one has failed), or `timeout`
     seconds pass; the indices of those settled then (more than `count` if more had)."""
-    if sum(1 for o in outcomes if o.done()) < count and not (stop_on_failure and first_failure(outcomes) is not None):
-        event = threading.Event()
-        cancel = when(outcomes, count, event.set, stop_on_failure)
+    event = threading.Event()
+    cancel = when(outcomes, count, event.set, stop_on_failure)
+    if cancel is not _nothing:
         try:
             event.wait(timeout)
         finally:
             cancel()
-    return {i for i, o in enumerate(outcomes) if o.done()}
+    return {i for i, o in enumerate(outcomes) if o.state is not State.PENDING}
 
 
 def completed(outcomes: Sequence[Outcome], timeout: float | None = None) -> Iterator[list[int]]:

@@ -5,10 +5,11 @@ resources runs the next ready work itself (no queue hop, no thread wake-up), whi
 throughput. A task blocked in get/wait hands its resources back while it waits (as Ray releases a blocked
 task's CPU), so nested work cannot deadlock: a new thread is started whenever work is ready and none is idle.
 
-One lock guards the ledger, the workers' counts and the tasks' states, and a worker takes it ~4 times a task; a
-thread submitting while every CPU is taken stages its work without it (Ledger.submit). Under the GIL a contended
-lock is a hand-over of the interpreter: the submitting thread and the workers convoyed on it (~25% of the
-acquisitions blocked) and 10k tiny tasks ran at 0.19-0.28x a ThreadPoolExecutor; without that, 0.38-0.40x.
+One lock guards the ledger and the workers' counts (a task's state has a lock of its own), and a worker takes it
+once a task, to release; a thread submitting while every CPU is taken stages its work without it (Ledger.submit).
+Under the GIL a contended lock is a hand-over of the interpreter: the submitting thread and the workers convoyed on
+it (~25% of the acquisitions blocked when it also guarded the tasks' states and was taken ~4 times a task) and 10k
+tiny tasks ran at 0.19-0.28x a ThreadPoolExecutor (issue 21).
 """
 
 from __future__ import annotations
@@ -123,7 +124,10 @@ class Ledger:
 
     def _fits(self, request: Signature) -> bool:
         free = self._free
-        return all(free.get(key, 0.0) + EPS >= qty for key, qty in request)  # fray.resources' tolerance
+        for key, qty in request:  # noqa: SIM110 (a loop, not all() over a generator: it runs twice a submit)
+            if free.get(key, 0.0) + EPS < qty:  # fray.resources' tolerance
+                return False
+        return True
 
     def _take(self, request: Signature) -> None:
         for key, qty in request:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +31,7 @@ class _Task:
         "entry",
         "fn",
         "has_refs",
+        "lock",
         "options",
         "request",
         "state",
@@ -42,6 +45,8 @@ class _Task:
         self.fn, self.call, self.has_refs = fn, call, has_refs
         self.options, self.request, self.entry = options, request, entry
         self.attempts = 0
+        # Guards its state: a lock of its own, not the ledger's, which the workers contend for (issue 21).
+        self.lock = threading.Lock()
         # waiting (for its ref arguments) -> queued (for resources) -> dispatched (resources held, on the workers'
         # queue) -> running [-> cancelling] -> finishing -> done; or -> cancelled before running.
         self.state = TaskState.WAITING
@@ -51,12 +56,22 @@ class _Task:
     @property
     def label(self) -> str:
         """How its printed lines are prefixed: `(name pid=N)`, as Ray does."""
-        return output.label_for(str(self.options.name or getattr(self.fn, "__name__", "task")))
+        return _label(str(self.options.name or getattr(self.fn, "__name__", "task")), _pid[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _label(name: str, pid: int) -> str:  # one string per task name, not one formatted (and a getpid) per task
+    return output.label_for(name, pid)
+
+
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 
 def _mark_dispatched(task: _Task) -> None:  # runs under the ledger's lock, when the task's resources are taken
-    if task.state == TaskState.QUEUED:
-        task.state = TaskState.DISPATCHED
+    with task.lock:
+        if task.state == TaskState.QUEUED:
+            task.state = TaskState.DISPATCHED
 
 
 def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:

@@ -7,6 +7,7 @@ task raises its original exception type, refs passed as top-level arguments arri
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -71,7 +72,7 @@ class InMemoryJobContext(JobContext):
         self.log_to_driver = log_to_driver
         self.namespace = namespace
         self._ledger = Ledger(resources)
-        self._lock = self._ledger.lock  # task states change together with the resources they hold
+        self._lock = self._ledger.lock  # (actors.py: the actor table changes together with the resources)
         self._actors = ActorTable(self)
         self._tasks: dict[int, _Task] = {}  # entry id -> task, while not finished (for shutdown)
         self._requests: dict[int, tuple[TaskOptions, Signature]] = {}  # id(options) -> its resource request
@@ -219,7 +220,7 @@ class InMemoryJobContext(JobContext):
         if fresh:
             task.state = TaskState.QUEUED
         else:
-            with self._lock:
+            with task.lock:
                 if task.state != TaskState.WAITING:
                     return
                 task.state = TaskState.QUEUED
@@ -230,7 +231,7 @@ class InMemoryJobContext(JobContext):
 
     def _run_task(self, task: _Task) -> Work | None:
         """A worker runs one task; returns the next work its freed resources let start, for this thread to run."""
-        with self._lock:
+        with task.lock:
             state = task.state
             if state == TaskState.DISPATCHED:
                 task.state = TaskState.RUNNING
@@ -242,7 +243,7 @@ class InMemoryJobContext(JobContext):
     def _run_inline(self, task: _Task) -> None:
         """Run a dispatched task on this thread, which would otherwise just block in get waiting for it (saves
         two thread switches; the worker that dequeues it later skips it)."""
-        with self._lock:
+        with task.lock:
             if task.state != TaskState.DISPATCHED:
                 return
             task.state = TaskState.RUNNING
@@ -253,7 +254,6 @@ class InMemoryJobContext(JobContext):
             self._ledger.workers.submit(next_work)
 
     def _execute(self, task: _Task, on_worker: bool) -> Work | None:
-        lock = self._lock
         outer_task = getattr(_tls, "task", None)
         _tls.task = task
         token = current.push(self, lent=True)
@@ -277,7 +277,7 @@ class InMemoryJobContext(JobContext):
                     value = task.fn(*args, **kwargs)
                 value = self._encode(value, "the return value")
             finally:
-                with lock:
+                with task.lock:
                     interrupted = task.state == TaskState.CANCELLING
                     task.state = TaskState.FINISHING
                 if interrupted:
@@ -344,8 +344,8 @@ class InMemoryJobContext(JobContext):
 
     def _cancel(self, ref: ObjectRef) -> None:
         entry: _Entry = ref.payload
-        with self._lock:
-            task = entry.task
+        task = entry.task
+        with task.lock if task is not None else contextlib.nullcontext():
             if task is None:
                 state = TaskState.DONE
             else:
@@ -395,8 +395,11 @@ class InMemoryJobContext(JobContext):
         failed = first_failure(outcomes)  # the first failure in ref order, even where an earlier ref is not done
         if failed is not None:
             _Failure(outcomes[failed].error).raise_it()
-        decode = self._decode
-        return [decode(o.value, f"the value of {ref!r}") for ref, o in zip(refs, outcomes, strict=True)]
+        values = [o.value for o in outcomes]
+        for i, value in enumerate(values):  # (what each is called is built only for a stored blob to load)
+            if isinstance(value, Blob):
+                values[i] = self._decode(value, f"the value of {refs[i]!r}")
+        return values
 
     def _wait_one(self, ref: ObjectRef, timeout: float | None) -> None:
         """Without a deadline, a task not started yet runs here, on the waiting thread (a lone ref only:
@@ -424,14 +427,12 @@ class InMemoryJobContext(JobContext):
     def _shutdown(self) -> None:
         for actor in list(self._actors.own.values()):
             self._actors.kill(actor, "its context was shut down")
-        with self._lock:
-            tasks = [
-                t
-                for t in list(self._tasks.values())
-                if t.state in (TaskState.WAITING, TaskState.QUEUED, TaskState.DISPATCHED)
-            ]
-            for task in tasks:
-                task.state = TaskState.CANCELLED
+        tasks = []
+        for task in list(self._tasks.values()):
+            with task.lock:
+                if task.state in (TaskState.WAITING, TaskState.QUEUED, TaskState.DISPATCHED):
+                    task.state = TaskState.CANCELLED
+                    tasks.append(task)
         for task in tasks:
             self._finish_task(task, error=TaskCancelledError("the context was shut down before the task ran"))
         self._ledger.close()
