@@ -36,3 +36,17 @@ def test_in_memory_child_processes_get_the_defaults_and_a_users_values_win() -> 
         }
     finally:
         fray.shutdown()
+
+
+def test_in_memory_gives_its_own_process_the_huge_page_default_unless_it_is_set() -> None:
+    """in_memory's tasks and actors are threads of the driver: torch allocating their tensors reads the variable."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, fray; fray.init('in_memory'); print(os.environ.get('THP_MEM_ALLOC_ENABLE')); fray.shutdown()"
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    for given, expected in ((None, "1"), ("0", "0")):
+        run_env = env if given is None else {**env, "THP_MEM_ALLOC_ENABLE": given}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == expected, out.stdout + out.stderr

@@ -17,6 +17,7 @@ from fray.in_memory.job import InMemoryJobContext
 from fray.jobs import host_resources
 from fray.options import flag, non_negative, parse_options, parse_resources
 from fray.registry import Backend
+from fray.worker_env import huge_pages_in_this_process
 
 __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
 
@@ -49,6 +50,7 @@ class InMemoryBackend(Backend):
             "memory": opts.get("memory", host["memory"]),
             **opts.get("resources", {}),
         }
+        huge_pages_in_this_process()  # its tasks and actors are threads of this process (fray.worker_env)
         return InMemoryJobContext(
             totals,
             serialize=opts.get("serialize", True),
