@@ -16,7 +16,8 @@ import pytest
 import fray
 from fray import TaskOptions
 from fray.errors import SerializationError
-from fray.in_memory._channel import Channel
+from fray.in_memory._channel import Channel, Serialized
+from fray.serialization import dumps
 
 MiB = 1024 * 1024
 
@@ -75,6 +76,46 @@ def test_a_torch_tensor_arrives_writable_and_private(ends: tuple[Channel, Channe
     assert float(whole[11]) == 11.0, "the next message changed a tensor already received"
 
 
+def call_trip(
+    sender: Channel, receiver: Channel, message: tuple[object, tuple[object, ...], dict[str, object]]
+) -> list[object]:
+    got: list[object] = []
+    reader = threading.Thread(target=lambda: got.append(receiver.recv_call("a call")))
+    reader.start()
+    try:
+        sender.send_call(message, "a call")  # type: ignore[arg-type]
+    finally:
+        reader.join(timeout=60)
+    assert got, "nothing arrived"
+    return got
+
+
+def test_a_stored_value_is_lent_copy_on_write_and_returned_once_the_receiver_drops_it(
+    ends: tuple[Channel, Channel],
+) -> None:
+    torch = pytest.importorskip("torch", reason="torch is an optional dependency of fray-core")
+    left, right = ends
+    tensor = torch.arange(4 * MiB // 4, dtype=torch.float32)
+    stored = dumps(tensor)  # as in_memory stores a value: its buffer copied once, into this process's pool
+    array = dumps(np.arange(2 * MiB // 8, dtype=np.int64))
+    [(method, args, kwargs)] = call_trip(
+        left, right, ("train", (1, Serialized(stored)), {"batch": Serialized(array), "note": "x"})
+    )
+    assert method == "train" and args[0] == 1 and kwargs["note"] == "x"  # type: ignore[index]
+    got, batch = args[1], kwargs["batch"]  # type: ignore[index]
+    assert float(got[7]) == 7.0 and np.array_equal(batch, np.arange(2 * MiB // 8))
+    assert not right._peer_maps and len(right._peer) == 1, "lent: nothing was copied into the receiver's pool"
+    assert len(left._lent) == 2, "the sender keeps both pieces leased while the receiver maps them"
+    got[7] = -1.0  # copy-on-write: the receiver's own page
+    assert float(torch.frombuffer(bytearray(stored.buffers[0]), dtype=torch.float32)[7]) == 7.0, (
+        "the stored value changed"
+    )
+    assert not batch.flags.writeable  # not a torch storage: read-only, as any stored value
+    del got, batch, args, kwargs
+    trip(right, left, "done")  # the receiver's next message says what it dropped
+    assert not left._lent, "the pieces the receiver dropped are still leased"
+
+
 def test_an_unpicklable_value_fails_before_anything_is_sent(ends: tuple[Channel, Channel]) -> None:
     left, right = ends
     with pytest.raises(SerializationError, match="a lock"):
@@ -107,6 +148,10 @@ class Member:
     def lock(self) -> object:
         return __import__("threading").Lock()
 
+    def scribble(self, tensor: object) -> float:
+        tensor[0] = -5.0  # type: ignore[index]
+        return float(tensor.sum())  # type: ignore[attr-defined]
+
 
 def test_spmd_members_take_and_return_large_arrays_in_their_own_processes() -> None:
     pytest.importorskip("torch", reason="SPMD groups need torch.distributed")
@@ -125,6 +170,26 @@ def test_spmd_members_take_and_return_large_arrays_in_their_own_processes() -> N
         with pytest.raises(SerializationError, match="the result"):
             ctx.get(group[0].lock(), timeout=60)
         assert np.array_equal(ctx.get(group[0].double(array), timeout=60)[1], array * 2)  # the member lives on
+    finally:
+        fray.shutdown()
+
+
+def test_spmd_members_read_a_stored_tensor_without_copying_it_and_write_only_their_own_pages() -> None:
+    torch = pytest.importorskip("torch", reason="SPMD groups need torch.distributed")
+    from fray import pool
+
+    ctx = fray.init("in_memory")
+    try:
+        group = ctx.create_actor_group(Member, 2, distributed=True)
+        n = 16 * MiB // 4
+        for step in range(6):
+            ref = ctx.put(torch.full((n,), float(step)))
+            assert ctx.get(group.scribble(ref), timeout=120) == [float(step) * (n - 1) - 5.0] * 2
+            assert float(ctx.get(ref, timeout=60)[0]) == float(step), "a member's write reached the stored value"
+            del ref
+        ctx.get(group.scribble(torch.zeros(4)), timeout=60)  # (its replies say which lent pieces were dropped)
+        used = sum(chunk.ranges.used for chunk in pool._pool.chunks)
+        assert used < 2 * 16 * MiB, f"{used >> 20} MiB of the pool still in use: lent pieces were never returned"
     finally:
         fray.shutdown()
 

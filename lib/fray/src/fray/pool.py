@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["POOL_MIN", "FreeList", "Piece", "buffer_address", "live_chunks", "pool_copy", "pool_piece"]
+__all__ = ["POOL_MIN", "FreeList", "Piece", "buffer_address", "live_chunks", "locate", "pool_copy", "pool_piece"]
 
 PAGE = mmap.PAGESIZE
 POOL_MIN = 1024 * 1024  # smaller buffers are plain bytes: their allocation is cheap
@@ -86,6 +86,7 @@ class _Chunk:
         if not hasattr(os, "memfd_create"):
             self.map = mmap.mmap(-1, size)
             self.ranges = FreeList(size)
+            self.address = 0  # (never lent to another process: it has no fd)
             return
         self.fd = os.memfd_create("fray-pool", os.MFD_CLOEXEC)
         try:
@@ -95,6 +96,7 @@ class _Chunk:
             os.close(self.fd)
             raise
         self.ranges = FreeList(size)
+        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.map))  # where its memory starts here
 
     def __del__(self) -> None:
         if self.fd is not None:
@@ -167,6 +169,16 @@ class _Pool:
         raw.lease = lease  # type: ignore[attr-defined]
         return memoryview(raw).cast("B")[: view.nbytes]
 
+    def locate(self, view: memoryview) -> tuple[_Chunk, int] | None:
+        """The memfd chunk and offset of a buffer that lies in this pool's memory (a stored value's), else None.
+        Whoever keeps `view` keeps its piece leased."""
+        start = buffer_address(view)
+        with self.lock:
+            for chunk in self.chunks:
+                if chunk.fd is not None and chunk.address <= start <= chunk.address + chunk.ranges.size - view.nbytes:
+                    return chunk, start - chunk.address
+        return None
+
     def _drain(self) -> None:
         while self.returned:
             chunk, offset, size = self.returned.popleft()
@@ -206,6 +218,11 @@ _pool = _Pool()
 def pool_piece(nbytes: int) -> Piece:
     """`nbytes` of pooled memory, for another process to write (its chunk's fd is shared with that process)."""
     return _pool.piece(nbytes)
+
+
+def locate(view: memoryview) -> tuple[_Chunk, int] | None:
+    """Where a buffer lies in this process's pool, if it does (see _Pool.locate)."""
+    return _pool.locate(view)
 
 
 def live_chunks() -> set[int]:

@@ -101,10 +101,13 @@ class ProcessMember:
             self._start(info, generation)
 
     def _send_receive(self, message: Any, what: str) -> tuple[bool, Blob] | None:
-        """Under the lock: the reply to one message, (ok, the result or a RemoteError, serialized); None if the
-        process is gone."""
+        """Under the lock: the reply to one message (a method call goes by send_call), (ok, the result or a
+        RemoteError, serialized); None if the process is gone."""
         try:
-            self._channel.send(message, f"the arguments of {what} of {self._label}")
+            if what == "__init__":
+                self._channel.send(message, f"the arguments of {what} of {self._label}")
+            else:
+                self._channel.send_call(message, f"the arguments of {what} of {self._label}")
             return self._channel.recv_outcome(f"the result of {what} of {self._label}")
         except (EOFError, OSError):
             return None
@@ -200,7 +203,7 @@ def _main(fd: int, beat_fd: int, interval: float) -> None:
     loop: asyncio.AbstractEventLoop | None = None
     while True:
         try:
-            method, args, kwargs = conn.recv("a call's arguments")
+            method, args, kwargs = conn.recv_call("a call's arguments")
         except (EOFError, OSError):
             return
         except Exception as exc:  # arguments that do not load here fail this call, not the member
@@ -208,6 +211,7 @@ def _main(fd: int, beat_fd: int, interval: float) -> None:
             continue
         try:
             value = getattr(instance, method)(*args, **kwargs)
+            del args, kwargs  # (arguments lent by the parent and dropped now are returned with this reply)
             if inspect.iscoroutine(value):
                 loop = loop or asyncio.new_event_loop()
                 value = loop.run_until_complete(value)

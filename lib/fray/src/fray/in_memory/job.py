@@ -323,6 +323,21 @@ class InMemoryJobContext(JobContext):
         args, kwargs = self._decode(call, what)
         return self._resolve_refs(args, kwargs)
 
+    def _resolve_call_stored(self, call: Any, what: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """As _resolve_call, but a top-level ref's value that is stored serialized arrives as that Serialized blob
+        (for a member process: its buffers go there as they are, lent from this process's pool)."""
+        args, kwargs = self._decode(call, what)
+
+        def stored(value: Any) -> Any:
+            if not isinstance(value, ObjectRef):
+                return value
+            if value.backend != BACKEND:
+                raise ValueError(f"{value!r} belongs to the {value.backend!r} backend")
+            result = value.payload.result()  # (raises _Failure, as _value_of does)
+            return Serialized(result) if isinstance(result, Blob) else result
+
+        return tuple(stored(a) for a in args), {k: stored(v) for k, v in kwargs.items()}
+
     def _resolve_refs(self, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Top-level ObjectRef arguments arrive as their values (refs nested in containers stay refs)."""
         args = tuple(self._value_of(a) if isinstance(a, ObjectRef) else a for a in args)
