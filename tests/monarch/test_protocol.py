@@ -23,8 +23,10 @@ from fray_monarch.protocol import (
     compact,
     expand,
     group_answer,
+    plain_call,
     plain_data,
     read_group_answer,
+    read_reply,
 )
 
 
@@ -72,6 +74,18 @@ def test_group_answer_carries_the_whole_reply_otherwise() -> None:
         oid, data, rest = group_answer("b.0", reply)
         assert data is None and rest is not None
         assert read_group_answer((oid, data, rest)) == ("b.0", reply)
+
+
+def test_an_actor_call_and_its_reply_go_plain_when_they_can() -> None:
+    plain = _wire(([1, 2], {"k": "v"}))
+    assert plain_call("o-1", "add", plain, []) == ("o-1", "add", plain_data(plain))
+    assert plain_call("o-1", "add", plain, ["dep-1"]) is None  # a ref argument: the whole ActorCall goes
+    assert plain_call("o-1", "add", _wire("x", ("ref-9",)), []) is None
+    assert plain_call("o-1", "add", WireValue(Inline(b"d", (b"buffer",))), []) is None
+    value = read_reply((plain_data(_wire({"a": 1})),))  # what FrayActorHost sends for a plain result
+    assert value is not None and value.status == "ok" and loads_value(value) == {"a": 1}
+    dead = ActorReply("dead", reason="gone")
+    assert read_reply(compact(dead, None)) == dead and read_reply(None) is None
 
 
 def loads_value(reply: ActorReply) -> object:

@@ -29,7 +29,7 @@ from fray_monarch.hosts import FrayActorHost
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
 from fray_monarch.processes import Proc, ProcessPool, ignore
-from fray_monarch.protocol import ActorCall, ActorDesc, ActorReply, WireValue, compact, expand
+from fray_monarch.protocol import ActorCall, ActorDesc, Inline, WireValue, compact, plain_call, read_reply
 from fray_monarch.streaming import StreamRec, StreamRegistry
 
 
@@ -103,9 +103,13 @@ class ActorRegistry:
         self._watch = self.watch  # (bound once: every call's entry carries it)
 
     # ------------------------------------------------------------ replies
-    def reply(self, entry: Entry, reply: ActorReply | None, exc: BaseException | None) -> None:
+    def reply(self, entry: Entry, reply: Any, exc: BaseException | None) -> None:
         """An actor's answer to a call (or the failure of the call: its process died) completes its entry."""
-        reply = expand(reply)  # (a call's reply comes compacted: FrayActorHost.call)
+        if exc is None and type(reply) is tuple:  # a plain ok reply (most of them): nothing to check in it
+            with self.lock:
+                self.directory.complete(entry, Inline(reply[0]), None)
+            return
+        reply = read_reply(reply)  # (compacted: FrayActorHost.call)
         with self.lock:
             if entry.outcome.done():
                 return
@@ -363,7 +367,8 @@ class ActorRegistry:
     def send_one(self, rec: ActorRec, entry: Entry, method: str, args: WireValue, deps: list[str]) -> None:
         """Under the lock: a call to rec alone. An SPMD member's reply is watched at once and the call is listed
         in its group, whose death fails it (the future of a call on a mesh fray stopped may never complete)."""
-        fut = rec.mesh.call.call_one(compact(ActorCall(entry.id, method, args, deps), args.value))
+        message = plain_call(entry.id, method, args, deps)
+        fut = rec.mesh.call.call_one(message or compact(ActorCall(entry.id, method, args, deps), args.value))
         group = rec.group
         if group is None or not group.distributed:
             entry.future = fut

@@ -38,12 +38,14 @@ from fray_monarch.protocol import (
     ActorCall,
     ActorReply,
     Inline,
+    PlainReply,
     ProcInfo,
     WireValue,
     WorkerSetup,
     compact,
     expand,
     group_answer,
+    plain_data,
 )
 from fray_monarch.worker_process import ensure_worker
 
@@ -161,20 +163,33 @@ class _Tagged:
         self.port = port
         self.oid = oid
 
-    def send(self, reply: ActorReply) -> None:
+    def send(self, reply: ActorReply | PlainReply) -> None:
+        if type(reply) is tuple:  # (_invoke's plain reply: the value's pickle)
+            self.port.send((self.oid, reply[0], None))
+            return
+        assert isinstance(reply, ActorReply)
         self.port.send(group_answer(self.oid, reply))
 
 
 class _Compacted:
-    """A call's response port that sends the reply compacted (protocol.compact; the caller expands it)."""
+    """A call's response port that sends the reply plain (protocol.PlainReply) when it can, else compacted
+    (protocol.compact); the caller reads either (protocol.read_reply)."""
 
     __slots__ = ("port",)
 
     def __init__(self, port: Any) -> None:
         self.port = port
 
-    def send(self, reply: ActorReply) -> None:
-        self.port.send(compact(reply, None if reply.value is None else reply.value.value))
+    def send(self, reply: ActorReply | PlainReply) -> None:
+        if type(reply) is tuple:
+            self.port.send(reply)
+            return
+        assert isinstance(reply, ActorReply)
+        data = plain_data(reply.value) if reply.status == "ok" else None
+        if data is not None:
+            self.port.send((data,))
+        else:
+            self.port.send(compact(reply, None if reply.value is None else reply.value.value))
 
 
 class FrayActorHost(Actor):
@@ -325,16 +340,17 @@ class FrayActorHost(Actor):
             except BaseException:
                 pass
 
-    def _invoke(self, oid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
+    def _invoke(self, oid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply | PlainReply:
         if self.obj is None:
             return ActorReply("dead", reason=f"the actor's __init__ raised {self.init_error}")
         tokens = self._enter()
         try:
             args, kwargs = self._args(call, deps, f"the arguments of {type(self.obj).__name__}.{method}")
             value = getattr(self.obj, method)(*args, **kwargs)
-            return ActorReply(
-                "ok", self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid)
-            )
+            blob = dumps(value, f"the return value of {method}", copy=False)
+            if not blob.buffers and not blob.contained and len(blob.data) < self.rt.store.inline_limit:
+                return (blob.data,)  # (what encode_reply and _Compacted would make of it, without the dataclasses)
+            return ActorReply("ok", self.rt.encode_reply(blob, oid))
         except BaseException as exc:
             return ActorReply("err", error=capture_exception(exc))
         finally:
@@ -407,14 +423,19 @@ class FrayActorHost(Actor):
 
     @endpoint(explicit_response_port=True)
     def call(self, port: Any, message: Any) -> None:
-        """message: an ActorCall, compacted; the reply goes back compacted too."""
-        m: ActorCall = expand(message)
+        """message: a PlainCall, or an ActorCall compacted; the reply goes back plain or compacted too."""
+        if type(message) is tuple:
+            oid, method, data = message
+            call, deps = WireValue(Inline(data)), []
+        else:
+            m: ActorCall = expand(message)
+            oid, method, call, deps = m.oid, m.method, m.call, m.deps
         if self.max_threads > 1:
             self.init_done.wait()  # (with one thread, __init__ ran on this very thread already)
         if self.loop is not None:
-            self._submit_async(_Compacted(port), m.oid, m.method, m.call, m.deps)
+            self._submit_async(_Compacted(port), oid, method, call, deps)
         else:
-            self._submit(_Compacted(port), self._invoke, m.oid, m.method, m.call, m.deps)
+            self._submit(_Compacted(port), self._invoke, oid, method, call, deps)
 
     @endpoint(explicit_response_port=True)
     def call_stream(self, port: Any, sid: str, method: str, call: WireValue, deps: list[str]) -> None:
