@@ -15,7 +15,7 @@ from fray.groups import Member
 from fray.outcome import Outcome, first_failure
 from fray.refs import ObjectRef, public_methods
 from fray.remote_errors import rebuild
-from fray.serialization import Blob
+from fray.serialization import Blob, plain_pickle
 from fray.streams import StreamSource
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
@@ -74,6 +74,9 @@ class DriverClient:
     def encode_call(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         """The call keeps alive its ref arguments, the refs inside its arguments and, when they are large, their
         object (stored like a put), until it is sent."""
+        data = plain_pickle((args, kwargs))  # (most calls: small plain arguments, their pickle is all there is)
+        if data is not None and len(data) < self.ctl.store.inline_limit:
+            return Call(WireValue(Inline(data)), [], [])
         blob, deps = pack_call(what, args, kwargs)
         contained = contained_ids(blob)
         if blob.nbytes < self.ctl.store.inline_limit:
@@ -134,6 +137,8 @@ class DriverClient:
     # ------------------------------------------------------------ waiting
     def get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         directory = self.ctl.directory
+        if len(refs) == 1:  # (an actor round trip's get: the same steps, without the lists)
+            return [self._resolved(refs[0], directory.get(refs[0].payload.id), timeout, timeout)]
         deadline = None if timeout is None else time.monotonic() + timeout
         entries = [directory.get(r.payload.id) for r in refs]
         outcomes = [e.outcome for e in entries]
@@ -145,14 +150,18 @@ class DriverClient:
         out = []
         for ref, entry in zip(refs, entries, strict=True):
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self.ctl.actors.resolve(entry, remaining):  # (an actor's reply is read from its future here)
-                if os.environ.get("FRAY_MONARCH_DEBUG"):
-                    print(self.ctl.debug_state(), file=sys.stderr)
-                raise GetTimeoutError(f"get of {ref!r} did not finish within {timeout} s")
-            if entry.error is not None:
-                raise rebuild(entry.error)
-            out.append(self._load(entry))
+            out.append(self._resolved(ref, entry, remaining, timeout))
         return out
+
+    def _resolved(self, ref: ObjectRef, entry: Entry, remaining: float | None, timeout: float | None) -> Any:
+        """The value of entry, waiting up to `remaining` seconds (an actor's reply is read from its future here)."""
+        if not self.ctl.actors.resolve(entry, remaining):
+            if os.environ.get("FRAY_MONARCH_DEBUG"):
+                print(self.ctl.debug_state(), file=sys.stderr)
+            raise GetTimeoutError(f"get of {ref!r} did not finish within {timeout} s")
+        if entry.error is not None:
+            raise rebuild(entry.error)
+        return self._load(entry)
 
     def wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         directory = self.ctl.directory

@@ -41,6 +41,7 @@ __all__ = [
     "dumps_call",
     "find_unserializable_argument",
     "loads",
+    "plain_pickle",
 ]
 
 # bytes / bytearray at least this large travel out of band. Below it a buffer's bookkeeping costs more than
@@ -272,6 +273,11 @@ def _plain(obj: Any, depth: int = 0) -> bool:
     if t is dict:
         return all(type(k) in _SCALARS and _plain(v, depth + 1) for k, v in obj.items())
     return all(_plain(v, depth + 1) for v in obj)
+
+
+def plain_pickle(obj: Any) -> bytes | None:
+    """obj's pickle when it is plain (what dumps would make of it: no refs, buffers or tensors inside), else None."""
+    return pickle.dumps(obj, protocol=5) if _plain(obj) else None
 
 
 def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
