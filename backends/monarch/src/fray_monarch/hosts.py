@@ -27,7 +27,7 @@ from fray.current import ActorInfo
 from fray.errors import ActorDiedError
 from fray.refs import ObjectRef
 from fray.remote_errors import capture_exception
-from fray.serialization import Blob, dumps, loads
+from fray.serialization import Blob, dumps, loads, plain_pickle
 from fray.worker_env import worker_env_defaults
 from fray_monarch import _runtime, environ
 from fray_monarch._monarch import Actor, endpoint
@@ -347,10 +347,12 @@ class FrayActorHost(Actor):
         try:
             args, kwargs = self._args(call, deps, f"the arguments of {type(self.obj).__name__}.{method}")
             value = getattr(self.obj, method)(*args, **kwargs)
-            blob = dumps(value, f"the return value of {method}", copy=False)
-            if not blob.buffers and not blob.contained and len(blob.data) < self.rt.store.inline_limit:
-                return (blob.data,)  # (what encode_reply and _Compacted would make of it, without the dataclasses)
-            return ActorReply("ok", self.rt.encode_reply(blob, oid))
+            data = plain_pickle(value)
+            if data is not None and len(data) < self.rt.store.inline_limit:
+                return (data,)  # (what dumps, encode_reply and _Compacted would make of it, without the dataclasses)
+            return ActorReply(
+                "ok", self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid)
+            )
         except BaseException as exc:
             return ActorReply("err", error=capture_exception(exc))
         finally:

@@ -21,7 +21,7 @@ from typing import Any
 
 from fray.errors import ObjectLostError, ObjectStoreFullError
 from fray.pool import align as _align
-from fray.serialization import Blob, loads
+from fray.serialization import Blob, loads, loads_data
 from fray.transfers import TransferStats
 from fray_monarch.arena import Arena, _Lease, open_segment
 from fray_monarch.mappings import _maps
@@ -141,7 +141,7 @@ class ObjectStore:
     def load(self, value: Value, what: str = "a value") -> Any:
         start = time.perf_counter()
         if isinstance(value, Inline):
-            result = loads(Blob(value.data, list(value.buffers)), what)
+            result = loads_data(value.data, value.buffers, what)
             self.stats.record("inline", value.nbytes, time.perf_counter() - start)
             return result
         if value.host == self.host:

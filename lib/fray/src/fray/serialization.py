@@ -41,6 +41,7 @@ __all__ = [
     "dumps_call",
     "find_unserializable_argument",
     "loads",
+    "loads_data",
     "plain_pickle",
 ]
 
@@ -317,8 +318,13 @@ def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
 def loads(blob: Blob, what: str = "a value") -> Any:
     """Rebuild a value. Raises SerializationError naming `what` (with the cause chained) if it cannot be
     unpickled here: a class that does not import, a __setstate__ that raises..."""
+    return loads_data(blob.data, blob.buffers, what)
+
+
+def loads_data(data: bytes, buffers: Sequence[Any] = (), what: str = "a value") -> Any:
+    """loads of a value's in-band bytes and buffers, without a Blob around them (a small value in a message)."""
     try:
-        return pickle.loads(blob.data, buffers=blob.buffers)
+        return pickle.loads(data, buffers=buffers)
     except FrayError:  # fray's own (a ref to a freed object...): already says what is wrong
         raise
     except Exception as exc:
