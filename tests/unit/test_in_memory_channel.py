@@ -116,6 +116,19 @@ def test_a_stored_value_is_lent_copy_on_write_and_returned_once_the_receiver_dro
     assert not left._lent, "the pieces the receiver dropped are still leased"
 
 
+def test_a_value_that_is_not_stored_is_copied_even_from_the_senders_pool(ends: tuple[Channel, Channel]) -> None:
+    """Only a store's values are lent (nobody writes them): memory its owner may still write is sent as a copy."""
+    from fray.pool import pool_piece
+
+    left, right = ends
+    piece = pool_piece(2 * MiB)  # writable memory of the sender's pool, as a reader's private copy may be
+    mine = np.frombuffer(piece.view, dtype=np.int64)
+    mine[:] = 7
+    [(_, args, _)] = call_trip(left, right, ("f", (mine,), {}))
+    mine[:] = 8  # the owner writes it after the call
+    assert not left._lent and int(args[0][0]) == 7, "the receiver saw the sender's later write"  # type: ignore[index]
+
+
 def test_an_unpicklable_value_fails_before_anything_is_sent(ends: tuple[Channel, Channel]) -> None:
     left, right = ends
     with pytest.raises(SerializationError, match="a lock"):

@@ -146,7 +146,7 @@ class Channel:
             return _Part(len(parts) - 1)
 
         call = (method, tuple(part(a) for a in args), {k: part(v) for k, v in kwargs.items()})
-        self.send_blobs([dumps(call, what, copy=False), *parts])
+        self.send_blobs([dumps(call, what, copy=False)], stored=parts)
 
     def recv_call(self, what: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         """What send_call sent, every argument rebuilt here."""
@@ -173,13 +173,17 @@ class Channel:
         ok: bool = self.recv("a call's status")
         return ok, self.recv_blobs(what)[0]
 
-    def send_blobs(self, blobs: list[Blob]) -> None:
-        """Send values already serialized (their buffers are read, or lent, before this returns)."""
+    def send_blobs(self, blobs: list[Blob], stored: list[Blob] | None = None) -> None:
+        """Send values already serialized (their buffers are read before this returns), then `stored` ones: values
+        as a store keeps them, which nobody writes, so their buffers that lie in this process's pool are lent.
+        (Any other buffer may be written by its owner once sent, and is copied: a value sent is a snapshot.)"""
+        own = sum(len(blob.buffers) for blob in blobs)
+        blobs = [*blobs, *(stored or [])]
         views = [memoryview(b).cast("B") for blob in blobs for b in blob.buffers]
         large = [i for i, view in enumerate(views) if view.nbytes >= POOL_MIN] if _HAS_MEMFD else []
         lent: dict[int, tuple[int, int, int, int]] = {}
         new_chunks: dict[int, int] = {}  # key -> fd, of the chunks lent here whose fds the peer lacks
-        for i in large:
+        for i in (i for i in large if i >= own):
             place = locate(views[i])
             if place is None:
                 continue

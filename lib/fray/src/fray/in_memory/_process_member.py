@@ -88,7 +88,7 @@ class ProcessMember:
         else:
             os.close(beats)
         klass, args, kwargs, _ = self._init
-        self._outcome(self._send_receive((klass, args, kwargs, info), "__init__"), generation)
+        self._outcome(self._send_receive((klass, args, kwargs, info), "__init__", call=False), generation)
 
     def respawn(self, env: dict[str, str], restarts: int, generation: int) -> None:
         """The group restarts: this member on a fresh process (the old one was stopped), __init__ again."""
@@ -100,14 +100,14 @@ class ProcessMember:
             info = dataclasses.replace(self._init[3], restarts=restarts)
             self._start(info, generation)
 
-    def _send_receive(self, message: Any, what: str) -> tuple[bool, Blob] | None:
-        """Under the lock: the reply to one message (a method call goes by send_call), (ok, the result or a
-        RemoteError, serialized); None if the process is gone."""
+    def _send_receive(self, message: Any, what: str, call: bool = True) -> tuple[bool, Blob] | None:
+        """Under the lock: the reply to one message (a method call, by send_call; else the class and its
+        arguments), (ok, the result or a RemoteError, serialized); None if the process is gone."""
         try:
-            if what == "__init__":
-                self._channel.send(message, f"the arguments of {what} of {self._label}")
-            else:
+            if call:
                 self._channel.send_call(message, f"the arguments of {what} of {self._label}")
+            else:
+                self._channel.send(message, f"the arguments of {what} of {self._label}")
             return self._channel.recv_outcome(f"the result of {what} of {self._label}")
         except (EOFError, OSError):
             return None
