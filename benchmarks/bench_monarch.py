@@ -1,6 +1,6 @@
 """fray-on-Monarch against raw Monarch endpoints (and Ray's task throughput, if installed), in one run.
 
-    python benchmarks/bench_monarch.py [--procs 2] [--tasks 10000] [--repeats 5] [--blocks 40] [--calls 100]
+    python benchmarks/bench_monarch.py [--procs 2] [--tasks 10000] [--repeats 5] [--blocks 40] [--calls 100] [--quick]
 
 Prints medians and ratios: actor round trip vs raw `call_one`, 10k tiny tasks per second (fray vs Ray), and the
 time from a worker process dying to the caller's WorkerCrashedError.
@@ -53,7 +53,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=100, help="actor calls per block")
     parser.add_argument("--blocks", type=int, default=40, help="blocks of calls, raw and fray alternating")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="a few calls and tasks (a smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.blocks, args.calls, args.tasks, args.repeats = 2, 5, 100, 2
 
     procs = this_host().spawn_procs(per_host={"procs": 1})
     raw = procs.spawn("raw_echo", RawEcho)

@@ -46,6 +46,14 @@ def test_store_loop_runs_quick() -> None:
     assert "numpy put" in out and "torch actor -> driver" in out and "memcpy p50" in out
 
 
+def test_monarch_round_trip_and_tasks_run_quick() -> None:
+    if "monarch" not in fray.available_backends():
+        pytest.skip("monarch is not installed")
+    out = run_bench(str(BENCH / "bench_monarch.py"), "--quick")
+    assert "actor round trip" in out and "paired block ratios" in out and "tiny tasks: fray-on-monarch" in out
+    assert "killed worker reported after" in out
+
+
 def test_dataplane_runs_small_on_every_installed_backend() -> None:
     backends = [b for b in ("in_memory", "ray", "monarch") if b in fray.available_backends()]
     if "monarch" in backends:
