@@ -29,7 +29,7 @@ from fray_monarch.hosts import FrayActorHost
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
 from fray_monarch.processes import Proc, ProcessPool, ignore
-from fray_monarch.protocol import ActorCall, ActorDesc, Inline, WireValue, compact, plain_call, read_reply
+from fray_monarch.protocol import ActorCall, ActorDesc, Inline, WireValue, compact, expand, plain_call
 from fray_monarch.streaming import StreamRec, StreamRegistry
 
 
@@ -109,7 +109,7 @@ class ActorRegistry:
             with self.lock:
                 self.directory.complete(entry, Inline(reply[0]), None)
             return
-        reply = read_reply(reply)  # (compacted: FrayActorHost.call)
+        reply = expand(reply)  # (compacted, or None: the process died)
         with self.lock:
             if entry.outcome.done():
                 return

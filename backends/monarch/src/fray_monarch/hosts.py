@@ -173,7 +173,7 @@ class _Tagged:
 
 class _Compacted:
     """A call's response port that sends the reply plain (protocol.PlainReply) when it can, else compacted
-    (protocol.compact); the caller reads either (protocol.read_reply)."""
+    (protocol.compact); the caller reads either (ActorRegistry.reply)."""
 
     __slots__ = ("port",)
 

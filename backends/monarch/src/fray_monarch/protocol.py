@@ -273,13 +273,6 @@ def plain_call(oid: str, method: str, call: WireValue, deps: list[str]) -> Plain
     return None if data is None else (oid, method, data)
 
 
-def read_reply(message: Any) -> ActorReply | None:
-    """A call's reply as it came: plain (a PlainReply), compacted, or None (no reply: the process died)."""
-    if type(message) is tuple:
-        return ActorReply("ok", WireValue(Inline(message[0])))
-    return expand(message)  # type: ignore[no-any-return]
-
-
 def group_answer(oid: str, reply: ActorReply) -> tuple[str, bytes | None, Any]:
     """A member's answer to a group broadcast: (object id, the value's pickle, None) for an ok reply with a
     plain value; (object id, None, the whole reply compacted) otherwise."""
