@@ -100,25 +100,22 @@ class Outcome:
     def add_callback(self, callback: Callable[[Outcome], None]) -> Callable[[], None]:
         """Call callback(self) once settled: in the settling thread, or now if settled already. Returns a
         function that removes it (O(1))."""
-        with self._lock:
-            if self.state is State.PENDING:
-                key = next(_ids)
-                if self._callbacks is None:
-                    self._callbacks = {}
-                self._callbacks[key] = callback
-                return lambda: self._remove(key)
-        callback(self)
+        key = next(_ids)
+        if self._subscribe(key, callback):
+            return lambda: self._remove(key)
         return _nothing
 
-    def _subscribe(self, key: int, callback: Callable[[Outcome], None]) -> None:
-        """add_callback under a key the caller chose (one key for many outcomes: no remover made per outcome)."""
+    def _subscribe(self, key: int, callback: Callable[[Outcome], None]) -> bool:
+        """add_callback under a key the caller chose (one key for many outcomes: no remover made per outcome).
+        False if it had settled: callback was called at once."""
         with self._lock:
             if self.state is State.PENDING:
                 if self._callbacks is None:
                     self._callbacks = {}
                 self._callbacks[key] = callback
-                return
+                return True
         callback(self)
+        return False
 
     def _remove(self, key: int) -> None:
         with self._lock:

@@ -287,8 +287,9 @@ def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
     copy=True: each out-of-band buffer is copied once (as an object store does), so later mutation of obj
     cannot change the stored value. copy=False: buffers are views of obj's own memory, for a caller that
     writes them out (to shared memory, a socket) before obj can change."""
-    if _plain(obj):
-        return Blob(pickle.dumps(obj, protocol=5))
+    plain = plain_pickle(obj)
+    if plain is not None:
+        return Blob(plain)
     buffers: list[pickle.PickleBuffer] = []
     outer = getattr(_local, "contained", None)  # dumps may nest (a payload's __reduce__ pickling more)
     contained: list[Any] = []

@@ -281,11 +281,9 @@ class ActorTable:
             me = current.push_actor(actor.info)
             said = output.push_label(output.label_for(actor.klass.__name__)) if self.ctx.log_to_driver else None
             try:
+                member_process = actor.member is not None and actor.member.distributed  # (a ProcessMember)
                 what = f"the arguments of {actor.klass.__name__}.{method}"
-                if actor.member is not None and actor.member.distributed:  # a ProcessMember: values go as stored
-                    args, kwargs = self.ctx._resolve_call_stored(call, what)
-                else:
-                    args, kwargs = self.ctx._resolve_call(call, what)
+                args, kwargs = self.ctx._resolve_call(call, what, stored=member_process)
                 result = getattr(actor.instance, method)(*args, **kwargs)
                 if inspect.iscoroutine(result):
                     result = actor.run_coroutine(result)

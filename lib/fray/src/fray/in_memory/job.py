@@ -267,7 +267,7 @@ class InMemoryJobContext(JobContext):
                     task.call, f"the arguments of task {getattr(task.fn, '__qualname__', task.fn)}"
                 )
                 if task.has_refs:
-                    args, kwargs = self._resolve_refs(args, kwargs)
+                    args, kwargs = self._resolve_refs(args, kwargs, self._value_of)
                 env = task.options.runtime_env
                 if env is not None and env.env:
                     from fray.in_memory._subprocess import run_in_child
@@ -319,43 +319,43 @@ class InMemoryJobContext(JobContext):
             return capture_exception(exc)
         return attach_remote_traceback(exc, format_exception(exc))
 
-    def _resolve_call(self, call: Any, what: str = "the call's arguments") -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _resolve_call(
+        self, call: Any, what: str = "the call's arguments", stored: bool = False
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's arguments, its top-level refs by their values; stored=True: by their objects as stored (for a
+        member process: a Serialized blob's buffers go there as they are, lent from this process's pool)."""
         args, kwargs = self._decode(call, what)
-        return self._resolve_refs(args, kwargs)
+        return self._resolve_refs(args, kwargs, self._stored_value_of if stored else self._value_of)
 
-    def _resolve_call_stored(self, call: Any, what: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """As _resolve_call, but a top-level ref's value that is stored serialized arrives as that Serialized blob
-        (for a member process: its buffers go there as they are, lent from this process's pool)."""
-        args, kwargs = self._decode(call, what)
-
-        def stored(value: Any) -> Any:
-            if not isinstance(value, ObjectRef):
-                return value
-            if value.backend != BACKEND:
-                raise ValueError(f"{value!r} belongs to the {value.backend!r} backend")
-            result = value.payload.result()  # (raises _Failure, as _value_of does)
-            return Serialized(result) if isinstance(result, Blob) else result
-
-        return tuple(stored(a) for a in args), {k: stored(v) for k, v in kwargs.items()}
-
-    def _resolve_refs(self, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Top-level ObjectRef arguments arrive as their values (refs nested in containers stay refs)."""
-        args = tuple(self._value_of(a) if isinstance(a, ObjectRef) else a for a in args)
-        kwargs = {k: self._value_of(v) if isinstance(v, ObjectRef) else v for k, v in kwargs.items()}
+    @staticmethod
+    def _resolve_refs(
+        args: Any, kwargs: Any, value_of: Callable[[ObjectRef], Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Top-level ObjectRef arguments by value_of(ref) (refs nested in containers stay refs)."""
+        args = tuple(value_of(a) if isinstance(a, ObjectRef) else a for a in args)
+        kwargs = {k: value_of(v) if isinstance(v, ObjectRef) else v for k, v in kwargs.items()}
         return args, kwargs
+
+    def _stored_value_of(self, ref: ObjectRef) -> Any:
+        """A ref's object as stored: a Serialized blob, or the value itself; raises _Failure if its task failed."""
+        stored = self._entry_of(ref).result()
+        return Serialized(stored) if isinstance(stored, Blob) else stored
 
     def _value_of(self, ref: ObjectRef, raise_original: bool = False) -> Any:
         """The value of a ref (waiting for it); raises _Failure if its task failed (the original exception with
         raise_original)."""
-        if ref.backend != BACKEND:
-            raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend")
-        entry: _Entry = ref.payload
         try:
-            return self._decode(entry.result(), f"the value of {ref!r}")
+            return self._decode(self._entry_of(ref).result(), f"the value of {ref!r}")
         except _Failure as failure:
             if raise_original:
                 failure.raise_it()
             raise
+
+    @staticmethod
+    def _entry_of(ref: ObjectRef) -> _Entry:
+        if ref.backend != BACKEND:
+            raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend")
+        return ref.payload  # type: ignore[no-any-return]
 
     def _cancel(self, ref: ObjectRef) -> None:
         entry: _Entry = ref.payload
