@@ -96,8 +96,7 @@ class MonarchJobContext(JobContext):
         return self._handle(self.client.create_actor(klass, cls_data, call, options, member))
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
-        call = self.client.encode_call(f"{handle.class_name}.{method}", args, kwargs)
-        return self._ref(self.client.call_actor(handle.payload, method, call))
+        return self._ref(self.client.call_actor(handle.payload, handle.class_name, method, args, kwargs))
 
     def _call_actor_stream(
         self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]

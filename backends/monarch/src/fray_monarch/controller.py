@@ -41,17 +41,13 @@ from fray_monarch.store import ObjectStore
 from fray_monarch.streaming import StreamRegistry
 
 
-def _on_first(oid: str, arrived: bool) -> None:
-    pass
-
-
 def _on_zero(oid: str) -> None:
     ctl = instances.lookup(owner_key(oid))
     if ctl is not None:
         ctl.directory.maybe_free(oid)
 
 
-TRACKER = Tracker(_on_first, _on_zero)
+TRACKER = Tracker(None, _on_zero)  # (the driver tells nobody of a ref's arrival: its directory is here)
 set_tracker(TRACKER)
 
 

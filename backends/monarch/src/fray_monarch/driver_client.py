@@ -77,6 +77,10 @@ class DriverClient:
         data = plain_pickle((args, kwargs))  # (most calls: small plain arguments, their pickle is all there is)
         if data is not None and len(data) < self.ctl.store.inline_limit:
             return Call(WireValue(Inline(data)), [], [])
+        return self._pack(what, args, kwargs)
+
+    def _pack(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+        """encode_call of arguments that are not small and plain: refs, buffers, anything large."""
         blob, deps = pack_call(what, args, kwargs)
         contained = contained_ids(blob)
         if blob.nbytes < self.ctl.store.inline_limit:
@@ -113,7 +117,13 @@ class DriverClient:
             cls_data, klass.__name__, methods, call.args, call.deps, call.keep, options, count, placement, distributed
         )
 
-    def call_actor(self, aid: str, method: str, call: Call) -> RefPayload:
+    def call_actor(
+        self, aid: str, class_name: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> RefPayload:
+        data = plain_pickle((args, kwargs))
+        if data is not None and len(data) < self.ctl.store.inline_limit:  # (an actor round trip's usual call)
+            return self.ctl.actors.call_plain(aid, method, data)
+        call = self._pack(f"{class_name}.{method}", args, kwargs)
         return self.ctl.actors.call(aid, method, call.args, call.deps, call.keep)
 
     def call_actor_stream(self, aid: str, method: str, call: Call) -> StreamSource:
@@ -159,9 +169,10 @@ class DriverClient:
             if os.environ.get("FRAY_MONARCH_DEBUG"):
                 print(self.ctl.debug_state(), file=sys.stderr)
             raise GetTimeoutError(f"get of {ref!r} did not finish within {timeout} s")
-        if entry.error is not None:
-            raise rebuild(entry.error)
-        return self._load(entry)
+        outcome = entry.outcome
+        if outcome.failed():
+            raise rebuild(outcome.error)
+        return self.ctl.store.load(outcome.value, f"the value of object {entry.id}")
 
     def wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         directory = self.ctl.directory

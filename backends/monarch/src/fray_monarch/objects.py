@@ -18,11 +18,11 @@ __all__ = ["DepMarker", "RefPayload", "Tracker", "set_tracker"]
 
 
 class Tracker:
-    """Counts live payloads per id in this process; calls on_first(id, arrived) and on_zero(id)."""
+    """Counts live payloads per id in this process; calls on_first(id, arrived) (unless None) and on_zero(id)."""
 
-    def __init__(self, on_first: Callable[[str, bool], None], on_zero: Callable[[str], None]) -> None:
+    def __init__(self, on_first: Callable[[str, bool], None] | None, on_zero: Callable[[str], None]) -> None:
         self.counts: dict[str, int] = {}
-        self.lock = threading.RLock()
+        self.lock = threading.Lock()  # (never held while calling out)
         self.on_first = on_first
         self.on_zero = on_zero
 
@@ -30,7 +30,7 @@ class Tracker:
         with self.lock:
             n = self.counts.get(oid, 0)
             self.counts[oid] = n + 1
-        if n == 0:
+        if n == 0 and self.on_first is not None:
             self.on_first(oid, arrived)
 
     def release(self, oid: str) -> None:

@@ -113,7 +113,10 @@ class WorkerClient:
         gid, members = self._ask(request, REPLY_MARGIN + GROUP_MARGIN)
         return str(gid), [(str(aid), name) for aid, name in members]
 
-    def call_actor(self, aid: str, method: str, call: Call) -> RefPayload:
+    def call_actor(
+        self, aid: str, class_name: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> RefPayload:
+        call = self.encode_call(f"{class_name}.{method}", args, kwargs)
         request = self.coord.call_actor.call_one(self.credential, aid, method, call.args, call.deps)
         return RefPayload(self._ask(request))
 

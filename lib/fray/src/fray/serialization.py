@@ -263,17 +263,24 @@ _PLAIN_ITEMS = 16  # containers up to this many items, two levels deep, are chec
 
 def _plain(obj: Any, depth: int = 0) -> bool:
     """obj is a scalar, small bytes, or a small tuple/list/dict of such (two levels): nothing fray's pickler
-    would treat specially."""
+    would treat specially. (Loops rather than all() over generators: this runs for every call's arguments, and
+    the generator frames were most of its cost.)"""
     t = type(obj)
     if t in _SCALARS:
         return True
     if t is bytes:
         return len(obj) < OOB_THRESHOLD
-    if t not in (tuple, list, dict) or depth >= 2 or len(obj) > _PLAIN_ITEMS:
+    if (t is not tuple and t is not list and t is not dict) or depth >= 2 or len(obj) > _PLAIN_ITEMS:
         return False
     if t is dict:
-        return all(type(k) in _SCALARS and _plain(v, depth + 1) for k, v in obj.items())
-    return all(_plain(v, depth + 1) for v in obj)
+        for k, v in obj.items():
+            if type(k) not in _SCALARS or (type(v) not in _SCALARS and not _plain(v, depth + 1)):
+                return False
+        return True
+    for v in obj:  # noqa: SIM110 (a loop: all() over a generator was most of its cost)
+        if type(v) not in _SCALARS and not _plain(v, depth + 1):
+            return False
+    return True
 
 
 def plain_pickle(obj: Any) -> bytes | None:
