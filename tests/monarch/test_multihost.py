@@ -329,7 +329,7 @@ def test_a_cluster_started_once_serves_later_commands_and_drivers(
             assert stopped.returncode == 0, stopped.stderr
         deadline = time.monotonic() + GONE_WITHIN
         while any(_fray_processes(h, bool) or h.shm_files() for h in hosts):
-            assert time.monotonic() < deadline, {h.name: _fray_processes(h, bool) for h in hosts}
+            assert time.monotonic() < deadline, {h.name: _fray_processes(h, bool) + h.shm_files() for h in hosts}
             time.sleep(0.25)
     finally:
         for s in servers:

@@ -2,8 +2,8 @@
 
 Chunks (64 MiB, or one object's size) are /dev/shm files mapped once and reused, so writing a value is one
 memory copy into pages that are already faulted in. Allocations are page aligned. The size of the store of one
-fray host is `object_store_memory`, shared by its processes: a chunk is created only under the host's lock file,
-after adding up the chunk files of that host.
+fray host is `object_store_memory`, shared by its processes: a chunk is created only under a lock of the store
+directory (flock), after adding up the chunk files of that host.
 
 /dev/shm is shared by every user of the machine, so the files live in a directory of this user's
 (/dev/shm/fray-<uid>, 0700, checked before use): another user can neither read them, nor plant a file or a symlink
@@ -128,8 +128,9 @@ def _owner_dead(owner: str) -> bool:
 
 
 def reclaim_dead_segments(root: str = SHM_ROOT) -> int:
-    """Remove this user's fray store files whose owner process is proven dead, and lock files of hosts left with
-    no store file for a minute. Returns how many were removed."""
+    """Remove this user's fray store files whose owner process is proven dead, and the lock files an earlier fray
+    made (one per host; it locks the directory now) left with no store file for a minute. Returns how many were
+    removed."""
     directory = shm_dir(root)
     removed = 0
     entries = _own_files(directory)
@@ -164,7 +165,7 @@ def _reclaim_lock(directory: str, name: str, names: list[str]) -> int:
 
 
 def remove_segments(prefix: str) -> None:
-    """Remove this user's store files of one context's host (and its lock file)."""
+    """Remove this user's store files of one context's host (and the lock file an earlier fray made)."""
     directory = shm_dir()
     for entry in _own_files(directory):
         if entry.name.startswith(prefix):
@@ -228,8 +229,10 @@ class Arena:
     def _grow(self, size: int) -> None:
         name = f"{self.prefix}{self.tag}.{secrets.token_hex(8)}"
         path = os.path.join(self.dir, name)
-        lock_path = os.path.join(self.dir, self.prefix + "lock")
-        lock_fd = os.open(lock_path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # The store directory itself is the lock of the host's budget (flock on its fd): a lock file of its own
+        # could outlive its users (a host worker that SIGKILLs its processes before their lifelines remove their
+        # files left one behind; issue 21's CI run).
+        lock_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             used = _host_usage(self.dir, self.prefix)

@@ -22,7 +22,7 @@ class Tracker:
 
     def __init__(self, on_first: Callable[[str, bool], None] | None, on_zero: Callable[[str], None]) -> None:
         self.counts: dict[str, int] = {}
-        self.lock = threading.Lock()  # (never held while calling out)
+        self.lock = threading.RLock()  # (reentrant: a finalizer run by the GC may release a payload while held)
         self.on_first = on_first
         self.on_zero = on_zero
 
