@@ -171,8 +171,7 @@ class ObjectDirectory:
             if entry is None or entry.free_armed or self.closed:
                 return
             if not FREE_GRACE and self._nothing_to_free(entry):  # dropped here: no wake-up of the loop thread
-                if self.tracker.counts.get(oid, 0) == 0 and not any(entry.remote.values()):
-                    del self.entries[oid]  # (_free_if_unreferenced's checks, with nothing to free)
+                self._free_if_unreferenced(oid, [])
                 return
             entry.free_armed = True
             self.free_due.append((time.monotonic() + FREE_GRACE, oid))

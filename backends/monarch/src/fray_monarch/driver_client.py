@@ -74,10 +74,14 @@ class DriverClient:
     def encode_call(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         """The call keeps alive its ref arguments, the refs inside its arguments and, when they are large, their
         object (stored like a put), until it is sent."""
-        data = plain_pickle((args, kwargs))  # (most calls: small plain arguments, their pickle is all there is)
-        if data is not None and len(data) < self.ctl.store.inline_limit:
-            return Call(WireValue(Inline(data)), [], [])
-        return self._pack(what, args, kwargs)
+        data = self._small_plain(args, kwargs)
+        return self._pack(what, args, kwargs) if data is None else Call(WireValue(Inline(data)), [], [])
+
+    def _small_plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
+        """The pickle of small plain arguments (most calls': no refs, no buffers, under the inline limit), which
+        is all such a call needs; None for any other."""
+        data = plain_pickle((args, kwargs))
+        return data if data is not None and len(data) < self.ctl.store.inline_limit else None
 
     def _pack(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         """encode_call of arguments that are not small and plain: refs, buffers, anything large."""
@@ -120,8 +124,8 @@ class DriverClient:
     def call_actor(
         self, aid: str, class_name: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> RefPayload:
-        data = plain_pickle((args, kwargs))
-        if data is not None and len(data) < self.ctl.store.inline_limit:  # (an actor round trip's usual call)
+        data = self._small_plain(args, kwargs)
+        if data is not None:  # (an actor round trip's usual call)
             return self.ctl.actors.call_plain(aid, method, data)
         call = self._pack(f"{class_name}.{method}", args, kwargs)
         return self.ctl.actors.call(aid, method, call.args, call.deps, call.keep)
@@ -172,7 +176,7 @@ class DriverClient:
         outcome = entry.outcome
         if outcome.failed():
             raise rebuild(outcome.error)
-        return self.ctl.store.load(outcome.value, f"the value of object {entry.id}")
+        return self._load(entry)
 
     def wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         directory = self.ctl.directory

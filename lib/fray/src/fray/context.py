@@ -172,10 +172,9 @@ class JobContext(ABC):
         if self._shut_down:
             self._refuse_if_shut_down()
         deadline = None if timeout is None else check_timeout(timeout)
-        if type(refs) is ObjectRef and refs.backend == self.backend:  # (one ref: the checks inline, an actor round
-            return self._get([refs], deadline)[0]  # trip's get; every step of it counts, see bench_monarch.py)
         if isinstance(refs, ObjectRef):
-            self._check_ref(refs)
+            if refs.backend != self.backend:  # (checked inline: an actor round trip's get, where each step counts)
+                self._check_ref(refs)
             return self._get([refs], deadline)[0]
         if isinstance(refs, (list, tuple)):
             for ref in refs:
