@@ -307,9 +307,7 @@ class FrayActorHost(Actor):
                     value = await fn(*args, **kwargs)
                 else:
                     value = await asyncio.to_thread(fn, *args, **kwargs)
-                reply = ActorReply(
-                    "ok", self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid)
-                )
+                reply = self._ok(value, method, oid)
             except BaseException as exc:
                 reply = ActorReply("err", error=capture_exception(exc))
             finally:
@@ -346,17 +344,19 @@ class FrayActorHost(Actor):
         tokens = self._enter()
         try:
             args, kwargs = self._args(call, deps, f"the arguments of {type(self.obj).__name__}.{method}")
-            value = getattr(self.obj, method)(*args, **kwargs)
-            data = plain_pickle(value)
-            if data is not None and len(data) < self.rt.store.inline_limit:
-                return (data,)  # (what dumps, encode_reply and _Compacted would make of it, without the dataclasses)
-            return ActorReply(
-                "ok", self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid)
-            )
+            return self._ok(getattr(self.obj, method)(*args, **kwargs), method, oid)
         except BaseException as exc:
             return ActorReply("err", error=capture_exception(exc))
         finally:
             self._leave(tokens)
+
+    def _ok(self, value: Any, method: str, oid: str) -> ActorReply | PlainReply:
+        """The reply of a method that returned `value`: plain when it is a small plain pickle (what dumps,
+        encode_reply and _Compacted would make of it, without the dataclasses), else stored or inline."""
+        data = plain_pickle(value)
+        if data is not None and len(data) < self.rt.store.inline_limit:
+            return (data,)
+        return ActorReply("ok", self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid))
 
     def _stream(self, sid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
         """Run a generator method, reporting its items as they come (WorkerRuntime.produce); the reply only says
