@@ -18,8 +18,10 @@ from fray.errors import (
     ActorNotFoundError,
     ActorUnavailableError,
     FrayError,
+    InfeasibleResourcesError,
 )
 from fray.gang import LOST_PEER_GRACE, lost_peer
+from fray.gpus import ENV_HELD
 from fray.groups import Member
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
@@ -28,7 +30,7 @@ from fray_monarch.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.hosts import FrayActorHost
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
-from fray_monarch.processes import Proc, ProcessPool, ignore
+from fray_monarch.processes import Proc, ProcessPool, ignore, local_part
 from fray_monarch.protocol import ActorCall, ActorDesc, Inline, WireValue, compact, expand, plain_call
 from fray_monarch.streaming import StreamRec, StreamRegistry
 
@@ -55,6 +57,7 @@ class ActorRec:
     dedicated: bool = False  # it owns its process (an SPMD member, a member of a group's own mesh)
     host: int = 0  # the fray host of its own process (dedicated)
     claim: Proc | None = None  # the process whose share of the host its resources are taken from
+    gpus: tuple[int, ...] = ()  # the devices it holds on its process's host (fray.gpus)
     group: Any = None  # the GroupRec of a group member (meshgroups.py)
     slot: tuple[int, int] | None = None  # (block, flat index) in its group's mesh; None once on a process of its own
     inflight: set[str] = field(default_factory=set)  # its calls sent by group broadcast, not answered yet
@@ -215,6 +218,13 @@ class ActorRegistry:
                 if options.get_if_exists:
                     return self.by_id[self.names[options.name]].desc
                 raise ActorAlreadyExistsError(f"an actor named {options.name!r} exists already")
+            resources = normalize_resources(options.resources)
+            if not self.gpus_free_for(resources):
+                raise InfeasibleResourcesError(
+                    f"actor {class_name} asks for GPU={resources['GPU']:g}, but the GPUs of this context's hosts "
+                    "are held by other actors and tasks now, and the monarch backend does not queue an actor "
+                    "until they are free: kill an actor that holds one, wait for tasks that do, or ask for less"
+                )
             rec = ActorRec(
                 self.ids.actor(),
                 options.name,
@@ -225,7 +235,7 @@ class ActorRegistry:
                 deps,
                 keep,
                 options,
-                normalize_resources(options.resources),
+                resources,
                 info=member.info if member is not None else ActorInfo(name=options.name),
                 env=dict(member.env) if member is not None else {},
                 dedicated=member is not None and member.distributed,
@@ -237,12 +247,51 @@ class ActorRegistry:
     def claim(self, rec: ActorRec, proc: Proc) -> None:
         """Under the lock: rec's resources are taken from proc's share of its host (tasks there see less room)."""
         rec.claim = proc
-        self.pool.claim(proc, rec.resources)
+        self.pool.claim(proc, local_part(rec.resources))
 
     def unclaim(self, rec: ActorRec) -> None:
         proc, rec.claim = rec.claim, None
         if proc is not None:
-            self.pool.unclaim(proc, rec.resources)
+            self.pool.unclaim(proc, local_part(rec.resources))
+        self.give_back_gpus(rec)
+
+    def give_back_gpus(self, rec: ActorRec) -> None:
+        """Under the lock: the devices rec held are free again."""
+        if rec.gpus and rec.proc is not None:
+            self.pool.devices[rec.proc.host].give(rec.gpus, rec.resources.get("GPU", 0.0))
+        rec.gpus = ()
+
+    def gpus_free_for(self, resources: dict[str, float]) -> bool:
+        """Under the lock: some host has devices free for these resources now (monarch does not queue actors:
+        an actor whose GPUs are all held is refused, rather than share a device another holds)."""
+        amount = resources.get("GPU", 0.0)
+        return not amount or any(self.pool.devices[h].choose(amount) for h in self.pool.live_hosts())
+
+    def _place_with_gpus(self, rec: ActorRec) -> Proc:
+        """Under the lock: devices for an actor that asks for GPUs, on the least loaded general process that sees
+        devices that can hold them, else on a process of its own that sees exactly the devices chosen."""
+        amount = rec.resources.get("GPU", 0.0)
+        for host in self.pool.live_hosts():
+            devices = self.pool.devices[host]
+            best = devices.choose(amount)  # (fractions pack onto the fullest device)
+            for proc in sorted(self.pool.general(host), key=lambda p: (len(p.actors), len(p.outstanding))):
+                if best and set(best) <= set(proc.gpus):
+                    rec.gpus = devices.take(amount, among=best) or ()
+                    self.claim(rec, proc)
+                    return proc
+            held = devices.take(amount)
+            if held:
+                rec.gpus = held
+                proc = self.pool.spawn(host, dedicated=rec.id, cpus=rec.resources.get("CPU"), gpus=held)
+                self.claim_on_host(rec, host)
+                return proc
+        # A restart while the devices are held by others (creation refuses that: gpus_free_for): it shares one.
+        host = self.pool.live_hosts()[0] if self.pool.live_hosts() else 0
+        _runtime.log.warning("fray: actor %s restarts without free GPUs: it shares a device", rec.label)
+        rec.gpus = self.pool.devices[host].ids[: max(1, round(amount))]
+        proc = self.pool.spawn(host, dedicated=rec.id, cpus=rec.resources.get("CPU"), gpus=rec.gpus)
+        self.claim_on_host(rec, host)
+        return proc
 
     def claim_on_host(self, rec: ActorRec, host: int) -> None:
         """Under the lock: claim an actor's resources from the general process of `host` with the most room for
@@ -252,24 +301,28 @@ class ActorRegistry:
         pool = self.pool.general(host) or self.pool.general()
         if not pool:
             return
-        fitting = [p for p in pool if p.fits_at_all(rec.resources)] or pool
+        fitting = [p for p in pool if p.fits_at_all(local_part(rec.resources))] or pool
         self.claim(rec, max(fitting, key=lambda p: (p.free_capacity.get("CPU", 0.0), -len(p.actors))))
 
     def place(self, rec: ActorRec, on_init: Callable[[Any, BaseException | None], None] = ignore) -> None:
         """Under the lock: spawn the actor on the least loaded live process that can hold its resources, or on a
         fresh process of its own (a dedicated actor: an SPMD member; a group member coming back). on_init is
         told when its __init__ has returned (an SPMD group's restart waits for every rank's)."""
-        if rec.dedicated:  # (a group member coming back: on a fresh process, never on its group's mesh)
+        self.give_back_gpus(rec)  # (a restart holds its devices afresh)
+        if rec.resources.get("GPU") and rec.group is None:
+            proc = self._place_with_gpus(rec)
+        elif rec.dedicated:  # (a group member coming back: on a fresh process, never on its group's mesh)
             proc = self.pool.spawn(rec.host, dedicated=rec.id, cpus=rec.resources.get("CPU"))
             rec.slot = None
             self.claim_on_host(rec, rec.host)
         else:
             pool = self.pool.general()
-            candidates = [p for p in pool if p.fits_at_all(rec.resources)] or pool
+            candidates = [p for p in pool if p.fits_at_all(local_part(rec.resources))] or pool
             proc = min(candidates, key=lambda p: (len(p.actors), len(p.outstanding)))
             self.claim(rec, proc)
         rec.proc = proc
         proc.actors.add(rec.id)
+        env = {**rec.env, ENV_HELD: ",".join(map(str, rec.gpus))} if rec.gpus else rec.env
         rec.mesh = proc.mesh.spawn(
             f"fray_actor_{rec.id}_{rec.restarts}",
             FrayActorHost,
@@ -277,7 +330,7 @@ class ActorRegistry:
             rec.options.max_concurrency,
             rec.dedicated,
         )
-        init = rec.mesh.init.call_one(rec.cls_data, rec.args, rec.deps, [(rec.info, rec.env)])
+        init = rec.mesh.init.call_one(rec.cls_data, rec.args, rec.deps, [(rec.info, env)])
         _runtime.on_done(init, on_init)
 
     # ------------------------------------------------------------ death

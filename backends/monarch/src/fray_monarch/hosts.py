@@ -25,6 +25,7 @@ import fray.current as fray_current
 import fray.output as fray_output
 from fray.current import ActorInfo
 from fray.errors import ActorDiedError
+from fray.gpus import ENV_HELD, held_from_env
 from fray.refs import ObjectRef
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, loads, plain_pickle
@@ -210,6 +211,7 @@ class FrayActorHost(Actor):
         self.ctx = worker.ctx  # the process's job context: current in every call
         self.owns_process = owns_process  # then fray.current_actor() is this actor in every thread of the process
         self.info = ActorInfo()
+        self.gpus: tuple[int, ...] = ()  # the GPUs it holds (its process sees them): fray.current_gpus() in calls
         self.obj: Any = None
         self.init_error: str | None = None
         self.max_threads = max(1, max_concurrency)
@@ -231,15 +233,18 @@ class FrayActorHost(Actor):
             args, kwargs = fill_deps(args, kwargs, values)
         return args, kwargs
 
-    def _enter(self) -> tuple[Any, Any, Any]:
-        """Make this actor's job context (and, where it shares its process, its ActorInfo) current here, and its
-        label that of the lines printed here."""
+    def _enter(self) -> tuple[Any, Any, Any, Any]:
+        """Make this actor's job context (and, where it shares its process, its ActorInfo), its GPUs and its label
+        (that of the lines printed here) current here."""
         token = fray_current.push(self.ctx)
         label = None if self.label is None else fray_output.push_label(self.label)
-        return token, (None if self.owns_process else fray_current.push_actor(self.info)), label
+        gpus = fray_current.push_gpus(self.gpus) if self.gpus else None
+        return token, (None if self.owns_process else fray_current.push_actor(self.info)), label, gpus
 
     @staticmethod
-    def _leave(tokens: tuple[Any, Any, Any]) -> None:
+    def _leave(tokens: tuple[Any, Any, Any, Any]) -> None:
+        if tokens[3] is not None:
+            fray_current.pop_gpus(tokens[3])
         if tokens[2] is not None:
             fray_output.pop_label(tokens[2])
         if tokens[1] is not None:
@@ -250,6 +255,8 @@ class FrayActorHost(Actor):
         self, cls_data: bytes, call: WireValue, deps: list[str], members: list[tuple[ActorInfo, dict[str, str]]]
     ) -> ActorReply:
         self.info, env = members[self.index] if self.index < len(members) else members[0]
+        env = dict(env)
+        self.gpus = held_from_env({ENV_HELD: env.pop(ENV_HELD, "")})  # (not set in a process it may share)
         if env:
             environ.publish(env)  # an SPMD member: torch.distributed's variables, before __init__
         if self.owns_process:

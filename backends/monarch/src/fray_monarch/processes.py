@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any
 
 from fray.errors import FrayError
+from fray.gpus import ENV_HELD, DevicePool, HostGpus, host_gpus, process_env
 from fray.resources import EPS, add, fits, subtract
 from fray.transfers import PathStats
 from fray_monarch import _runtime, network, tempdirs
@@ -52,6 +53,7 @@ class Proc:
     env_key: EnvKey = ()  # non-empty: a process that only runs tasks with exactly this env
     dedicated: str = ""  # non-empty: the process of one actor (an SPMD member, a group member): no tasks, no others
     taking_back: bool = False  # an unqueue request is in flight
+    gpus: tuple[int, ...] = ()  # the GPUs it sees (its CUDA_VISIBLE_DEVICES); work there holds some of them
 
     @property
     def general(self) -> bool:
@@ -92,7 +94,12 @@ class ProcessPool:
         self.hosts = hosts
         self.host_mesh = host_mesh  # all attached hosts as one mesh (a group spread over them is one mesh)
         self.procs_per_host = procs_per_host
-        self.share = {k: v / procs_per_host for k, v in host_resources.items()}  # a general process's
+        # A general process's share of its host: all but its GPUs, which are held device by device per host
+        # (`devices`: a task or actor may hold as many as one host has, not a process's share of them).
+        self.share = {k: v / procs_per_host for k, v in host_resources.items() if k != "GPU"}
+        self.gpus: HostGpus = host_gpus(host_resources["GPU"]) if host_resources.get("GPU") else HostGpus()
+        self.host_gpu_count = float(len(self.gpus))
+        self.devices = [DevicePool(self.gpus.ids) for _ in hosts]  # attached hosts are taken to be alike
         self.stores = stores
         self.log_file = log_file
         self.on_death = on_death
@@ -119,25 +126,57 @@ class ProcessPool:
         self.coord = coord
         with self.lock:
             for host in range(len(self.hosts)):
-                for _ in range(self.procs_per_host):
-                    self.spawn(host)
+                for index in range(self.procs_per_host):
+                    self.spawn(host, gpus=self.pinned(index))
             procs = list(self.procs)
         for proc in procs:
             proc.worker.ping.call_one().get(timeout=120)
 
     # ------------------------------------------------------------ spawning
-    def spawn(self, host: int, env_key: EnvKey = (), dedicated: str = "", cpus: float | None = None) -> Proc:
+    def spawn(
+        self,
+        host: int,
+        env_key: EnvKey = (),
+        dedicated: str = "",
+        cpus: float | None = None,
+        gpus: tuple[int, ...] = (),
+    ) -> Proc:
         """Under the lock: a fresh proc mesh of one worker process: a general one, one for tasks with env vars
-        (env_key), or the process of one actor (dedicated: the actor's id; it runs no tasks and holds none of the
-        host's share; cpus: the CPUs that actor holds)."""
+        (env_key; GPUs in it as gpu_env_key puts them), or the process of one actor (dedicated: the actor's id; it
+        runs no tasks and holds none of the host's share; cpus: the CPUs that actor holds). gpus: the devices it
+        sees (CUDA_VISIBLE_DEVICES, set before its first CUDA call)."""
         key = self.ids.proc()
         boot = {"bootstrap_command": tempdirs.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
         mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **boot)
         capacity = {} if dedicated else dict(self.share)
-        worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), dict(env_key), cpus)
-        proc = Proc(key, host, mesh, worker, capacity, env_key=env_key, dedicated=dedicated)
+        seen = gpus or gpus_of_key(env_key)
+        env = {**self.visible_env(seen), **dict(env_key)}
+        worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), env, cpus)
+        proc = Proc(key, host, mesh, worker, capacity, env_key=env_key, dedicated=dedicated, gpus=seen)
         self.adopt(proc)
         return proc
+
+    def pinned(self, index: int) -> tuple[int, ...]:
+        """The GPUs the `index`-th general process of a host sees: one device each where there are as many
+        processes as devices or more (Monarch's one process per GPU), else every procs-th device."""
+        ids = self.gpus.ids
+        if not ids:
+            return ()
+        if self.procs_per_host >= len(ids):
+            return (ids[index % len(ids)],)
+        return ids[index :: self.procs_per_host]
+
+    def visible_env(self, gpus: tuple[int, ...]) -> dict[str, str]:
+        """What a process that sees `gpus` starts with. A process of a GPU host that sees none of them is shown
+        none (CUDA_VISIBLE_DEVICES empty), so that no work there uses a device another holds."""
+        if not self.gpus.ids:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": self.gpus.visible(gpus)} if gpus else {"CUDA_VISIBLE_DEVICES": ""}
+
+    def gpu_env_key(self, env_key: EnvKey, gpus: tuple[int, ...]) -> EnvKey:
+        """The env key of a process for tasks holding exactly `gpus` (more devices than a general process sees,
+        or with env vars of their own): the task's variables and the devices' (fray.gpus.process_env)."""
+        return tuple(sorted({**dict(env_key), **process_env(gpus, self.gpus)}.items()))
 
     def adopt(self, proc: Proc) -> None:
         """Under the lock: a process spawned for this pool (by spawn, or in a group's mesh), watched from now on."""
@@ -177,18 +216,18 @@ class ProcessPool:
             credential=f"{proc_key}:{self.proof(proc_key)}",
         )
 
-    def ensure_env(self, env_key: EnvKey) -> None:
+    def ensure_env(self, env_key: EnvKey, host: int = 0) -> None:
         """Under the lock: a task with env vars runs only in a process started with exactly those vars set (so they
-        are real process environment, seen by C code and subprocesses, and leak into no other task): start one if
-        none runs, retiring an idle one beyond MAX_ENV_PROCS."""
-        if not env_key or any(p.env_key == env_key for p in self.procs):
+        are real process environment, seen by C code and subprocesses, and leak into no other task): start one on
+        `host` if none runs, retiring an idle one beyond MAX_ENV_PROCS."""
+        if not env_key or any(p.env_key == env_key and p.host == host for p in self.procs):
             return
         env_procs = [p for p in self.procs if p.env_key]
         if len(env_procs) >= MAX_ENV_PROCS:
             idle = [p for p in env_procs if not p.outstanding]
             if idle:
                 self.retire(idle[0])
-        self.spawn(0, env_key)
+        self.spawn(host, env_key)
 
     def retire(self, proc: Proc) -> None:
         """Under the lock: stop a process that is no longer needed."""
@@ -261,8 +300,12 @@ class ProcessPool:
 
     # ------------------------------------------------------------ queries and messages
     def node_resources(self) -> list[dict[str, float]]:
-        """One node per general process: its share of its host."""
-        return [dict(self.share) for _ in range(len(self.hosts) * self.procs_per_host)]
+        """One node per general process: its share of its host, and its host's GPUs (work holding several runs in
+        a process that sees them all)."""
+        node = dict(self.share)
+        if self.host_gpu_count:
+            node["GPU"] = self.host_gpu_count
+        return [dict(node) for _ in range(len(self.hosts) * self.procs_per_host)]
 
     def general(self, host: int | None = None) -> list[Proc]:
         return [p for p in self.procs if p.alive and p.general and (host is None or p.host == host)]
@@ -343,6 +386,17 @@ class ProcessPool:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
         tempdirs.let_go_private_dir()
+
+
+def local_part(resources: dict[str, float]) -> dict[str, float]:
+    """What work takes of its process's share: all it asks for but its GPUs (held per host, by device)."""
+    return {k: v for k, v in resources.items() if k != "GPU"} if "GPU" in resources else resources
+
+
+def gpus_of_key(env_key: EnvKey) -> tuple[int, ...]:
+    """The GPUs a process started with this env key holds (gpu_env_key), else ()."""
+    held = dict(env_key).get(ENV_HELD, "")
+    return tuple(int(v) for v in held.split(",") if v.strip().isdigit())
 
 
 def ignore(_value: Any, _exc: BaseException | None) -> None:

@@ -159,6 +159,7 @@ class TaskItem:
     resources: dict[str, float] = field(default_factory=dict)
     stream: bool = False  # a generator: each item is reported as a StreamItem as it is produced
     name: str | None = None  # TaskOptions.name: its output lines' label (default: the function's __name__)
+    gpus: tuple[int, ...] = ()  # the GPUs it holds (fray.gpus ids; the process sees them), for fray.current_gpus()
 
 
 @_positional

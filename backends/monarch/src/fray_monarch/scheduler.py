@@ -21,7 +21,7 @@ from fray_monarch import _runtime
 from fray_monarch.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
-from fray_monarch.processes import EnvKey, Proc, ProcessPool
+from fray_monarch.processes import EnvKey, Proc, ProcessPool, local_part
 from fray_monarch.protocol import TaskItem, TaskResult, Value, WireValue
 from fray_monarch.streaming import StreamRegistry
 
@@ -44,6 +44,17 @@ class Task:
     env_key: EnvKey = ()
     state: TaskState = TaskState.WAITING
     cancelled: bool = False
+    gpus: tuple[int, ...] = ()  # the devices it holds while sent to a process (of that process's host)
+
+    @property
+    def gpu(self) -> float:
+        """The GPUs it asks for (held device by device on a host, not from a process's share)."""
+        return self.resources.get("GPU", 0.0)
+
+    @property
+    def local(self) -> dict[str, float]:
+        """What it takes of its process's share (all but its GPUs)."""
+        return local_part(self.resources)
 
 
 class TaskScheduler:
@@ -121,10 +132,14 @@ class TaskScheduler:
             self.queue.append(task)
             self.pump()
 
-    def _pick_proc(self, task: Task) -> Proc | None:
+    def _pick_proc(self, task: Task, env_key: EnvKey | None = None, host: int | None = None) -> Proc | None:
+        """The least loaded process with room for the task (of `env_key`, default the task's; on `host`)."""
         best, best_load = None, None
+        env_key = task.env_key if env_key is None else env_key
         for proc in self.pool.procs:
-            if not proc.alive or proc.dedicated or proc.env_key != task.env_key or not proc.fits_at_all(task.resources):
+            if not proc.alive or proc.dedicated or proc.env_key != env_key or not proc.fits_at_all(task.local):
+                continue
+            if host is not None and proc.host != host:
                 continue
             load = len(proc.outstanding) - proc.blocked
             if load >= proc.slots + PREFETCH:
@@ -132,6 +147,39 @@ class TaskScheduler:
             if best_load is None or load < best_load:
                 best, best_load = proc, load
         return best
+
+    def _place_gpu_task(self, task: Task) -> Proc | None:
+        """Under the lock: devices for a task that asks for GPUs, and a process that sees them: a general process
+        whose devices can hold it, else a process of its own for exactly the devices chosen (more than one
+        general process sees, or a task with env vars), started on first use and kept as env processes are."""
+        for host in self.pool.live_hosts():
+            devices = self.pool.devices[host]
+            if not task.env_key:
+                # the devices the host would give it (fractions pack onto the fullest device), on a general
+                # process that sees them, the least loaded first
+                best = devices.choose(task.gpu)
+                for general in sorted(self.pool.general(host), key=lambda p: len(p.outstanding) - p.blocked):
+                    busy = len(general.outstanding) - general.blocked >= general.slots + PREFETCH
+                    if not best or busy or not general.fits_at_all(task.local) or not set(best) <= set(general.gpus):
+                        continue
+                    task.gpus = devices.take(task.gpu, among=best) or ()
+                    return general
+            chosen = devices.choose(task.gpu)
+            if not chosen:
+                continue
+            env_key = self.pool.gpu_env_key(task.env_key, chosen)
+            self.pool.ensure_env(env_key, host)
+            proc = self._pick_proc(task, env_key, host)
+            if proc is not None:
+                task.gpus = devices.take(task.gpu, among=chosen) or ()
+                return proc
+        return None
+
+    def _give_back_gpus(self, task: Task) -> None:
+        """Under the lock, as the task leaves its process: its devices are free again."""
+        if task.gpus and task.proc is not None:
+            self.pool.devices[task.proc.host].give(task.gpus, task.gpu)
+        task.gpus = ()
 
     def pump(self) -> None:
         """Under the lock: send queued tasks to processes with room, in batches."""
@@ -147,12 +195,19 @@ class TaskScheduler:
         skipped: list[Task] = []
         while self.queue:
             task = self.queue[0]
-            self.pool.ensure_env(task.env_key)
-            proc = self._pick_proc(task)
+            if task.gpu:
+                proc = self._place_gpu_task(task)
+                if proc is None:  # no devices free for it now: let the others by
+                    skipped.append(self.queue.popleft())
+                    if len(skipped) > 64:
+                        break
+                    continue
+            else:
+                self.pool.ensure_env(task.env_key)
+                proc = self._pick_proc(task)
             if proc is None:
                 fits = any(
-                    not p.dedicated and p.env_key == task.env_key and p.fits_at_all(task.resources)
-                    for p in self.pool.procs
+                    not p.dedicated and p.env_key == task.env_key and p.fits_at_all(task.local) for p in self.pool.procs
                 )
                 if fits or len(skipped) > 64:
                     break  # everything is busy: wait for a completion
@@ -169,9 +224,10 @@ class TaskScheduler:
                 fn_data,
                 task.args,
                 tuple(task.dep_values or ()),
-                task.resources,
+                task.local,
                 task.options.streaming,
                 task.options.name,
+                task.gpus,
             )
             batches.setdefault(proc.key, (proc, []))[1].append(item)
         self.queue.extendleft(reversed(skipped))
@@ -216,6 +272,7 @@ class TaskScheduler:
                 if task is None or task.proc is not proc or task.state != TaskState.DISPATCHED:
                     continue
                 proc.outstanding.discard(tid)
+                self._give_back_gpus(task)
                 task.proc, task.state = None, TaskState.QUEUED
                 self.queue.appendleft(task)
             self.pump()
@@ -237,6 +294,7 @@ class TaskScheduler:
         if task is None or task.proc is None or task.proc.key != proc_key:
             return  # a late report from a process we already gave up on
         task.proc.outstanding.discard(tid)
+        self._give_back_gpus(task)
         if result.status == "ok" and result.value is not None:
             try:
                 check_owner(tid, result.value.value, proc_key)
@@ -270,6 +328,7 @@ class TaskScheduler:
         task.state = TaskState.DONE
         if task.proc is not None:
             task.proc.outstanding.discard(task.id)
+            self._give_back_gpus(task)
         self.tasks.pop(task.id, None)
         if task.options.streaming:
             if error is not None:  # it ended without reporting its end: the stream ends with the error
@@ -286,6 +345,7 @@ class TaskScheduler:
             task = self.tasks.get(tid)
             if task is None:
                 continue
+            self._give_back_gpus(task)
             if task.retries_left != 0 and not (task.options.streaming and self.streams.started(tid)):
                 task.retries_left -= 1
                 task.proc, task.state = None, TaskState.QUEUED

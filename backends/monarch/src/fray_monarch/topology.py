@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fray.gpus import host_gpus
 from fray.jobs import host_resources
 from fray.options import (
     byte_count,
@@ -112,13 +113,14 @@ def topology(options: dict[str, Any]) -> Topology:
 
     opts = parse_options("monarch", options, SCHEMA)
     cpus = os.cpu_count() or 1
-    procs = int(opts.get("procs", cpus))
+    gpus = host_gpus(opts.get("gpus"))  # this machine's (attached hosts are taken to be alike, as for memory)
+    procs = int(opts.get("procs", len(gpus) or cpus))  # one process per GPU on a GPU host, as Monarch's convention
     # memory: this machine's physical memory by default (attached hosts are taken to be alike; pass memory=),
     # shared out between a host's processes as its CPUs are.
     memory = float(opts.get("memory", host_resources()["memory"]))
     resources = {"CPU": float(opts.get("cpus", cpus)), "memory": memory, **opts.get("resources", {})}
-    if opts.get("gpus"):
-        resources["GPU"] = float(opts["gpus"])
+    if len(gpus):
+        resources["GPU"] = float(len(gpus))
     budget = int(opts.get("object_store_memory", _default_store_budget()))
     transport = str(opts.get("transport", "auto"))
     timeout = float(opts.get("attach_timeout", ATTACH_TIMEOUT))

@@ -16,6 +16,7 @@ import fray.current as fray_current
 import fray.output as fray_output
 from fray.context import JobContext
 from fray.errors import TaskCancelledError
+from fray.gpus import discover, using_gpus
 from fray.remote_errors import capture_exception
 from fray.resources import add, fits, subtract
 from fray.serialization import Blob, dumps, loads
@@ -173,10 +174,11 @@ class TaskRunner:
             with self.lock:
                 self.threads[tid] = threading.get_ident()
             try:
-                if item.stream:
-                    self.rt.produce(tid, lambda: fn(*args, **kwargs), f"streaming task {name}")
-                else:
-                    value = fn(*args, **kwargs)
+                with using_gpus(item.gpus, discover()):
+                    if item.stream:
+                        self.rt.produce(tid, lambda: fn(*args, **kwargs), f"streaming task {name}")
+                    else:
+                        value = fn(*args, **kwargs)
             finally:
                 with self.lock:
                     del self.threads[tid]

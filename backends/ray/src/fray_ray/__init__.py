@@ -23,6 +23,7 @@ __all__ = ["RayBackend", "RayClusterContext", "RayJobContext"]
 _SIZING = {
     "num_cpus": count,
     "num_gpus": count,
+    "gpus": count,  # the other backends' name for num_gpus (Ray's own)
     "object_store_memory": byte_count,
     "resources": parse_resources,
 }
@@ -38,13 +39,24 @@ _JOB_ONLY = ("namespace", "log_to_driver")
 _CLUSTER_ONLY = ("working_dir",)
 
 
+def _parse(options: dict[str, str]) -> dict[str, Any]:
+    """The spec's options, `gpus` as Ray's `num_gpus` (one spec means the same on every backend)."""
+    parsed: dict[str, Any] = parse_options("ray", options, _OPTIONS)
+    if "gpus" in parsed:
+        if "num_gpus" in parsed and parsed["num_gpus"] != parsed["gpus"]:
+            raise ValueError("ray: gpus and num_gpus are one option (the GPUs of this Ray); give one of them")
+        parsed["num_gpus"] = parsed.pop("gpus")
+    return parsed
+
+
 class RayBackend(Backend):
     """The `ray` entry of the "fray.backends" entry-point group."""
 
     name = "ray"
     # A fast private local cluster for the conformance suite: 4 logical CPUs (even on a 2-core box, so that
-    # 100-concurrent-task tests do not queue), a small object store, and no late worker prints.
-    test_spec: ClassVar[str] = "ray?num_cpus=4&object_store_memory=300000000&log_to_driver=false"
+    # 100-concurrent-task tests do not queue), 2 declared GPUs (one Ray per process: the GPU tests use this one),
+    # a small object store, and no late worker prints.
+    test_spec: ClassVar[str] = "ray?num_cpus=4&num_gpus=2&object_store_memory=300000000&log_to_driver=false"
     # A private head node with the Job API (its own process group and temp dir), stopped at shutdown.
     cluster_test_spec: ClassVar[str] = "ray?num_cpus=2&object_store_memory=200000000"
 
@@ -57,7 +69,7 @@ class RayBackend(Backend):
         return RayJobContext.capabilities | RayClusterContext.capabilities
 
     def job_context(self, **options: str) -> RayJobContext:
-        parsed = parse_options(self.name, options, _OPTIONS)
+        parsed = _parse(options)
         return RayJobContext(**{k: v for k, v in parsed.items() if k not in _CLUSTER_ONLY})
 
     def context_here(self) -> RayJobContext | None:
@@ -75,7 +87,7 @@ class RayBackend(Backend):
     def cluster_context(self, **options: str) -> Any:
         from fray_ray.cluster import RayClusterContext
 
-        parsed = parse_options(self.name, options, _OPTIONS)
+        parsed = _parse(options)
         return RayClusterContext(**{k: v for k, v in parsed.items() if k not in _JOB_ONLY})
 
     # ------------------------------------------------------------------ for the `fray` command (fray.jobs_cli)
@@ -104,7 +116,7 @@ class RayBackend(Backend):
         object_store_memory, resources), recorded in the state directory. (its record, started now?)"""
         from fray_ray import persistent
 
-        parsed = parse_options(self.name, options, _OPTIONS)
+        parsed = _parse(options)
         other = sorted(set(parsed) - set(_SIZING))
         if other:
             raise ValueError(

@@ -56,7 +56,15 @@ def enter_worker() -> None:
             # Always installed by now: unpickling anything of fray_ray imports the package, which imports job.
             assert _make_worker_context is not None, "fray_ray.job was not imported"
             _worker_ctx = _make_worker_context()
+            current.set_process_gpus(_assigned_gpus)
     set_job_context(_worker_ctx)
+
+
+def _assigned_gpus() -> list[int]:
+    """fray.current_gpus() in a Ray worker: the GPUs Ray assigned to the task or actor running here."""
+    import ray
+
+    return [int(i) for i in ray.get_gpu_ids()]
 
 
 def run_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

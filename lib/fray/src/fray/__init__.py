@@ -9,7 +9,7 @@ assert ctx.get(ref) == 1024
 from fray.capabilities import Capability
 from fray.completion import as_completed
 from fray.context import ClusterContext, JobContext, set_job_context
-from fray.current import ActorInfo, clear_job_context, current_actor, get_job_context, using
+from fray.current import ActorInfo, clear_job_context, current_actor, current_gpus, get_job_context, using
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
@@ -73,6 +73,7 @@ __all__ = [
     "clear_job_context",
     "cluster",
     "current_actor",
+    "current_gpus",
     "get_job_context",
     "init",
     "set_job_context",

@@ -8,6 +8,7 @@ context, a backend's context in a worker) the registry installs here when it is 
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,15 @@ from fray.errors import FrayError
 if TYPE_CHECKING:
     from fray.context import JobContext
 
-__all__ = ["ActorInfo", "clear_job_context", "current_actor", "get_job_context", "install", "using"]
+__all__ = [
+    "ActorInfo",
+    "clear_job_context",
+    "current_actor",
+    "current_gpus",
+    "get_job_context",
+    "install",
+    "using",
+]
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_job_context", default=None)
 _default: JobContext | None = None
@@ -191,3 +200,38 @@ def push_actor(info: ActorInfo | None) -> contextvars.Token[ActorInfo | None]:
 
 def pop_actor(token: contextvars.Token[ActorInfo | None]) -> None:
     _actor.reset(token)
+
+
+# ----------------------------------------------------------------------------- the GPUs held here
+
+_gpus: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar("fray_gpus", default=None)
+_process_gpus: Callable[[], list[int]] | None = None  # a backend's own answer for this process (Ray's get_gpu_ids)
+
+
+def current_gpus() -> list[int]:
+    """The ids of the GPUs that the task, actor or group member running here holds (`ray.get_gpu_ids()`): the
+    host's own numbers for them, e.g. [2, 3]. In a process fray started for that work they are its
+    CUDA_VISIBLE_DEVICES (torch numbers them cuda:0, cuda:1 there); in an in_memory thread the first one is the
+    thread's current CUDA device. [] for work that holds no GPU, and outside any work."""
+    held = _gpus.get()
+    if held is not None:
+        return list(held)
+    if _process_gpus is not None:
+        return _process_gpus()
+    value = os.environ.get("FRAY_GPUS", "")  # fray.gpus.ENV_HELD (this module imports no other of fray's)
+    return [int(v) for v in value.split(",") if v.strip().isdigit()]
+
+
+def push_gpus(held: tuple[int, ...]) -> contextvars.Token[tuple[int, ...] | None]:
+    """Work holding the devices `held` runs on this thread (or asyncio task) until pop_gpus(token)."""
+    return _gpus.set(held)
+
+
+def pop_gpus(token: contextvars.Token[tuple[int, ...] | None]) -> None:
+    _gpus.reset(token)
+
+
+def set_process_gpus(answer: Callable[[], list[int]] | None) -> None:
+    """How a backend tells, in its worker processes, the GPUs of the work running there (None: FRAY_GPUS)."""
+    global _process_gpus
+    _process_gpus = answer

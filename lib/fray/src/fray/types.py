@@ -79,6 +79,12 @@ def normalize_resources(resources: Mapping[str, float] | None, what: str = "reso
         if not isinstance(key, str) or not key:
             raise ValueError(f"{what}: resource names must be non-empty strings, got {key!r}")
         quantity = _check_quantity(f"{what}[{key!r}]", value)
+        if key == "GPU" and quantity > 1 and not quantity.is_integer():
+            raise ValueError(
+                f"{what}['GPU'] = {quantity:g}: a fraction of one GPU (below 1) shares that device with other work; "
+                f"more than one GPU must be a whole number of devices (as in Ray): ask for {math.floor(quantity)} "
+                f"or {math.ceil(quantity)}"
+            )
         if quantity:
             out[key] = quantity
     return out

@@ -1,6 +1,7 @@
 """The in_memory backend: threads in this process, no server, starts in milliseconds.
 
-Spec options: cpus, gpus, memory (bytes), resources (JSON object of custom resources, e.g. {"disk": 4}),
+Spec options: cpus, gpus (default: the GPUs found here, fray.gpus; on a machine without any, gpus=N declares N),
+memory (bytes), resources (JSON object of custom resources, e.g. {"disk": 4}),
 serialize (true|false; default true: values are pickled as on a cluster), namespace (for named/detached actors),
 log_to_driver (true|false; default true: lines printed in tasks and actors are prefixed with who printed them),
 and for the cluster context: root (directory for job logs).
@@ -12,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from fray.capabilities import Capability
+from fray.gpus import host_gpus
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.in_memory.job import InMemoryJobContext
 from fray.jobs import host_resources
@@ -44,9 +46,10 @@ class InMemoryBackend(Backend):
     def job_context(self, **options: str) -> InMemoryJobContext:
         opts: dict[str, Any] = parse_options(self.name, options, self.options)
         host = host_resources()
+        gpus = host_gpus(opts.get("gpus"))
         totals = {
             "CPU": opts.get("cpus", host["CPU"]),
-            "GPU": opts.get("gpus", 0.0),
+            "GPU": float(len(gpus)),
             "memory": opts.get("memory", host["memory"]),
             **opts.get("resources", {}),
         }
@@ -56,6 +59,7 @@ class InMemoryBackend(Backend):
             serialize=opts.get("serialize", True),
             namespace=opts.get("namespace", "default"),
             log_to_driver=opts.get("log_to_driver", True),
+            gpus=gpus,
         )
 
     def cluster_context(self, **options: str) -> InMemoryClusterContext:

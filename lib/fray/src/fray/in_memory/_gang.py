@@ -17,6 +17,7 @@ import os
 import select
 import subprocess
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fray.errors import FrayError
@@ -46,6 +47,18 @@ class Gang:
         self.error: FrayError | None = None  # ActorUnavailableError while restarting; ActorDiedError when dead
         self.dead = False
         self.cond = threading.Condition()
+        self.devices: dict[int, tuple[int, ...]] = {}  # rank -> the GPUs that member holds
+
+    def devices_of_all(self, rank: int, held: tuple[int, ...], given_up: Callable[[], bool]) -> list[int]:
+        """Every member's GPUs in rank order, once each member has said which it holds (`held`: this rank's). The
+        members' processes rendezvous anyway, so none is started before all hold theirs; `given_up()` ends the
+        wait early (this member was killed), with what is known then."""
+        with self.cond:
+            self.devices[rank] = held
+            self.cond.notify_all()
+            while len(self.devices) < self.size and not self.dead and not given_up():
+                self.cond.wait(0.5)
+            return [device for r in sorted(self.devices) for device in self.devices[r]]
 
     # ------------------------------------------------------------ members
     def joined(self, rank: int, member: ProcessMember) -> None:

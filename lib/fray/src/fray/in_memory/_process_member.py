@@ -26,6 +26,7 @@ from fray import watchdog
 from fray.current import ActorInfo, set_process_actor
 from fray.errors import ActorDiedError, ActorUnavailableError
 from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
+from fray.gpus import use_held_device
 from fray.in_memory._channel import Channel, Serialized
 from fray.in_memory._gang import Gang
 from fray.remote_errors import RemoteError, capture_exception
@@ -195,6 +196,7 @@ def _main(fd: int, beat_fd: int, interval: float) -> None:
     klass, args, kwargs, info = conn.recv("the actor's class and arguments")
     set_process_actor(info)
     try:
+        use_held_device()  # (a member holding GPUs starts on its own device, as LOCAL_RANK would pick it)
         instance = klass(*args, **kwargs)
     except BaseException as exc:
         conn.send_outcome(False, capture_exception(exc), "the error")

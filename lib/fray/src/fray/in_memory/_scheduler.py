@@ -20,9 +20,13 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
+from fray.gpus import DevicePool
 from fray.resources import EPS
 
 Signature = tuple[tuple[str, float], ...]
+Devices = tuple[int, ...]  # the GPUs a unit of work holds (fray.gpus)
+# Told, under the ledger's lock, when a unit of work's resources are taken, and which GPUs it was given.
+OnDispatch = Callable[[Devices], None]
 # A unit of work returns the next unit to run on the same thread, if it freed resources that let one start.
 Work = Callable[[], Optional["Work"]]
 
@@ -108,34 +112,43 @@ class Workers:
 
 
 class Ledger:
-    """Free resources, and FIFO queues of work waiting for them (one queue per distinct request)."""
+    """Free resources, and FIFO queues of work waiting for them (one queue per distinct request). A request for
+    GPUs also needs devices that can hold it (`devices`: whole ones, or room on one for a fraction)."""
 
-    def __init__(self, totals: Mapping[str, float]) -> None:
+    def __init__(self, totals: Mapping[str, float], devices: DevicePool | None = None) -> None:
         self.totals = dict(totals)
         self._free = dict(totals)
-        self._queues: dict[Signature, deque[tuple[Work, Callable[[], None] | None]]] = {}
+        self.devices = devices if devices is not None else DevicePool(range(round(totals.get("GPU", 0.0))))
+        self._queues: dict[Signature, deque[tuple[Work, OnDispatch | None]]] = {}
         self.lock = threading.Lock()  # also guards the state of the tasks it schedules (see InMemoryJobContext)
         self._lock = self.lock
         self.workers = Workers("fray-in-memory", self._lock)
         self._closed = False
         # Work submitted while its resources were all taken, not yet in a queue: appended without the lock (see
         # submit), moved into the queues by the next release (or by submit itself, if they freed meanwhile).
-        self._staged: deque[tuple[Signature, Work, Callable[[], None] | None]] = deque()
+        self._staged: deque[tuple[Signature, Work, OnDispatch | None]] = deque()
 
     def _fits(self, request: Signature) -> bool:
         free = self._free
-        for key, qty in request:  # noqa: SIM110 (a loop, not all() over a generator: it runs twice a submit)
+        for key, qty in request:  # a loop, not all() over a generator: it runs twice a submit
             if free.get(key, 0.0) + EPS < qty:  # fray.resources' tolerance
+                return False
+            if key == "GPU" and self.devices.choose(qty) is None:  # enough in all, but not on devices that fit
                 return False
         return True
 
-    def _take(self, request: Signature) -> None:
+    def _take(self, request: Signature) -> Devices:
+        devices: Devices = ()
         for key, qty in request:
             self._free[key] = self._free.get(key, 0.0) - qty
+            if key == "GPU":
+                devices = self.devices.take(qty) or ()
+        return devices
 
-    def submit(self, request: Signature, work: Work, on_dispatch: Callable[[], None] | None = None) -> None:
-        """Run `work` on a worker once `request` fits; the work must call release(request) when done.
-        `on_dispatch` runs under the ledger's lock at the moment the resources are taken for it."""
+    def submit(self, request: Signature, work: Work, on_dispatch: OnDispatch | None = None) -> None:
+        """Run `work` on a worker once `request` fits; the work must call release(request, devices) when done.
+        `on_dispatch(devices)` runs under the ledger's lock at the moment the resources are taken for it, with
+        the GPUs it holds (() without any)."""
         if self._closed:
             raise RuntimeError("in_memory context is shut down")
         if not self._fits(request):
@@ -155,18 +168,20 @@ class Ledger:
             if self._queues.get(request) or not self._fits(request):
                 self._queues.setdefault(request, deque()).append((work, on_dispatch))
                 return
-            self._take(request)
+            devices = self._take(request)
             if on_dispatch is not None:
-                on_dispatch()
+                on_dispatch(devices)
             spawn = self.workers._count_queued()
         self.workers._put(work, spawn)
 
-    def release(self, request: Signature, finishing: bool = False) -> Work | None:
-        """Give resources back; return one unit of work that can now start, for the caller to run itself.
-        finishing=True also marks the calling worker as about to be free (see Workers)."""
+    def release(self, request: Signature, finishing: bool = False, devices: Devices = ()) -> Work | None:
+        """Give resources (and the GPUs `devices`) back; return one unit of work that can now start, for the
+        caller to run itself. finishing=True also marks the calling worker as about to be free (see Workers)."""
         with self._lock:
             for key, qty in request:
                 self._free[key] = self._free.get(key, 0.0) + qty
+                if key == "GPU" and devices:
+                    self.devices.give(devices, qty)
             ready = self._drain() if self._queues or self._staged else []
             if finishing and not ready:  # (a worker that runs the next work itself stays busy: not finishing)
                 self.workers._mark_finishing()
@@ -175,9 +190,9 @@ class Ledger:
             self.workers._put(work, spawn)
         return ready[0] if ready else None
 
-    def give_back(self, request: Signature) -> None:
+    def give_back(self, request: Signature, devices: Devices = ()) -> None:
         """Release from a thread that will not run the next work itself (it is about to block, or is no worker)."""
-        work = self.release(request)
+        work = self.release(request, devices=devices)
         if work is not None:
             self.workers.submit(work)
 
@@ -204,10 +219,10 @@ class Ledger:
         ready = []
         for request, waiting in list(self._queues.items()):
             while waiting and self._fits(request):
-                self._take(request)
+                devices = self._take(request)
                 work, on_dispatch = waiting.popleft()
                 if on_dispatch is not None:
-                    on_dispatch()
+                    on_dispatch(devices)
                 ready.append(work)
             if not waiting:
                 del self._queues[request]
@@ -223,3 +238,9 @@ class Ledger:
 
 def signature(resources: Mapping[str, float]) -> Signature:
     return tuple(sorted(resources.items()))
+
+
+def lendable(request: Signature) -> Signature:
+    """What work blocked in get/wait hands back while it waits: all but its GPUs (as Ray keeps a blocked task's
+    GPUs: its device memory is still in use)."""
+    return tuple(item for item in request if item[0] != "GPU")

@@ -30,6 +30,7 @@ class _Task:
         "call",
         "entry",
         "fn",
+        "gpus",
         "has_refs",
         "lock",
         "options",
@@ -52,6 +53,7 @@ class _Task:
         self.state = TaskState.WAITING
         self.stolen = False  # run by a thread blocked in get on it, rather than by the worker it was queued for
         self.thread_id = 0
+        self.gpus: tuple[int, ...] = ()  # the devices it holds while dispatched or running (fray.gpus)
 
     @property
     def label(self) -> str:
@@ -68,7 +70,8 @@ _pid = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 
-def _mark_dispatched(task: _Task) -> None:  # runs under the ledger's lock, when the task's resources are taken
+def _mark_dispatched(task: _Task, gpus: tuple[int, ...]) -> None:  # under the ledger's lock: resources taken
+    task.gpus = gpus
     with task.lock:
         if task.state == TaskState.QUEUED:
             task.state = TaskState.DISPATCHED

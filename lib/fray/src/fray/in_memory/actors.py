@@ -18,6 +18,7 @@ from fray.errors import (
     ActorNotFoundError,
     attach_remote_traceback,
 )
+from fray.gpus import process_env, using_gpus
 from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call
 from fray.in_memory._scheduler import signature
 from fray.outcome import Outcome
@@ -62,6 +63,7 @@ class _Actor:
         self.executor = ThreadPoolExecutor(options.max_concurrency, thread_name_prefix=f"fray-actor-{klass.__name__}")
         self.request = signature(actor_resources(options))
         self.holding = False  # True while it holds its resources
+        self.gpus: tuple[int, ...] = ()  # the devices it holds (fray.gpus), from its start until it is killed
         _actors[self.id] = self
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -153,7 +155,11 @@ class ActorTable:
         # waiting there for those resources, so calls sent meanwhile queue up behind it in order.
         granted = threading.Event()
         if actor.request:
-            ctx._ledger.submit(actor.request, lambda: granted.set())
+
+            def dispatched(gpus: tuple[int, ...]) -> None:
+                actor.gpus = gpus
+
+            ctx._ledger.submit(actor.request, lambda: granted.set(), dispatched)
         else:
             granted.set()
         actor.executor.submit(self._start_actor, actor, call, granted)
@@ -189,10 +195,11 @@ class ActorTable:
 
                 member = actor.member
                 cpus = actor_resources(actor.options).get("CPU")
-                env = dict(member.env)
+                env = {**self._member_gpu_env(actor), **member.env}
                 actor.instance = ProcessMember(actor.klass, args, kwargs, actor.info, env, member.gang, cpus)
             else:
-                actor.instance = actor.klass(*args, **kwargs)
+                with using_gpus(actor.gpus, self.ctx.gpus):
+                    actor.instance = actor.klass(*args, **kwargs)
         except BaseException as exc:
             error = exc.error.rebuild() if isinstance(exc, _Failure) and isinstance(exc.error, RemoteError) else exc
             actor.death = ActorDiedError(
@@ -205,10 +212,20 @@ class ActorTable:
             current.pop_actor(me)
             current.pop(token)
 
+    def _member_gpu_env(self, actor: _Actor) -> dict[str, str]:
+        """An SPMD member's GPU variables: it sees its whole group's devices, in rank order, so that
+        `torch.cuda.set_device(LOCAL_RANK)` picks its own (as torchrun's members see the host's)."""
+        gang = actor.member.gang if actor.member is not None else None
+        if not actor.gpus or gang is None:
+            return process_env(actor.gpus, self.ctx.gpus)
+        group = gang.devices_of_all(actor.info.rank, actor.gpus, lambda: actor.death is not None)
+        return process_env(actor.gpus, self.ctx.gpus, visible=group)
+
     def _release_actor(self, actor: _Actor) -> None:
         if actor.holding:
             actor.holding = False
-            actor.table.ctx._ledger.give_back(actor.request)
+            gpus, actor.gpus = actor.gpus, ()
+            actor.table.ctx._ledger.give_back(actor.request, gpus)
 
     def call(
         self,
@@ -284,7 +301,8 @@ class ActorTable:
                 member_process = actor.member is not None and actor.member.distributed  # (a ProcessMember)
                 what = f"the arguments of {actor.klass.__name__}.{method}"
                 args, kwargs = self.ctx._resolve_call(call, what, stored=member_process)
-                result = getattr(actor.instance, method)(*args, **kwargs)
+                with using_gpus(() if member_process else actor.gpus, self.ctx.gpus):
+                    result = getattr(actor.instance, method)(*args, **kwargs)
                 if inspect.iscoroutine(result):
                     result = actor.run_coroutine(result)
                 if stream is not None:

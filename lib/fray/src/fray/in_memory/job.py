@@ -24,11 +24,12 @@ from fray.errors import (
     attach_remote_traceback,
 )
 from fray.gang import group_label, hang_timeout
+from fray.gpus import DevicePool, HostGpus, process_env, using_gpus
 from fray.groups import ActorGroup, Member, create_one_by_one
 from fray.in_memory._channel import Serialized
 from fray.in_memory._gang import Gang
 from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_call
-from fray.in_memory._scheduler import Ledger, Signature, Work, signature
+from fray.in_memory._scheduler import Ledger, Signature, Work, lendable, signature
 from fray.in_memory._tasks import _async_raise, _Interrupt, _mark_dispatched, _Task, _tls
 from fray.in_memory.actors import ActorTable, _call_owner, end_stream_with_failure
 from fray.outcome import Outcome, first_failure, wait_for, when
@@ -66,12 +67,16 @@ class InMemoryJobContext(JobContext):
         serialize: bool = True,
         namespace: str = "default",
         log_to_driver: bool = True,
+        gpus: HostGpus | None = None,
     ) -> None:
         super().__init__()
         self.serialize = serialize
         self.log_to_driver = log_to_driver
         self.namespace = namespace
-        self._ledger = Ledger(resources)
+        # The devices behind resources["GPU"] (without a HostGpus: that many, numbered from 0)
+        count = round(resources.get("GPU", 0.0))
+        self.gpus = gpus if gpus is not None else HostGpus(tuple(range(count)), tuple(map(str, range(count))), "")
+        self._ledger = Ledger(resources, DevicePool(self.gpus.ids))
         self._lock = self._ledger.lock  # (actors.py: the actor table changes together with the resources)
         self._actors = ActorTable(self)
         self._tasks: dict[int, _Task] = {}  # entry id -> task, while not finished (for shutdown)
@@ -237,7 +242,7 @@ class InMemoryJobContext(JobContext):
                 task.state = TaskState.RUNNING
                 task.thread_id = threading.get_ident()
         if state != TaskState.DISPATCHED:  # cancelled: give its resources back; stolen: the thread that runs it will
-            return None if task.stolen else self._ledger.release(task.request)
+            return None if task.stolen else self._ledger.release(task.request, devices=task.gpus)
         return self._execute(task, on_worker=True)
 
     def _run_inline(self, task: _Task) -> None:
@@ -272,7 +277,10 @@ class InMemoryJobContext(JobContext):
                 if env is not None and env.env:
                     from fray.in_memory._subprocess import run_in_child
 
-                    value = run_in_child(task.fn, args, kwargs, dict(env.env))
+                    value = run_in_child(task.fn, args, kwargs, {**process_env(task.gpus, self.gpus), **env.env})
+                elif task.gpus:
+                    with using_gpus(task.gpus, self.gpus):
+                        value = task.fn(*args, **kwargs)
                 else:
                     value = task.fn(*args, **kwargs)
                 value = self._encode(value, "the return value")
@@ -298,7 +306,8 @@ class InMemoryJobContext(JobContext):
                 output.pop_label(said)
             current.pop(token)
             _tls.task = outer_task
-            next_work = self._ledger.release(task.request, finishing=on_worker and not retry)
+            next_work = self._ledger.release(task.request, finishing=on_worker and not retry, devices=task.gpus)
+            task.gpus = ()
         if retry:
             task.state = TaskState.WAITING
             task.stolen = False
@@ -387,8 +396,9 @@ class InMemoryJobContext(JobContext):
         task: _Task | None = getattr(_tls, "task", None)
         if task is None or not task.request or self._tasks.get(task.entry.id) is not task:
             return None
-        self._ledger.give_back(task.request)
-        return task.request
+        lent = lendable(task.request)  # (its GPUs stay held)
+        self._ledger.give_back(lent)
+        return lent
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         outcomes = [ref.payload.outcome for ref in refs]

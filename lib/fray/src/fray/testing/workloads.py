@@ -249,3 +249,27 @@ def progress_stopped(progress: Path, timeout: float = 30.0) -> bool:
         last = now
         time.sleep(0.5)
     return False
+
+
+# ----------------------------------------------------------------------------- GPUs (test_gpus)
+def held_gpus() -> list[int]:
+    """fray.current_gpus() where this task runs."""
+    import fray
+
+    return fray.current_gpus()
+
+
+def gpus_and_visible() -> tuple[list[int], str | None]:
+    """fray.current_gpus() and CUDA_VISIBLE_DEVICES where this task runs."""
+    import fray
+
+    return fray.current_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+class GpuHolder:
+    """An actor that says which GPUs it holds."""
+
+    def gpus(self) -> list[int]:
+        import fray
+
+        return fray.current_gpus()

@@ -1,0 +1,254 @@
+"""GPUs: how a host's devices are found, which of them each piece of work holds, and how the work learns it.
+
+- Found without initializing CUDA in the driver (a process that has touched CUDA cannot fork, and CUDA_VISIBLE_DEVICES
+  is read once, at CUDA's start): CUDA_VISIBLE_DEVICES when it is set, else `nvidia-smi`, else the driver's
+  /proc/driver/nvidia/gpus directory, else none. A spec's `gpus=N` takes the first N of those, or, on a machine
+  where none are found, declares N (as Ray's `num_gpus` does: that is how CI tests assignment without a device).
+- Held as Ray holds them: a request below 1 takes that fraction of one device and shares it with other fractional
+  work; 1 or more takes that many whole devices that no other running work holds (DevicePool).
+- Told to the work: a process fray starts for it gets CUDA_VISIBLE_DEVICES (its devices, before it imports
+  torch) and FRAY_GPUS (their ids); an in_memory thread gets them through `fray.current_gpus()` and its first
+  device as its current CUDA device (`using_gpus`).
+
+Ids are the host's own numbers for its devices: nvidia-smi's index, or the entries of the driver's
+CUDA_VISIBLE_DEVICES (where those are UUIDs or MIG names, their positions), as `ray.get_gpu_ids()` gives them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fray import current
+from fray.resources import EPS
+
+__all__ = [
+    "ENV_HELD",
+    "DevicePool",
+    "HostGpus",
+    "discover",
+    "held_from_env",
+    "host_gpus",
+    "process_env",
+    "use_held_device",
+    "using_gpus",
+]
+
+ENV_HELD = "FRAY_GPUS"  # in a process fray started for work that holds GPUs: their ids, comma-separated
+_NVIDIA_SMI_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class HostGpus:
+    """One host's GPUs as fray uses them: `ids` (the host's numbers), `entries` (what names each in
+    CUDA_VISIBLE_DEVICES, in the same order) and where they were found (`source`)."""
+
+    ids: tuple[int, ...] = ()
+    entries: tuple[str, ...] = ()
+    source: str = "none"
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def visible(self, ids: Sequence[int]) -> str:
+        """The CUDA_VISIBLE_DEVICES value that shows exactly `ids`, in that order."""
+        by_id = dict(zip(self.ids, self.entries, strict=True))
+        return ",".join(by_id.get(i, str(i)) for i in ids)
+
+    def ordinal(self, device: int) -> int | None:
+        """`device`'s CUDA ordinal in this process (its place among the ids), or None if it is not one of them."""
+        return self.ids.index(device) if device in self.ids else None
+
+
+def _parse_visible(value: str) -> HostGpus:
+    entries = tuple(e.strip() for e in value.split(",") if e.strip())
+    # CUDA stops at the first entry it cannot parse; "-1" or "" hides every device.
+    if not entries or entries[0] == "-1":
+        return HostGpus(source="CUDA_VISIBLE_DEVICES")
+    if all(e.isdigit() for e in entries):
+        return HostGpus(tuple(int(e) for e in entries), entries, "CUDA_VISIBLE_DEVICES")
+    return HostGpus(tuple(range(len(entries))), entries, "CUDA_VISIBLE_DEVICES")
+
+
+def _from_nvidia_smi() -> HostGpus | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=_NVIDIA_SMI_TIMEOUT,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    ids = tuple(int(line) for line in out.split() if line.strip().isdigit())
+    return HostGpus(ids, tuple(str(i) for i in ids), "nvidia-smi")
+
+
+def _from_procfs() -> HostGpus | None:
+    try:
+        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return None
+    ids = tuple(range(count))
+    return HostGpus(ids, tuple(str(i) for i in ids), "/proc/driver/nvidia/gpus")
+
+
+@functools.lru_cache(maxsize=8)
+def _discover(visible: str | None) -> HostGpus:
+    if visible is not None:
+        return _parse_visible(visible)
+    return _from_nvidia_smi() or _from_procfs() or HostGpus()
+
+
+def discover() -> HostGpus:
+    """This machine's GPUs as this process may use them, without initializing CUDA (cached)."""
+    return _discover(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def host_gpus(declared: float | None = None) -> HostGpus:
+    """The GPUs a spec's `gpus=` gives this host: all found (None), the first `declared` of them, or, where none
+    are found, `declared` devices numbered from 0. ValueError for a fraction, or more than the host has."""
+    found = discover()
+    if declared is None:
+        return found
+    if declared < 0 or not float(declared).is_integer():
+        raise ValueError(
+            f"gpus={declared:g}: a host's GPUs are whole devices; say gpus={math.floor(declared)} (work may still "
+            "ask for a fraction of one device)"
+        )
+    count = int(declared)
+    if not found.ids:
+        return HostGpus(tuple(range(count)), tuple(str(i) for i in range(count)), "declared")
+    if count > len(found):
+        raise ValueError(
+            f"gpus={count}, but this host has {len(found)} GPU(s) (ids {list(found.ids)}, from {found.source}); "
+            f"say gpus={len(found)} or fewer, or leave gpus out to use them all"
+        )
+    return HostGpus(found.ids[:count], found.entries[:count], found.source)
+
+
+class DevicePool:
+    """Which of a host's GPUs are free, and how much of each. Not thread-safe: its owner's lock guards it."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.free: dict[int, float] = {i: 1.0 for i in ids}
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(self.free)
+
+    def choose(self, amount: float, among: Collection[int] | None = None) -> tuple[int, ...] | None:
+        """The devices a request of `amount` GPUs would take now (None: it does not fit; () for no GPU).
+        A fraction goes to the fullest device it fits on (fractions pack, leaving whole devices whole); whole
+        devices are taken lowest id first. `among`: only those devices (a process that sees only them)."""
+        if amount <= EPS:
+            return ()
+        candidates = [i for i in self.free if among is None or i in among]
+        if amount < 1.0:
+            fitting = [i for i in candidates if self.free[i] + EPS >= amount]
+            return (min(fitting, key=lambda i: (self.free[i], i)),) if fitting else None
+        whole = [i for i in candidates if self.free[i] >= 1.0 - EPS]
+        count = round(amount)
+        return tuple(whole[:count]) if len(whole) >= count else None
+
+    def take(self, amount: float, among: Collection[int] | None = None) -> tuple[int, ...] | None:
+        """choose(), and hold them (None, holding nothing, if the request does not fit)."""
+        ids = self.choose(amount, among)
+        if ids:
+            share = _share(amount)
+            for i in ids:
+                self.free[i] -= share
+        return ids
+
+    def give(self, ids: Sequence[int], amount: float) -> None:
+        """Give back what take(amount) returned as `ids`."""
+        share = _share(amount)
+        for i in ids:
+            if i in self.free:
+                self.free[i] = min(1.0, self.free[i] + share)
+
+    def fits_ever(self, amount: float) -> bool:
+        """The request could be held on this host with nothing else running."""
+        return amount <= EPS or (len(self.free) >= (1 if amount < 1.0 else round(amount)))
+
+
+def _share(amount: float) -> float:
+    """What a request of `amount` GPUs takes of each device it holds."""
+    return amount if amount < 1.0 else 1.0
+
+
+def process_env(held: Sequence[int], host: HostGpus, visible: Sequence[int] | None = None) -> dict[str, str]:
+    """The variables of a process fray starts for work holding the devices `held`: CUDA_VISIBLE_DEVICES shows
+    `visible` (default: just `held`; an SPMD member sees its group's devices on its host, so that LOCAL_RANK
+    indexes them) and FRAY_GPUS names `held`. Empty for work that holds no GPU (it inherits the driver's view)."""
+    if not held:
+        return {}
+    return {
+        "CUDA_VISIBLE_DEVICES": host.visible(list(visible if visible is not None else held)),
+        ENV_HELD: ",".join(str(i) for i in held),
+    }
+
+
+@contextlib.contextmanager
+def using_gpus(held: Sequence[int], host: HostGpus) -> Iterator[None]:
+    """Run the block (a task or actor call on a thread of this process) as holding the devices `held`:
+    `fray.current_gpus()` names them and, where torch sees CUDA, the first is this thread's current device
+    (CUDA's current device is per thread; the previous one is restored after)."""
+    if not held:
+        yield
+        return
+    token = current.push_gpus(tuple(held))
+    restore = _set_cuda_device(host.ordinal(held[0]))
+    try:
+        yield
+    finally:
+        if restore is not None:
+            restore()
+        current.pop_gpus(token)
+
+
+def _set_cuda_device(ordinal: int | None) -> Callable[[], None] | None:
+    """Make `ordinal` this thread's current CUDA device; what restores the previous one (None: nothing set)."""
+    torch = _torch_with_cuda()
+    if torch is None or ordinal is None or ordinal >= torch.cuda.device_count():
+        return None
+    previous = torch.cuda.current_device()
+    torch.cuda.set_device(ordinal)
+    return lambda: torch.cuda.set_device(previous)
+
+
+def _torch_with_cuda() -> Any:
+    """torch, where it is installed and sees a CUDA device (imported here only for work that holds a GPU)."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        if importlib.util.find_spec("torch") is None:
+            return None
+        torch = importlib.import_module("torch")
+    return torch if torch.cuda.is_available() else None
+
+
+def held_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, ...]:
+    """The devices a process fray started holds (FRAY_GPUS), else ()."""
+    value = environ.get(ENV_HELD, "")
+    return tuple(int(v) for v in value.split(",") if v.strip().isdigit())
+
+
+def use_held_device(environ: Mapping[str, str] = os.environ) -> None:
+    """In a process fray started for work holding GPUs (FRAY_GPUS): make the first of them the current CUDA device
+    of this thread, where torch sees CUDA. Nothing is imported or initialized for work that holds none."""
+    held = held_from_env(environ)
+    if held:
+        _set_cuda_device(_parse_visible(environ.get("CUDA_VISIBLE_DEVICES", "")).ordinal(held[0]))

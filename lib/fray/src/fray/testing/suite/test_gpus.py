@@ -1,0 +1,107 @@
+"""GPUs assigned to the work that asks for them (fray.gpus): on declared GPUs, so that a machine without a device
+tests the assignment (as Ray's num_gpus declares them). A backend whose test context declares GPUs is tested
+with it; others get a context of their own with `gpus=N` (N: the GPUs found here, else 2 declared)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fray import ActorOptions, InfeasibleResourcesError, RuntimeEnv, TaskOptions
+from fray.capabilities import Capability
+from fray.context import JobContext
+from fray.current import using
+from fray.gpus import discover
+from fray.registry import get_backend
+from fray.testing import workloads as h
+from fray.testing.plugin import spec_options
+
+ONE_GPU = TaskOptions(resources={"CPU": 0.5, "GPU": 1})
+
+
+@pytest.fixture(scope="module")
+def gpu_ctx(fray_backend_name: str, fray_session_ctx: JobContext) -> Iterator[JobContext]:
+    """A context whose host has GPUs: the session's if it declares them, else one of its own."""
+    if max((n.get("GPU", 0.0) for n in fray_session_ctx.node_resources()), default=0.0) >= 1:
+        with using(fray_session_ctx):
+            yield fray_session_ctx
+        return
+    count = len(discover()) or 2
+    options = {**spec_options(fray_backend_name, "test_spec"), "gpus": str(count)}
+    ctx = get_backend(fray_backend_name).job_context(**options)
+    try:
+        with using(ctx):
+            yield ctx
+    finally:
+        ctx.shutdown()
+
+
+def _devices(ctx: JobContext) -> int:
+    return int(max(n.get("GPU", 0.0) for n in ctx.node_resources()))
+
+
+def _needs_two(ctx: JobContext) -> None:
+    if _devices(ctx) < 2:
+        pytest.skip(f"needs 2 GPUs on one host; this context's largest node has {_devices(ctx)}")
+
+
+def test_work_without_gpus_holds_none(gpu_ctx: JobContext) -> None:
+    assert gpu_ctx.get(gpu_ctx.create_task(h.held_gpus), timeout=120) == []
+
+
+def test_a_task_asking_for_a_gpu_is_told_which_it_holds(gpu_ctx: JobContext) -> None:
+    held = gpu_ctx.get(gpu_ctx.create_task(h.held_gpus, options=ONE_GPU), timeout=120)
+    assert len(held) == 1 and 0 <= held[0] < max(_devices(gpu_ctx), 2) + 8
+
+
+def test_actors_holding_a_gpu_each_hold_different_devices(gpu_ctx: JobContext) -> None:
+    _needs_two(gpu_ctx)
+    opts = ActorOptions(resources={"GPU": 1})
+    first, second = gpu_ctx.create_actor(h.GpuHolder, options=opts), gpu_ctx.create_actor(h.GpuHolder, options=opts)
+    try:
+        a, b = gpu_ctx.get([first.gpus(), second.gpus()], timeout=120)
+        assert len(a) == 1 and len(b) == 1 and a != b
+        # and a task asking for a whole GPU while both are held waits for one of them
+        ref = gpu_ctx.create_task(h.held_gpus, options=ONE_GPU)
+        done, _ = gpu_ctx.wait([ref], timeout=1.0)
+        assert not done
+        gpu_ctx.kill(first)
+        assert gpu_ctx.get(ref, timeout=120) == a
+    finally:
+        gpu_ctx.kill(second)
+
+
+def test_fractions_of_a_gpu_share_one_device(gpu_ctx: JobContext) -> None:
+    opts = ActorOptions(resources={"GPU": 0.5})
+    first, second = gpu_ctx.create_actor(h.GpuHolder, options=opts), gpu_ctx.create_actor(h.GpuHolder, options=opts)
+    try:
+        a, b = gpu_ctx.get([first.gpus(), second.gpus()], timeout=120)
+        assert len(a) == 1 and a == b
+    finally:
+        gpu_ctx.kill(first)
+        gpu_ctx.kill(second)
+
+
+def test_a_task_may_hold_every_gpu_of_a_host(gpu_ctx: JobContext) -> None:
+    _needs_two(gpu_ctx)
+    both = TaskOptions(resources={"CPU": 0.5, "GPU": 2})
+    held = gpu_ctx.get(gpu_ctx.create_task(h.held_gpus, options=both), timeout=120)
+    assert len(held) == 2 and len(set(held)) == 2
+
+
+def test_a_process_started_for_gpu_work_sees_just_its_devices(gpu_ctx: JobContext) -> None:
+    if Capability.TASK_ENV_VARS not in gpu_ctx.capabilities:
+        pytest.skip(f"backend {gpu_ctx.backend!r} lacks capability 'task_env_vars'")
+    opts = TaskOptions(resources={"CPU": 0.5, "GPU": 1}, runtime_env=RuntimeEnv(env={"FRAY_TEST_MARK": "1"}))
+    held, visible = gpu_ctx.get(gpu_ctx.create_task(h.gpus_and_visible, options=opts), timeout=120)
+    assert len(held) == 1
+    assert visible == str(held[0])
+
+
+def test_gpu_requests_beyond_a_host_or_not_whole_are_refused(gpu_ctx: JobContext) -> None:
+    too_many = _devices(gpu_ctx) + 1
+    with pytest.raises(InfeasibleResourcesError, match="GPU"):
+        gpu_ctx.create_task(h.held_gpus, options=TaskOptions(resources={"GPU": too_many}))
+    with pytest.raises(ValueError, match="whole number"):
+        TaskOptions(resources={"GPU": 1.5})
