@@ -1,6 +1,7 @@
 """Fray on PyTorch Monarch: `fray.init("monarch?procs=4")`.
 
-Options: procs (worker processes per host, default CPU count), cpus / gpus (per host, default CPU count / 0),
+Options: procs (worker processes per host, default one per GPU on a GPU host, else the CPU count), cpus / gpus (per
+host, default CPU count / the GPUs found here),
 resources ("name:qty,name:qty" custom resources per host), hosts ("tls://h:p,tls://h2:p2": attach to workers
 started with `python -m fray_monarch.worker --address tls://h:p`; with job=ssh host names, with job=process a
 count), insecure (true: plain TCP between machines instead of TLS), job (ssh|slurm|process|local, or a Monarch
