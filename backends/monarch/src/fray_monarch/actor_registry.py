@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -26,6 +25,8 @@ from fray.groups import Member
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
+from fray_monarch.actor_holds import ActorHolds
+from fray_monarch.actor_rec import ActorRec
 from fray_monarch.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.hosts import FrayActorHost
 from fray_monarch.ids import Ids
@@ -33,50 +34,6 @@ from fray_monarch.objects import RefPayload
 from fray_monarch.processes import Proc, ProcessPool, ignore, local_part
 from fray_monarch.protocol import ActorCall, ActorDesc, Inline, WireValue, compact, expand, plain_call
 from fray_monarch.streaming import StreamRec, StreamRegistry
-
-
-@dataclass
-class ActorRec:
-    id: str
-    name: str | None
-    class_name: str
-    methods: frozenset[str]
-    cls_data: bytes
-    args: WireValue
-    deps: list[str]
-    keep: list[Any]
-    options: ActorOptions
-    resources: dict[str, float]
-    proc: Proc | None = None  # the process it runs in
-    mesh: Any = None
-    restarts: int = 0
-    state: ActorState = ActorState.ALIVE
-    reason: str = ""
-    info: ActorInfo = field(default_factory=ActorInfo)  # what fray.current_actor() says inside it
-    env: dict[str, str] = field(default_factory=dict)  # set in its process's os.environ before __init__
-    dedicated: bool = False  # it owns its process (an SPMD member, a member of a group's own mesh)
-    host: int = 0  # the fray host of its own process (dedicated)
-    claim: Proc | None = None  # the process whose share of the host its resources are taken from
-    gpus: tuple[int, ...] = ()  # the devices it holds on its process's host (fray.gpus)
-    group: Any = None  # the GroupRec of a group member (meshgroups.py)
-    slot: tuple[int, int] | None = None  # (block, flat index) in its group's mesh; None once on a process of its own
-    inflight: set[str] = field(default_factory=set)  # its calls sent by group broadcast, not answered yet
-
-    @property
-    def can_restart(self) -> bool:
-        return self.options.max_restarts == -1 or self.restarts < self.options.max_restarts
-
-    @property
-    def label(self) -> str:
-        """How errors name it: class, name (a group member's is "group/rank") and rank in its group."""
-        who = f"{self.class_name} {self.name!r}" if self.name else f"{self.class_name} {self.id}"
-        if self.info.group is not None or self.info.size > 1:
-            who += f" (rank {self.info.rank} of {self.info.size})"
-        return who
-
-    @property
-    def desc(self) -> ActorDesc:
-        return self.id, self.class_name, self.methods, self.name
 
 
 class ActorRegistry:
@@ -103,6 +60,7 @@ class ActorRegistry:
         self.inflight: dict[str, Entry] = {}  # group-broadcast calls not answered yet, by object id
         # a member of an SPMD group died (gangs.py): (member, why, whether its group may restart)
         self.gang_died: Callable[[ActorRec, str, bool], None] | None = None
+        self.holds = ActorHolds(pool)
         self._watch = self.watch  # (bound once: every call's entry carries it)
 
     # ------------------------------------------------------------ replies
@@ -219,12 +177,8 @@ class ActorRegistry:
                     return self.by_id[self.names[options.name]].desc
                 raise ActorAlreadyExistsError(f"an actor named {options.name!r} exists already")
             resources = normalize_resources(options.resources)
-            if not self.gpus_free_for(resources):
-                raise InfeasibleResourcesError(
-                    f"actor {class_name} asks for GPU={resources['GPU']:g}, but the GPUs of this context's hosts "
-                    "are held by other actors and tasks now, and the monarch backend does not queue an actor "
-                    "until they are free: kill an actor that holds one, wait for tasks that do, or ask for less"
-                )
+            if not self.holds.free_for(resources.get("GPU", 0.0)):
+                raise self.holds.refuse(f"actor {class_name}", resources["GPU"])
             rec = ActorRec(
                 self.ids.actor(),
                 options.name,
@@ -244,82 +198,32 @@ class ActorRegistry:
             self.place(rec)
             return rec.desc
 
-    def claim(self, rec: ActorRec, proc: Proc) -> None:
-        """Under the lock: rec's resources are taken from proc's share of its host (tasks there see less room)."""
-        rec.claim = proc
-        self.pool.claim(proc, local_part(rec.resources))
-
-    def unclaim(self, rec: ActorRec) -> None:
-        proc, rec.claim = rec.claim, None
-        if proc is not None:
-            self.pool.unclaim(proc, local_part(rec.resources))
-        self.give_back_gpus(rec)
-
-    def give_back_gpus(self, rec: ActorRec) -> None:
-        """Under the lock: the devices rec held are free again."""
-        if rec.gpus and rec.proc is not None:
-            self.pool.devices[rec.proc.host].give(rec.gpus, rec.resources.get("GPU", 0.0))
-        rec.gpus = ()
-
-    def gpus_free_for(self, resources: dict[str, float]) -> bool:
-        """Under the lock: some host has devices free for these resources now (monarch does not queue actors:
-        an actor whose GPUs are all held is refused, rather than share a device another holds)."""
-        amount = resources.get("GPU", 0.0)
-        return not amount or any(self.pool.devices[h].choose(amount) for h in self.pool.live_hosts())
-
-    def _place_with_gpus(self, rec: ActorRec) -> Proc:
-        """Under the lock: devices for an actor that asks for GPUs, on the least loaded general process that sees
-        devices that can hold them, else on a process of its own that sees exactly the devices chosen."""
-        amount = rec.resources.get("GPU", 0.0)
-        for host in self.pool.live_hosts():
-            devices = self.pool.devices[host]
-            best = devices.choose(amount)  # (fractions pack onto the fullest device)
-            for proc in sorted(self.pool.general(host), key=lambda p: (len(p.actors), len(p.outstanding))):
-                if best and set(best) <= set(proc.gpus):
-                    rec.gpus = devices.take(amount, among=best) or ()
-                    self.claim(rec, proc)
-                    return proc
-            held = devices.take(amount)
-            if held:
-                rec.gpus = held
-                proc = self.pool.spawn(host, dedicated=rec.id, cpus=rec.resources.get("CPU"), gpus=held)
-                self.claim_on_host(rec, host)
-                return proc
-        # A restart while the devices are held by others (creation refuses that: gpus_free_for): it shares one.
-        host = self.pool.live_hosts()[0] if self.pool.live_hosts() else 0
-        _runtime.log.warning("fray: actor %s restarts without free GPUs: it shares a device", rec.label)
-        rec.gpus = self.pool.devices[host].ids[: max(1, round(amount))]
-        proc = self.pool.spawn(host, dedicated=rec.id, cpus=rec.resources.get("CPU"), gpus=rec.gpus)
-        self.claim_on_host(rec, host)
-        return proc
-
-    def claim_on_host(self, rec: ActorRec, host: int) -> None:
-        """Under the lock: claim an actor's resources from the general process of `host` with the most room for
-        them (an actor with its own process still counts against its host's CPUs)."""
-        if rec.claim is not None and rec.claim.alive:
-            return
-        pool = self.pool.general(host) or self.pool.general()
-        if not pool:
-            return
-        fitting = [p for p in pool if p.fits_at_all(local_part(rec.resources))] or pool
-        self.claim(rec, max(fitting, key=lambda p: (p.free_capacity.get("CPU", 0.0), -len(p.actors))))
-
     def place(self, rec: ActorRec, on_init: Callable[[Any, BaseException | None], None] = ignore) -> None:
         """Under the lock: spawn the actor on the least loaded live process that can hold its resources, or on a
         fresh process of its own (a dedicated actor: an SPMD member; a group member coming back). on_init is
         told when its __init__ has returned (an SPMD group's restart waits for every rank's)."""
-        self.give_back_gpus(rec)  # (a restart holds its devices afresh)
-        if rec.resources.get("GPU") and rec.group is None:
-            proc = self._place_with_gpus(rec)
+        previous, amount = rec.gpus, rec.resources.get("GPU", 0.0)
+        self.holds.give_back_gpus(rec)  # (a restart holds its devices afresh)
+        if amount and rec.group is None:
+            placed = self.holds.for_actor(amount, rec.id, rec.resources.get("CPU"))
+            if placed is None:
+                raise self.holds.refuse(f"actor {rec.label}", amount)
+            proc, rec.gpus, own = placed
+            if own:
+                self.holds.claim_on_host(rec, proc.host)
+            else:
+                self.holds.claim(rec, proc)
         elif rec.dedicated:  # (a group member coming back: on a fresh process, never on its group's mesh)
+            if previous:
+                rec.gpus = self.holds.again(rec.host, amount, previous)
             proc = self.pool.spawn(rec.host, dedicated=rec.id, cpus=rec.resources.get("CPU"))
             rec.slot = None
-            self.claim_on_host(rec, rec.host)
+            self.holds.claim_on_host(rec, rec.host)
         else:
             pool = self.pool.general()
             candidates = [p for p in pool if p.fits_at_all(local_part(rec.resources))] or pool
             proc = min(candidates, key=lambda p: (len(p.actors), len(p.outstanding)))
-            self.claim(rec, proc)
+            self.holds.claim(rec, proc)
         rec.proc = proc
         proc.actors.add(rec.id)
         env = {**rec.env, ENV_HELD: ",".join(map(str, rec.gpus))} if rec.gpus else rec.env
@@ -342,7 +246,7 @@ class ActorRegistry:
         proc = rec.proc
         if proc is not None:
             proc.actors.discard(rec.id)
-        self.unclaim(rec)
+        self.holds.unclaim(rec)
         rec.keep = []
         self.fail_inflight(rec, RuntimeError(reason))
         self.resources_freed()
@@ -357,7 +261,11 @@ class ActorRegistry:
                 self.gang_died(rec, f"its process crashed: {reason}", True)  # the whole group fails with it
             elif rec.can_restart:
                 rec.restarts += 1
-                self.place(rec)
+                try:
+                    self.place(rec)
+                except InfeasibleResourcesError as refused:  # its GPUs were taken by other work meanwhile
+                    self.dead(rec, f"its process crashed ({reason}) and it could not restart: {refused}")
+                    continue
                 self.fail_inflight(rec, RuntimeError(reason))  # -> ActorUnavailableError
             else:
                 self.dead(rec, f"its process crashed: {reason}")

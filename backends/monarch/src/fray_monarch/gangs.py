@@ -25,7 +25,8 @@ from typing import Any
 from fray.errors import ActorDiedError
 from fray.gang import died_error, heartbeat_interval, hung_reason, restarting_error
 from fray_monarch import _runtime
-from fray_monarch.actor_registry import ActorRec, ActorRegistry
+from fray_monarch.actor_rec import ActorRec
+from fray_monarch.actor_registry import ActorRegistry
 from fray_monarch.directory import Entry, ObjectDirectory
 from fray_monarch.meshgroups import GroupRec, GroupRegistry
 from fray_monarch.processes import ProcessPool, ignore
@@ -147,7 +148,7 @@ class GangKeeper:
                     self.directory.mark_lost(proc.key, f"it was stored by actor {member.label}, whose group failed")
                 if member.slot is None:  # (on a process of its own since an earlier restart)
                     meshes.append(proc.mesh)
-            self.actors.unclaim(member)
+            self.actors.holds.unclaim(member, keep_gpus=True)  # (given back if the group dies: ActorRegistry.dead)
             pending += [e for e in (self.actors.inflight.pop(oid, None) for oid in member.inflight) if e]
             member.inflight.clear()
         self._stop(meshes)

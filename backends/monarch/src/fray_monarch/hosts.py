@@ -25,7 +25,7 @@ import fray.current as fray_current
 import fray.output as fray_output
 from fray.current import ActorInfo
 from fray.errors import ActorDiedError
-from fray.gpus import ENV_HELD, held_from_env
+from fray.gpus import ENV_HELD, held_from_env, use_held_device
 from fray.refs import ObjectRef
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, loads, plain_pickle
@@ -256,11 +256,14 @@ class FrayActorHost(Actor):
     ) -> ActorReply:
         self.info, env = members[self.index] if self.index < len(members) else members[0]
         env = dict(env)
-        self.gpus = held_from_env({ENV_HELD: env.pop(ENV_HELD, "")})  # (not set in a process it may share)
+        self.gpus = held_from_env({ENV_HELD: env.get(ENV_HELD, "")})
+        if not self.owns_process:
+            env.pop(ENV_HELD, None)  # (not set in a process it shares with other work)
         if env:
-            environ.publish(env)  # an SPMD member: torch.distributed's variables, before __init__
+            environ.publish(env)  # an SPMD member: torch.distributed's variables and its GPUs, before __init__
         if self.owns_process:
             fray_current.set_process_actor(self.info)
+            use_held_device()  # (an SPMD member holding GPUs starts on its own, as LOCAL_RANK would pick it)
         tokens = self._enter()
         label_token = None
         try:

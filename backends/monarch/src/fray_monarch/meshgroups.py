@@ -33,7 +33,8 @@ from fray.resources import add, capacity
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch import _runtime
-from fray_monarch.actor_registry import ActorRec, ActorRegistry
+from fray_monarch.actor_rec import ActorRec
+from fray_monarch.actor_registry import ActorRegistry
 from fray_monarch.directory import Entry, ObjectDirectory
 from fray_monarch.hosts import FrayActorHost, WorkerHost
 from fray_monarch.ids import Ids
@@ -176,6 +177,11 @@ class GroupRegistry:
                 rank += 1
         return True
 
+    @staticmethod
+    def _hosts_of(layout: list[tuple[int, int]]) -> list[int]:
+        """Each rank's host, in rank order."""
+        return [host for host, n in layout for _ in range(n)]
+
     def _blocks(self, layout: list[tuple[int, int]]) -> list[tuple[list[int], int, bool]]:
         """(hosts, members per host, 2-D) of each process mesh: one mesh when all members are on one host, or
         evenly on a contiguous range of attached hosts; else one per host."""
@@ -234,6 +240,7 @@ class GroupRegistry:
             for name in names:
                 if self.actors.name_taken(name):
                     raise ActorAlreadyExistsError(f"an actor named {name!r} exists already")
+            held = self.actors.holds.for_group(self._hosts_of(layout), resources.get("GPU", 0.0), envs, class_name)
             label = group_label(class_name, count, options.name)
             group = GroupRec(self.ids.group(), options.name, label=label, distributed=distributed, placement=placement)
             group.max_restarts = options.max_restarts if distributed else 0
@@ -243,8 +250,15 @@ class GroupRegistry:
                     actor = (cls_data, class_name, methods, args, deps, keep, options)
                     self._spawn_block(group, hosts, per_host, two_d, names, envs, actor)
             except BaseException:
+                made = len(group.members)
+                for member, devices in zip(group.members, held, strict=False):
+                    member.gpus = devices  # (given back as _drop kills them)
                 self._drop(group, "its group could not be created")
+                for host, devices in list(zip(self._hosts_of(layout), held, strict=True))[made:]:
+                    self.actors.holds.give_back(host, devices, resources.get("GPU", 0.0))
                 raise
+            for member, devices in zip(group.members, held, strict=True):
+                member.gpus = devices
             self.by_id[group.id] = group
             if distributed and self.spmd_created is not None:
                 self.spmd_created(group)
@@ -308,7 +322,7 @@ class GroupRegistry:
             proc.actors.add(aid)
             rec.mesh = block.member(actors, index)
             self.actors.add(rec)
-            self.actors.claim_on_host(rec, rec.host)
+            self.actors.holds.claim_on_host(rec, rec.host)
             group.members.append(rec)
             members.append((info, envs[rank]))
         _runtime.on_done(actors.init.call(cls_data, args, deps, members, self.reply_port), ignore)

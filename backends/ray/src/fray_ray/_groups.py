@@ -51,6 +51,7 @@ from fray_ray._actors import RayActors
 from fray_ray._args import is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
 from fray_ray._gangs import HEARTBEAT_ENV, GangWatch, RayGang
+from fray_ray._gpus import RENDEZVOUS_ENV
 
 __all__ = [
     "DEFAULT_BUNDLE",
@@ -198,10 +199,11 @@ def members(pg: Any, count: int, name: str | None, distributed: bool) -> list[Me
     for rank in range(count):
         per_node.setdefault(nodes_of[rank], []).append(rank)
     out = []
+    rendezvous = uuid.uuid4().hex  # this life's: members holding GPUs meet there to see each other's (_gpus)
     for rank, info in enumerate(infos):
         local = per_node[nodes_of[rank]]
         env = spmd_env(rank, count, master_addr, port, local.index(rank), len(local))
-        out.append(Member(info, True, env))
+        out.append(Member(info, True, {**env, RENDEZVOUS_ENV: rendezvous}))
     return out
 
 

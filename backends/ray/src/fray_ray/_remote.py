@@ -28,6 +28,7 @@ from fray.remote_errors import portable as make_portable
 from fray.resources import task_resources
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
 from fray_ray._gangs import HEARTBEAT_ENV, start_heartbeat
+from fray_ray._gpus import RENDEZVOUS_ENV, see_group_gpus
 from fray_ray._values import pack
 
 # --------------------------------------------------------------------------------------- inside a worker
@@ -126,6 +127,8 @@ def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None) -> None:
     info, env = member
     os.environ.update(env)
     current.set_process_actor(info)
+    if RENDEZVOUS_ENV in env:  # an SPMD member holding GPUs sees its group's devices on its node
+        see_group_gpus(dict(env))
     if HEARTBEAT_ENV in env:  # an SPMD member says it is alive (fray_ray._gangs watches for silence)
         start_heartbeat(float(env[HEARTBEAT_ENV]))
 

@@ -259,6 +259,13 @@ def held_gpus() -> list[int]:
     return fray.current_gpus()
 
 
+def held_gpus_since() -> tuple[list[int], float]:
+    """fray.current_gpus() where this task runs, and when it started (time.time())."""
+    import fray
+
+    return fray.current_gpus(), time.time()
+
+
 def gpus_and_visible() -> tuple[list[int], str | None]:
     """fray.current_gpus() and CUDA_VISIBLE_DEVICES where this task runs."""
     import fray
@@ -273,3 +280,15 @@ class GpuHolder:
         import fray
 
         return fray.current_gpus()
+
+
+class GpuMember:
+    """An SPMD member that says what it holds and sees: (current_gpus, CUDA_VISIBLE_DEVICES, LOCAL_RANK)."""
+
+    def view(self) -> tuple[list[int], str | None, int]:
+        import fray
+
+        return fray.current_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"), int(os.environ["LOCAL_RANK"])
+
+    def crash_now(self) -> None:
+        os._exit(1)

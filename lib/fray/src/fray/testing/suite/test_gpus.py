@@ -4,11 +4,12 @@ with it; others get a context of their own with `gpus=N` (N: the GPUs found here
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from fray import ActorOptions, InfeasibleResourcesError, RuntimeEnv, TaskOptions
+from fray import ActorOptions, ActorUnavailableError, InfeasibleResourcesError, RuntimeEnv, TaskOptions
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.current import using
@@ -105,3 +106,52 @@ def test_gpu_requests_beyond_a_host_or_not_whole_are_refused(gpu_ctx: JobContext
         gpu_ctx.create_task(h.held_gpus, options=TaskOptions(resources={"GPU": too_many}))
     with pytest.raises(ValueError, match="whole number"):
         TaskOptions(resources={"GPU": 1.5})
+
+
+def test_spmd_members_see_their_groups_devices_so_local_rank_picks_their_own(gpu_ctx: JobContext) -> None:
+    """As under torchrun: `torch.cuda.set_device(LOCAL_RANK)` in a member is that member's own device."""
+    _needs_two(gpu_ctx)
+    if Capability.SPMD_GROUPS not in gpu_ctx.capabilities:
+        pytest.skip(f"backend {gpu_ctx.backend!r} lacks capability 'spmd_groups'")
+    opts = ActorOptions(resources={"CPU": 0.5, "GPU": 1})
+    group = gpu_ctx.create_actor_group(h.GpuMember, 2, options=opts, distributed=True)
+    try:
+        views = gpu_ctx.get(group.view(), timeout=120)
+        held = [v[0] for v in views]
+        assert all(len(h) == 1 for h in held) and held[0] != held[1]
+        for mine, visible, local_rank in views:
+            assert visible is not None
+            assert visible.split(",")[local_rank] == str(mine[0])
+    finally:
+        gpu_ctx.kill(group)
+
+
+def test_an_spmd_group_holding_gpus_restarts_seeing_the_same_devices(gpu_ctx: JobContext) -> None:
+    _needs_two(gpu_ctx)
+    if Capability.SPMD_GANG_RESTART not in gpu_ctx.capabilities:
+        pytest.skip(f"backend {gpu_ctx.backend!r} lacks capability 'spmd_gang_restart'")
+    opts = ActorOptions(resources={"CPU": 0.5, "GPU": 1}, max_restarts=1)
+    group = gpu_ctx.create_actor_group(h.GpuMember, 2, options=opts, distributed=True)
+    try:
+        before = gpu_ctx.get(group.view(), timeout=120)
+        group[1].crash_now()
+        deadline = time.monotonic() + 180
+        while True:  # calls made while the group restarts raise ActorUnavailableError
+            try:
+                after = gpu_ctx.get(group.view(), timeout=120)
+                break
+            except ActorUnavailableError:
+                assert time.monotonic() < deadline, "the group did not come back within 180 s"
+                time.sleep(0.2)
+        assert sorted(v[0][0] for v in after) == sorted(v[0][0] for v in before)
+        for mine, visible, local_rank in after:
+            assert visible is not None and visible.split(",")[local_rank] == str(mine[0])
+        if _devices(gpu_ctx) == 2:  # the restarted group still holds both: a one-GPU task starts once it is gone
+            ref = gpu_ctx.create_task(h.held_gpus_since, options=ONE_GPU)
+            gpu_ctx.wait([ref], timeout=3.0)
+            killed = time.time()
+            gpu_ctx.kill(group)
+            held, started = gpu_ctx.get(ref, timeout=120)
+            assert len(held) == 1 and started >= killed
+    finally:
+        gpu_ctx.kill(group)
