@@ -16,9 +16,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from fray.cuda_values import device_stats
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps
-from fray.transfers import PathStats
+from fray.transfers import PathStats, merge
 from fray_monarch import lifeline, network
 from fray_monarch.arena import reclaim_dead_segments, remove_segments, segment_prefix
 from fray_monarch.calls import contained_ids
@@ -212,7 +213,7 @@ class WorkerRuntime:
         return self.store.load(value, what)
 
     def transfer_stats(self) -> dict[str, PathStats]:
-        return self.store.stats.snapshot()
+        return merge(self.store.stats.snapshot(), device_stats.snapshot())  # (CUDA tensors loaded here)
 
     # ------------------------------------------------------------ streams
     def produce(self, sid: str, make: Callable[[], Any], what: str) -> None:

@@ -19,15 +19,17 @@ from fray._validation import FEASIBLE_SECONDS, check_call, check_options, check_
 from fray.capabilities import Capability
 from fray.cluster_context import ClusterContext
 from fray.completion import RefWatcher, get_with_progress, outcomes
+from fray.cuda_values import device_stats
 from fray.current import clear_job_context, get_job_context
 from fray.errors import FrayError, InfeasibleResourcesError, UnsupportedFeatureError
 from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, create_one_by_one, existing_group
 from fray.outcome import Outcome
 from fray.progress import ProgressMode, check_mode
+from fray.receive import receive_into
 from fray.refs import ActorHandle, ObjectRef
 from fray.resources import actor_resources, fits, format_resources, task_resources
 from fray.streams import ObjectRefStream
-from fray.transfers import PathStats
+from fray.transfers import PathStats, merge
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
 __all__ = [
@@ -162,13 +164,20 @@ class JobContext(ABC):
         )
 
     def get(
-        self, refs: ObjectRef | Sequence[ObjectRef], timeout: float | None = None, progress: ProgressMode = False
+        self,
+        refs: ObjectRef | Sequence[ObjectRef],
+        timeout: float | None = None,
+        progress: ProgressMode = False,
+        out: Any = None,
     ) -> Any:
         """The value of a ref, or the values of a list of refs in order. Raises the task's exception: for a
         list, as soon as one of its refs has failed (the first failed one in list order), without waiting for
         the others, as Ray's get does. GetTimeoutError (a TimeoutError) when `timeout` seconds pass first.
         progress=True shows a progress bar of a list's refs on a terminal ("always": also when stderr is not
-        one)."""
+        one). out: tensors and arrays of the caller's (a `state_dict`; a list of them for a list of refs) that
+        receive the value in place, and are returned (fray.receive)."""
+        if out is not None:
+            return receive_into(out, self.get(refs, timeout, progress))
         if self._shut_down:
             self._refuse_if_shut_down()
         deadline = None if timeout is None else check_timeout(timeout)
@@ -253,9 +262,10 @@ class JobContext(ABC):
 
     def transfer_stats(self) -> dict[str, PathStats]:
         """How the values read so far reached their readers, by path (see fray.transfers): how many transfers,
-        their bytes and seconds, summed over every process of this context that the backend can ask."""
+        their bytes and seconds, summed over every process of this context that the backend can ask. CUDA
+        tensors loaded in this process are counted by fray.cuda_values (`cuda-device-copy`, `cuda-staged`)."""
         self._refuse_if_shut_down()
-        return self._transfer_stats()
+        return merge(self._transfer_stats(), device_stats.snapshot())
 
     def shutdown(self) -> None:
         """Release everything this context started. Idempotent. Every later call raises FrayError.

@@ -1,9 +1,10 @@
 """Serialization shared by the backends: values, arguments and remote exceptions.
 
 One path for every backend: pickle protocol 5 with out-of-band buffers. Large binary data never goes into the
-pickle stream itself: numpy arrays (their own protocol-5 reducer), torch CPU tensors (fray's reducer below,
-not torch's in-band storage pickling), memoryviews, and bytes/bytearrays above OOB_THRESHOLD travel as buffers
-beside a small in-band part, so a store can place them in shared memory and a reader can map them.
+pickle stream itself: numpy arrays (their own protocol-5 reducer), torch tensors (fray's reducer below, not
+torch's in-band storage pickling; CUDA storages: fray.cuda_values), memoryviews, and bytes/bytearrays above
+OOB_THRESHOLD travel as buffers beside a small in-band part, so a store can place them in shared memory and a
+reader can map them.
 
 The torch reducer is installed through the pickler's own `reducer_override`, never through `copyreg`, so
 pickling elsewhere in the user's process is unchanged. Functions and classes defined in `__main__`, a notebook
@@ -28,6 +29,7 @@ from typing import Any
 
 import cloudpickle
 
+from fray.cuda_values import STAGED, CudaStorage, KeptToken
 from fray.errors import FrayError, SerializationError
 from fray.pool import pool_copy
 from fray.remote_errors import RemoteError, capture_exception
@@ -159,7 +161,7 @@ def _rebuild_tensor(
 ) -> Any:
     import torch
 
-    tensor = torch.empty(0, dtype=getattr(torch, dtype)).set_(storage, offset, size, stride)
+    tensor = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device).set_(storage, offset, size, stride)
     if param:
         return torch.nn.Parameter(tensor, requires_grad=grad)
     return tensor.requires_grad_(grad) if grad else tensor
@@ -173,12 +175,12 @@ def _tensor_types() -> tuple[type, ...]:
 
 
 def _reduce_tensor(t: Any, pickler: Any) -> Any:
-    """fray's reducer for a dense CPU tensor (plain or Parameter); NotImplemented leaves others to torch (CUDA,
-    sparse, quantized, conjugate views, subclasses)."""
+    """fray's reducer for a dense CPU or CUDA tensor (plain or Parameter; CUDA storages: fray.cuda_values);
+    NotImplemented leaves others to torch (other devices, sparse, quantized, conjugate views, subclasses)."""
     import torch
 
     if (
-        t.device.type != "cpu"
+        t.device.type not in ("cpu", "cuda")
         or t.layout != torch.strided
         or t.is_quantized
         or t.is_nested
@@ -191,7 +193,8 @@ def _reduce_tensor(t: Any, pickler: Any) -> Any:
     key = (storage.data_ptr(), storage.nbytes())
     box = pickler.storages.get(key)
     if box is None:
-        box = pickler.storages[key] = _Storage(storage, pickler)
+        kind = _Storage if t.device.type == "cpu" else CudaStorage
+        box = pickler.storages[key] = kind(storage, pickler)
     dtype = str(t.dtype).rsplit(".", 1)[-1]
     args = (box, dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()), t.requires_grad)
     return (_rebuild_tensor, (*args, type(t) is torch.nn.Parameter))
@@ -200,9 +203,10 @@ def _reduce_tensor(t: Any, pickler: Any) -> Any:
 class _Reducers:
     """The reducer_override shared by fray's two picklers (C pickle first, cloudpickle as fallback)."""
 
-    storages: dict[tuple[int, int], _Storage]
+    storages: dict[tuple[int, int], _Storage | CudaStorage]
     private_ids: set[int]
     keep: list[Any]
+    device_mode: str = STAGED  # how CUDA storages travel (fray.cuda_values): set by dumps
 
     def _setup(self) -> None:
         self.storages = {}
@@ -239,9 +243,12 @@ class _CloudPickler(_Reducers, cloudpickle.Pickler):  # type: ignore[misc]
         return super().reducer_override(obj) if reduced is NotImplemented else reduced
 
 
-def _pickle_with(cls: type, obj: Any, buffers: list[pickle.PickleBuffer]) -> tuple[bytes, Any]:
+def _pickle_with(
+    cls: type, obj: Any, buffers: list[pickle.PickleBuffer], device_mode: str = STAGED
+) -> tuple[bytes, Any]:
     out = io.BytesIO()
     pickler = cls(out, buffers.append)
+    pickler.device_mode = device_mode
     try:
         pickler.dump(obj)
     finally:
@@ -288,12 +295,14 @@ def plain_pickle(obj: Any) -> bytes | None:
     return pickle.dumps(obj, protocol=5) if _plain(obj) else None
 
 
-def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
+def dumps(obj: Any, what: str = "value", copy: bool = True, device_mode: str = STAGED) -> Blob:
     """Serialize obj. Raises SerializationError (naming `what`) if it cannot be pickled.
 
     copy=True: each out-of-band buffer is copied once (as an object store does), so later mutation of obj
     cannot change the stored value. copy=False: buffers are views of obj's own memory, for a caller that
-    writes them out (to shared memory, a socket) before obj can change."""
+    writes them out (to shared memory, a socket) before obj can change. device_mode: how CUDA tensors travel
+    (fray.cuda_values): STAGED through pinned host memory for a reader in another process, KEPT as device
+    copies for readers in this one."""
     plain = plain_pickle(obj)
     if plain is not None:
         return Blob(plain)
@@ -304,22 +313,23 @@ def dumps(obj: Any, what: str = "value", copy: bool = True) -> Blob:
     value = _substitute_large_bytes(obj)
     try:
         try:  # the C pickler is ~6x faster; cloudpickle handles what it cannot (lambdas, local functions...)
-            data, pickler = _pickle_with(_Pickler, value, buffers)
+            data, pickler = _pickle_with(_Pickler, value, buffers, device_mode)
             if b"__main__" in data:  # pickled by reference to __main__: another process could not load it
                 raise pickle.PicklingError("refers to __main__")
         except Exception:
             buffers.clear()
             contained.clear()
-            data, pickler = _pickle_with(_CloudPickler, value, buffers)
+            data, pickler = _pickle_with(_CloudPickler, value, buffers, device_mode)
     except Exception as exc:
         raise SerializationError(f"cannot serialize {what} of type {type(obj).__name__}: {exc}") from exc
     finally:
         _local.contained = outer
     private = frozenset(i for i, b in enumerate(buffers) if id(b) in pickler.private_ids)
+    kept = [k for k in pickler.keep if type(k) is KeptToken]  # device copies live as long as the value
     if not buffers:
-        return Blob(data, [], contained)
+        return Blob(data, [], contained, keep=kept)
     if copy:  # large buffers are copied into pooled memory: a fresh allocation would cost more than the copy
-        return Blob(data, [pool_copy(b.raw(), readonly=True) for b in buffers], contained, private)
+        return Blob(data, [pool_copy(b.raw(), readonly=True) for b in buffers], contained, private, keep=kept)
     return Blob(data, [b.raw() for b in buffers], contained, private, keep=[*buffers, *pickler.keep])
 
 
@@ -342,10 +352,10 @@ def loads_data(data: bytes, buffers: Sequence[Any] = (), what: str = "a value") 
         ) from exc
 
 
-def dumps_call(where: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Blob:
+def dumps_call(where: str, args: Sequence[Any], kwargs: Mapping[str, Any], device_mode: str = STAGED) -> Blob:
     """Serialize a call's (args, kwargs); on failure the SerializationError names the argument at fault."""
     try:
-        return dumps((tuple(args), dict(kwargs)), f"the arguments of {where}")
+        return dumps((tuple(args), dict(kwargs)), f"the arguments of {where}", device_mode=device_mode)
     except SerializationError as exc:
         raise find_unserializable_argument(where, args, kwargs, exc.__cause__) from exc.__cause__
 

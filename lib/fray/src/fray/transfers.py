@@ -7,7 +7,10 @@ path the bytes took to reach the reader:
 - ``shm``: mapped from the shared memory of the reader's own host, without a copy;
 - ``rdma-ibverbs`` / ``rdma-tcp``: pulled from the owner's host with Monarch's RDMABuffer (its TCP fallback);
 - ``tcp-direct``: pulled straight from the owner's host over one or more sockets;
-- ``in-process`` (in_memory) and ``ray-object-store`` (ray): the engine's own store.
+- ``in-process`` (in_memory) and ``ray-object-store`` (ray): the engine's own store;
+- ``cuda-device-copy`` / ``cuda-staged``: a CUDA tensor's storage copied on its device for a reader in the same
+  process, or carried through pinned host memory and copied onto the reader's device (fray.cuda_values; its
+  host bytes are also counted under the path they took).
 
 Counters are per process; a backend with several processes sums them (see `JobContext.transfer_stats`).
 """
@@ -22,7 +25,17 @@ from dataclasses import dataclass
 
 __all__ = ["PATHS", "PathStats", "TransferStats", "merge"]
 
-PATHS = ("inline", "shm", "rdma-ibverbs", "rdma-tcp", "tcp-direct", "in-process", "ray-object-store")
+PATHS = (
+    "inline",
+    "shm",
+    "rdma-ibverbs",
+    "rdma-tcp",
+    "tcp-direct",
+    "in-process",
+    "ray-object-store",
+    "cuda-device-copy",
+    "cuda-staged",
+)
 
 
 @dataclass(frozen=True)

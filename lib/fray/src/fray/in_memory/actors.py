@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fray import current, output
+from fray.cuda_values import KEPT
 from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,
@@ -129,7 +130,7 @@ class ActorTable:
         ctx = self.ctx
         if ctx.serialize:
             check_function(klass, ctx._checked_fns)
-            call: Any = dumps_call(f"{klass.__name__}()", args, kwargs)
+            call: Any = dumps_call(f"{klass.__name__}()", args, kwargs, device_mode=KEPT)
         else:
             call = (args, kwargs)
         detached = options.lifetime is Lifetime.DETACHED
@@ -238,7 +239,7 @@ class ActorTable:
         actor: _Actor = handle.payload
         where = f"{actor.klass.__name__}.{method}"
         serialize = self.ctx.serialize and not _immutable_call(args, kwargs)
-        call = dumps_call(where, args, kwargs) if serialize else (args, kwargs)
+        call = dumps_call(where, args, kwargs, device_mode=KEPT) if serialize else (args, kwargs)
         entry = _Entry()
         with actor.lock:
             if actor.death is not None:

@@ -18,6 +18,7 @@ from typing import Any
 from fray import current, output
 from fray.capabilities import Capability
 from fray.context import JobContext
+from fray.cuda_values import KEPT, KeptToken
 from fray.errors import (
     GetTimeoutError,
     TaskCancelledError,
@@ -94,7 +95,9 @@ class InMemoryJobContext(JobContext):
     def _encode(self, value: Any, what: str) -> Any:
         if isinstance(value, Serialized):  # a child process's result, already serialized into this process's memory
             return value.blob if self.serialize else loads(value.blob, what)
-        return dumps(value, what) if self.serialize and type(value) not in _IMMUTABLE else value
+        if self.serialize and type(value) not in _IMMUTABLE:  # (CUDA tensors: device copies, fray.cuda_values)
+            return dumps(value, what, device_mode=KEPT)
+        return value
 
     def _decode(self, stored: Any, what: str = "a value") -> Any:
         if not isinstance(stored, Blob):
@@ -192,7 +195,8 @@ class InMemoryJobContext(JobContext):
     ) -> ObjectRef:
         deps = _top_level_entries(args, kwargs)
         if self.serialize and not _immutable_call(args, kwargs):
-            call: Any = dumps_call(str(options.name or getattr(fn, "__qualname__", None) or fn), args, kwargs)
+            name = str(options.name or getattr(fn, "__qualname__", None) or fn)
+            call: Any = dumps_call(name, args, kwargs, device_mode=KEPT)
         else:
             call = (args, kwargs)
         entry = _Entry()
@@ -348,6 +352,8 @@ class InMemoryJobContext(JobContext):
     def _stored_value_of(self, ref: ObjectRef) -> Any:
         """A ref's object as stored: a Serialized blob, or the value itself; raises _Failure if its task failed."""
         stored = self._entry_of(ref).result()
+        if isinstance(stored, Blob) and any(type(k) is KeptToken for k in stored.keep):  # CUDA copies kept here:
+            stored = dumps(loads(stored, "a stored value"), "a stored value")  # staged for the other process
         return Serialized(stored) if isinstance(stored, Blob) else stored
 
     def _value_of(self, ref: ObjectRef, raise_original: bool = False) -> Any:
