@@ -62,3 +62,12 @@ def test_dataplane_runs_small_on_every_installed_backend() -> None:
     out = run_bench(str(BENCH / "bench_dataplane.py"), "--sizes", "1M", "--repeats", "2", "--backends", chosen)
     assert "FAILED" not in out, out
     assert "| p90 |" in out and "task -> get (create+get)" in out
+
+
+def test_gpu_bench_says_why_it_cannot_measure_without_cuda() -> None:
+    """Its --quick run on a GPU machine is in tests/gpu; here it must say what it lacks and end cleanly."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: tests/gpu/test_bench_gpu.py runs the benchmark instead")
+    out = run_bench(str(BENCH / "bench_gpu.py"), "--quick")
+    assert "no CUDA device here" in out
