@@ -3,6 +3,7 @@
     python benchmarks/bench_rlhf.py                      # every installed backend, one subprocess each
     python benchmarks/bench_rlhf.py --backend monarch    # one (in_memory, ray, monarch)
     python benchmarks/bench_rlhf.py --quick              # small sizes, 2 steps (a smoke run)
+    python benchmarks/bench_rlhf.py --device cuda        # batches and weights on the GPU (a GPU machine)
 
 The loop: a trainer group of `--trainers` ranks (2; torch.distributed over gloo, set up by fray with
 `distributed=True`) and a rollout group of `--rollouts` members (2). Each step:
@@ -52,14 +53,15 @@ SPECS = {"in_memory": "in_memory", "ray": "ray?num_cpus=8&log_to_driver=false", 
 class Rollout:
     """Returns a fresh batch each step; keeps the newest weights it was sent."""
 
-    def __init__(self, batch_bytes: int) -> None:
+    def __init__(self, batch_bytes: int, device: str = "cpu") -> None:
         self.n = batch_bytes // 4
+        self.device = device
         self.weights: Any = None
 
     def generate(self, step: int) -> Any:
         import torch
 
-        return torch.full((self.n,), float(step), dtype=torch.float32)
+        return torch.full((self.n,), float(step), dtype=torch.float32, device=self.device)
 
     def set_weights(self, weights: list[Any]) -> float:
         self.weights = weights  # kept until the next ones (a real rollout loads them into its model)
@@ -69,9 +71,10 @@ class Rollout:
 class Trainer:
     """One rank: reads every batch, all-reduces, and rank 0 returns new weights."""
 
-    def __init__(self, weights_bytes: int, tensors: int, allreduce_bytes: int) -> None:
+    def __init__(self, weights_bytes: int, tensors: int, allreduce_bytes: int, device: str = "cpu") -> None:
         import torch.distributed as dist
 
+        self.device = device
         if not dist.is_initialized():
             dist.init_process_group("gloo")
         self.rank = dist.get_rank()
@@ -88,7 +91,10 @@ class Trainer:
         dist.all_reduce(grad)
         if self.rank != 0:
             return None
-        return [torch.full((self.tensor_n,), float(step), dtype=torch.float32) for _ in range(self.tensors)]
+        return [
+            torch.full((self.tensor_n,), float(step), dtype=torch.float32, device=self.device)
+            for _ in range(self.tensors)
+        ]
 
 
 def gloo_env(rank: int, world: int, port: int) -> dict[str, str]:
@@ -123,13 +129,23 @@ def timed_steps(step: Callable[[int], object], steps: int, memcpy: list[float]) 
 
 
 # ---------------------------------------------------------------- the loop on fray, raw Ray, raw Monarch
+def gpu_share(opts: argparse.Namespace) -> float:
+    """What each actor asks of the one GPU with --device cuda (all of them share it), else 0."""
+    return 1.0 / (opts.trainers + opts.rollouts) if opts.device == "cuda" else 0.0
+
+
 def fray_loop(ctx: Any, opts: argparse.Namespace) -> Callable[[int], object]:
     import fray
 
+    on_gpu = fray.ActorOptions(resources={"GPU": gpu_share(opts)} if opts.device == "cuda" else None)
     trainers = ctx.create_actor_group(
-        Trainer, opts.trainers, args=(opts.weights, opts.tensors, opts.allreduce), distributed=True
+        Trainer,
+        opts.trainers,
+        args=(opts.weights, opts.tensors, opts.allreduce, opts.device),
+        options=on_gpu,
+        distributed=True,
     )
-    rollouts = ctx.create_actor_group(Rollout, opts.rollouts, args=(opts.batch,))
+    rollouts = ctx.create_actor_group(Rollout, opts.rollouts, args=(opts.batch, opts.device), options=on_gpu)
     assert isinstance(trainers, fray.ActorGroup)
 
     def step(i: int) -> object:
@@ -144,14 +160,56 @@ def raw_ray_loop(opts: argparse.Namespace) -> tuple[Callable[[int], object], Cal
     import ray
 
     port = free_port()
-    trainer_cls = ray.remote(num_cpus=0)(Trainer)
+    share = gpu_share(opts)
+    trainer_cls = ray.remote(num_cpus=0, num_gpus=share)(Trainer)
     trainers = [
         trainer_cls.options(runtime_env={"env_vars": gloo_env(r, opts.trainers, port)}).remote(
-            opts.weights, opts.tensors, opts.allreduce
+            opts.weights, opts.tensors, opts.allreduce, opts.device
         )
         for r in range(opts.trainers)
     ]
-    rollouts = [ray.remote(num_cpus=0)(Rollout).remote(opts.batch) for _ in range(opts.rollouts)]
+    rollout_cls = ray.remote(num_cpus=0, num_gpus=share)(Rollout)
+    rollouts = [rollout_cls.remote(opts.batch, opts.device) for _ in range(opts.rollouts)]
+
+    def step(i: int) -> object:
+        batches = [r.generate.remote(i) for r in rollouts]
+        trained = [t.train.remote(i, *batches) for t in trainers]
+        return ray.get([r.set_weights.remote(trained[0]) for r in rollouts], timeout=TIMEOUT)
+
+    def stop() -> None:
+        for actor in [*trainers, *rollouts]:
+            ray.kill(actor)
+
+    return step, stop
+
+
+def raw_ray_rdt_loop(opts: argparse.Namespace) -> tuple[Callable[[int], object], Callable[[], object]]:
+    """The same loop hand-written on Ray Direct Transport's cuda_ipc (--device cuda): batches and weights stay
+    in the producing actor's GPU memory and go to the readers by CUDA IPC (RDT offers this to actors only)."""
+    import ray
+
+    port = free_port()
+    share = gpu_share(opts)
+
+    @ray.remote(num_cpus=0, num_gpus=share, enable_tensor_transport=True)
+    class RdtRollout(Rollout):
+        @ray.method(tensor_transport="cuda_ipc")
+        def generate(self, step: int) -> Any:
+            return Rollout.generate(self, step)
+
+    @ray.remote(num_cpus=0, num_gpus=share, enable_tensor_transport=True)
+    class RdtTrainer(Trainer):
+        @ray.method(tensor_transport="cuda_ipc")
+        def train(self, step: int, *batches: Any) -> list[Any] | None:
+            return Trainer.train(self, step, *batches)
+
+    trainers = [
+        RdtTrainer.options(runtime_env={"env_vars": gloo_env(r, opts.trainers, port)}).remote(  # type: ignore[attr-defined]
+            opts.weights, opts.tensors, opts.allreduce, opts.device
+        )
+        for r in range(opts.trainers)
+    ]
+    rollouts = [RdtRollout.remote(opts.batch, opts.device) for _ in range(opts.rollouts)]  # type: ignore[attr-defined]
 
     def step(i: int) -> object:
         batches = [r.generate.remote(i) for r in rollouts]
@@ -169,19 +227,19 @@ def raw_monarch_loop(opts: argparse.Namespace) -> tuple[Callable[[int], object],
     from monarch.actor import Actor, endpoint, this_host
 
     class RawTrainer(Actor):
-        def __init__(self, port: int, weights: int, tensors: int, allreduce: int) -> None:
+        def __init__(self, port: int, weights: int, tensors: int, allreduce: int, device: str) -> None:
             from monarch.actor import context
 
             os.environ.update(gloo_env(context().actor_instance.rank.rank, opts.trainers, port))
-            self.impl = Trainer(weights, tensors, allreduce)
+            self.impl = Trainer(weights, tensors, allreduce, device)
 
         @endpoint
         def train(self, step: int, *batches: Any) -> list[Any] | None:
             return self.impl.train(step, *batches)
 
     class RawRollout(Actor):
-        def __init__(self, batch: int) -> None:
-            self.impl = Rollout(batch)
+        def __init__(self, batch: int, device: str) -> None:
+            self.impl = Rollout(batch, device)
 
         @endpoint
         def generate(self, step: int) -> Any:
@@ -193,8 +251,10 @@ def raw_monarch_loop(opts: argparse.Namespace) -> tuple[Callable[[int], object],
 
     trainer_procs = this_host().spawn_procs(per_host={"procs": opts.trainers})
     rollout_procs = this_host().spawn_procs(per_host={"procs": opts.rollouts})
-    trainers = trainer_procs.spawn("rlhf_trainers", RawTrainer, free_port(), opts.weights, opts.tensors, opts.allreduce)
-    rollouts = rollout_procs.spawn("rlhf_rollouts", RawRollout, opts.batch)
+    trainers = trainer_procs.spawn(
+        "rlhf_trainers", RawTrainer, free_port(), opts.weights, opts.tensors, opts.allreduce, opts.device
+    )
+    rollouts = rollout_procs.spawn("rlhf_rollouts", RawRollout, opts.batch, opts.device)
 
     def step(i: int) -> object:
         batches = list(rollouts.generate.call(i).get(timeout=TIMEOUT).values())
@@ -220,6 +280,10 @@ def run_backend(opts: argparse.Namespace) -> dict[str, Any]:
         step, stop = raw(opts)
         results[f"raw {opts.backend}"] = timed_steps(step, opts.steps, memcpy)
         stop()
+        if opts.backend == "ray" and opts.device == "cuda":
+            step, stop = raw_ray_rdt_loop(opts)
+            results["raw ray RDT"] = timed_steps(step, opts.steps, memcpy)
+            stop()
     results[f"fray-{opts.backend}"] = timed_steps(fray_loop(ctx, opts), opts.steps, memcpy)
     fray.shutdown()
     return {"memcpy_100mib": memcpy, "steps": results}
@@ -259,6 +323,7 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=8)
     parser.add_argument("--allreduce-mib", type=float, default=1)
     parser.add_argument("--no-raw", action="store_true", help="fray only (no raw Ray / raw Monarch loop)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where batches and weights live")
     parser.add_argument("--quick", action="store_true", help="1 MiB batches, 4 MiB weights, 2 steps (a smoke run)")
     parser.add_argument("--json", default=None, help="(internal) write this backend's samples to this path")
     opts = parser.parse_args()

@@ -21,3 +21,16 @@ def test_bench_gpu_runs_quick() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "device copy" in proc.stdout and "fray-in_memory put -> get" in proc.stdout, proc.stdout
+
+
+def test_bench_rlhf_runs_quick_on_the_gpu() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_rlhf.py"), "--quick", "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")])},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "fray-in_memory" in proc.stdout, proc.stdout
