@@ -9,6 +9,7 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from fray._validation import check_timeout
@@ -17,6 +18,9 @@ from fray.errors import UnsupportedFeatureError
 from fray.types import JobInfo, RuntimeEnv
 
 __all__ = ["ClusterContext"]
+
+# fray.registry.ENV_VAR (not imported: the registry imports this module)
+BACKEND_VAR = "FRAY_BACKEND"
 
 
 class ClusterContext(ABC):
@@ -81,7 +85,15 @@ class ClusterContext(ABC):
         directory = os.path.abspath(os.fspath(working_dir))
         if not os.path.isdir(directory):
             raise ValueError(f"working_dir {directory!r} is not a directory")
-        return self._create_job(entrypoint, env or RuntimeEnv(), directory, detached)
+        return self._create_job(entrypoint, self._reaching_this_cluster(env or RuntimeEnv()), directory, detached)
+
+    def _reaching_this_cluster(self, env: RuntimeEnv) -> RuntimeEnv:
+        # A job's bare fray.init() reads FRAY_BACKEND: without it set here, it would read the submitter's (or
+        # nothing, and run on in_memory) whatever backend the job was submitted to. The job's own env wins.
+        spec = self._job_backend()
+        if spec is None or BACKEND_VAR in env.env:
+            return env
+        return replace(env, env={BACKEND_VAR: spec, **env.env})
 
     def list_jobs(self) -> list[JobInfo]:
         """Every job this context can see, oldest first where the backend knows the order."""
@@ -198,6 +210,11 @@ class ClusterContext(ABC):
                 return
             time.sleep(pause)
             pause = min(pause * 1.5, 0.5)
+
+    def _job_backend(self) -> str | None:
+        """The backend spec a job's bare `fray.init()` gets (its FRAY_BACKEND), naming this backend and, where it
+        takes one, this cluster. Default: the backend's name. None: the cluster this context talks to sets it."""
+        return self.backend
 
     def _no_persistent_jobs(self) -> str:
         """Why this context keeps no job beyond its owner's life (for the persistent_jobs refusal)."""
