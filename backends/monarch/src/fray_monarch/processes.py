@@ -126,13 +126,18 @@ class ProcessPool:
             proc.worker.ping.call_one().get(timeout=120)
 
     # ------------------------------------------------------------ spawning
+    def boot(self) -> dict[str, Any]:
+        """spawn_procs' arguments for every process mesh of this context (its workers, its SPMD groups): on this
+        host, TMPDIR is the context's directory, where each process's Monarch socket directory goes (only a clean
+        exit removes one: a killed process's would stay in the user's TMPDIR, 2 for each SPMD group)."""
+        return {"bootstrap_command": tempdirs.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
+
     def spawn(self, host: int, env_key: EnvKey = (), dedicated: str = "", cpus: float | None = None) -> Proc:
         """Under the lock: a fresh proc mesh of one worker process: a general one, one for tasks with env vars
         (env_key), or the process of one actor (dedicated: the actor's id; it runs no tasks and holds none of the
         host's share; cpus: the CPUs that actor holds)."""
         key = self.ids.proc()
-        boot = {"bootstrap_command": tempdirs.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
-        mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **boot)
+        mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **self.boot())
         capacity = {} if dedicated else dict(self.share)
         worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), dict(env_key), cpus)
         proc = Proc(key, host, mesh, worker, capacity, env_key=env_key, dedicated=dedicated)
