@@ -15,12 +15,20 @@ from typing import Any, ClassVar
 from fray._validation import check_timeout
 from fray.capabilities import Capability
 from fray.errors import UnsupportedFeatureError
+from fray.interrupts import interrupted
 from fray.types import JobInfo, RuntimeEnv
 
 __all__ = ["ClusterContext"]
 
 # fray.registry.ENV_VAR (not imported: the registry imports this module)
 BACKEND_VAR = "FRAY_BACKEND"
+
+
+def _interruptible(pieces: Iterator[str], what: str) -> Iterator[str]:
+    try:
+        yield from pieces
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, what) from None
 
 
 class ClusterContext(ABC):
@@ -122,11 +130,14 @@ class ClusterContext(ABC):
         piece as it comes; it ends once the job has ended and everything it wrote has been given. Joined, the
         pieces are the job's whole log. Unknown ids raise JobNotFoundError here, not at the first piece."""
         self._get_job(job_id)
-        return self._tail_job_logs(job_id)
+        return _interruptible(self._tail_job_logs(job_id), f"the log of job {job_id}")
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
         """Block until the job ends; GetTimeoutError after timeout."""
-        return self._wait_job(job_id, check_timeout(timeout))
+        try:
+            return self._wait_job(job_id, check_timeout(timeout))
+        except KeyboardInterrupt as exc:
+            raise interrupted(exc, f"job {job_id}") from None
 
     def node_status(self) -> list[dict[str, Any]]:
         """The nodes jobs run on, as far as this context can see them: `{"node": name, "total": {resource:

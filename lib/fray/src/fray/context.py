@@ -22,6 +22,8 @@ from fray.completion import RefWatcher, get_with_progress, outcomes
 from fray.current import clear_job_context, get_job_context
 from fray.errors import FrayError, InfeasibleResourcesError, UnsupportedFeatureError
 from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, create_one_by_one, existing_group
+from fray.interrupts import interrupted
+from fray.interrupts import refs as count_refs
 from fray.outcome import Outcome
 from fray.progress import ProgressMode, check_mode
 from fray.refs import ActorHandle, ObjectRef
@@ -172,16 +174,21 @@ class JobContext(ABC):
         if self._shut_down:
             self._refuse_if_shut_down()
         deadline = None if timeout is None else check_timeout(timeout)
-        if isinstance(refs, ObjectRef):
-            if refs.backend != self.backend:  # (checked inline: an actor round trip's get, where each step counts)
-                self._check_ref(refs)
-            return self._get([refs], deadline)[0]
-        if isinstance(refs, (list, tuple)):
-            for ref in refs:
-                self._check_ref(ref)
-            if check_mode(progress) and refs:
-                return get_with_progress(self, list(refs), deadline, progress)
-            return self._get(list(refs), deadline) if refs else []
+        try:
+            if isinstance(refs, ObjectRef):
+                if refs.backend != self.backend:  # (checked inline: an actor round trip's get: each step counts)
+                    self._check_ref(refs)
+                return self._get([refs], deadline)[0]
+            if isinstance(refs, (list, tuple)):
+                for ref in refs:
+                    self._check_ref(ref)
+                if check_mode(progress) and refs:
+                    return get_with_progress(self, list(refs), deadline, progress)
+                return self._get(list(refs), deadline) if refs else []
+        except KeyboardInterrupt as exc:  # Ctrl-C: the caller's frames and this one (fray.interrupts)
+            raise interrupted(
+                exc, f"ctx.get of {count_refs(1 if isinstance(refs, ObjectRef) else len(refs))}"
+            ) from None
         raise ValueError(f"get needs an ObjectRef or a list of them, got {type(refs).__name__}")
 
     def wait(
@@ -209,7 +216,10 @@ class JobContext(ABC):
         if not refs:
             return [], []
         want = min(num_returns, len(refs))
-        done_indices = self._wait(list(refs), want, deadline)
+        try:
+            done_indices = self._wait(list(refs), want, deadline)
+        except KeyboardInterrupt as exc:
+            raise interrupted(exc, f"ctx.wait on {count_refs(len(refs))}") from None
         chosen = set(sorted(done_indices)[:want])
         done = [ref for i, ref in enumerate(refs) if i in chosen]
         not_done = [ref for i, ref in enumerate(refs) if i not in chosen]

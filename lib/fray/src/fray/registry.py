@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import parse_qsl
 
-from fray import current
+from fray import current, interrupts
 from fray.backend import Backend
 from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
@@ -115,7 +115,11 @@ def _option_value(value: Any) -> Any:
 def init(spec: str | None = None, **options: Any) -> JobContext:
     """Create a JobContext for `spec` (or FRAY_BACKEND, or in_memory) and make it current."""
     backend, merged = _resolve(spec, options)
-    ctx = backend.job_context(**merged)
+    interrupts.install_hook()  # first: starting an engine can take seconds, and a Ctrl-C then is one line too
+    try:
+        ctx = backend.job_context(**merged)
+    except KeyboardInterrupt as exc:
+        raise interrupts.interrupted(exc, f"fray.init to start {backend.name}") from None
     current.set_default(ctx)
     current.make_current(ctx)
     return ctx
@@ -134,6 +138,7 @@ def shutdown() -> None:
         return  # called inside a task or actor: the context belongs to its driver
     current.make_current(None)
     current.set_default(None)
+    interrupts.uninstall_hook()
     if ctx is not None:
         ctx.shutdown()
 
