@@ -19,6 +19,7 @@ from fray import current, interrupts
 from fray.backend import Backend
 from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
+from fray.options import did_you_mean
 
 __all__ = ["Backend", "available_backends", "cluster", "get_backend", "init", "parse_spec", "shutdown"]
 
@@ -80,8 +81,10 @@ def get_backend(name: str) -> Backend:
                 module, _, attr = FIRST_PARTY[name][0].partition(":")
                 obj = getattr(import_module(module), attr)
             else:
-                known = ", ".join(sorted(available_backends()))
-                raise BackendNotAvailableError(f"unknown fray backend {name!r}; known backends: {known}")
+                names = available_backends()
+                known = ", ".join(sorted(names))
+                hint = did_you_mean(name, names)
+                raise BackendNotAvailableError(f"unknown fray backend {name!r}{hint}; known backends: {known}")
         except ImportError as exc:
             if isinstance(exc, BackendNotAvailableError):
                 raise
@@ -120,6 +123,10 @@ def init(spec: str | None = None, **options: Any) -> JobContext:
         ctx = backend.job_context(**merged)
     except KeyboardInterrupt as exc:
         raise interrupts.interrupted(exc, f"fray.init to start {backend.name}") from None
+    except Exception:
+        if current.default() is None:  # no context came of it: nothing of fray's stays installed
+            interrupts.uninstall_hook()
+        raise
     current.set_default(ctx)
     current.make_current(ctx)
     return ctx
