@@ -186,6 +186,8 @@ def test_no_wait_follow_status_list_stop_delete(env: dict[str, str], tmp_path: P
     assert stopped.returncode == 0 and "STOPPED" in stopped.stderr, stopped.stderr
     assert not _sleeping(marker)
     assert _json(_fray(env, "job", "status", sleeper, "--json"))["status"] == "STOPPED"  # type: ignore[index]
+    shown = _fray(env, "job", "status", sleeper).stdout  # 128+15, as docs/cli.md says (was -15)
+    assert "  exit code: 143 (ended by SIGTERM)\n" in shown, shown
     assert _fray(env, "job", "delete", sleeper).returncode == 0
     gone = _fray(env, "job", "status", sleeper)
     assert gone.returncode == 1 and "no job" in gone.stderr and "Traceback" not in gone.stderr
