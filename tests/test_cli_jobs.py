@@ -239,21 +239,29 @@ def test_monarch_without_a_cluster_says_how_to_start_one(env: dict[str, str]) ->
         assert "fray cluster start --backend monarch" in done.stderr and "Traceback" not in done.stderr
 
 
-SAYS_ITS_BACKEND = "import fray\nctx = fray.init()\nprint('the job runs on', ctx.backend)\nfray.shutdown()\n"
+SAYS_ITS_BACKEND = (
+    "import fray\nctx = fray.init()\n"
+    "print('the job runs on', ctx.backend, 'with', len(ctx.node_resources()), 'hosts')\nfray.shutdown()\n"
+)
 
 
 def test_monarch_jobs_run_on_monarch_by_fray_run_and_on_a_started_cluster(env: dict[str, str], tmp_path: Path) -> None:
-    """A monarch job's bare fray.init() runs on monarch, not on the in_memory default: `fray run`, and `fray job
-    submit` to the head `fray cluster start` started (issue 28: both printed in_memory)."""
+    """A monarch job's bare fray.init() runs on monarch, on the cluster's hosts (here two host workers of this
+    machine, job=process), not on the in_memory default: `fray run`, and `fray job submit` to the head `fray
+    cluster start` started (issue 28: both printed in_memory)."""
     pytest.importorskip("fray_monarch")
     project = _project(tmp_path, SAYS_ITS_BACKEND)
-    ran = _fray(env, "run", "--backend", "monarch?procs=1", "--", "python", "job.py", cwd=project, timeout=240)
-    assert ran.returncode == 0 and "the job runs on monarch" in ran.stdout, (ran.stdout, ran.stderr)
-    started = _fray(env, "cluster", "start", "--backend", "monarch?procs=1", timeout=240)
+    spec = "monarch?procs=1&job=process&hosts=2"
+    ran = _fray(env, "run", "--backend", spec, "--", "python", "job.py", cwd=project, timeout=240)
+    assert ran.returncode == 0 and "the job runs on monarch with 2 hosts" in ran.stdout, (ran.stdout, ran.stderr)
+    started = _fray(env, "cluster", "start", "--backend", spec, timeout=240)
     assert started.returncode == 0, started.stderr
     try:
         done = _fray(env, "job", "submit", "--backend", "monarch", "--", "python", "job.py", cwd=project, timeout=240)
-        assert done.returncode == 0 and "the job runs on monarch" in done.stdout, (done.stdout, done.stderr)
+        assert done.returncode == 0 and "the job runs on monarch with 2 hosts" in done.stdout, (
+            done.stdout,
+            done.stderr,
+        )
     finally:
         assert _fray(env, "cluster", "stop", "--backend", "monarch").returncode == 0
 
