@@ -25,10 +25,12 @@ DRIVER = textwrap.dedent(
     def sleepy():
         time.sleep(600)
 
+    BLOCKED_IN = {"wait": "_wait", "as_completed": "completed"}.get(sys.argv[2], "_get")
+
     def ready_when_blocked(main):
         while True:
             frame = sys._current_frames().get(main)
-            while frame is not None and frame.f_code.co_name != "_get":
+            while frame is not None and frame.f_code.co_name != BLOCKED_IN:
                 frame = frame.f_back
             if frame is not None:
                 print("READY", flush=True)
@@ -41,7 +43,13 @@ DRIVER = textwrap.dedent(
     ref = ctx.create_task(sleepy)
     threading.Thread(target=ready_when_blocked, args=(threading.main_thread().ident,), daemon=True).start()
     try:
-        ctx.get(ref)
+        if sys.argv[2] == "wait":
+            ctx.wait([ref, ctx.create_task(sleepy)], num_returns=2)
+        elif sys.argv[2] == "as_completed":
+            for done in fray.as_completed([ref]):
+                pass
+        else:
+            ctx.get(ref)
     except KeyboardInterrupt:
         if sys.argv[2] == "caught":
             import traceback
@@ -82,6 +90,15 @@ def test_ctrl_c_in_a_get_is_one_line_and_exit_status_130(backend: str) -> None:
     assert done.returncode == 130, (done.returncode, done.stderr[-3000:])
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "fray: interrupted while waiting for ctx.get of 1 ref\n" in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("call", "what"), [("wait", "ctx.wait on 2 refs"), ("as_completed", "fray.as_completed of 1 ref")]
+)
+def test_ctrl_c_in_wait_and_as_completed_names_them(call: str, what: str) -> None:
+    done = _interrupted("in_memory", call)
+    assert done.returncode == 130, (done.returncode, done.stderr[-3000:])
+    assert done.stderr == f"fray: interrupted while waiting for {what}\n", done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
