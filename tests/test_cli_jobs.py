@@ -186,6 +186,8 @@ def test_no_wait_follow_status_list_stop_delete(env: dict[str, str], tmp_path: P
     assert stopped.returncode == 0 and "STOPPED" in stopped.stderr, stopped.stderr
     assert not _sleeping(marker)
     assert _json(_fray(env, "job", "status", sleeper, "--json"))["status"] == "STOPPED"  # type: ignore[index]
+    shown = _fray(env, "job", "status", sleeper).stdout  # 128+15, as docs/cli.md says (was -15)
+    assert "  exit code: 143 (ended by SIGTERM)\n" in shown, shown
     assert _fray(env, "job", "delete", sleeper).returncode == 0
     gone = _fray(env, "job", "status", sleeper)
     assert gone.returncode == 1 and "no job" in gone.stderr and "Traceback" not in gone.stderr
@@ -235,6 +237,33 @@ def test_monarch_without_a_cluster_says_how_to_start_one(env: dict[str, str]) ->
         )
         assert done.returncode == 1 and "no monarch cluster to talk to" in done.stderr, (args, done.stderr)
         assert "fray cluster start --backend monarch" in done.stderr and "Traceback" not in done.stderr
+
+
+SAYS_ITS_BACKEND = (
+    "import fray\nctx = fray.init()\n"
+    "print('the job runs on', ctx.backend, 'with', len(ctx.node_resources()), 'hosts')\nfray.shutdown()\n"
+)
+
+
+def test_monarch_jobs_run_on_monarch_by_fray_run_and_on_a_started_cluster(env: dict[str, str], tmp_path: Path) -> None:
+    """A monarch job's bare fray.init() runs on monarch, on the cluster's hosts (here two host workers of this
+    machine, job=process), not on the in_memory default: `fray run`, and `fray job submit` to the head `fray
+    cluster start` started (issue 28: both printed in_memory)."""
+    pytest.importorskip("fray_monarch")
+    project = _project(tmp_path, SAYS_ITS_BACKEND)
+    spec = "monarch?procs=1&job=process&hosts=2"
+    ran = _fray(env, "run", "--backend", spec, "--", "python", "job.py", cwd=project, timeout=240)
+    assert ran.returncode == 0 and "the job runs on monarch with 2 hosts" in ran.stdout, (ran.stdout, ran.stderr)
+    started = _fray(env, "cluster", "start", "--backend", spec, timeout=240)
+    assert started.returncode == 0, started.stderr
+    try:
+        done = _fray(env, "job", "submit", "--backend", "monarch", "--", "python", "job.py", cwd=project, timeout=240)
+        assert done.returncode == 0 and "the job runs on monarch with 2 hosts" in done.stdout, (
+            done.stdout,
+            done.stderr,
+        )
+    finally:
+        assert _fray(env, "cluster", "stop", "--backend", "monarch").returncode == 0
 
 
 # ---------------------------------------------------------------------------------------------- ray

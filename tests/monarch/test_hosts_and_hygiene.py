@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -128,3 +129,61 @@ def test_a_host_worker_ends_on_sigterm_and_removes_its_tls_files(tmp_path: Path)
     finally:
         worker.kill()
         worker.wait()
+
+
+SPMD_DRIVER = textwrap.dedent(
+    """
+    import os, sys, fray
+
+    class Rank:
+        def pid(self):
+            return os.getpid()
+
+    ctx = fray.init("monarch?procs=1&cpus=2")
+    group = ctx.create_actor_group(Rank, 2, distributed=True)
+    print("PIDS", *ctx.get(group.pid(), timeout=120), flush=True)
+    if sys.argv[1] == "kill":
+        ctx.kill(group)
+        fray.shutdown()
+    else:
+        sys.stdin.read()  # until the test kills this driver
+    """
+)
+
+
+@pytest.mark.parametrize("end", ["kill", "sigkill"])
+def test_an_spmd_group_leaves_no_temp_directory(end: str) -> None:
+    """Monarch's processes make a socket directory ("$TMPDIR/.tmpXXXXXX") that only a clean exit removes: an SPMD
+    group's processes make theirs in the context's private directory (which fray removes however the driver
+    ends), not in the user's TMPDIR (issue 28: 2 directories a group in /tmp)."""
+    import signal
+    import tempfile
+
+    tmpdir = Path(tempfile.mkdtemp(prefix="fsp", dir="/tmp"))  # short: Monarch's socket paths are made below it
+    try:
+        driver = subprocess.Popen(
+            [sys.executable, "-c", SPMD_DRIVER, end],
+            env={**os.environ, "TMPDIR": str(tmpdir)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert driver.stdout is not None
+        line = driver.stdout.readline()
+        assert line.startswith("PIDS"), (line, driver.stderr.read() if driver.poll() is not None else "")
+        members = [int(p) for p in line.split()[1:]]
+        made = sorted(p.name for p in tmpdir.glob(".tmp*"))  # while the group lives
+        if end == "sigkill":
+            driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        while (any(_alive(p) for p in members) or list(tmpdir.glob("fray-m*"))) and time.monotonic() < deadline:
+            time.sleep(0.2)  # fray's watchdog ends the members and removes the private directory
+        assert not [p for p in members if _alive(p)], "the group's processes outlived their driver"
+        assert not made and not list(tmpdir.glob(".tmp*")), (made, sorted(p.name for p in tmpdir.iterdir()))
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        shutil.rmtree(tmpdir, ignore_errors=True)

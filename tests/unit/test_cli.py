@@ -26,3 +26,9 @@ def test_run_follows_the_log_and_exits_with_the_job_exit_code(tmp_path: Path) ->
     failed = _fray("run", "--backend", "in_memory", "--", sys.executable, "-c", "raise SystemExit(4)", env=env)
     assert failed.returncode == 4 and "FAILED" in failed.stderr
     assert _fray("run", "--").returncode == 2
+
+
+def test_help_names_every_backend_with_a_cluster_command() -> None:
+    words = " ".join(_fray("--help").stdout.split())  # argparse wraps a command's help over lines
+    entry = words[words.index("cluster start or stop") :][:120]
+    assert "(ray)" not in entry and "(ray, monarch;" in entry, entry

@@ -32,6 +32,39 @@ def test_readme_example_runs_on_in_memory() -> None:
     assert out.stdout.strip() == "285"
 
 
+def _section(doc: str, heading: str) -> str:
+    return doc.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def test_quickstart_commands_work_in_a_new_shell_after_make_demo(tmp_path: Path) -> None:
+    """A new user's shell after `make demo`: .venv exists, nothing activated. The quickstart's commands of step 3,
+    as written (the ray and monarch lines aside: they need `make install-all`), must run squares.py of step 2
+    (issue 28: `python squares.py` gave ModuleNotFoundError)."""
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text()
+    squares = re.search(r"```python\n(.*?)```", _section(quickstart, "## 2."), re.S).group(1)  # type: ignore[union-attr]
+    commands = re.search(r"```bash\n(.*?)```", _section(quickstart, "## 3."), re.S).group(1)  # type: ignore[union-attr]
+    script = [line for line in commands.splitlines() if not re.match(r"FRAY_BACKEND=(ray|monarch)\b", line)]
+    (tmp_path / "squares.py").write_text(squares)
+    (tmp_path / ".venv").symlink_to(sys.prefix)  # the checkout's .venv, as `make demo` made it
+    user_path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(sys.prefix))
+    env = {"PATH": user_path or "/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path))}
+    env["FRAY_STATE_DIR"] = str(tmp_path / "state")
+    done = subprocess.run(
+        ["bash", "-e", "-c", "\n".join(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, (script, done.stdout, done.stderr)
+    assert done.stdout.count("in_memory 285") == 2, (script, done.stdout, done.stderr)  # python, then fray run
+
+
+def test_the_readme_and_quickstart_say_how_to_install_the_backends_and_use_the_venv() -> None:
+    """`make install-all` installs the backends in a minute (`make test` also runs 25 minutes of tests), and
+    the commands after `make demo` need the venv activated or named."""
+    for doc in (ROOT / "README.md", ROOT / "docs" / "quickstart.md"):
+        text = doc.read_text()
+        assert "make install-all" in text, doc
+        assert "source .venv/bin/activate" in text, doc
+
+
 @pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
 def test_example_pipeline_runs_unchanged(backend: str) -> None:
     try:

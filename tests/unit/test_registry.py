@@ -47,6 +47,24 @@ def test_unknown_option_is_named() -> None:
         fray.init("in_memory?cpus=many")
 
 
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [
+        ("rey", "unknown fray backend 'rey' (did you mean 'ray'?)"),
+        ("Ray", "unknown fray backend 'Ray' (did you mean 'ray'?)"),
+        ("in_memroy", "unknown fray backend 'in_memroy' (did you mean 'in_memory'?)"),
+        ("in_memory?cpu=2", "unknown option 'cpu' for the 'in_memory' backend (did you mean 'cpus'?)"),
+        ("monarch?proc=2", "unknown option 'proc' for the 'monarch' backend (did you mean 'procs'?)"),
+    ],
+)
+def test_a_misspelt_backend_or_option_gets_a_did_you_mean(spec: str, hint: str) -> None:
+    if spec.startswith("monarch"):
+        pytest.importorskip("fray_monarch")
+    with pytest.raises((ValueError, fray.BackendNotAvailableError)) as info:
+        fray.init(spec)
+    assert hint in str(info.value)
+
+
 def test_env_var_selects_backend_and_init_makes_it_current(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FRAY_BACKEND", "in_memory?cpus=3")
     ctx = fray.init()

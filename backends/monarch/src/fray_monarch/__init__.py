@@ -66,7 +66,7 @@ class MonarchBackend(Backend):
     def cluster_context(self, **options: Any) -> Any:
         """A cluster context of its own hosts, or with address= (the socket `fray cluster start` recorded) a
         client of that cluster's head, whose jobs outlive this process."""
-        from fray_monarch.cluster import MonarchClusterContext
+        from fray_monarch.cluster import MonarchClusterContext, job_spec
 
         if "address" in options:
             from fray_monarch.head_client import MonarchHeadClient
@@ -75,7 +75,10 @@ class MonarchBackend(Backend):
         top = topology(options)
         try:
             remote = top.host_mesh is not None
-            return MonarchClusterContext(top.hosts, top.stores.driver_bind, top.release, remote, top.hostset)
+            jobs_reach = job_spec(options, top.hostset)
+            return MonarchClusterContext(
+                top.hosts, top.stores.driver_bind, top.release, remote, top.hostset, jobs_reach
+            )
         except BaseException:
             top.release()
             raise

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from fray import watchdog
 from fray.capabilities import Capability
@@ -29,6 +30,23 @@ from fray_monarch.lifeline import LifelineServer, hold
 from fray_monarch.protocol import Reply
 
 MARGIN = 30.0
+
+# What a job's own fray.init() keeps of its cluster's spec: the size of its processes, never how hosts are launched
+# (a job must not launch the cluster's hosts again: it attaches to them by address).
+_CARRIED = ("procs", "cpus", "gpus", "memory", "resources", "object_store_memory", "transport", "log_to_driver")
+
+
+def job_spec(options: dict[str, Any], hostset: HostSet | None) -> str:
+    """The FRAY_BACKEND of this cluster's jobs: monarch on the cluster's hosts (by address), or on the job's own
+    machine where the cluster is this machine (job=local: not the hosts some other `fray cluster start` recorded)."""
+    carried = {key: str(options[key]) for key in _CARRIED if options.get(key) is not None}
+    if hostset is not None and hostset.addresses:
+        carried["hosts"] = ",".join(hostset.addresses)
+        if not hostset.secure and not hostset.local:
+            carried["insecure"] = "true"
+    else:
+        carried["job"] = "local"
+    return "monarch?" + urlencode(carried, safe=",:/")
 
 
 class JobRunner(Actor):
@@ -122,8 +140,10 @@ class MonarchClusterContext(ClusterContext):
         release: Callable[[], None] | None = None,
         remote: bool = False,
         hostset: HostSet | None = None,
+        job_backend: str = "monarch",
     ) -> None:
         self._release = release  # ends the hosts this context launched
+        self._job_spec = job_backend  # what its jobs' fray.init() reaches (job_spec)
         self._hostset = hostset
         # On this host, the job runners' TMPDIR (Monarch's socket directories) and the jobs' logs are in a
         # directory of this context, removed at shutdown or with the driver's private directory by the watchdog.
@@ -166,6 +186,9 @@ class MonarchClusterContext(ClusterContext):
             self._where[job_id] = index
         started = self._runners[index].start.call_one(entrypoint, env, job_id, working_dir)
         return str(_unwrap(started.get(timeout=MARGIN)))
+
+    def _job_backend(self) -> str:
+        return self._job_spec
 
     def _list_jobs(self) -> list[JobInfo]:
         futures = [runner.list.call_one() for runner in self._runners]

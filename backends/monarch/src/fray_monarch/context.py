@@ -13,7 +13,7 @@ from fray.context import JobContext
 from fray.groups import ActorGroup, Member
 from fray.outcome import Outcome
 from fray.refs import ActorHandle, ObjectRef, public_methods
-from fray.serialization import dumps
+from fray.serialization import dumps, dumps_code
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
@@ -91,7 +91,7 @@ class MonarchJobContext(JobContext):
         options: ActorOptions,
         member: Member | None = None,
     ) -> ActorHandle:
-        cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
+        cls_data = dumps_code(klass, f"actor class {klass.__qualname__}").data
         call = self.client.encode_call(klass.__qualname__, args, kwargs)
         return self._handle(self.client.create_actor(klass, cls_data, call, options, member))
 
@@ -122,7 +122,7 @@ class MonarchJobContext(JobContext):
         distributed: bool,
     ) -> ActorGroup:
         """One Monarch actor mesh over a process mesh of its own (see meshgroups.py)."""
-        cls_data = dumps(klass, f"actor class {klass.__qualname__}").data
+        cls_data = dumps_code(klass, f"actor class {klass.__qualname__}").data
         call = self.client.encode_call(klass.__qualname__, args, kwargs)
         gid, members = self.client.create_group(klass, cls_data, call, options, (count, placement, distributed))
         methods = public_methods(klass)

@@ -22,8 +22,10 @@ from typing import Any
 
 from fray_monarch._monarch import Actor, endpoint
 
-PYVERBS_MISSING = "pyverbs not installed (pip install 'fray-monarch[rdma]')"
 NO_DEVICE = "no RDMA device"
+SYSFS_RDMA = "/sys/class/infiniband"  # the kernel's RDMA devices: listed there whether pyverbs is installed or not
+# Only where the machine has RDMA devices: pyverbs (optional) is then worth installing; without devices it is not.
+PYVERBS_MISSING = "(pyverbs, optional, would list them through ibverbs: pip install 'fray-monarch[rdma]')"
 PROBE_BYTES = 16 << 20
 PROBE_ROUNDS = 3
 PROBE_TIMEOUT = 30.0  # seconds for the whole child: start, spawn one Monarch process, 3 reads, stop
@@ -47,12 +49,17 @@ def rdma_state() -> dict[str, str]:
 
 
 def rdma_devices() -> str:
-    """The RDMA devices pyverbs sees ("mlx5_0, mlx5_1"), NO_DEVICE, or PYVERBS_MISSING."""
+    """The RDMA devices pyverbs sees ("mlx5_0, mlx5_1"), or NO_DEVICE. Without pyverbs: the kernel's list, with
+    a word on pyverbs only where there are devices (a machine without RDMA has nothing to install)."""
     try:
         from pyverbs.device import get_device_list
         from pyverbs.pyverbs_error import PyverbsRDMAError
     except ImportError:
-        return PYVERBS_MISSING
+        try:
+            found = sorted(os.listdir(SYSFS_RDMA))
+        except OSError:
+            found = []
+        return f"{', '.join(found)} {PYVERBS_MISSING}" if found else NO_DEVICE
     try:
         devices = get_device_list()
     except PyverbsRDMAError:  # raised, rather than [] returned, when the machine has no RDMA device

@@ -57,14 +57,15 @@ class Head:
     """What the head process serves: the jobs of its cluster context, and its hosts."""
 
     def __init__(self, options: dict[str, Any]) -> None:
-        from fray_monarch.cluster import MonarchClusterContext
+        from fray_monarch.cluster import MonarchClusterContext, job_spec
         from fray_monarch.topology import topology
 
         self.top = topology(options)
         remote = self.top.host_mesh is not None
         self.hostset = self.top.hostset
+        jobs_reach = job_spec(options, self.hostset)
         self.cluster = MonarchClusterContext(
-            self.top.hosts, self.top.stores.driver_bind, self.top.release, remote, self.hostset
+            self.top.hosts, self.top.stores.driver_bind, self.top.release, remote, self.hostset, jobs_reach
         )
 
     def answer(self, message: dict[str, Any]) -> Any:

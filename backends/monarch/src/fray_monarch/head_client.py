@@ -44,6 +44,9 @@ class MonarchHeadClient(ClusterContext):
         }
         return str(self._ask(message))
 
+    def _job_backend(self) -> None:
+        return None  # the head's own cluster context sets it (its hosts' addresses)
+
     def _list_jobs(self) -> list[JobInfo]:
         return [decode_info(item) for item in self._ask({"op": "list"})]
 

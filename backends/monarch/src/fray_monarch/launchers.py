@@ -347,8 +347,10 @@ def _recorded() -> HostSet | None:
 
 
 def _started_by_user(hosts: Any, insecure: bool) -> HostSet:
-    """Host workers the user started: all over TLS, or all over TCP (to another machine: only with insecure)."""
-    if not isinstance(hosts, list) or not all(h.startswith(("tls://", "tcp://")) for h in hosts):
+    """Host workers the user started: all over TLS, or all over TCP (to another machine: only with insecure); or
+    a cluster's workers on this machine by their Monarch address (`id@ipc://...`: what the jobs of a job=process
+    cluster get, cluster.job_spec)."""
+    if not isinstance(hosts, list) or not all(scheme_of(h) in ("tls", "tcp", "ipc") and "://" in h for h in hosts):
         raise ValueError(
             "hosts= takes the addresses of host workers you started (tls://HOST:PORT,...); to launch hosts, "
             "add job=ssh (host names), job=slurm (nodes=N) or job=process (hosts=N)"
@@ -356,6 +358,8 @@ def _started_by_user(hosts: Any, insecure: bool) -> HostSet:
     schemes = {scheme_of(a) for a in hosts}
     if len(schemes) > 1:
         raise ValueError("hosts= mixes tls:// and tcp:// workers: a context talks one of them to all its hosts")
+    if schemes == {"ipc"}:  # Unix sockets: this machine
+        return HostSet(list(hosts), [f"process {i}" for i in range(len(hosts))], "started by you", None)
     names = [host_of(a)[0] for a in hosts]
     local = all(is_loopback(n) for n in names)
     if schemes == {"tcp"} and not local and not insecure:

@@ -283,7 +283,7 @@ class GroupRegistry:
         pool = self.pool
         where = pool.host_mesh.slice(hosts=slice(hosts[0], hosts[-1] + 1)) if two_d else pool.hosts[hosts[0]]
         procs = where.spawn_procs(
-            per_host={"procs": per_host}, name=f"fray_{self.ids.key}_{group.id}_{len(group.blocks)}"
+            per_host={"procs": per_host}, name=f"fray_{self.ids.key}_{group.id}_{len(group.blocks)}", **pool.boot()
         )
         keys = [self.ids.proc() for _ in range(size)]
         host_of = [hosts[i // per_host] for i in range(size)]

@@ -133,6 +133,12 @@ class ProcessPool:
             proc.worker.ping.call_one().get(timeout=120)
 
     # ------------------------------------------------------------ spawning
+    def boot(self) -> dict[str, Any]:
+        """spawn_procs' arguments for every process mesh of this context (its workers, its SPMD groups): on this
+        host, TMPDIR is the context's directory, where each process's Monarch socket directory goes (only a clean
+        exit removes one: a killed process's would stay in the user's TMPDIR, 2 for each SPMD group)."""
+        return {"bootstrap_command": tempdirs.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
+
     def spawn(
         self,
         host: int,
@@ -146,8 +152,7 @@ class ProcessPool:
         runs no tasks and holds none of the host's share; cpus: the CPUs that actor holds). gpus: the devices it
         sees (CUDA_VISIBLE_DEVICES, set before its first CUDA call)."""
         key = self.ids.proc()
-        boot = {"bootstrap_command": tempdirs.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
-        mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **boot)
+        mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **self.boot())
         capacity = {} if dedicated else dict(self.share)
         seen = gpus or gpus_of_key(env_key)
         env = {**self.visible_env(seen), **dict(env_key)}

@@ -78,9 +78,9 @@ class TaskScheduler:
         cached = self.fn_cache.get(id(fn))
         if cached is not None and cached[0] is fn:
             return cached[1], cached[2]
-        from fray.serialization import dumps
+        from fray.serialization import dumps_code
 
-        data = dumps(fn, f"task function {getattr(fn, '__qualname__', fn)}").data
+        data = dumps_code(fn, f"task function {getattr(fn, '__qualname__', fn)}").data
         if len(self.fn_cache) > 4096:
             self.fn_cache.clear()
         key = uuid.uuid4().hex

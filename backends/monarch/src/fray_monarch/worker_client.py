@@ -10,7 +10,7 @@ from typing import Any
 from fray.errors import GetTimeoutError
 from fray.groups import Member
 from fray.refs import ObjectRef
-from fray.serialization import Blob, dumps
+from fray.serialization import Blob, dumps_code
 from fray.streams import StreamSource
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
@@ -92,7 +92,7 @@ class WorkerClient:
 
     # ------------------------------------------------------------ tasks, actors, groups, streams
     def submit(self, fn: Callable[..., Any], call: Call, options: TaskOptions) -> RefPayload:
-        fn_data = dumps(fn, f"task function {getattr(fn, '__qualname__', fn)}").data  # (keyed by its hash there)
+        fn_data = dumps_code(fn, f"task function {getattr(fn, '__qualname__', fn)}").data  # (keyed by its hash there)
         return RefPayload(
             self._ask(self.coord.submit.call_one(self.credential, fn_data, call.args, call.deps, options))
         )

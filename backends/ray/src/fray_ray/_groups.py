@@ -44,7 +44,7 @@ from fray.gang import group_label, hang_timeout, heartbeat_interval
 from fray.groups import ActorGroup, Member, member_name, spmd_env
 from fray.net import free_port
 from fray.refs import ActorHandle, ObjectRef
-from fray.resources import EPS, actor_resources
+from fray.resources import EPS, actor_resources, format_amount, format_resources
 from fray.serialization import find_unserializable_argument
 from fray.types import ActorOptions, Lifetime
 from fray_ray._actors import RayActors
@@ -109,12 +109,12 @@ def _shortfall(per_member: dict[str, float], count: int) -> str:
         need = qty * count
         have = float(available.get(name, 0.0))
         if have + EPS < need:
-            short.append(f"{name}: needs {need:g}, {have:g} free")
+            short.append(f"{name}: needs {format_amount(name, need)}, {format_amount(name, have)} free")
     return "; ".join(short) if short else f"enough in total ({_fmt(available)}) but not laid out as asked"
 
 
 def _fmt(resources: Any) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(dict(resources).items()) if not k.startswith("node:")) + "}"
+    return format_resources(dict(resources))  # (Ray's node: labels left out)
 
 
 def create_placement_group(

@@ -175,8 +175,8 @@ class RayClusterContext(ClusterContext):
         # detached: every job of a cluster by address outlives this process (a private head refuses it, upstream)
         given = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
         runtime_env: dict[str, Any] = runtime_env_dict(env) or {}
-        # A job that calls fray.init() lands on this cluster's Ray (Ray sets RAY_ADDRESS for the job).
-        runtime_env["env_vars"] = {"FRAY_BACKEND": "ray", **runtime_env.get("env_vars", {})}
+        # FRAY_BACKEND=ray is set by ClusterContext.create_job; Ray sets RAY_ADDRESS for the job, so a job that
+        # calls fray.init() lands on this cluster's Ray.
         reserved = entrypoint_options(env) if env.minimum_resources else {}
         if self._local:
             command = _guarded(_in_place(given, working_dir))

@@ -9,14 +9,26 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from fray._validation import check_timeout
 from fray.capabilities import Capability
 from fray.errors import UnsupportedFeatureError
+from fray.interrupts import interrupted
 from fray.types import JobInfo, RuntimeEnv
 
 __all__ = ["ClusterContext"]
+
+# fray.registry.ENV_VAR (not imported: the registry imports this module)
+BACKEND_VAR = "FRAY_BACKEND"
+
+
+def _interruptible(pieces: Iterator[str], what: str) -> Iterator[str]:
+    try:
+        yield from pieces
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, what) from None
 
 
 class ClusterContext(ABC):
@@ -81,7 +93,15 @@ class ClusterContext(ABC):
         directory = os.path.abspath(os.fspath(working_dir))
         if not os.path.isdir(directory):
             raise ValueError(f"working_dir {directory!r} is not a directory")
-        return self._create_job(entrypoint, env or RuntimeEnv(), directory, detached)
+        return self._create_job(entrypoint, self._reaching_this_cluster(env or RuntimeEnv()), directory, detached)
+
+    def _reaching_this_cluster(self, env: RuntimeEnv) -> RuntimeEnv:
+        # A job's bare fray.init() reads FRAY_BACKEND: without it set here, it would read the submitter's (or
+        # nothing, and run on in_memory) whatever backend the job was submitted to. The job's own env wins.
+        spec = self._job_backend()
+        if spec is None or BACKEND_VAR in env.env:
+            return env
+        return replace(env, env={BACKEND_VAR: spec, **env.env})
 
     def list_jobs(self) -> list[JobInfo]:
         """Every job this context can see, oldest first where the backend knows the order."""
@@ -110,11 +130,14 @@ class ClusterContext(ABC):
         piece as it comes; it ends once the job has ended and everything it wrote has been given. Joined, the
         pieces are the job's whole log. Unknown ids raise JobNotFoundError here, not at the first piece."""
         self._get_job(job_id)
-        return self._tail_job_logs(job_id)
+        return _interruptible(self._tail_job_logs(job_id), f"the log of job {job_id}")
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
         """Block until the job ends; GetTimeoutError after timeout."""
-        return self._wait_job(job_id, check_timeout(timeout))
+        try:
+            return self._wait_job(job_id, check_timeout(timeout))
+        except KeyboardInterrupt as exc:
+            raise interrupted(exc, f"job {job_id}") from None
 
     def node_status(self) -> list[dict[str, Any]]:
         """The nodes jobs run on, as far as this context can see them: `{"node": name, "total": {resource:
@@ -198,6 +221,11 @@ class ClusterContext(ABC):
                 return
             time.sleep(pause)
             pause = min(pause * 1.5, 0.5)
+
+    def _job_backend(self) -> str | None:
+        """The backend spec a job's bare `fray.init()` gets (its FRAY_BACKEND), naming this backend and, where it
+        takes one, this cluster. Default: the backend's name. None: the cluster this context talks to sets it."""
+        return self.backend
 
     def _no_persistent_jobs(self) -> str:
         """Why this context keeps no job beyond its owner's life (for the persistent_jobs refusal)."""

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from fray import current
 from fray.errors import FrayError, GetTimeoutError
+from fray.interrupts import interrupted
+from fray.interrupts import refs as refs_text
 from fray.outcome import Outcome, completed
 from fray.progress import Progress, ProgressMode, check_mode
 from fray.refs import ObjectRef
@@ -111,6 +113,8 @@ def as_completed(
                 yield from (pending[i] for i in batch)
         except TimeoutError as exc:
             raise GetTimeoutError(f"as_completed timed out after {timeout} s: {exc}") from None
+        except KeyboardInterrupt as exc:  # Ctrl-C while waiting here, not in the caller's loop body
+            raise interrupted(exc, f"fray.as_completed of {refs_text(len(pending))}") from None
 
 
 def _failed(ctx: JobContext, ref: ObjectRef, outcome: Outcome) -> bool:

@@ -8,28 +8,37 @@ from __future__ import annotations
 
 import contextvars
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
 from fray import current
-from fray._validation import FEASIBLE_SECONDS, check_call, check_options, check_timeout
+from fray._validation import (
+    check_call,
+    check_group_args,
+    check_options,
+    check_timeout,
+    check_wait_args,
+    not_a_ref,
+    refuse_infeasible,
+)
 from fray.capabilities import Capability
 from fray.cluster_context import ClusterContext
 from fray.completion import RefWatcher, get_with_progress, outcomes
 from fray.cuda_values import device_stats
 from fray.current import clear_job_context, get_job_context
-from fray.errors import FrayError, InfeasibleResourcesError, UnsupportedFeatureError
+from fray.errors import FrayError, UnsupportedFeatureError
 from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, create_one_by_one, existing_group
+from fray.interrupts import interrupted
+from fray.interrupts import refs as count_refs
 from fray.outcome import Outcome
 from fray.progress import ProgressMode, check_mode
 from fray.receive import receive_into
 from fray.refs import ActorHandle, ObjectRef
-from fray.resources import actor_resources, fits, format_resources, task_resources
+from fray.resources import actor_resources, task_resources
 from fray.streams import ObjectRefStream
-from fray.transfers import PathStats, merge
+from fray.transfers import PathStats, TransferReport, merge
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
 __all__ = [
@@ -131,14 +140,7 @@ class JobContext(ABC):
         WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE set before __init__, for torch.distributed.
         """
         self._refuse_if_shut_down()
-        if not isinstance(klass, type):
-            raise TypeError(f"create_actor_group needs a class, got {type(klass).__name__}")
-        if isinstance(count, bool) or not isinstance(count, int):
-            raise TypeError(f"count must be an int, got {count!r}")
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, got {placement!r}")
+        check_group_args(klass, count, placement, PLACEMENTS)
         call_args, call_kwargs = check_call(args, kwargs)
         opts = check_options(options, ActorOptions)
         if opts.lifetime is Lifetime.DETACHED:
@@ -181,16 +183,22 @@ class JobContext(ABC):
         if self._shut_down:
             self._refuse_if_shut_down()
         deadline = None if timeout is None else check_timeout(timeout)
-        if isinstance(refs, ObjectRef):
-            if refs.backend != self.backend:  # (checked inline: an actor round trip's get, where each step counts)
-                self._check_ref(refs)
-            return self._get([refs], deadline)[0]
-        if isinstance(refs, (list, tuple)):
-            for ref in refs:
-                self._check_ref(ref)
-            if check_mode(progress) and refs:
-                return get_with_progress(self, list(refs), deadline, progress)
-            return self._get(list(refs), deadline) if refs else []
+        try:
+            if isinstance(refs, ObjectRef):
+                if refs.backend != self.backend:  # (checked inline: an actor round trip's get: each step counts)
+                    self._check_ref(refs)
+                return self._get([refs], deadline)[0]
+            if isinstance(refs, (list, tuple)):
+                for index, ref in enumerate(refs):
+                    if not isinstance(ref, ObjectRef) or ref.backend != self.backend:
+                        self._check_ref(ref, index)
+                if check_mode(progress) and refs:
+                    return get_with_progress(self, list(refs), deadline, progress)
+                return self._get(list(refs), deadline) if refs else []
+        except KeyboardInterrupt as exc:  # Ctrl-C: the caller's frames and this one (fray.interrupts)
+            raise interrupted(
+                exc, f"ctx.get of {count_refs(1 if isinstance(refs, ObjectRef) else len(refs))}"
+            ) from None
         raise ValueError(f"get needs an ObjectRef or a list of them, got {type(refs).__name__}")
 
     def wait(
@@ -202,23 +210,21 @@ class JobContext(ABC):
         num_returns refs (fewer after a timeout, which is not an error). Values are never fetched.
         """
         self._refuse_if_shut_down()
-        if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
-            raise ValueError(f"wait needs a list of ObjectRefs, got {type(refs).__name__}")
-        if isinstance(num_returns, bool) or not isinstance(num_returns, int):
-            raise TypeError(f"num_returns must be an int, got {num_returns!r}")
-        if num_returns < 1:
-            raise ValueError(f"num_returns must be >= 1, got {num_returns}")
+        check_wait_args(refs, num_returns)
         deadline = check_timeout(timeout)
         seen: set[ObjectRef] = set()
-        for ref in refs:
-            self._check_ref(ref)
+        for index, ref in enumerate(refs):
+            self._check_ref(ref, index)
             if ref in seen:
                 raise ValueError(f"wait got the same ref twice: {ref!r}")
             seen.add(ref)
         if not refs:
             return [], []
         want = min(num_returns, len(refs))
-        done_indices = self._wait(list(refs), want, deadline)
+        try:
+            done_indices = self._wait(list(refs), want, deadline)
+        except KeyboardInterrupt as exc:
+            raise interrupted(exc, f"ctx.wait on {count_refs(len(refs))}") from None
         chosen = set(sorted(done_indices)[:want])
         done = [ref for i, ref in enumerate(refs) if i in chosen]
         not_done = [ref for i, ref in enumerate(refs) if i not in chosen]
@@ -260,12 +266,13 @@ class JobContext(ABC):
         self._check_ref(ref)
         self._cancel(ref)
 
-    def transfer_stats(self) -> dict[str, PathStats]:
+    def transfer_stats(self) -> TransferReport:
         """How the values read so far reached their readers, by path (see fray.transfers): how many transfers,
-        their bytes and seconds, summed over every process of this context that the backend can ask. CUDA
-        tensors loaded in this process are counted by fray.cuda_values (`cuda-device-copy`, `cuda-staged`)."""
+        their bytes and seconds, summed over every process of this context that the backend can ask: a dict of
+        path -> PathStats that prints as one line a path. CUDA tensors loaded in this process are counted by
+        fray.cuda_values (`cuda-device-copy`, `cuda-staged`)."""
         self._refuse_if_shut_down()
-        return merge(self._transfer_stats(), device_stats.snapshot())
+        return TransferReport(merge(self._transfer_stats(), device_stats.snapshot()))
 
     def shutdown(self) -> None:
         """Release everything this context started. Idempotent. Every later call raises FrayError.
@@ -304,29 +311,12 @@ class JobContext(ABC):
 
     def check_feasible(self, request: Mapping[str, float], what: str) -> None:
         """Refuse at submission a request that no node could ever satisfy (engines would wait forever)."""
-        if not request:
-            return
-        key = tuple(request.items())  # the same request built the same way hits; another order just misses
-        cache = self._feasible
-        now = time.monotonic()
-        if cache.get(key, 0.0) > now:
-            return
-        nodes = self.node_resources()
-        for node in nodes:
-            if fits(node, request):
-                if len(cache) > 256:
-                    cache.clear()
-                cache[key] = now + FEASIBLE_SECONDS
-                return
-        largest = max(nodes, key=lambda n: n.get("CPU", 0.0)) if nodes else {}
-        raise InfeasibleResourcesError(
-            f"{what} requests {dict(request)} but no node of this {self.backend} context has that much "
-            f"(largest node: {format_resources(largest)}). Lower the request or add nodes with those resources."
-        )
+        if request:
+            refuse_infeasible(self._feasible, self.node_resources, request, what, self.backend)
 
-    def _check_ref(self, ref: Any) -> None:
+    def _check_ref(self, ref: Any, index: int | None = None) -> None:
         if not isinstance(ref, ObjectRef):
-            raise ValueError(f"expected an ObjectRef, got {type(ref).__name__}")
+            raise not_a_ref(ref, index)
         if ref.backend != self.backend:
             raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend, not to this {self.backend!r} context")
 

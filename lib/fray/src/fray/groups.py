@@ -19,7 +19,7 @@ from fray.current import ActorInfo, get_job_context
 from fray.errors import ActorAlreadyExistsError, ActorNotFoundError, InfeasibleResourcesError
 from fray.net import free_port
 from fray.refs import ActorHandle, ObjectRef
-from fray.resources import capacity
+from fray.resources import capacity, format_resources
 from fray.types import ActorOptions
 
 if TYPE_CHECKING:
@@ -198,7 +198,8 @@ def check_group_feasible(
     room = ", ".join(f"{c:g}" for c in capacities) or "no nodes"
     hint = " Use strict_placement=False, fewer members, or smaller requests." if strict else ""
     raise InfeasibleResourcesError(
-        f"{what}: {count} members x {dict(per_member) or 'no resources'} with placement={placement!r}"
+        f"{what}: {count} members x {format_resources(per_member) if per_member else 'no resources'} with "
+        f"placement={placement!r}"
         f"{' (strict)' if strict else ''} needs {need}; the {len(nodes)} node(s) of this context have room for "
         f"[{room}] members each.{hint}"
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fray import watchdog
 from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
-from fray.resources import add, fits, short_of, subtract
+from fray.resources import add, fits, format_resources, short_of, subtract
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
 __all__ = ["LocalJobs", "ended_status", "follow_log", "job_command", "job_environment", "missing_dir_message"]
@@ -156,7 +156,8 @@ class LocalJobs:
         short = short_of(self.totals, need)
         if short:
             raise InfeasibleResourcesError(
-                f"the job needs {need} but this host has {self.totals}; lower its minimum_resources"
+                f"the job needs {format_resources(need)} but this host has {format_resources(self.totals)}; lower "
+                "its minimum_resources"
             )
         job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
         job_dir = self.root / job_id

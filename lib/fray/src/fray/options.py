@@ -3,11 +3,12 @@ option means and accepts the same values everywhere, and `parse_options`, which 
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fray.types import normalize_resources
@@ -16,6 +17,7 @@ __all__ = [
     "byte_count",
     "choice",
     "count",
+    "did_you_mean",
     "directory",
     "flag",
     "ip_address",
@@ -30,6 +32,13 @@ __all__ = [
 ]
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """ " (did you mean 'ray'?)" for the choice closest to a misspelt or miscased `word`; "" if none is close."""
+    by_lower = {choice.lower(): choice for choice in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
 def parse_options(
     backend: str, options: Mapping[str, Any], schema: Mapping[str, Callable[[Any], Any]]
 ) -> dict[str, Any]:
@@ -38,7 +47,9 @@ def parse_options(
     for key, raw in options.items():
         if key not in schema:
             known = ", ".join(sorted(schema)) or "none"
-            raise ValueError(f"unknown option {key!r} for the {backend!r} backend; known options: {known}")
+            raise ValueError(
+                f"unknown option {key!r} for the {backend!r} backend{did_you_mean(key, schema)}; known options: {known}"
+            )
         try:
             out[key] = schema[key](raw)
         except (TypeError, ValueError) as exc:

@@ -72,6 +72,15 @@ class ActorMethod:
         handle = self._handle
         return handle._context()._call_actor_stream_checked(handle, self._name, args, kwargs)
 
+    def __getattr__(self, attr: str) -> Any:
+        # Ray's habit, `handle.method.remote(...)`: fray calls the method itself
+        if attr == "remote":
+            raise AttributeError(
+                f"fray actor methods are called directly: {self._name}(...) returns an ObjectRef (did you mean "
+                f"handle.{self._name}(...)? `.remote(...)` is Ray's spelling)"
+            )
+        raise AttributeError(f"'ActorMethod' object has no attribute {attr!r}")
+
     def __repr__(self) -> str:
         return f"<actor method {self._handle.class_name}.{self._name}>"
 

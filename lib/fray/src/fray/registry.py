@@ -15,10 +15,11 @@ from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import parse_qsl
 
-from fray import current
+from fray import current, interrupts
 from fray.backend import Backend
 from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
+from fray.options import did_you_mean
 
 __all__ = ["Backend", "available_backends", "cluster", "get_backend", "init", "parse_spec", "shutdown"]
 
@@ -80,8 +81,10 @@ def get_backend(name: str) -> Backend:
                 module, _, attr = FIRST_PARTY[name][0].partition(":")
                 obj = getattr(import_module(module), attr)
             else:
-                known = ", ".join(sorted(available_backends()))
-                raise BackendNotAvailableError(f"unknown fray backend {name!r}; known backends: {known}")
+                names = available_backends()
+                known = ", ".join(sorted(names))
+                hint = did_you_mean(name, names)
+                raise BackendNotAvailableError(f"unknown fray backend {name!r}{hint}; known backends: {known}")
         except ImportError as exc:
             if isinstance(exc, BackendNotAvailableError):
                 raise
@@ -115,7 +118,15 @@ def _option_value(value: Any) -> Any:
 def init(spec: str | None = None, **options: Any) -> JobContext:
     """Create a JobContext for `spec` (or FRAY_BACKEND, or in_memory) and make it current."""
     backend, merged = _resolve(spec, options)
-    ctx = backend.job_context(**merged)
+    interrupts.install_hook()  # first: starting an engine can take seconds, and a Ctrl-C then is one line too
+    try:
+        ctx = backend.job_context(**merged)
+    except KeyboardInterrupt as exc:
+        raise interrupts.interrupted(exc, f"fray.init to start {backend.name}") from None
+    except Exception:
+        if current.default() is None:  # no context came of it: nothing of fray's stays installed
+            interrupts.uninstall_hook()
+        raise
     current.set_default(ctx)
     current.make_current(ctx)
     return ctx
@@ -134,6 +145,7 @@ def shutdown() -> None:
         return  # called inside a task or actor: the context belongs to its driver
     current.make_current(None)
     current.set_default(None)
+    interrupts.uninstall_hook()
     if ctx is not None:
         ctx.shutdown()
 

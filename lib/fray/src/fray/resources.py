@@ -18,6 +18,7 @@ __all__ = [
     "add",
     "capacity",
     "fits",
+    "format_amount",
     "format_resources",
     "short_of",
     "subtract",
@@ -85,5 +86,18 @@ def actor_resources(options: ActorOptions) -> dict[str, float]:
     return normalize_resources(options.resources)
 
 
+def format_amount(name: str, value: float) -> str:
+    """One resource's quantity as a person reads it: memory in bytes as GiB/MiB/KiB (`23.5 GiB`, not
+    `2.52765e+10`), anything else as a short number."""
+    if "memory" not in name.lower() or abs(value) < 1024:
+        return f"{value:g}"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:g}"  # (not reached: 1 KiB and up has a unit)
+
+
 def format_resources(resources: Mapping[str, float]) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
+    """`{CPU: 2, memory: 23.5 GiB}` (Ray's internal `node:...` labels left out)."""
+    shown = sorted((k, v) for k, v in resources.items() if not k.startswith("node:"))
+    return "{" + ", ".join(f"{k}: {format_amount(k, float(v))}" for k, v in shown) + "}"

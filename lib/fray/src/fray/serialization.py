@@ -391,9 +391,23 @@ def check_function(fn: Callable[..., Any], checked: dict[int, Any]) -> None:
     try:
         cloudpickle.dumps(fn)
     except Exception as exc:
-        name = getattr(fn, "__qualname__", repr(fn))
-        raise SerializationError(
-            f"{name} cannot be serialized to run remotely: {exc}. It probably captures an unpicklable object "
-            "(a lock, a socket, an open file, a client); create that object inside the function instead."
-        ) from exc
+        raise unpicklable_code(fn, exc) from exc
     checked[key] = fn
+
+
+def unpicklable_code(fn: Any, exc: BaseException) -> SerializationError:
+    """The error for a task function or actor class that cannot travel: what it probably captures, and the fix."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    return SerializationError(
+        f"{name} cannot be serialized to run remotely: {exc}. It probably captures an unpicklable object "
+        "(a lock, a socket, an open file, a client); create that object inside the function instead."
+    )
+
+
+def dumps_code(fn: Any, what: str) -> Blob:
+    """dumps of a task function or actor class (`what` names it): a failure says what it probably captures."""
+    try:
+        return dumps(fn, what)
+    except SerializationError as exc:
+        cause = exc.__cause__ or exc
+        raise unpicklable_code(fn, cause) from cause

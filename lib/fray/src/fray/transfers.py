@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["PATHS", "PathStats", "TransferStats", "merge"]
+__all__ = ["PATHS", "PathStats", "TransferReport", "TransferStats", "merge"]
 
 PATHS = (
     "inline",
@@ -52,6 +52,28 @@ class PathStats:
 
     def __add__(self, other: PathStats) -> PathStats:
         return PathStats(self.count + other.count, self.bytes + other.bytes, self.seconds + other.seconds)
+
+
+def _size(nbytes: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+class TransferReport(dict[str, PathStats]):
+    """What `ctx.transfer_stats()` returns: a dict of path -> PathStats that prints as one line a path,
+    `shm: 12 transfers, 1.5 GiB in 0.21 s (7.7 GB/s)`."""
+
+    def __str__(self) -> str:
+        if not self:
+            return "no transfers recorded"
+        lines = []
+        for path, stats in sorted(self.items()):
+            rate = f" ({stats.gb_per_s:.1f} GB/s)" if stats.seconds > 0 else ""
+            many = "transfer" if stats.count == 1 else "transfers"
+            lines.append(f"{path}: {stats.count} {many}, {_size(stats.bytes)} in {stats.seconds:.3g} s{rate}")
+        return "\n".join(lines)
 
 
 class TransferStats:

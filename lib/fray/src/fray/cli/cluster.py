@@ -8,6 +8,7 @@ import json
 from fray.backend import PersistentClusters
 from fray.capabilities import Capability
 from fray.cli.common import as_dict, lacks_persistence, open_cluster, resolve, say
+from fray.resources import format_amount
 from fray.state import state_dir
 
 _LAUNCH_FLAGS = ("job", "hosts", "nodes", "partition", "time")
@@ -50,12 +51,6 @@ def cluster_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _amount(name: str, value: float) -> str:
-    if "memory" in name:
-        return f"{value / 2**30:.1f} GiB"
-    return f"{value:g}"
-
-
 def status(args: argparse.Namespace) -> int:
     with open_cluster(args, "fray status") as ctx:
         nodes = ctx.node_status()
@@ -71,9 +66,9 @@ def status(args: argparse.Namespace) -> int:
     for node in nodes:
         total, free = node.get("total", {}), node.get("free", {})
         parts = [
-            f"{key} {_amount(key, free[key])} free of {_amount(key, qty)}"
+            f"{key} {format_amount(key, free[key])} free of {format_amount(key, qty)}"
             if key in free
-            else f"{key} {_amount(key, qty)}"
+            else f"{key} {format_amount(key, qty)}"
             for key, qty in sorted(total.items())
         ]
         seen_at = [

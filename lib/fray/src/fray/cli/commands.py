@@ -90,7 +90,9 @@ def add_commands(sub: Any) -> None:
         parser.add_argument("job_id")
         _cluster_options(parser)
     _submit_options(sub.add_parser("run", help="run a command as a job and follow its log (fray job submit)"), False)
-    cluster = sub.add_parser("cluster", help="start or stop a cluster that outlives this command (ray)")
+    cluster = sub.add_parser(
+        "cluster", help="start or stop a cluster that outlives this command (ray, monarch; in_memory needs none)"
+    )
     actions = cluster.add_subparsers(dest="action", required=True)
     start = actions.add_parser("start", help="start a cluster and record it in the state directory")
     _cluster_options(start, address=False)

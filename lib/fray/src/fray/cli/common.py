@@ -83,6 +83,17 @@ def exit_status(info: JobInfo) -> int:
     return code if code else 1
 
 
+def format_exit_code(code: int) -> str:
+    """A job's exit code as a shell shows it: ended by signal N (a negative code from Python) is 128+N."""
+    if code >= 0:
+        return str(code)
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"{128 - code} (ended by {name})"
+
+
 def format_time(seconds: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "-"
 

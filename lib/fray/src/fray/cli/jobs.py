@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from fray.cli.common import as_dict, format_time, open_cluster, say
+from fray.cli.common import as_dict, format_exit_code, format_time, open_cluster, say
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -37,7 +37,7 @@ def _job_status(args: argparse.Namespace) -> int:
     times = (info.submission_time, info.start_time, info.end_time)
     print("  submitted: {}  started: {}  ended: {}".format(*map(format_time, times)))
     if info.exit_code is not None:
-        print(f"  exit code: {info.exit_code}")
+        print(f"  exit code: {format_exit_code(info.exit_code)}")
     if info.message:
         print(f"  message: {info.message}")
     return 0

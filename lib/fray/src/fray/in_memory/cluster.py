@@ -21,6 +21,7 @@ from fray.context import ClusterContext
 from fray.detached import DetachedJobs
 from fray.errors import InfeasibleResourcesError, JobNotFoundError
 from fray.jobs import LocalJobs, host_resources
+from fray.resources import format_resources
 from fray.types import JobInfo, RuntimeEnv
 
 
@@ -52,7 +53,8 @@ class InMemoryClusterContext(ClusterContext):
         totals = self._jobs.totals
         if any(totals.get(name, 0.0) < qty for name, qty in need.items()):
             raise InfeasibleResourcesError(
-                f"the job needs {need} but this host has {totals}; lower its minimum_resources"
+                f"the job needs {format_resources(need)} but this host has {format_resources(totals)}; lower its "
+                "minimum_resources"
             )
         return self._detached.start(entrypoint, env, working_dir)
 

@@ -63,6 +63,21 @@ def test_env_vars_reach_the_job(fray_cluster: ClusterContext) -> None:
     assert f"got {value}" in fray_cluster.get_job_logs(job)
 
 
+def test_a_jobs_bare_init_reaches_the_backend_it_was_submitted_to(
+    fray_cluster: ClusterContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's `fray.init()` with no spec runs on the backend (and cluster) the job was submitted to, whatever the
+    submitter's own FRAY_BACKEND says (here: a name no backend has, which a job inheriting it would fail on)."""
+    monkeypatch.setenv("FRAY_BACKEND", "not_the_submitted_backend")
+    code = "import fray; ctx = fray.init(); print('the job runs on', ctx.backend, flush=True); fray.shutdown()"
+    job = fray_cluster.create_job(_python(code))
+    monkeypatch.delenv("FRAY_BACKEND")
+    info = fray_cluster.wait_job(job, timeout=180)
+    logs = fray_cluster.get_job_logs(job)
+    assert info.status is JobStatus.SUCCEEDED, logs
+    assert f"the job runs on {fray_cluster.backend}" in logs
+
+
 def test_failing_job_is_failed_with_its_output(fray_cluster: ClusterContext) -> None:
     job = fray_cluster.create_job(_python("import sys; print('about to fail'); sys.exit(3)"))
     info = fray_cluster.wait_job(job, timeout=120)

@@ -3,6 +3,7 @@ and transfer_stats says which path the bytes took."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -81,3 +82,7 @@ def test_transfer_stats_count_reads_by_path(fray_ctx: JobContext) -> None:
     assert stats and set(stats) <= set(PATHS), stats
     assert all(isinstance(s, PathStats) and s.count > 0 and s.seconds >= 0 for s in stats.values())
     assert sum(s.bytes for s in stats.values()) >= 8_000_000
+    shown = str(stats).splitlines()  # printed: one line a path, sizes in units (not a raw dict of PathStats)
+    assert len(shown) == len(stats) and "PathStats" not in str(stats), shown
+    for line in shown:
+        assert re.fullmatch(r"[a-z-]+: \d+ transfers?, \d+(\.\d)? (B|KiB|MiB|GiB) in \S+ s( \(\S+ GB/s\))?", line), line

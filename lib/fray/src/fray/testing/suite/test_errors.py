@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
 import pytest
 
 from fray.context import JobContext
-from fray.errors import FrayError, SerializationError
+from fray.errors import FrayError, InfeasibleResourcesError, SerializationError
 from fray.testing import workloads as h
+from fray.types import TaskOptions
 
 
 def test_task_exception_keeps_type_message_and_traceback(fray_ctx: JobContext) -> None:
@@ -76,3 +78,27 @@ def test_a_shut_down_context_refuses_every_call(fray_own_ctx: JobContext) -> Non
         with pytest.raises(FrayError, match="shut down"):
             call()
         assert time.monotonic() - start < 5.0, f"{name} took too long to refuse"
+
+
+def test_get_and_wait_of_a_list_name_the_item_that_is_not_a_ref(fray_ctx: JobContext) -> None:
+    ref = fray_ctx.create_task(h.add, args=(1, 2))
+    with pytest.raises(ValueError, match=r"item 1 of the list is int \(7\), not an ObjectRef"):
+        fray_ctx.get([ref, 7], timeout=60)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"item 0 of the list is str \('x'\), not an ObjectRef"):
+        fray_ctx.wait(["x", ref], timeout=60)  # type: ignore[list-item]
+    assert fray_ctx.get(ref, timeout=60) == 3
+
+
+def test_rays_remote_habit_on_an_actor_method_says_how_fray_calls_it(fray_ctx: JobContext) -> None:
+    actor = fray_ctx.create_actor(h.Counter)
+    with pytest.raises(AttributeError, match=r"did you mean handle\.incr\(\.\.\.\)\? `\.remote\(\.\.\.\)` is Ray's"):
+        actor.incr.remote()
+    assert fray_ctx.get(actor.incr(), timeout=60) == 1
+
+
+def test_an_infeasible_request_shows_memory_in_units(fray_ctx: JobContext) -> None:
+    with pytest.raises(InfeasibleResourcesError) as info:
+        fray_ctx.create_task(h.add, args=(1, 2), options=TaskOptions(resources={"memory": 2**50}))
+    message = str(info.value)
+    assert "memory: 1024.0 TiB" in message or "memory: 1.0 PiB" in message, message
+    assert "e+" not in message and re.search(r"largest node: \{.*memory: \d+\.\d [KMGT]iB", message), message

@@ -92,8 +92,17 @@ def test_function_closing_over_unserializable_state_is_refused(fray_ctx: JobCont
         with lock:
             return True
 
-    with pytest.raises(SerializationError):
+    class UsesLock:
+        def locked(self) -> bool:
+            with lock:
+                return True
+
+    hint = "uses_lock cannot be serialized to run remotely: .* It probably captures an unpicklable object"
+    with pytest.raises(SerializationError, match=hint):
         fray_ctx.get(fray_ctx.create_task(uses_lock), timeout=60)
+    hint = "UsesLock cannot be serialized to run remotely: .* It probably captures an unpicklable object"
+    with pytest.raises(SerializationError, match=hint):
+        fray_ctx.get(fray_ctx.create_actor(UsesLock).locked(), timeout=60)
 
 
 def test_bad_input_is_a_clear_error(fray_ctx: JobContext) -> None:
