@@ -25,6 +25,10 @@ DRIVER = textwrap.dedent(
     def sleepy():
         time.sleep(600)
 
+    class Sleepy:
+        def sleep(self):
+            time.sleep(600)
+
     BLOCKED_IN = {"wait": "_wait", "as_completed": "completed"}.get(sys.argv[2], "_get")
 
     def ready_when_blocked(main):
@@ -40,7 +44,7 @@ DRIVER = textwrap.dedent(
     ctx = fray.init(sys.argv[1])
     if sys.argv[2] == "own-hook":
         sys.excepthook = lambda kind, exc, tb: print("the program's own hook:", kind.__name__, file=sys.stderr)
-    ref = ctx.create_task(sleepy)
+    ref = ctx.create_actor(Sleepy).sleep() if sys.argv[2] == "actor" else ctx.create_task(sleepy)
     threading.Thread(target=ready_when_blocked, args=(threading.main_thread().ident,), daemon=True).start()
     try:
         if sys.argv[2] == "wait":
@@ -112,3 +116,39 @@ def test_a_programs_own_excepthook_is_left_alone() -> None:
     done = _interrupted("in_memory", "own-hook")
     assert "the program's own hook: KeyboardInterrupt" in done.stderr, done.stderr[-3000:]
     assert "fray: interrupted" not in done.stderr, done.stderr[-3000:]
+
+
+def test_ctrl_c_in_a_get_of_a_running_actor_call_ends_the_program_at_once() -> None:
+    """in_memory ran actor calls on a ThreadPoolExecutor, whose threads Python joins at exit: the program waited
+    for the 600 s call (issue 28: one SIGINT did not end it, a second printed a traceback)."""
+    done = _interrupted("in_memory", "actor")
+    assert done.returncode == 130, (done.returncode, done.stderr[-3000:])
+    assert done.stderr == "fray: interrupted while waiting for ctx.get of 1 ref\n", done.stderr[-3000:]
+
+
+ENDS_WHILE_AN_ACTOR_RUNS = textwrap.dedent(
+    """
+    import sys, time
+    import fray
+
+    class Sleepy:
+        def sleep(self):
+            time.sleep(600)
+
+    ctx = fray.init("in_memory")
+    ref = ctx.create_actor(Sleepy).sleep()
+    time.sleep(0.5)
+    if sys.argv[1] == "shutdown":
+        fray.shutdown()
+    print("END", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["falls off the end", "shutdown"])
+def test_a_script_that_ends_while_an_actor_call_runs_does_not_wait_for_it(how: str) -> None:
+    """The running call is abandoned with the process, as Ray's driver exit ends its workers (docs/concepts.md)."""
+    done = subprocess.run(
+        [sys.executable, "-c", ENDS_WHILE_AN_ACTOR_RUNS, how], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout == "END\n", (done.returncode, done.stderr[-3000:])

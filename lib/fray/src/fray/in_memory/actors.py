@@ -1,4 +1,4 @@
-"""in_memory actors: each instance lives on a private executor that runs its calls in order."""
+"""in_memory actors: each instance lives on threads of its own (_actor_threads) that run its calls in order."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import inspect
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fray import current, output
@@ -20,6 +19,7 @@ from fray.errors import (
     attach_remote_traceback,
 )
 from fray.gpus import process_env, using_gpus
+from fray.in_memory._actor_threads import ActorThreads
 from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call
 from fray.in_memory._scheduler import signature
 from fray.outcome import Outcome
@@ -61,7 +61,7 @@ class _Actor:
         self.pending: set[_Entry] = set()  # calls submitted, not started (cancel can still drop them)
         self.running: set[_Entry] = set()
         self.lock = threading.Lock()
-        self.executor = ThreadPoolExecutor(options.max_concurrency, thread_name_prefix=f"fray-actor-{klass.__name__}")
+        self.executor = ActorThreads(options.max_concurrency, f"fray-actor-{klass.__name__}")
         self.request = signature(actor_resources(options))
         self.holding = False  # True while it holds its resources
         self.gpus: tuple[int, ...] = ()  # the devices it holds (fray.gpus), from its start until it is killed
@@ -341,7 +341,7 @@ class ActorTable:
             actor.pending, actor.running = set(), set()
         for entry in pending:
             entry.settle(error=_died(actor))
-        actor.executor.shutdown(wait=False, cancel_futures=True)
+        actor.executor.shutdown()
         actor.close()
         _actors.pop(actor.id, None)
         with _detached_lock, self.ctx._lock:
