@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fray.errors import InfeasibleResourcesError
 from fray.gpus import process_env
+from fray.resources import fits
 from fray_monarch.actor_rec import ActorRec
 from fray_monarch.processes import Proc, ProcessPool, local_part
 
@@ -28,9 +29,17 @@ class ActorHolds:
         self.pool = pool
 
     def claim(self, rec: ActorRec, proc: Proc) -> None:
-        """Under the lock: rec's resources are taken from proc's share of its host (tasks there see less room)."""
+        """Under the lock: rec's resources are taken from proc's share of its host (tasks there see less room);
+        those of an actor asking more than one process's share, from the free shares of all of proc's host's
+        general processes while they have room (else from proc's alone: monarch does not queue actors)."""
+        local = local_part(rec.resources)
+        if not fits(self.pool.share, local):
+            reserved = self.pool.reserve(proc.host, local)
+            if reserved is not None:
+                rec.reserved = reserved
+                return
         rec.claim = proc
-        self.pool.claim(proc, local_part(rec.resources))
+        self.pool.claim(proc, local)
 
     def unclaim(self, rec: ActorRec, keep_gpus: bool = False) -> None:
         """rec's claim is given back, and its GPUs unless `keep_gpus` (an SPMD group restarting holds them: its
@@ -38,6 +47,9 @@ class ActorHolds:
         proc, rec.claim = rec.claim, None
         if proc is not None:
             self.pool.unclaim(proc, local_part(rec.resources))
+        for general, part in rec.reserved:
+            self.pool.unclaim(general, part)
+        rec.reserved = []
         if not keep_gpus:
             self.give_back_gpus(rec)
 
@@ -50,7 +62,7 @@ class ActorHolds:
     def claim_on_host(self, rec: ActorRec, host: int) -> None:
         """Under the lock: claim an actor's resources from the general process of `host` with the most room for
         them (an actor with its own process still counts against its host's CPUs)."""
-        if rec.claim is not None and rec.claim.alive:
+        if (rec.claim is not None and rec.claim.alive) or rec.reserved:
             return
         pool = self.pool.general(host) or self.pool.general()
         if not pool:

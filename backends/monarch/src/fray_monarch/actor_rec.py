@@ -37,6 +37,7 @@ class ActorRec:
     dedicated: bool = False  # it owns its process (an SPMD member, a member of a group's own mesh)
     host: int = 0  # the fray host of its own process (dedicated)
     claim: Proc | None = None  # the process whose share of the host its resources are taken from
+    reserved: list[tuple[Proc, dict[str, float]]] = field(default_factory=list)  # or its host's (more than a share)
     gpus: tuple[int, ...] = ()  # the devices it holds on its process's host (fray.gpus)
     group: Any = None  # the GroupRec of a group member (meshgroups.py)
     slot: tuple[int, int] | None = None  # (block, flat index) in its group's mesh; None once on a process of its own

@@ -29,6 +29,7 @@ from fray_monarch.lifeline import LifelineServer
 from fray_monarch.protocol import ProcInfo, StoreConfig, WorkerSetup
 
 MAX_ENV_PROCS = 4  # processes kept for tasks with their own env vars
+SIZED_ENV = "FRAY_TASK_RESOURCES"  # in the env key of a process sized for tasks bigger than a process's share
 PROBE_AGAIN = 0.3  # seconds between the two probes that say a host still answers (host_lost)
 
 EnvKey = tuple[tuple[str, str], ...]
@@ -153,7 +154,7 @@ class ProcessPool:
         sees (CUDA_VISIBLE_DEVICES, set before its first CUDA call)."""
         key = self.ids.proc()
         mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **self.boot())
-        capacity = {} if dedicated else dict(self.share)
+        capacity = {} if dedicated else sized_capacity(env_key) or dict(self.share)
         seen = gpus or gpus_of_key(env_key)
         env = {**self.visible_env(seen), **dict(env_key)}
         worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), env, cpus)
@@ -305,18 +306,45 @@ class ProcessPool:
 
     # ------------------------------------------------------------ queries and messages
     def node_resources(self) -> list[dict[str, float]]:
-        """One node per general process: its share of its host, and its host's GPUs (work holding several runs in
-        a process that sees them all)."""
-        node = dict(self.share)
+        """One node per host, with all of its resources, as Ray's nodes and `fray status` count them: a task or
+        actor may ask for as much as one host has (one bigger than a process's share runs in a process sized for
+        it; one holding several GPUs in a process that sees them all)."""
+        node = {k: v * self.procs_per_host for k, v in self.share.items()}
         if self.host_gpu_count:
             node["GPU"] = self.host_gpu_count
-        return [dict(node) for _ in range(len(self.hosts) * self.procs_per_host)]
+        return [dict(node) for _ in range(len(self.hosts))]
 
     def general(self, host: int | None = None) -> list[Proc]:
         return [p for p in self.procs if p.alive and p.general and (host is None or p.host == host)]
 
     def by_key(self, key: str) -> Proc | None:
         return next((p for p in self.procs if p.key == key), None)
+
+    def reserve(self, host: int, resources: dict[str, float]) -> list[tuple[Proc, dict[str, float]]] | None:
+        """Under the lock: `resources` claimed from the free shares of `host`'s general processes (the roomiest
+        first), for a task bigger than one process's share, which runs in a process sized for it; None (nothing
+        claimed) if their free shares together cannot hold it now."""
+        procs = sorted(self.general(host), key=lambda p: -p.free_capacity.get("CPU", 0.0))
+        room: dict[str, float] = {}
+        for proc in procs:
+            add(room, {k: max(0.0, v) for k, v in proc.free_capacity.items()})
+        if not fits(room, resources):
+            return None
+        left = dict(resources)
+        claims = []
+        for proc in procs:
+            part = {k: min(q, max(0.0, proc.free_capacity.get(k, 0.0))) for k, q in left.items() if q > EPS}
+            part = {k: q for k, q in part.items() if q > EPS}
+            if part:
+                self.claim(proc, part)
+                claims.append((proc, part))
+                subtract(left, part)
+        return claims
+
+    def sized_env_key(self, env_key: EnvKey, resources: dict[str, float]) -> EnvKey:
+        """The env key of a process for tasks needing `resources` (more than a process's share): its capacity."""
+        value = ",".join(f"{k}={v:g}" for k, v in sorted(resources.items()))
+        return tuple(sorted({**dict(env_key), SIZED_ENV: value}.items()))
 
     def claim(self, proc: Proc, resources: dict[str, float]) -> None:
         """Under the lock: an actor's resources are taken from proc's share (its tasks see less room)."""
@@ -396,6 +424,12 @@ class ProcessPool:
 def local_part(resources: dict[str, float]) -> dict[str, float]:
     """What work takes of its process's share: all it asks for but its GPUs (held per host, by device)."""
     return {k: v for k, v in resources.items() if k != "GPU"} if "GPU" in resources else resources
+
+
+def sized_capacity(env_key: EnvKey) -> dict[str, float]:
+    """The capacity of a process started with this env key: what sized_env_key put in it, else {}."""
+    value = dict(env_key).get(SIZED_ENV, "")
+    return {k: float(v) for k, _, v in (item.partition("=") for item in value.split(",") if item)}
 
 
 def gpus_of_key(env_key: EnvKey) -> tuple[int, ...]:

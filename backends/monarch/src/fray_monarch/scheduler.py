@@ -7,14 +7,14 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from fray.errors import FrayError, TaskCancelledError, WorkerCrashedError
 from fray.outcome import first_failure
 from fray.remote_errors import RemoteError
-from fray.resources import task_resources
+from fray.resources import fits, task_resources
 from fray.states import TaskState
 from fray.types import TaskOptions
 from fray_monarch import _runtime
@@ -45,6 +45,7 @@ class Task:
     state: TaskState = TaskState.WAITING
     cancelled: bool = False
     gpus: tuple[int, ...] = ()  # the devices it holds while sent to a process (of that process's host)
+    reserved: list[tuple[Proc, dict[str, float]]] = field(default_factory=list)  # claims of a task bigger than a share
 
     @property
     def gpu(self) -> float:
@@ -148,6 +149,29 @@ class TaskScheduler:
                 best, best_load = proc, load
         return best
 
+    def _bigger_than_a_share(self, task: Task) -> bool:
+        """A task asking more than one general process's share of its host (a host's CPUs, say): it runs in a
+        process sized for it, its resources claimed from the host's general processes (node = host)."""
+        return bool(task.local) and not fits(self.pool.share, task.local)
+
+    def _place_sized(self, task: Task, env_key: EnvKey, hosts: list[int] | None = None) -> Proc | None:
+        """Under the lock: a process sized for a task bigger than a share (of `env_key` plus its size), on a host
+        whose general processes' free shares can hold it now (claimed from them until it ends)."""
+        for host in self.pool.live_hosts() if hosts is None else hosts:
+            reserved = self.pool.reserve(host, task.local)
+            if reserved is None:
+                continue
+            sized = self.pool.sized_env_key(env_key, task.local)
+            self.pool.ensure_env(sized, host)
+            proc = self._pick_proc(task, sized, host)
+            if proc is None:
+                for general, part in reserved:
+                    self.pool.unclaim(general, part)
+                continue
+            task.reserved = reserved
+            return proc
+        return None
+
     def _place_gpu_task(self, task: Task) -> Proc | None:
         """Under the lock: devices for a task that asks for GPUs, and a process that sees them: a general process
         whose devices can hold it, else a process of its own for exactly the devices chosen (more than one
@@ -168,18 +192,25 @@ class TaskScheduler:
             if not chosen:
                 continue
             env_key = self.pool.gpu_env_key(task.env_key, chosen)
-            self.pool.ensure_env(env_key, host)
-            proc = self._pick_proc(task, env_key, host)
+            if self._bigger_than_a_share(task):
+                proc = self._place_sized(task, env_key, [host])
+            else:
+                self.pool.ensure_env(env_key, host)
+                proc = self._pick_proc(task, env_key, host)
             if proc is not None:
                 task.gpus = devices.take(task.gpu, among=chosen) or ()
                 return proc
         return None
 
     def _give_back_gpus(self, task: Task) -> None:
-        """Under the lock, as the task leaves its process: its devices are free again."""
+        """Under the lock, as the task leaves its process: its devices, and what it claimed of its host's
+        general processes (a task bigger than a share), are free again."""
         if task.gpus and task.proc is not None:
             self.pool.devices[task.proc.host].give(task.gpus, task.gpu)
         task.gpus = ()
+        for general, part in task.reserved:
+            self.pool.unclaim(general, part)
+        task.reserved = []
 
     def pump(self) -> None:
         """Under the lock: send queued tasks to processes with room, in batches."""
@@ -195,9 +226,9 @@ class TaskScheduler:
         skipped: list[Task] = []
         while self.queue:
             task = self.queue[0]
-            if task.gpu:
-                proc = self._place_gpu_task(task)
-                if proc is None:  # no devices free for it now: let the others by
+            if task.gpu or self._bigger_than_a_share(task):
+                proc = self._place_gpu_task(task) if task.gpu else self._place_sized(task, task.env_key)
+                if proc is None:  # no devices, or no host room, free for it now: let the others by
                     skipped.append(self.queue.popleft())
                     if len(skipped) > 64:
                         break
