@@ -108,7 +108,8 @@ def test_json_output_parses() -> None:
 
 def test_report_structure() -> None:
     found = doctor.report(backends=["in_memory"])
-    assert list(found)[:5] == ["fray", "packages", "backends", "shared memory", "bandwidth"]
+    assert list(found)[:6] == ["fray", "packages", "backends", "shared memory", "gpus", "bandwidth"]
+    assert list(found)[-1] == "verdict"
     for section, entries in found.items():
         assert isinstance(section, str) and isinstance(entries, dict) and entries
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items())
@@ -232,3 +233,32 @@ def test_rdma_devices_lists_names(diagnostics: Any, monkeypatch: pytest.MonkeyPa
 def test_rdma_probe_that_times_out_says_so(diagnostics: Any) -> None:
     line = diagnostics.rdma_probe(1 << 20, timeout=0.05)
     assert line.startswith("could not run: timed out after 0.05 s"), line
+
+
+def test_doctor_ends_with_a_verdict_and_has_a_ray_section(doctor_run: subprocess.CompletedProcess[str]) -> None:
+    """issue 28: doctor gave no verdict and had no ray section."""
+    out = doctor_run.stdout
+    assert "\ngpus\n" in out and "\nverdict\n" in out, out
+    assert out.rstrip().splitlines()[-1].strip().startswith("summary:"), out
+    assert "in_memory: ready" in out.split("\nverdict\n", 1)[1], out
+    try:
+        import fray_ray  # noqa: F401
+    except ImportError:
+        return
+    assert "\nray backend\n" in out and "RAY_ADDRESS:" in out and "recorded cluster:" in out, out
+
+
+def test_the_verdict_says_what_stops_a_backend_and_what_to_do() -> None:
+    found = {
+        "backends": {
+            "in_memory": "installed (fray.in_memory:InMemoryBackend)",
+            "ray": "not installed: pip install -e backends/ray",
+            "monarch": "installed (fray_monarch:MonarchBackend)",
+        },
+        "monarch backend": {"rdma probe": "ok", "diagnose": "failed: TimeoutError: timed out after 60 s"},
+    }
+    said = doctor.verdict(found)
+    assert said["in_memory"] == "ready"
+    assert said["ray"] == "not installed: pip install -e backends/ray"
+    assert said["monarch"] == "installed, but diagnose: failed: TimeoutError: timed out after 60 s"
+    assert said["summary"].startswith("ready for in_memory;") and "1 thing(s) to fix" in said["summary"]

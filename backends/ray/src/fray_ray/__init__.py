@@ -72,6 +72,26 @@ class RayBackend(Backend):
         parsed = _parse(options)
         return RayJobContext(**{k: v for k, v in parsed.items() if k not in _CLUSTER_ONLY})
 
+    def diagnose(self) -> dict[str, str]:
+        """For `fray doctor`: Ray's version, where fray would find a cluster, and the one `fray cluster start`
+        recorded (nothing is started)."""
+        import ray
+
+        from fray_ray import persistent
+
+        address = os.environ.get("RAY_ADDRESS")
+        record = persistent.recorded()
+        if record is None:
+            recorded = "none (fray cluster start --backend ray starts one)"
+        else:
+            state = "running" if record["running"] else "not running any more"
+            recorded = f"{record.get('address')} (pid {record.get('pid')}, {state})"
+        return {
+            "ray": ray.__version__,
+            "RAY_ADDRESS": address or "not set: fray.init('ray') starts a private local Ray, stopped at shutdown",
+            "recorded cluster": recorded,
+        }
+
     def context_here(self) -> RayJobContext | None:
         """Inside a Ray worker: its fray context (a context pickled into a task's arguments lands here before the
         task runs, so before the worker's context is made current)."""

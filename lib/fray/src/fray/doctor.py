@@ -145,6 +145,16 @@ def _shm_free(directory: str = SHM_DIR) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def _gpus() -> dict[str, str]:
+    """The GPUs fray finds here, without initializing CUDA (fray.gpus)."""
+    from fray.gpus import discover
+
+    found = discover()
+    if not found.ids:
+        return {"gpus": "none found (work that asks for a GPU needs gpus=N declared, or a GPU machine)"}
+    return {"gpus": f"{len(found)}: ids {list(found.ids)} (from {found.source})"}
+
+
 def _memory() -> dict[str, str]:
     out: dict[str, str] = {}
     try:
@@ -261,8 +271,9 @@ def _diagnose(backend: Backend) -> dict[str, str]:
 def report(*, probes: bool = True, backends: Sequence[str] | None = None) -> Report:
     """The doctor's findings: section -> {name: value}, all strings, in print order.
 
-    Sections: "fray", "packages", "backends", "shared memory", "bandwidth" (only with probes=True: 64 MiB,
-    best of 3), then "<name> backend" for each installed backend whose diagnose() has something to say.
+    Sections: "fray", "packages", "backends", "shared memory", "gpus", "bandwidth" (only with probes=True: 64
+    MiB, best of 3), then "<name> backend" for each installed backend whose diagnose() has something to say,
+    and last the "verdict": each backend ready or not and why, and what to do about what is not.
     `backends` limits which installed backends are asked to diagnose (default: all of them).
     """
     out: Report = {"fray": _about(), "packages": _packages()}
@@ -272,6 +283,7 @@ def report(*, probes: bool = True, backends: Sequence[str] | None = None) -> Rep
         lines, loaded = {"backends": f"could not be listed: {_error(exc)}"}, {}
     out["backends"] = lines
     out["shared memory"] = _memory()
+    out["gpus"] = _gpus()
     if probes:
         out["bandwidth"] = _bandwidth()
     for name, backend in loaded.items():
@@ -280,6 +292,37 @@ def report(*, probes: bool = True, backends: Sequence[str] | None = None) -> Rep
         found = _diagnose(backend)
         if found:
             out[f"{name} backend"] = found
+    out["verdict"] = verdict(out)
+    return out
+
+
+SMALL_SHM = 1 << 30  # below this much free shared memory, large values will not fit (Ray's and monarch's stores)
+
+
+def verdict(found: Report) -> dict[str, str]:
+    """What the report means: each known backend ready, or what stops it and what to do; then anything else that
+    needs attention; and one line saying whether there is anything to do at all."""
+    out: dict[str, str] = {}
+    todo = 0
+    for name, line in found.get("backends", {}).items():
+        failed = [f"{k}: {v}" for k, v in found.get(f"{name} backend", {}).items() if v.startswith("failed")]
+        if line.startswith("installed") and not failed:
+            out[name] = "ready"
+        elif line.startswith("installed"):
+            out[name] = f"installed, but {failed[0]}"
+            todo += 1
+        else:
+            out[name] = line  # "not installed: <how to install it>" or "failed to load: <why>"
+    free = _shm_free()
+    if free is not None and free < SMALL_SHM:
+        out["shared memory"] = (
+            f"only {_gib(free)} free in {SHM_DIR}: values larger than that cannot be stored by ray or monarch; "
+            "give the machine (or container: --shm-size) more"
+        )
+        todo += 1
+    ready = [name for name, line in out.items() if line == "ready"]
+    summary = f"ready for {', '.join(ready)}" if ready else "no backend is ready"
+    out["summary"] = f"{summary}; {todo} thing(s) to fix above" if todo else f"{summary}; nothing to fix"
     return out
 
 
