@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -54,6 +55,13 @@ class _Connection:
 _conn: _Connection | None = None
 
 
+def _on_a_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False
+
+
 def acquire(
     address: str | None,
     namespace: str | None,
@@ -62,6 +70,10 @@ def acquire(
 ) -> None:
     """Connect (or reuse this process's connection). Raises ValueError on a conflicting namespace."""
     global _conn
+    if "RAY_COLOR_PREFIX" not in os.environ and not _on_a_terminal():
+        # Ray colours the prefixes of the lines it relays ("(raylet)", "(task pid=N)") even into a file or a pipe,
+        # where the codes are noise (issue 28); on a terminal they stay.
+        os.environ["RAY_COLOR_PREFIX"] = "0"
     with _lock:
         if ray.is_initialized():
             if namespace and ray.get_runtime_context().namespace != namespace:

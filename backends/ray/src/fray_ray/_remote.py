@@ -68,18 +68,6 @@ def _assigned_gpus() -> list[int]:
     return [int(i) for i in ray.get_gpu_ids()]
 
 
-def run_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if _worker_ctx is None:
-        enter_worker()
-    try:
-        return pack(fn(*args, **kwargs))  # torch tensors in the result travel out of band (see _values)
-    except Exception as exc:
-        portable = make_portable(exc)
-        if portable is exc:
-            raise
-        raise portable from None
-
-
 def stream_items(items: Any) -> Iterator[Any]:
     """Each item of a generator (or any iterable), packed like a task result; an exception raised by the
     generator is raised portable (Ray reports it as the stream's next item, then ends the stream)."""
@@ -148,8 +136,19 @@ def _stream_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # One frame of fray's between Ray's and the user's, its line short: Ray prints a retried task's traceback cut
+    # to its last ~500 characters, and fray's frames (two, one with a long line) had it cut mid-word (issue 28).
     def fray_task(*args: Any, **kwargs: Any) -> Any:
-        return run_task(fn, args, kwargs)
+        if _worker_ctx is None:
+            enter_worker()
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            portable = make_portable(exc)
+            if portable is exc:
+                raise
+            raise portable from None
+        return pack(value)  # torch tensors in the result travel out of band (see _values)
 
     # Keeps fn's name (Ray's dashboard and task names) and signature (Ray checks arguments at submission).
     try:

@@ -176,7 +176,9 @@ class RayClusterContext(ClusterContext):
         given = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
         runtime_env: dict[str, Any] = runtime_env_dict(env) or {}
         # FRAY_BACKEND=ray is set by ClusterContext.create_job; Ray sets RAY_ADDRESS for the job, so a job that
-        # calls fray.init() lands on this cluster's Ray.
+        # calls fray.init() lands on this cluster's Ray. A job's log is a file, never a terminal: Ray colours the
+        # prefixes it writes there ("(raylet)", "(task pid=N)") unless RAY_COLOR_PREFIX=0 (issue 28).
+        runtime_env["env_vars"] = {"RAY_COLOR_PREFIX": "0", **runtime_env.get("env_vars", {})}
         reserved = entrypoint_options(env) if env.minimum_resources else {}
         if self._local:
             command = _guarded(_in_place(given, working_dir))

@@ -16,6 +16,7 @@ from fray._validation import check_timeout
 from fray.capabilities import Capability
 from fray.errors import UnsupportedFeatureError
 from fray.interrupts import interrupted
+from fray.plain_text import plain, plain_pieces
 from fray.types import JobInfo, RuntimeEnv
 
 __all__ = ["ClusterContext"]
@@ -122,15 +123,17 @@ class ClusterContext(ABC):
         self._delete_job(job_id)
 
     def get_job_logs(self, job_id: str) -> str:
-        """Everything the job wrote to stdout and stderr so far (readable while it runs and after)."""
-        return self._get_job_logs(job_id)
+        """Everything the job wrote to stdout and stderr so far (readable while it runs and after), as plain text:
+        terminal escape sequences (colours) removed (fray.plain_text)."""
+        return plain(self._get_job_logs(job_id))
 
     def tail_job_logs(self, job_id: str) -> Iterator[str]:
         """Follow the job's output: an iterator of text pieces, first what the job wrote so far, then each new
         piece as it comes; it ends once the job has ended and everything it wrote has been given. Joined, the
-        pieces are the job's whole log. Unknown ids raise JobNotFoundError here, not at the first piece."""
+        pieces are the job's whole log (as get_job_logs gives it). Unknown ids raise JobNotFoundError here, not
+        at the first piece."""
         self._get_job(job_id)
-        return _interruptible(self._tail_job_logs(job_id), f"the log of job {job_id}")
+        return _interruptible(plain_pieces(self._tail_job_logs(job_id)), f"the log of job {job_id}")
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
         """Block until the job ends; GetTimeoutError after timeout."""

@@ -78,6 +78,21 @@ def test_a_jobs_bare_init_reaches_the_backend_it_was_submitted_to(
     assert f"the job runs on {fray_cluster.backend}" in logs
 
 
+def test_a_jobs_log_is_plain_text(fray_cluster: ClusterContext) -> None:
+    """What the job's tasks print reaches its log with the prefix saying who printed it, and no terminal colour
+    codes: a job's log is a file (issue 28: Ray coloured its prefixes there)."""
+    code = (
+        "import fray\n"
+        "def hello():\n    print('hello from a task', flush=True)\n"
+        "ctx = fray.init()\nctx.get(ctx.create_task(hello))\nfray.shutdown()"
+    )
+    job = fray_cluster.create_job(_python(code))
+    info = fray_cluster.wait_job(job, timeout=180)
+    logs = fray_cluster.get_job_logs(job)
+    assert info.status is JobStatus.SUCCEEDED, logs
+    assert "hello from a task" in logs and "\x1b[" not in logs, repr(logs[-2000:])
+
+
 def test_failing_job_is_failed_with_its_output(fray_cluster: ClusterContext) -> None:
     job = fray_cluster.create_job(_python("import sys; print('about to fail'); sys.exit(3)"))
     info = fray_cluster.wait_job(job, timeout=120)
