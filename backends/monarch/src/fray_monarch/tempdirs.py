@@ -116,7 +116,12 @@ def user_tmpdir() -> str:
 
 
 def reclaim_private_dirs(base: str) -> int:
-    """Remove the private directories in `base` of processes that are gone. Returns how many were removed."""
+    """Remove the private directories in `base` of processes that are gone. Returns how many were removed.
+
+    `base` is shared with other users (/tmp): only a real directory of this user's (no symlink, mode 0700) is
+    looked into, and its owner file is read only if it is a regular file of this user's, opened without following
+    a link or blocking (a FIFO or a link to /dev/zero planted by another user once hung or exhausted every
+    monarch driver's start: issue 29)."""
     removed = 0
     try:
         names = os.listdir(base)
@@ -126,10 +131,8 @@ def reclaim_private_dirs(base: str) -> int:
         if not name.startswith(PRIVATE_PREFIX) or len(name) != len(PRIVATE_PREFIX) + 8:
             continue
         path = os.path.join(base, name)
-        try:
-            with open(os.path.join(path, OWNER_FILE)) as f:
-                tag = f.read().strip()
-        except OSError:
+        tag = _owner_tag(path)
+        if tag is None:
             continue  # not one of ours, or being made right now
         pid = tag.split("-", 1)[0]
         if not pid.isdigit() or _proc_tag(int(pid)) == tag:
@@ -137,6 +140,33 @@ def reclaim_private_dirs(base: str) -> int:
         shutil.rmtree(path, ignore_errors=True)
         removed += 1
     return removed
+
+
+_TAG_MAX = 256  # an owner file holds "<pid>-<start time>-<pid namespace>": far less
+
+
+def _owner_tag(path: str) -> str | None:
+    """The owner tag of the private directory `path` if it is one of this user's, else None."""
+    try:
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(dir_fd)
+        if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            return None
+        fd = os.open(OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                return None
+            return os.read(fd, _TAG_MAX).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(dir_fd)
 
 
 def context_dir() -> str:
