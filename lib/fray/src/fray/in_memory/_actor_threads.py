@@ -56,6 +56,9 @@ class ActorThreads:
                 fn(*args)
             except BaseException:  # (its caller settles the call's own outcome; nothing may end this thread)
                 pass
+            # Not kept while waiting for the next call: a call's arguments hold its refs, and with them the values
+            # lent to an SPMD member's process (a ThreadPoolExecutor's worker drops its work item the same way).
+            del call, fn, args
             with self._lock:
                 if self._closed:
                     return
