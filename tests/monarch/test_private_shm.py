@@ -77,11 +77,29 @@ def test_a_directory_that_is_not_private_is_refused(tmp_path: Path) -> None:
 
 
 @as_root
-def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
-    (tmp_path / f"fray-{os.getuid()}").mkdir(mode=0o700)
-    os.chown(tmp_path / f"fray-{os.getuid()}", NOBODY, NOBODY)
-    with pytest.raises(FrayError, match=f"owned by uid {NOBODY}"):
-        shm_dir(str(tmp_path))
+def test_a_directory_another_user_made_first_is_avoided(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 29: a pre-made /dev/shm/fray-<uid> stopped the backend for that user, with no way around it."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # (the fallback's secret suffix is kept in ~/.fray)
+    root = tmp_path / "shm"
+    (root / f"fray-{os.getuid()}").mkdir(parents=True, mode=0o700)
+    os.chown(root / f"fray-{os.getuid()}", NOBODY, NOBODY)
+    with pytest.warns(UserWarning, match=f"owned by uid {NOBODY}.*store files go to"):
+        first = shm_dir(str(root))
+    assert os.path.basename(first).startswith(f"fray-{os.getuid()}-") and len(os.path.basename(first)) > 12
+    st = os.lstat(first)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    suffix = (tmp_path / "home" / ".fray" / "shm-suffix").read_text()
+    assert (
+        first.endswith(suffix) and stat.S_IMODE(os.lstat(tmp_path / "home" / ".fray" / "shm-suffix").st_mode) == 0o600
+    )
+    # the fallback's name taken too (seen, say, before a reboot): a new suffix, which nobody could know
+    other = tmp_path / "shm2"
+    for name in (f"fray-{os.getuid()}", f"fray-{os.getuid()}-{suffix}"):
+        (other / name).mkdir(parents=True, mode=0o700)
+        os.chown(other / name, NOBODY, NOBODY)
+    with pytest.warns(UserWarning):
+        second = shm_dir(str(other))
+    assert second != os.path.join(other, f"fray-{os.getuid()}-{suffix}") and os.lstat(second).st_uid == os.getuid()
 
 
 def test_a_planted_symlink_is_never_opened(ctx: fray.JobContext, tmp_path: Path) -> None:

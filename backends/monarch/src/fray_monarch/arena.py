@@ -6,8 +6,9 @@ fray host is `object_store_memory`, shared by its processes: a chunk is created 
 directory (flock), after adding up the chunk files of that host.
 
 /dev/shm is shared by every user of the machine, so the files live in a directory of this user's
-(/dev/shm/fray-<uid>, 0700, checked before use): another user can neither read them, nor plant a file or a symlink
-where fray will open one, nor inflate the usage fray counts. Files are named
+(/dev/shm/fray-<uid>, 0700, checked before use; if another user took that name, a fallback with a random part:
+shm_dir): another user can neither read them, nor plant a file or a symlink where fray will open one, nor inflate
+the usage fray counts. Files are named
 `fray.<ctl>.<host>.<pid>-<starttime>-<pid namespace>.<random>`: the random part makes a name impossible to
 pre-empt, and the owner's identity lets a later start reclaim the files of dead processes (and only those: a pid
 of another pid namespace is not visible here, so its absence proves nothing).
@@ -42,29 +43,78 @@ _checked: dict[str, str] = {}  # root -> this user's directory there, once check
 
 
 def shm_dir(root: str = SHM_ROOT) -> str:
-    """This user's private directory for store files under `root`, made (0700) if missing. FrayError unless it is
-    a real directory (not a symlink) owned by this user with mode 0700: anything else could be another user's."""
+    """This user's private directory for store files under `root`: `fray-<uid>`, made (0700) if missing. If
+    another user made that name first (a denial of service to every user of the machine: issue 29), a name
+    with a random part only this user's processes know (`fray-<uid>-<suffix>`, the suffix in ~/.fray, chosen
+    again if that name is taken too). FrayError if neither can be had, naming what is in the way."""
     found = _checked.get(root)
     if found is not None:
         return found
     path = os.path.join(root, f"fray-{os.getuid()}")
+    why = _own_private_dir(path)
+    if why is not None and os.lstat(path).st_uid != os.getuid():  # (this user's own, misconfigured: say how to fix)
+        for fresh in (False, True):
+            fallback = os.path.join(root, f"fray-{os.getuid()}-{_suffix(fresh)}")
+            if _own_private_dir(fallback) is None:
+                import warnings
+
+                warnings.warn(f"fray: {why}; this user's store files go to {fallback} instead", stacklevel=2)
+                path, why = fallback, None
+                break
+    if why is not None:
+        raise FrayError(why if "chmod" in why else f"{why}, as is the directory fray falls back to: remove them")
+    _checked[root] = path
+    return path
+
+
+def _own_private_dir(path: str) -> str | None:
+    """Make `path` (0700) if it is missing; None if it is then a real directory of this user's, mode 0700, else
+    what it is (said for the user: if it is theirs, how to fix it)."""
     try:
         os.mkdir(path, 0o700)
         os.chmod(path, 0o700)  # (a umask could have dropped bits mkdir asked for)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise FrayError(f"fray cannot make its shared-memory directory {path}: {exc}") from exc
+        return f"fray cannot make its shared-memory directory {path}: {exc}"
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
-        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a file"
-        raise FrayError(
-            f"{path} must be a directory owned by uid {os.getuid()} with mode 0700, but it is {kind} owned by uid "
-            f"{st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}. If it is yours, `chmod 700 {path}`; if not, "
-            f"remove it (as its owner or root) so that fray can make its own."
-        )
-    _checked[root] = path
-    return path
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700:
+        return None
+    kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a file"
+    fix = f"`chmod 700 {path}`" if st.st_uid == os.getuid() else "it is another user's"
+    return (
+        f"{path} must be a directory owned by uid {os.getuid()} with mode 0700, but it is {kind} owned by uid "
+        f"{st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} ({fix})"
+    )
+
+
+def _suffix(fresh: bool) -> str:
+    """The random part of this user's fallback store directory's name, kept in ~/.fray/shm-suffix (0600: other
+    users cannot learn it before the directory exists); `fresh`: a new one (the kept one's name was taken)."""
+    from pathlib import Path
+
+    from fray.jobs import private_dir
+
+    home = Path.home() / ".fray"
+    private_dir(home)
+    path = home / "shm-suffix"
+    if not fresh:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as f:
+                st = os.fstat(f.fileno())
+                value = f.read(64).strip()
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and value.isalnum():
+                return value
+        except OSError:
+            pass
+    value = secrets.token_hex(8)
+    temp = home / f"shm-suffix.{os.getpid()}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+    os.replace(temp, path)
+    return value
 
 
 def open_segment(name: str, flags: int = os.O_RDONLY) -> int:
