@@ -70,3 +70,51 @@ def test_each_process_gets_its_own_identity_paths_unless_the_user_set_them() -> 
     assert "fray-tls-" in own and "fray-tls-parent" not in own
     users = {**base, tls.ENV_CA: "/etc/ca.pem", tls.ENV_CERT: "/etc/me.pem", tls.ENV_KEY: "/etc/me.key"}
     assert _paths_in_child(users).strip() == "/etc/me.pem"
+
+
+INSTALL_AFTER_A_PLANT = """
+import os, subprocess, sys
+from fray.errors import FrayError
+from fray_monarch import tls
+tls.runtime_paths()  # this process's paths: a random name in the shared temp directory
+base = os.environ[tls.OWNED_ENV].partition(":")[2]
+identity = tls.issue(["127.0.0.1"])
+# another user makes the directory first, with an authority of theirs in it
+subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                f"import os; os.mkdir({base!r}, 0o755); open({base!r} + '/cert.pem', 'w').write('theirs')"], check=True)
+try:
+    tls.install(identity)
+    print("INSTALLED")
+except FrayError as exc:
+    print("REFUSED", exc)
+subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "rm", "-rf", base], check=False)
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="planting a directory as another user needs root (setpriv)")
+def test_an_identity_directory_another_user_made_first_is_refused(tls_dir: Path) -> None:
+    """issue 29: install() used a cert.pem it found in place without checking who made it; a directory made
+    again after let_go() removed it took another user's authority."""
+    done = subprocess.run(
+        [sys.executable, "-c", INSTALL_AFTER_A_PLANT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": "/tmp"},
+        check=False,
+    )
+    assert "REFUSED" in done.stdout and "made by someone else" in done.stdout, (done.stdout, done.stderr[-2000:])
+
+
+def test_a_process_identity_stays_private_and_checked_for_its_life(tls_dir: Path) -> None:
+    code = (
+        "import os\nfrom fray_monarch import tls\ntls.runtime_paths()\n"
+        "tls.install(tls.issue(['127.0.0.1']))\nbase = os.environ[tls.OWNED_ENV].partition(':')[2]\n"
+        "tls.install(tls.issue(['127.0.0.1']))  # again, later: checked, kept\n"
+        "os.chmod(os.environ[tls.ENV_KEY], 0o644)\n"
+        "try:\n    tls.install(tls.issue(['127.0.0.1']))\nexcept Exception as exc:\n    print('REFUSED', exc)\n"
+        "tls.remove()\nprint('GONE', not os.path.exists(base))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert "REFUSED" in done.stdout and "not this user's own private file" in done.stdout, done.stderr[-2000:]
+    assert "GONE True" in done.stdout, done.stdout

@@ -147,7 +147,7 @@ class MonarchClusterContext(ClusterContext):
         self._hostset = hostset
         # On this host, the job runners' TMPDIR (Monarch's socket directories) and the jobs' logs are in a
         # directory of this context, removed at shutdown or with the driver's private directory by the watchdog.
-        tempdirs.hold_private_dir()  # until shutdown
+        tempdirs.private_dir()  # (for the life of the process)
         self._tmpdir = None if remote else tempdirs.context_dir()
         self._lifeline = LifelineServer(driver_bind) if remote else None
         lifeline = None if self._lifeline is None else (self._lifeline.address, self._lifeline.token)
@@ -257,4 +257,3 @@ class MonarchClusterContext(ClusterContext):
             self._release()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
-        tempdirs.let_go_private_dir()

@@ -115,7 +115,7 @@ class ProcessPool:
         # The TMPDIR of the processes spawned on this host (Monarch's socket directories, the tasks' temp files):
         # removed at shutdown, or with the driver's private directory by the watchdog.
         self._secret = secrets.token_bytes(32)  # proofs of the processes' keys (proof())
-        tempdirs.hold_private_dir()  # until remove_tmpdir
+        tempdirs.private_dir()  # (for the life of the process)
         self.tmpdir = tempdirs.context_dir() if stores.host_ids == ("local",) else None
         # processes on other hosts end with this driver (the watchdog cannot reach them): see lifeline.py
         remote = stores.host_ids != ("local",)
@@ -418,7 +418,6 @@ class ProcessPool:
     def remove_tmpdir(self) -> None:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
-        tempdirs.let_go_private_dir()
 
 
 def local_part(resources: dict[str, float]) -> dict[str, float]:

@@ -11,8 +11,7 @@ import threading
 from typing import Any
 
 from fray import watchdog
-from fray.errors import FrayError
-from fray_monarch import _runtime, tls
+from fray_monarch import _runtime
 from fray_monarch.arena import _proc_tag
 
 # Monarch's processes make their unix-socket directories (Rust tempfile: "$TMPDIR/.tmpXXXXXX") under TMPDIR and
@@ -20,7 +19,8 @@ from fray_monarch.arena import _proc_tag
 # Monarch sends its children when the driver exits) leaves them behind. So fray points TMPDIR at directories of its
 # own: one per process, where this process's Monarch runtime makes its socket directory, and one per context in
 # it, the TMPDIR of the processes that context spawns on this host. A context removes its directory at shutdown;
-# fray's watchdog removes the process's directory when the process ends, however it ends.
+# the process's directory stays for the life of the process, and fray's watchdog removes it when the process
+# ends, however it ends.
 
 PRIVATE_PREFIX = "fray-m"  # + 8 random characters (mkdtemp): short, because sockets are made in there
 OWNER_FILE = "owner"  # in a private directory: "<pid>-<start time>" of the process it belongs to
@@ -31,20 +31,20 @@ _MONARCH_SOCKET_TAIL = len("/.tmpXXXXXX/") + 11
 
 _private: tuple[int, str, str] | None = None  # (pid, private directory, the user's temp directory)
 _private_lock = threading.Lock()
-_holders = 0  # contexts of this process using its private directory
-_let_go: list[str] | None = None  # while no context holds it: the directory's subdirectories, to make again
 
 
 def private_dir() -> str:
     """This process's private temp directory, made the first time (and Monarch's runtime of this process started
     with TMPDIR pointing into it): `<TMPDIR>/fray-mXXXXXXXX`, or `/tmp/fray-mXXXXXXXX` if TMPDIR is too long for
-    Monarch's socket paths below it. Removed by fray's watchdog when this process ends; one left by a process
-    whose watchdog did not run is removed by the next start."""
+    Monarch's socket paths below it. It stays for the life of the process, also once every context is shut down:
+    Monarch's runtime in this process lives on (0.7 cannot stop it) with its socket directory in there, which
+    Monarch used directly after fray still needs (issue 29); and a directory removed while the process lives
+    leaves its name, which others can list in the temp directory, free for another user to make again. Removed
+    by fray's watchdog when this process ends; one left by a process whose watchdog did not run is removed by the
+    next start."""
     global _private
     with _private_lock:
         if _private is not None and _private[0] == os.getpid():
-            if _let_go is not None:
-                _make_again(_private[1])
             return _private[1]
         user = tempfile.gettempdir()  # also fixes tempfile's own choice before TMPDIR changes for a moment below
         base = user
@@ -58,54 +58,6 @@ def private_dir() -> str:
         _runtime.start_monarch_in(path)
         _private = (os.getpid(), path, user)
         return path
-
-
-def hold_private_dir() -> str:
-    """The private directory, held by one more context of this process until it calls let_go_private_dir."""
-    global _holders
-    path = private_dir()
-    with _private_lock:
-        _holders += 1
-    return path
-
-
-def let_go_private_dir() -> None:
-    """A context is done with the private directory; the last one removes it, and the watchdog lets it be.
-    Monarch's runtime in this process lives on (0.7 cannot stop it) and keeps making its children's sockets in
-    the socket directory it made in there at its start, but only while it has children: with every context shut
-    down there are none. So the directory goes, and the next context makes it again, at the same path."""
-    global _holders, _let_go
-    with _private_lock:
-        _holders -= 1
-        if _holders > 0 or _private is None or _private[0] != os.getpid():
-            return
-        path = _private[1]
-        _let_go = [os.path.relpath(root, path) for root, _, _ in os.walk(path) if root != path]
-        shutil.rmtree(path, ignore_errors=True)
-        watchdog.forget_path(path)
-        tls.let_go()
-
-
-def _make_again(path: str) -> None:
-    """Make the private directory let go of again, with the subdirectories Monarch's runtime expects in it."""
-    global _let_go
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise FrayError(
-            f"{path}, where this process's Monarch runtime makes its sockets, was made again by someone else while "
-            "no fray context used it: not used. Start fray in a new process."
-        )
-    for sub in _let_go or []:
-        os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)  # in our own 0700 directory
-    with open(os.path.join(path, OWNER_FILE), "w") as f:
-        f.write(_proc_tag(os.getpid()) or "")
-    watchdog.watch_path(path)
-    tls.restore()
-    _let_go = None
 
 
 def user_tmpdir() -> str:

@@ -93,9 +93,12 @@ def runtime_paths() -> None:
 
 
 def install(identity: Identity) -> None:
-    """Write this process's identity where Monarch reads it (before the first TLS channel opens). A directory
-    inherited from a parent process is left alone: it is the parent's identity, in use. Removed by fray's
-    watchdog when this process ends."""
+    """Write this process's identity where Monarch reads it (before the first TLS channel opens), once: the files
+    stay for the life of the process (fray's watchdog removes them when it ends; `remove` when a host worker
+    ends), so that their directory's name, which others can list in the temp directory, is never free for another
+    user to make it again with an authority of theirs in it (issue 29). A directory inherited from a parent
+    process is the parent's identity, in use: checked, not written. Any directory or file that is not this
+    user's and private is a FrayError, never used."""
     from fray import watchdog
 
     owner, _, base = os.environ.get(OWNED_ENV, "").partition(":")
@@ -105,18 +108,41 @@ def install(identity: Identity) -> None:
             "does not replace them (unset them to let fray issue this process's identity)"
         )
     global _installed
-    if owner != str(os.getpid()) or os.path.exists(os.environ[ENV_CERT]):
-        return  # the parent's (a process Monarch spawned), or written by this process before
-    os.mkdir(base, 0o700)
+    if owner != str(os.getpid()) or _installed is not None:
+        _check_private(base)  # the parent's (a process Monarch spawned), or written by this process before
+        return
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        raise FrayError(
+            f"{base}, where this process's TLS identity goes, was made by someone else before this process wrote "
+            "it: not used. Start the process again (it picks another, random, name)."
+        ) from None
     watchdog.watch_path(base)
     for name, text in ((ENV_CA, identity.ca), (ENV_CERT, identity.cert), (ENV_KEY, identity.key)):
         _write_private(Path(os.environ[name]), text.encode())
     _installed = identity
 
 
-def let_go() -> None:
-    """No context of this process uses TLS now: its files go (restore() writes them again for the next one,
-    before Monarch's runtime, which keeps its TLS transport, opens a channel)."""
+def _check_private(base: str) -> None:
+    """`base` and the identity files in it are this user's, private, and no symlinks: else FrayError."""
+    for path in (base, *(os.environ[name] for name in (ENV_CA, ENV_CERT, ENV_KEY))):
+        try:
+            info = os.lstat(path)
+        except OSError as exc:
+            raise FrayError(f"{path}, of this process's TLS identity, cannot be checked ({exc.strerror})") from None
+        kind_ok = stat.S_ISDIR(info.st_mode) if path == base else stat.S_ISREG(info.st_mode)
+        if not kind_ok or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise FrayError(
+                f"{path}, of this process's TLS identity, is not this user's own private "
+                f"{'directory' if path == base else 'file'} (owner uid {info.st_uid}, mode "
+                f"{stat.S_IMODE(info.st_mode):o}): not used"
+            )
+
+
+def remove() -> None:
+    """The end of a host worker: its identity files go now (the watchdog that would remove them is one of the
+    processes it is about to kill)."""
     from fray import watchdog
 
     owner, _, base = os.environ.get(OWNED_ENV, "").partition(":")
@@ -126,12 +152,6 @@ def let_go() -> None:
         Path(os.environ[name]).unlink(missing_ok=True)
     os.rmdir(base)
     watchdog.forget_path(base)
-
-
-def restore() -> None:
-    """The identity let go of, written again."""
-    if _installed is not None:
-        install(_installed)
 
 
 def authority(create: bool = True) -> tuple[bytes, bytes]:

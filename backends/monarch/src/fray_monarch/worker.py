@@ -147,7 +147,7 @@ def _finish() -> None:
     removed. This worker's TLS files go first: the watchdog that would remove them is one of those children."""
     _finishing.acquire()  # once, whichever comes first; the other caller waits here until the process is gone
     try:  # whatever fails here, the process ends (its stderr may be the ssh connection that just closed)
-        tls.let_go()  # first: a scheduler's SIGKILL may follow its SIGTERM within seconds (Slurm's KillWait)
+        tls.remove()  # first: a scheduler's SIGKILL may follow its SIGTERM within seconds (Slurm's KillWait)
         for pid in children_of(os.getpid()):
             try:
                 os.kill(pid, signal.SIGKILL)  # our own children (their parent pid is ours): no one else's
