@@ -159,28 +159,10 @@ def fray_loop(ctx: Any, opts: argparse.Namespace) -> Callable[[int], object]:
 def raw_ray_loop(opts: argparse.Namespace) -> tuple[Callable[[int], object], Callable[[], object]]:
     import ray
 
-    port = free_port()
     share = gpu_share(opts)
     trainer_cls = ray.remote(num_cpus=0, num_gpus=share)(Trainer)
-    trainers = [
-        trainer_cls.options(runtime_env={"env_vars": gloo_env(r, opts.trainers, port)}).remote(
-            opts.weights, opts.tensors, opts.allreduce, opts.device
-        )
-        for r in range(opts.trainers)
-    ]
     rollout_cls = ray.remote(num_cpus=0, num_gpus=share)(Rollout)
-    rollouts = [rollout_cls.remote(opts.batch, opts.device) for _ in range(opts.rollouts)]
-
-    def step(i: int) -> object:
-        batches = [r.generate.remote(i) for r in rollouts]
-        trained = [t.train.remote(i, *batches) for t in trainers]
-        return ray.get([r.set_weights.remote(trained[0]) for r in rollouts], timeout=TIMEOUT)
-
-    def stop() -> None:
-        for actor in [*trainers, *rollouts]:
-            ray.kill(actor)
-
-    return step, stop
+    return _ray_step(opts, trainer_cls, rollout_cls)
 
 
 def raw_ray_rdt_loop(opts: argparse.Namespace) -> tuple[Callable[[int], object], Callable[[], object]]:
@@ -188,7 +170,6 @@ def raw_ray_rdt_loop(opts: argparse.Namespace) -> tuple[Callable[[int], object],
     in the producing actor's GPU memory and go to the readers by CUDA IPC (RDT offers this to actors only)."""
     import ray
 
-    port = free_port()
     share = gpu_share(opts)
 
     @ray.remote(num_cpus=0, num_gpus=share, enable_tensor_transport=True)
@@ -203,13 +184,24 @@ def raw_ray_rdt_loop(opts: argparse.Namespace) -> tuple[Callable[[int], object],
         def train(self, step: int, *batches: Any) -> list[Any] | None:
             return Trainer.train(self, step, *batches)
 
+    return _ray_step(opts, RdtTrainer, RdtRollout)
+
+
+def _ray_step(
+    opts: argparse.Namespace, trainer_cls: Any, rollout_cls: Any
+) -> tuple[Callable[[int], object], Callable[[], object]]:
+    """The step on Ray actors of these classes, as Ray users write it: batch refs to the trainers and the weights
+    ref to the rollouts as top-level arguments (resolved by Ray)."""
+    import ray
+
+    port = free_port()
     trainers = [
-        RdtTrainer.options(runtime_env={"env_vars": gloo_env(r, opts.trainers, port)}).remote(  # type: ignore[attr-defined]
+        trainer_cls.options(runtime_env={"env_vars": gloo_env(r, opts.trainers, port)}).remote(
             opts.weights, opts.tensors, opts.allreduce, opts.device
         )
         for r in range(opts.trainers)
     ]
-    rollouts = [RdtRollout.remote(opts.batch, opts.device) for _ in range(opts.rollouts)]  # type: ignore[attr-defined]
+    rollouts = [rollout_cls.remote(opts.batch, opts.device) for _ in range(opts.rollouts)]
 
     def step(i: int) -> object:
         batches = [r.generate.remote(i) for r in rollouts]

@@ -180,10 +180,6 @@ class DevicePool:
             if i in self.free:
                 self.free[i] = min(1.0, self.free[i] + share)
 
-    def fits_ever(self, amount: float) -> bool:
-        """The request could be held on this host with nothing else running."""
-        return amount <= EPS or (len(self.free) >= (1 if amount < 1.0 else round(amount)))
-
 
 def _share(amount: float) -> float:
     """What a request of `amount` GPUs takes of each device it holds."""
