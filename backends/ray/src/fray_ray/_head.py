@@ -8,6 +8,7 @@ outlives its starter, fray_ray.persistent).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlparse
 
 from fray import watchdog
 from fray.net import free_ports
@@ -150,6 +152,8 @@ class LocalHead:
             watchdog.forget_path(self.temp_dir)
 
 
+log = logging.getLogger("fray_ray")
+
 _ADDRESS_VARS = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
 _env_lock = threading.Lock()
 
@@ -166,9 +170,32 @@ def _explicit_address() -> Iterator[None]:
             os.environ.update(saved)
 
 
-def job_client(address: str) -> Any:
-    """A JobSubmissionClient for exactly this dashboard address."""
+def job_client(address: str, own: bool = False) -> Any:
+    """A JobSubmissionClient for exactly this dashboard address. The user's Ray token goes only to a cluster that
+    asks for one (its Job API refuses the client without it), or to one fray started (`own`), as Ray's own client
+    sends it only in token mode (issue 29: it went to every address, over plain http too); sent over plain http
+    beyond loopback, with a warning that whoever sees the traffic can read it."""
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     with _explicit_address():
-        return JobSubmissionClient(address, headers=token_headers())
+        if own:
+            return JobSubmissionClient(address, headers=token_headers())
+        try:
+            return JobSubmissionClient(address)
+        except AuthenticationError:
+            headers = token_headers()
+            if not headers:
+                raise
+        _warn_if_plain_http(address)
+        return JobSubmissionClient(address, headers=headers)
+
+
+def _warn_if_plain_http(address: str) -> None:
+    parsed = urlparse(address if "://" in address else f"http://{address}")
+    if parsed.scheme == "http" and not is_loopback_address(parsed.hostname or ""):
+        log.warning(
+            "sending your Ray token to %s over plain http: whoever can see that traffic can read it and use the "
+            "cluster as you. Reach its dashboard over https, an ssh tunnel or a private network.",
+            address,
+        )

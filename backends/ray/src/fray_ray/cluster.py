@@ -20,6 +20,7 @@ import shlex
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
+from functools import partial
 from typing import Any, ClassVar
 
 from fray.capabilities import Capability
@@ -132,7 +133,7 @@ class RayClusterContext(ClusterContext):
             self._client = job_client(address)
         else:
             self._head = LocalHead(num_cpus, resources, num_gpus, object_store_memory)
-            self._client = self._head.wait_ready(job_client)
+            self._client = self._head.wait_ready(partial(job_client, own=True))
             self.address = self._head.address
             self.capabilities = type(self).capabilities - {Capability.PERSISTENT_JOBS}
         # On this machine: jobs run in place (and get the guard that ends them with their supervisor).

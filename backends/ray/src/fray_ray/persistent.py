@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import time
+from functools import partial
 from typing import Any
 
 from fray import state
@@ -48,7 +49,7 @@ def start(
     if current is not None:  # its process is gone: clear what is left of it
         _clean(current)
     head = LocalHead(num_cpus, resources, num_gpus, object_store_memory, owned=False, listen=listen)
-    head.wait_ready(job_client)  # stops the head and raises if it does not come up
+    head.wait_ready(partial(job_client, own=True))  # stops the head and raises if it does not come up
     record = {
         "backend": NAME,
         "address": head.address,
@@ -72,7 +73,7 @@ def stop(job_grace: float = 15.0) -> dict[str, Any] | None:
         return None
     if current["running"]:
         try:
-            client = job_client(current["address"])
+            client = job_client(current["address"], own=True)
             running = [d.submission_id for d in client.list_jobs() if d.submission_id and not d.status.is_terminal()]
             for job_id in running:
                 client.stop_job(job_id)
