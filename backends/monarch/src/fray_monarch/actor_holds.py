@@ -47,8 +47,7 @@ class ActorHolds:
         proc, rec.claim = rec.claim, None
         if proc is not None:
             self.pool.unclaim(proc, local_part(rec.resources))
-        for general, part in rec.reserved:
-            self.pool.unclaim(general, part)
+        self.pool.unreserve(rec.reserved)
         rec.reserved = []
         if not keep_gpus:
             self.give_back_gpus(rec)

@@ -256,7 +256,7 @@ class FrayActorHost(Actor):
     ) -> ActorReply:
         self.info, env = members[self.index] if self.index < len(members) else members[0]
         env = dict(env)
-        self.gpus = held_from_env({ENV_HELD: env.get(ENV_HELD, "")})
+        self.gpus = held_from_env(env)
         if not self.owns_process:
             env.pop(ENV_HELD, None)  # (not set in a process it shares with other work)
         if env:

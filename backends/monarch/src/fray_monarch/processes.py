@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from fray.errors import FrayError
-from fray.gpus import ENV_HELD, DevicePool, HostGpus, host_gpus, process_env
+from fray.gpus import DevicePool, HostGpus, held_from_env, host_gpus, process_env
 from fray.resources import EPS, add, fits, subtract
 from fray.transfers import PathStats
 from fray_monarch import _runtime, network, tempdirs
@@ -341,6 +341,11 @@ class ProcessPool:
                 subtract(left, part)
         return claims
 
+    def unreserve(self, reserved: list[tuple[Proc, dict[str, float]]]) -> None:
+        """Under the lock: give back what reserve() claimed."""
+        for proc, part in reserved:
+            self.unclaim(proc, part)
+
     def sized_env_key(self, env_key: EnvKey, resources: dict[str, float]) -> EnvKey:
         """The env key of a process for tasks needing `resources` (more than a process's share): its capacity."""
         value = ",".join(f"{k}={v:g}" for k, v in sorted(resources.items()))
@@ -433,8 +438,7 @@ def sized_capacity(env_key: EnvKey) -> dict[str, float]:
 
 def gpus_of_key(env_key: EnvKey) -> tuple[int, ...]:
     """The GPUs a process started with this env key holds (gpu_env_key), else ()."""
-    held = dict(env_key).get(ENV_HELD, "")
-    return tuple(int(v) for v in held.split(",") if v.strip().isdigit())
+    return held_from_env(dict(env_key))
 
 
 def ignore(_value: Any, _exc: BaseException | None) -> None:

@@ -165,8 +165,7 @@ class TaskScheduler:
             self.pool.ensure_env(sized, host)
             proc = self._pick_proc(task, sized, host)
             if proc is None:
-                for general, part in reserved:
-                    self.pool.unclaim(general, part)
+                self.pool.unreserve(reserved)
                 continue
             task.reserved = reserved
             return proc
@@ -202,14 +201,13 @@ class TaskScheduler:
                 return proc
         return None
 
-    def _give_back_gpus(self, task: Task) -> None:
+    def _release_holds(self, task: Task) -> None:
         """Under the lock, as the task leaves its process: its devices, and what it claimed of its host's
         general processes (a task bigger than a share), are free again."""
         if task.gpus and task.proc is not None:
             self.pool.devices[task.proc.host].give(task.gpus, task.gpu)
         task.gpus = ()
-        for general, part in task.reserved:
-            self.pool.unclaim(general, part)
+        self.pool.unreserve(task.reserved)
         task.reserved = []
 
     def pump(self) -> None:
@@ -303,7 +301,7 @@ class TaskScheduler:
                 if task is None or task.proc is not proc or task.state != TaskState.DISPATCHED:
                     continue
                 proc.outstanding.discard(tid)
-                self._give_back_gpus(task)
+                self._release_holds(task)
                 task.proc, task.state = None, TaskState.QUEUED
                 self.queue.appendleft(task)
             self.pump()
@@ -325,7 +323,7 @@ class TaskScheduler:
         if task is None or task.proc is None or task.proc.key != proc_key:
             return  # a late report from a process we already gave up on
         task.proc.outstanding.discard(tid)
-        self._give_back_gpus(task)
+        self._release_holds(task)
         if result.status == "ok" and result.value is not None:
             try:
                 check_owner(tid, result.value.value, proc_key)
@@ -359,7 +357,7 @@ class TaskScheduler:
         task.state = TaskState.DONE
         if task.proc is not None:
             task.proc.outstanding.discard(task.id)
-            self._give_back_gpus(task)
+            self._release_holds(task)
         self.tasks.pop(task.id, None)
         if task.options.streaming:
             if error is not None:  # it ended without reporting its end: the stream ends with the error
@@ -376,7 +374,7 @@ class TaskScheduler:
             task = self.tasks.get(tid)
             if task is None:
                 continue
-            self._give_back_gpus(task)
+            self._release_holds(task)
             if task.retries_left != 0 and not (task.options.streaming and self.streams.started(tid)):
                 task.retries_left -= 1
                 task.proc, task.state = None, TaskState.QUEUED

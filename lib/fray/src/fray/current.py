@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextvars
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -218,8 +218,14 @@ def current_gpus() -> list[int]:
         return list(held)
     if _process_gpus is not None:
         return _process_gpus()
-    value = os.environ.get("FRAY_GPUS", "")  # fray.gpus.ENV_HELD (this module imports no other of fray's)
-    return [int(v) for v in value.split(",") if v.strip().isdigit()]
+    return list(held_from_env())
+
+
+def held_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, ...]:
+    """The devices a process fray started for work holding GPUs holds: FRAY_GPUS (fray.gpus.ENV_HELD; here,
+    because this module imports no other of fray's), else ()."""
+    value = environ.get("FRAY_GPUS", "")
+    return tuple(int(v) for v in value.split(",") if v.strip().isdigit())
 
 
 def push_gpus(held: tuple[int, ...]) -> contextvars.Token[tuple[int, ...] | None]:

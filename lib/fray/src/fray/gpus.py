@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fray import current
+from fray.current import held_from_env
 from fray.resources import EPS
 
 __all__ = [
@@ -63,6 +64,12 @@ class HostGpus:
         """The CUDA_VISIBLE_DEVICES value that shows exactly `ids`, in that order."""
         by_id = dict(zip(self.ids, self.entries, strict=True))
         return ",".join(by_id.get(i, str(i)) for i in ids)
+
+    @classmethod
+    def numbered(cls, count: int, source: str) -> HostGpus:
+        """`count` devices numbered from 0 (declared, where none are found: gpus=N)."""
+        ids = tuple(range(count))
+        return cls(ids, tuple(map(str, ids)), source)
 
     def ordinal(self, device: int) -> int | None:
         """`device`'s CUDA ordinal in this process (its place among the ids), or None if it is not one of them."""
@@ -102,8 +109,7 @@ def _from_procfs() -> HostGpus | None:
         count = len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         return None
-    ids = tuple(range(count))
-    return HostGpus(ids, tuple(str(i) for i in ids), "/proc/driver/nvidia/gpus")
+    return HostGpus.numbered(count, "/proc/driver/nvidia/gpus")
 
 
 @functools.lru_cache(maxsize=8)
@@ -131,7 +137,7 @@ def host_gpus(declared: float | None = None) -> HostGpus:
         )
     count = int(declared)
     if not found.ids:
-        return HostGpus(tuple(range(count)), tuple(str(i) for i in range(count)), "declared")
+        return HostGpus.numbered(count, "declared")
     if count > len(found):
         raise ValueError(
             f"gpus={count}, but this host has {len(found)} GPU(s) (ids {list(found.ids)}, from {found.source}); "
@@ -198,14 +204,19 @@ def process_env(held: Sequence[int], host: HostGpus, visible: Sequence[int] | No
     }
 
 
-@contextlib.contextmanager
-def using_gpus(held: Sequence[int], host: HostGpus) -> Iterator[None]:
+def using_gpus(held: Sequence[int], host: HostGpus) -> contextlib.AbstractContextManager[None]:
     """Run the block (a task or actor call on a thread of this process) as holding the devices `held`:
     `fray.current_gpus()` names them and, where torch sees CUDA, the first is this thread's current device
-    (CUDA's current device is per thread; the previous one is restored after)."""
-    if not held:
-        yield
-        return
+    (CUDA's current device is per thread; the previous one is restored after). Holding none costs a
+    nullcontext: every in_memory actor call enters one."""
+    return _holding(held, host) if held else _NOTHING
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _holding(held: Sequence[int], host: HostGpus) -> Iterator[None]:
     token = current.push_gpus(tuple(held))
     restore = _set_cuda_device(host.ordinal(held[0]))
     try:
@@ -234,12 +245,6 @@ def _torch_with_cuda() -> Any:
             return None
         torch = importlib.import_module("torch")
     return torch if torch.cuda.is_available() else None
-
-
-def held_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, ...]:
-    """The devices a process fray started holds (FRAY_GPUS), else ()."""
-    value = environ.get(ENV_HELD, "")
-    return tuple(int(v) for v in value.split(",") if v.strip().isdigit())
 
 
 def use_held_device(environ: Mapping[str, str] = os.environ) -> None:

@@ -75,8 +75,7 @@ class InMemoryJobContext(JobContext):
         self.log_to_driver = log_to_driver
         self.namespace = namespace
         # The devices behind resources["GPU"] (without a HostGpus: that many, numbered from 0)
-        count = round(resources.get("GPU", 0.0))
-        self.gpus = gpus if gpus is not None else HostGpus(tuple(range(count)), tuple(map(str, range(count))), "")
+        self.gpus = gpus if gpus is not None else HostGpus.numbered(round(resources.get("GPU", 0.0)), "declared")
         self._ledger = Ledger(resources, DevicePool(self.gpus.ids))
         self._lock = self._ledger.lock  # (actors.py: the actor table changes together with the resources)
         self._actors = ActorTable(self)
