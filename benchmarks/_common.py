@@ -65,3 +65,18 @@ def report(title: str, rows: list[tuple[str, str, float, float]]) -> None:
     for name, unit, fray_value, raw_value in rows:
         ratio = fray_value / raw_value if raw_value else float("nan")
         print(f"{name:44} {fray_value:>12.1f}{unit:>2} {raw_value:>12.1f}{unit:>2} {ratio:>9.2f}")
+
+
+def under_socket_guard() -> None:
+    """A monarch driver starts under fray's socket guard (fray_monarch.socket_guard: other users of the machine
+    are kept out of Monarch's sockets), and a benchmark is a driver: it starts again under the guard, before
+    anything else has happened, where fray-monarch is installed."""
+    import os
+    import sys
+
+    try:
+        from fray_monarch import socket_guard
+    except ImportError:
+        return
+    if not socket_guard.active():
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], socket_guard.guarded_environ())

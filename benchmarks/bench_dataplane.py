@@ -55,6 +55,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _dataplane_phases
+from _common import under_socket_guard
 from _dataplane_common import BACKENDS, RAY_STORE, GiB, MiB, Results, log, memcpy_samples, parse_size, size_label
 from _dataplane_phases import phase_in_memory, phase_monarch, phase_ray, phase_rdma
 from _dataplane_report import print_table, print_targets, rows_of, targets, versions
@@ -262,4 +263,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    under_socket_guard()
     main()

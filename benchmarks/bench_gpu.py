@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import percentile
+from _common import percentile, under_socket_guard
 
 MiB = 1 << 20
 SPECS = {"in_memory": "in_memory", "ray": "ray?num_cpus=4&log_to_driver=false", "monarch": "monarch?procs=1"}
@@ -285,4 +285,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    under_socket_guard()
     sys.exit(main())

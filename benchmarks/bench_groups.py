@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import paired_medians, report
+from _common import paired_medians, report, under_socket_guard
 
 import fray
 
@@ -120,4 +120,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    under_socket_guard()
     main()

@@ -19,6 +19,8 @@ import fray
 from fray import TaskOptions, WorkerCrashedError
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook
 
+from _common import under_socket_guard
+
 
 class RawEcho(Actor):
     @endpoint
@@ -119,4 +121,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    under_socket_guard()
     main()

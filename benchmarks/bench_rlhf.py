@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import memcpy_seconds, percentile
+from _common import memcpy_seconds, percentile, under_socket_guard
 
 MiB = 1 << 20
 TIMEOUT = 600.0
@@ -347,4 +347,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    under_socket_guard()
     main()

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import memcpy_seconds, percentile
+from _common import memcpy_seconds, percentile, under_socket_guard
 
 import fray
 
@@ -113,4 +113,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    under_socket_guard()
     main()

@@ -2,7 +2,7 @@
 
     python examples/pipeline.py                       # in_memory (threads in this process)
     FRAY_BACKEND=ray python examples/pipeline.py      # a private local Ray
-    FRAY_BACKEND=monarch python examples/pipeline.py  # a Monarch process mesh
+    FRAY_BACKEND=monarch fray run -- python examples/pipeline.py  # Monarch (its driver under fray's socket guard)
 
 It puts one large shared array (a projection matrix) in the object store once, fans out one task per data
 shard (each projects its shard and returns summary statistics), feeds results to a stateful aggregator actor

@@ -2,7 +2,7 @@
 
     python examples/spmd_pipeline.py                       # in_memory (SPMD members in child processes)
     FRAY_BACKEND=ray python examples/spmd_pipeline.py      # a private local Ray
-    FRAY_BACKEND=monarch python examples/spmd_pipeline.py  # Monarch process meshes
+    FRAY_BACKEND=monarch fray run -- python examples/spmd_pipeline.py  # Monarch process meshes
 
 A trainer group of 2 ranks trains one model with torch DistributedDataParallel over gloo (fray sets MASTER_ADDR,
 RANK, WORLD_SIZE... in each member before its __init__). A rollout group of 2 members generates experience with

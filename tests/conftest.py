@@ -2,8 +2,31 @@
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pytest
 
 # pytest's default "prepend" import mode already puts this directory on sys.path for this conftest; said here too
 # so that `--import-mode=importlib` (which adds nothing) finds the helpers as well.
 if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))
+
+
+def pytest_configure(config: "pytest.Config") -> None:
+    """Monarch contexts refuse a driver without fray's socket guard (fray_monarch.socket_guard), and the tests
+    are drivers: pytest starts again under it, as a user's `python -m fray_monarch.socket_guard pytest` would."""
+    import os
+
+    try:
+        from fray_monarch import socket_guard
+    except ImportError:  # the core alone: no monarch tests
+        return
+    if socket_guard.active():
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:  # the new pytest writes to the terminal, not to this one's capture files
+        capture.suspend_global_capture(in_=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], socket_guard.guarded_environ())

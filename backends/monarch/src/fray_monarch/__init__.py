@@ -8,7 +8,8 @@ count), insecure (true: plain TCP between machines instead of TLS), job (ssh|slu
 job object: hosts launched through Monarch's job API, see launchers.py), nodes / partition / time (job=slurm),
 port / python / ssh_options (launched host workers), bind (this machine's address the driver listens on when
 other machines take part), attach_timeout (seconds), log_to_driver (true|false, default true: what tasks and
-actors print reaches the driver's console as `(square pid=4242) ...`). Full table: docs/backends/monarch.md.
+actors print reaches the driver's console as `(square pid=4242) ...`), unguarded_sockets (true: run in a driver
+started without fray's socket guard, see socket_guard.py). Full table: docs/backends/monarch.md.
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ class MonarchBackend(Backend):
         from fray_monarch.diagnostics import diagnose
 
         return diagnose()
+
+    def prepare_command(self, options: Any) -> None:
+        """The `fray` command starts again under the socket guard (socket_guard.py) before a monarch context."""
+        import os
+        import sys
+
+        from fray_monarch import socket_guard
+
+        if not socket_guard.active() and not parse_options("monarch", options, SCHEMA).get(socket_guard.OPT_OUT):
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], socket_guard.guarded_environ())
 
     def job_context(self, **options: Any) -> Any:
         from fray_monarch.driver_client import driver_context

@@ -33,7 +33,19 @@ MARGIN = 30.0
 
 # What a job's own fray.init() keeps of its cluster's spec: the size of its processes, never how hosts are launched
 # (a job must not launch the cluster's hosts again: it attaches to them by address).
-_CARRIED = ("procs", "cpus", "gpus", "memory", "resources", "object_store_memory", "transport", "log_to_driver")
+# A cluster run without the socket guard (unguarded_sockets=true) runs its jobs' contexts so too; a guarded one's
+# jobs inherit the guard with their environment.
+_CARRIED = (
+    "procs",
+    "cpus",
+    "gpus",
+    "memory",
+    "resources",
+    "object_store_memory",
+    "transport",
+    "log_to_driver",
+    "unguarded_sockets",
+)
 
 
 def job_spec(options: dict[str, Any], hostset: HostSet | None) -> str:

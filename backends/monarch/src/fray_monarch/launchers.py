@@ -362,13 +362,13 @@ def _started_by_user(hosts: Any, insecure: bool) -> HostSet:
         return HostSet(list(hosts), [f"process {i}" for i in range(len(hosts))], "started by you", None)
     names = [host_of(a)[0] for a in hosts]
     local = all(is_loopback(n) for n in names)
-    if schemes == {"tcp"} and not local and not insecure:
-        remote = ", ".join(a for a, n in zip(hosts, names, strict=True) if not is_loopback(n))
+    if schemes == {"tcp"} and not insecure:
+        where = "this machine's loopback, which every local user reaches" if local else "another machine"
         raise ValueError(
-            f"plain TCP to another machine ({remote}) is unauthenticated and unencrypted: anyone who can reach "
-            "that port (or this driver's) can run code as its user and read every value sent. Use tls:// workers "
+            f"plain TCP to {where} ({', '.join(hosts)}) is unauthenticated: anyone who can reach that port (or "
+            "this driver's) can run code as its user and read every value sent. Use tls:// workers "
             "(`python -m fray_monarch.worker --address tls://HOST:PORT`, with this user's TLS authority there), "
-            "or add insecure=true to accept that on a network you trust"
+            "or add insecure=true to accept that on a network and machine you trust"
         )
     return HostSet(list(hosts), names, "started by you", None, local=local, secure=schemes == {"tls"})
 

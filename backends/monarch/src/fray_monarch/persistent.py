@@ -13,7 +13,9 @@ from typing import Any
 
 from fray import state
 from fray.errors import FrayError
+from fray.options import flag
 from fray.procfs import Identity
+from fray_monarch import socket_guard
 from fray_monarch.head_record import NAME, recorded
 
 __all__ = ["start", "stop"]
@@ -49,6 +51,7 @@ def start(listen: str, options: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as errors:
         head = subprocess.Popen(
             [sys.executable, "-m", "fray_monarch.head", head_dir],
+            env=None if flag(options.get(socket_guard.OPT_OUT, "false")) else socket_guard.guarded_environ(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=errors,

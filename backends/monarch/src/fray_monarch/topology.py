@@ -23,7 +23,7 @@ from fray.options import (
     positive_int,
     seconds,
 )
-from fray_monarch import network, tempdirs
+from fray_monarch import network, socket_guard, tempdirs
 from fray_monarch.launchers import HostSet, launch
 from fray_monarch.protocol import StoreConfig
 
@@ -74,6 +74,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "insecure": flag,
     "attach_timeout": seconds,
     "mesh": str,
+    socket_guard.OPT_OUT: flag,
 }
 
 
@@ -112,6 +113,7 @@ def topology(options: dict[str, Any]) -> Topology:
     from monarch.actor import this_host
 
     opts = parse_options("monarch", options, SCHEMA)
+    socket_guard.require(bool(opts.get(socket_guard.OPT_OUT, False)))  # before any Monarch socket exists
     cpus = os.cpu_count() or 1
     gpus = host_gpus(opts.get("gpus"))  # this machine's (attached hosts are taken to be alike, as for memory)
     procs = int(opts.get("procs", len(gpus) or cpus))  # one process per GPU on a GPU host, as Monarch's convention
@@ -133,7 +135,7 @@ def topology(options: dict[str, Any]) -> Topology:
             bind = bind or network.route_address(hostset.names) or here
             network.use_network(bind, hostset.secure)
         elif bind is not None:
-            network.use_network(bind, not opts.get("insecure", False) and not network.is_loopback(bind))
+            network.use_network(bind, not opts.get("insecure", False))  # TLS on loopback too: others reach it
         tempdirs.private_dir()  # starts Monarch's runtime: its socket directory goes in there
         if hostset.job is not None:
             mesh = _job_mesh(hostset.job, opts.get("mesh"))

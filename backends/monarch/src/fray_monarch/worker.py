@@ -4,9 +4,10 @@
 
 Over TLS (the default) the worker and every driver present certificates from the user's own authority (tls.py:
 ~/.fray/tls or FRAY_TLS_DIR, made on first use; every host needs the same one), and nothing without one can
-attach. `--address tcp://HOST:PORT --insecure` serves plain TCP instead: anyone who can connect to the address
-can then run arbitrary code as this user. The worker binds only to the address given, never to every interface
-unless told so.
+attach. `--address tcp://HOST:PORT --insecure` serves plain TCP instead (on loopback too: every local user
+reaches it): anyone who can connect to the address can then run arbitrary code as this user. The worker binds only
+to the address given, never to every interface unless told so, and restarts itself under fray's socket guard
+(socket_guard.py), which keeps other local users out of Monarch's Unix sockets.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 
 from fray.errors import FrayError
 from fray.procfs import children_of
-from fray_monarch import _runtime, tls  # noqa: F401 - environment and fault hook before Monarch starts
+from fray_monarch import _runtime, socket_guard, tls  # noqa: F401 - environment and fault hook before Monarch starts
 from fray_monarch.network import host_of, is_loopback, scheme_of
 
 
@@ -31,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--address", help="tls://HOST:PORT to listen on (or tcp://HOST:PORT with --insecure)")
     where.add_argument("--slurm", metavar="SCHEME:PORT", help=argparse.SUPPRESS)  # launchers.FraySlurmJob's srun
     parser.add_argument("--insecure", action="store_true", help="allow plain TCP on an address other machines reach")
+    parser.add_argument(
+        "--unguarded-sockets",
+        action="store_true",
+        help="run without fray's socket guard (other local users can then reach Monarch's sockets here)",
+    )
     parser.add_argument("--identity-from-stdin", action="store_true", help=argparse.SUPPRESS)  # FraySSHJob sends it
     parser.add_argument(
         "--end-with-stdin",
@@ -46,11 +52,17 @@ def main(argv: list[str] | None = None) -> int:
     scheme = scheme_of(address)
     if scheme == "ipc":
         parser.error("--address takes tls://HOST:PORT or tcp://HOST:PORT")
-    if scheme == "tcp" and not is_loopback(host) and not args.insecure:
+    if scheme == "tcp" and not args.insecure:
+        reach = "every user of this machine" if is_loopback(host) else "other machines"
         parser.error(
-            f"{address} is plain TCP on an address other machines reach: anyone who can connect could run code as "
-            "this user. Use tls://, or add --insecure on a network you trust"
+            f"{address} is plain TCP on an address {reach} can reach: anyone who can connect could run code as "
+            "this user. Use tls://, or add --insecure on a network and machine you trust"
         )
+    if not args.unguarded_sockets:
+        try:  # Monarch's abstract Unix sockets here: only this user's processes may connect (socket_guard.py)
+            socket_guard.restart_guarded("fray_monarch.worker", list(sys.argv[1:] if argv is None else argv))
+        except FrayError as exc:
+            parser.error(f"{exc} (for this worker: --unguarded-sockets)")
     try:
         if scheme == "tls":
             tls.install(_identity(host, args.identity_from_stdin))

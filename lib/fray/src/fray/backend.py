@@ -63,6 +63,12 @@ class Backend(ABC):
         """Lines ("name: value") this backend adds to `fray doctor`'s report; the default adds none."""
         return {}
 
+    def prepare_command(self, options: Mapping[str, Any]) -> None:
+        """Called by the `fray` command before it makes a context of this backend in its own process, when nothing
+        else has happened yet: a backend whose contexts need something of a process from its start (monarch: its
+        socket guard, preloaded) may start the command again here (exec). The default does nothing."""
+        return None
+
 
 @runtime_checkable
 class PersistentClusters(Protocol):

@@ -64,6 +64,7 @@ def open_cluster(args: argparse.Namespace, what: str, persistent: bool = True) -
             options["address"] = found
         elif persistent:
             raise CommandError(f"{what}: no {name} cluster to talk to. {why_not}")
+    backend.prepare_command(options)
     return backend.cluster_context(**options)
 
 
