@@ -65,6 +65,8 @@ class FraySSHJob(SSHJob):  # type: ignore[misc]  # Monarch is untyped
     driver holds the other end of that stdin, so hosts it launched go with it however it ends (Monarch's own
     `ssh -n` leaves the remote worker running when the client dies)."""
 
+    unguarded = False  # unguarded_sockets=true: workers run without the socket guard
+
     def __init__(
         self, hosts: list[str], python_exe: str, ssh_args: tuple[str, ...], port: int, log_dir: str, secure: bool
     ) -> None:
@@ -79,6 +81,8 @@ class FraySSHJob(SSHJob):  # type: ignore[misc]  # Monarch is untyped
     def _start_host(self, host: str) -> ProcessState:
         address = service_proc_addr(f"{self._scheme}://{host}:{self._port}", self._service_proc_ids_by_host[host])
         remote = [self._python_exe, "-m", "fray_monarch.worker", "--address", address, "--end-with-stdin"]
+        if self.unguarded:  # the driver's spec said unguarded_sockets=true: its hosts run so too
+            remote.append("--unguarded-sockets")
         if self._scheme == "tls":  # the host's identity, issued here, is the first line its worker reads
             remote.append("--identity-from-stdin")
             identity = tls.issue([host, *_addresses_of(host)])
@@ -142,6 +146,7 @@ class FraySlurmJob(SlurmJob):  # type: ignore[misc]
     `nodes.allocation[].name`."""
 
     _scheme = "tls"  # or "tcp" (insecure=true): set after construction
+    unguarded = False  # unguarded_sockets=true: workers run without the socket guard
 
     def _submit_slurm_job(self, num_nodes: int, client_script: str | None = None) -> str:
         """The allocation, running fray's host worker on every node; its job id. The nodes share the home
@@ -163,7 +168,8 @@ class FraySlurmJob(SlurmJob):  # type: ignore[misc]
             f"export {SERVICE_PROC_IDS_ENV}={shlex.quote(serialize_service_proc_ids(self._service_proc_ids))}",
             "srun "
             + shlex.join([self._python_exe, "-m", "fray_monarch.worker", "--slurm", f"{self._scheme}:{self._port}"])
-            + ("" if self._scheme == "tls" else " --insecure"),
+            + ("" if self._scheme == "tls" else " --insecure")
+            + (" --unguarded-sockets" if self.unguarded else ""),
         ]
         done = subprocess.run(["sbatch"], input="\n".join(script) + "\n", capture_output=True, text=True)
         words = done.stdout.split()
@@ -257,6 +263,7 @@ def _ssh(opts: dict[str, Any]) -> HostSet:
     secure = not opts.get("insecure", False)
     ssh_args = tuple(shlex.split(opts.get("ssh_options", "")))
     job = FraySSHJob(names, python, ssh_args, opts.get("port", DEFAULT_PORT), _log_dir("ssh"), secure)
+    job.unguarded = bool(opts.get("unguarded_sockets", False))
     job.apply()
     release = _release(job, lambda: None)
     return HostSet(job.addresses(), names, "ssh", release, local=False, explain=job.explain, secure=secure)
@@ -276,6 +283,7 @@ def _slurm(opts: dict[str, Any], timeout: float) -> HostSet:
     )
     secure = not opts.get("insecure", False)
     job._scheme = "tls" if secure else "tcp"
+    job.unguarded = bool(opts.get("unguarded_sockets", False))
     if secure:
         tls.authority()  # made here if there is none, before the nodes look for it in the shared home directory
     job.apply()
