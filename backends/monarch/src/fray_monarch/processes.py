@@ -217,7 +217,7 @@ class ProcessPool:
             inline_limit=self.stores.inline_limit,
             transport=self.stores.transport,
             log_file=self.log_file,
-            lifeline=None if self.lifeline is None else (self.lifeline.address, self.lifeline.token),
+            lifeline=None if self.lifeline is None else (self.lifeline.address, self.lifeline.key_for(proc_key)),
             driver_host=self.stores.driver_bind,
             credential=f"{proc_key}:{self.proof(proc_key)}",
         )
