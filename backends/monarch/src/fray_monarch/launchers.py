@@ -36,7 +36,7 @@ from monarch.job import JobTrait, ProcessJob, SlurmJob
 
 from fray import watchdog
 from fray.errors import FrayError
-from fray.state import state_dir
+from fray.state import state_subdir
 from fray_monarch import tls
 from fray_monarch.network import host_of, is_loopback, scheme_of
 
@@ -233,10 +233,7 @@ def _private_opener(path: str, flags: int) -> int:
 def _log_dir(kind: str) -> str:
     """Where launch logs go (ssh clients' output, Slurm's job output): the state directory, which a cluster's
     hosts usually share through the home directory. Private to this user."""
-    path = state_dir() / "monarch" / kind
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
-    return str(path)
+    return str(state_subdir("monarch", kind))
 
 
 def _release(job: JobTrait, forget: Callable[[], None]) -> Callable[[], None]:

@@ -10,7 +10,6 @@ import os
 import shlex
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import threading
@@ -21,11 +20,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fray import watchdog
-from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
+from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
 from fray.resources import add, fits, format_resources, short_of, subtract
+from fray.state import private_dir
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
-__all__ = ["LocalJobs", "ended_status", "follow_log", "job_command", "job_environment", "missing_dir_message"]
+__all__ = [
+    "LocalJobs",
+    "ended_status",
+    "follow_log",
+    "job_command",
+    "job_environment",
+    "missing_dir_message",
+    "private_dir",
+]
 
 
 @dataclass
@@ -109,22 +117,6 @@ def follow_log(path: Path, ended: Callable[[], bool], poll: float = 0.05, max_po
             else:
                 time.sleep(pause)
                 pause = min(pause * 1.5, max_poll)
-
-
-def private_dir(path: Path) -> None:
-    """Make `path` (and missing parents) a directory only this user can use: mode 0700, owned by this user, not a
-    symlink. A job's directory holds its log (what it printed, secrets included): nobody else may read or replace
-    it, even in a shared temp directory. FrayError if it exists and is not ours."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise FrayError(f"{path} is not a directory of this user's (a symlink, or someone else's): not used")
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
 
 
 class LocalJobs:
