@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,19 @@ DRIVER = textwrap.dedent(
 )
 
 
+_holders: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_holder_left() -> Iterator[None]:
+    """A holder a failed test left behind would sleep on for ten minutes."""
+    yield
+    while _holders:
+        proc = _holders.pop()
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def _holder(address: str, key: bytes, name: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLDER, address, key.hex(), name],
@@ -46,6 +60,7 @@ def _holder(address: str, key: bytes, name: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+    _holders.append(proc)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
     return proc
 
