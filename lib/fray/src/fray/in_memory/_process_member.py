@@ -30,6 +30,7 @@ from fray.gpus import use_held_device
 from fray.in_memory._channel import Channel, Serialized
 from fray.in_memory._gang import Gang
 from fray.remote_errors import RemoteError, capture_exception
+from fray.rendezvous import serve_store
 from fray.serialization import Blob, loads
 from fray.worker_env import worker_env_defaults
 
@@ -197,6 +198,7 @@ def _main(fd: int, beat_fd: int, interval: float) -> None:
     set_process_actor(info)
     try:
         use_held_device()  # (a member holding GPUs starts on its own device, as LOCAL_RANK would pick it)
+        serve_store(os.environ)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only
         instance = klass(*args, **kwargs)
     except BaseException as exc:
         conn.send_outcome(False, capture_exception(exc), "the error")
