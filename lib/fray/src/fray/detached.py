@@ -86,7 +86,7 @@ class DetachedJobs:
                 "submission_time": time.time(),
             },
         )
-        (job_dir / "log").touch(mode=0o600)
+        os.close(os.open(job_dir / "log", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         with open(job_dir / "runner.log", "ab") as errors:
             runner = subprocess.Popen(
                 [sys.executable, "-m", "fray.detached", str(job_dir)],
@@ -321,7 +321,7 @@ def run(job_dir: Path) -> int:
 
     def on_term(signum: int, frame: object) -> None:
         _mark_stop(job_dir, f"stopped: its runner received {signal.Signals(signum).name}")
-        if proc is not None:
+        if proc is not None and proc.returncode is None:  # not reaped yet: its group is still the job's
             _killpg(proc.pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_term)
