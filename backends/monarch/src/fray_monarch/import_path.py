@@ -23,18 +23,9 @@ import os
 import stat
 import sys
 
+from fray.worker_env import driver_import_path, keep_driver_view
+
 __all__ = ["driver_import_path", "take", "untrusted_reason"]
-
-
-def driver_import_path() -> list[str]:
-    """This process's sys.path for its workers: '' (the current directory) made absolute, nothing added."""
-    cwd = os.getcwd()
-    path: list[str] = []
-    for entry in sys.path:
-        entry = entry or cwd
-        if entry not in path:
-            path.append(entry)
-    return path
 
 
 def untrusted_reason(entry: str) -> str | None:
@@ -55,8 +46,7 @@ def take(entries: list[str]) -> list[str]:
     order; the ones left out, each with why, are returned and warned about on stderr. The current directory that
     `python -m` put first in this process's own path (Monarch starts its processes so, in the driver's current
     directory) goes unless the driver's path has it too: a worker imports from where its driver does."""
-    own = {"", os.getcwd()} - set(entries)
-    sys.path[:] = [entry for entry in sys.path if entry not in own]
+    keep_driver_view(entries)
     left_out = []
     trusted = []
     for entry in entries:
