@@ -4,11 +4,15 @@ commands (how a killed driver's Slurm allocation is cancelled)."""
 from __future__ import annotations
 
 import os
+import selectors
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +23,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from fray_monarch import lifeline
-    lifeline.hold(sys.argv[1], bytes.fromhex(sys.argv[2]))
+    lifeline.hold(sys.argv[1], bytes.fromhex(sys.argv[2]), name=sys.argv[3])
     print("holding", flush=True)
     time.sleep(600)
     """
@@ -30,16 +34,33 @@ DRIVER = textwrap.dedent(
     import time
     from fray_monarch.lifeline import LifelineServer
     server = LifelineServer("127.0.0.1")
-    print(server.address, server.token.hex(), flush=True)
+    print(server.address, server.key_for("proc-a").hex(), flush=True)
     time.sleep(600)
     """
 )
 
 
-def _holder(address: str, token: bytes) -> subprocess.Popen[str]:
+_holders: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_holder_left() -> Iterator[None]:
+    """A holder a failed test left behind would sleep on for ten minutes."""
+    yield
+    while _holders:
+        proc = _holders.pop()
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _holder(address: str, key: bytes, name: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, address, token.hex()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, address, key.hex(), name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    _holders.append(proc)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
     return proc
 
@@ -55,8 +76,8 @@ def test_a_process_ends_when_its_drivers_process_is_killed() -> None:
     driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True)
     try:
         assert driver.stdout is not None
-        address, token = driver.stdout.readline().split()
-        holder = _holder(address, bytes.fromhex(token))
+        address, key = driver.stdout.readline().split()
+        holder = _holder(address, bytes.fromhex(key), "proc-a")
         time.sleep(0.5)
         assert holder.poll() is None  # held while the driver lives
         driver.send_signal(signal.SIGKILL)
@@ -67,29 +88,92 @@ def test_a_process_ends_when_its_drivers_process_is_killed() -> None:
         driver.wait()
 
 
-def test_only_a_process_with_the_token_is_held() -> None:
-    server = lifeline.LifelineServer("127.0.0.1")
+def test_only_a_process_with_its_own_key_is_held() -> None:
+    closed: list[str] = []
+    server = lifeline.LifelineServer("127.0.0.1", on_closed=closed.append)
     try:
-        good = _holder(server.address, server.token)
-        stranger = _holder(server.address, b"x" * lifeline.TOKEN_BYTES)
+        good = _holder(server.address, server.key_for("proc-a"), "proc-a")
+        stranger = _holder(server.address, b"x" * lifeline.KEY_BYTES, "proc-b")
         assert stranger.wait(30) == 70  # dropped at once: its connection closed
+        # the key of one process does not prove another's name
+        impostor = _holder(server.address, server.key_for("proc-a"), "proc-c")
+        assert impostor.wait(30) == 70
+        # nor a second claim of a name that is held, with the right key (its close is no death of proc-a)
+        twin = _holder(server.address, server.key_for("proc-a"), "proc-a")
+        assert twin.wait(30) == 70
         _until(lambda: server.held == 1)
-        assert good.poll() is None
+        assert good.poll() is None and closed == []
         server.close()
         assert good.wait(30) == 70  # a clean close ends it too
     finally:
         server.close()
 
 
-def test_a_connection_that_never_proves_itself_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    import socket
+class _Recorder:
+    """A TCP relay between a process and the lifeline server that keeps what the process sent: what a listener on
+    the network sees."""
 
+    def __init__(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sent = b""
+        threading.Thread(target=self._relay, daemon=True).start()
+
+    def _relay(self) -> None:
+        inside, _ = self.listener.accept()
+        outside = socket.create_connection(self.target, timeout=10)
+        sel = selectors.DefaultSelector()
+        sel.register(inside, selectors.EVENT_READ, outside)
+        sel.register(outside, selectors.EVENT_READ, inside)
+        while True:
+            for key, _ in sel.select(timeout=60):
+                data = key.fileobj.recv(4096)  # type: ignore[union-attr]
+                if not data:
+                    return
+                if key.fileobj is inside:
+                    self.sent += data
+                key.data.sendall(data)
+
+
+def test_what_a_process_sent_cannot_be_replayed_to_declare_it_dead() -> None:
+    """Before, a process sent the context's token in clear: whoever saw it could connect in any process's name
+    and close, and the driver took that process (alive) for dead (on_closed)."""
+    closed: list[str] = []
+    server = lifeline.LifelineServer("127.0.0.1", on_closed=closed.append)
+    try:
+        wire = _Recorder(server.address)
+        victim = _holder(wire.address, server.key_for("proc-a"), "proc-a")
+        _until(lambda: server.held == 1 and len(wire.sent) > 0)
+        time.sleep(0.2)  # all of it relayed
+        host, _, port = server.address.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=10) as replay:
+            replay.sendall(wire.sent)
+            replay.settimeout(10)
+            try:
+                while replay.recv(4096):  # refused: the server closes it
+                    pass
+            except TimeoutError:
+                pass  # (the old server kept a replay open: it was taken for the process)
+        time.sleep(0.5)
+        assert closed == [], f"a replayed lifeline connection made the driver declare {closed} dead"
+        assert server.held == 1 and victim.poll() is None
+    finally:
+        server.close()
+
+
+def test_a_connection_that_never_proves_itself_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lifeline, "PROVE_WITHIN", 0.5)
     server = lifeline.LifelineServer("127.0.0.1")
     try:
         host, port = server.address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=30) as silent:
-            assert silent.recv(1) == b""  # closed by the server, not by us
+            silent.settimeout(30)
+            got = b""
+            while chunk := silent.recv(4096):  # the challenge, then closed by the server, not by us
+                got += chunk
+        assert len(got) == lifeline.KEY_BYTES
         assert server.held == 0
     finally:
         server.close()

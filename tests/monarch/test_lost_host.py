@@ -109,13 +109,15 @@ def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: s
 def test_a_group_on_a_lost_host_comes_back_on_the_hosts_left(hosts: list[Host], tmp_path: Path, lose: str) -> None:
     before, after, left = _run(hosts, tmp_path, cpus=2, member_cpus=0, lose=lose)
     assert [w["host"] for w in before["where"]] == [hosts[1].name, hosts[2].name] and before["reduce"] == [2.0, 2.0]
+    assert {w["MASTER_ADDR"] for w in before["where"]} == {hosts[1].address}  # across hosts: rank 0's host address
     assert "error" not in after, after
     assert after["reduce"] == [2.0, 2.0], after
     ranks = after["where"]
     assert [r["host"] for r in ranks] == [left.name, left.name], ranks
     assert [r["restarts"] for r in ranks] == [1, 1]
     assert [(r["RANK"], r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"]) for r in ranks] == [("0", "0", "2"), ("1", "1", "2")]
-    assert {r["MASTER_ADDR"] for r in ranks} == {left.address}
+    # every member on the host left: the rendezvous store listens on its loopback alone (fray.rendezvous)
+    assert {r["MASTER_ADDR"] for r in ranks} == {"127.0.0.1"}
     old = {w["pid"] for w in before["where"] if w["host"] == left.name}
     assert not old & {r["pid"] for r in ranks}, "the ranks on the host left run on fresh processes"
     assert after["seconds"] < 60, after  # the loss is seen through the lifelines at once, not after 30 s

@@ -107,8 +107,8 @@ def main() -> None:
         finally:
             fray.shutdown()
             del os.environ["RAY_ADDRESS"]
-        # joined twice: a cluster beyond loopback that answers without a token is warned about, once
-        out["open_warnings"] = [m for m in joins.messages if "anyone who can reach that address" in m]
+        # joined twice: a cluster that answers without a token is warned about once, on loopback too
+        out["open_warnings"] = [m for m in joins.messages if "can run code on it as the user it runs as" in m]
         out["address"] = address
         # The user's explicit choice is kept, with a warning that this cluster cannot create their actors.
         os.environ["RAY_AUTH_MODE"] = "token"

@@ -123,3 +123,25 @@ def test_a_group_whose_leader_ended_is_still_ended_in_the_same_boot(tmp_path: Pa
     assert procfs.alive(child) and identity.group_is_ours()
     assert procfs.stop_group(identity, grace=5.0)
     assert not procfs.alive(child)
+
+
+def test_local_jobs_stop_never_signals_a_reused_pid(tmp_path: Path) -> None:
+    """LocalJobs.stop signalled the job's pid as a group unproven, last of all (issue 29, item 7): a stop that came
+    while the job was ending could reach whatever group had that number next. Here the job has ended and its
+    number is given to an unrelated group, as reuse would, while the stop still sees the job as running."""
+    from fray import RuntimeEnv
+    from fray.jobs import LocalJobs
+
+    jobs = LocalJobs(tmp_path / "jobs", stop_grace=0.5)
+    job = jobs.start(["true"], RuntimeEnv())
+    jobs.wait(job, timeout=60)
+    unrelated = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        record = jobs._jobs[job]
+        record.proc = unrelated  # the job's number, now another's group
+        record.ended.clear()  # the stop came while the job was ending
+        jobs.stop(job)
+        assert unrelated.poll() is None, "LocalJobs.stop signalled a group that was not its job's"
+    finally:
+        unrelated.kill()
+        unrelated.wait()

@@ -64,10 +64,13 @@ def job_spec(options: dict[str, Any], hostset: HostSet | None) -> str:
 class JobRunner(Actor):
     """Runs jobs on its host. Each endpoint returns a Reply (a value, or the exception to raise)."""
 
-    def __init__(self, root: str, job_tmpdir: str | None = None, lifeline: tuple[str, bytes] | None = None) -> None:
+    def __init__(
+        self, root: str, job_tmpdir: str | None = None, lifeline: tuple[str, bytes, str] | None = None
+    ) -> None:
         watchdog.watch_path(root)  # this process dies with the driver; its jobs and their logs go with it
         if lifeline is not None:  # on another host: this process ends when its driver ends
-            hold(*lifeline)
+            address, key, name = lifeline
+            hold(address, key, name=name)
         _runtime.start_client_context()  # Monarch's banner dropped (see _runtime.BANNER)
         self.jobs = LocalJobs(Path(root))
         self.job_tmpdir = job_tmpdir  # the user's TMPDIR (this process has a private one that fray removes)
@@ -162,7 +165,6 @@ class MonarchClusterContext(ClusterContext):
         tempdirs.private_dir()  # (for the life of the process)
         self._tmpdir = None if remote else tempdirs.context_dir()
         self._lifeline = LifelineServer(driver_bind) if remote else None
-        lifeline = None if self._lifeline is None else (self._lifeline.address, self._lifeline.token)
         boot = {"bootstrap_command": tempdirs.bootstrap_command(self._tmpdir)} if self._tmpdir else {}
         self._procs = [
             host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}", **boot) for host in hosts
@@ -175,12 +177,18 @@ class MonarchClusterContext(ClusterContext):
             roots = [os.path.join(tempfile.gettempdir(), f"fray-monarch-jobs-{uuid.uuid4().hex[:12]}") for _ in hosts]
             user_tmp = None
         self._runners = [
-            procs.spawn("fray_job_runner", JobRunner, root, user_tmp, lifeline)
+            procs.spawn("fray_job_runner", JobRunner, root, user_tmp, self._lifeline_of(root))
             for procs, root in zip(self._procs, roots, strict=True)
         ]
         self._where: dict[str, int] = {}
         self._next = itertools.cycle(range(len(self._runners)))
         self._lock = threading.Lock()
+
+    def _lifeline_of(self, root: str) -> tuple[str, bytes, str] | None:
+        """The lifeline a job runner on another host holds: address, its own key, its name (its root, unique)."""
+        if self._lifeline is None:
+            return None
+        return self._lifeline.address, self._lifeline.key_for(root), root
 
     def _runner(self, job_id: str) -> Any:
         with self._lock:

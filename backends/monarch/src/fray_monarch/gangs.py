@@ -176,7 +176,8 @@ class GangKeeper:
         if not self._off_lost_hosts(group, generation):
             return
         try:
-            addr, port = self.groups._master(group.members[0].host)
+            one_host = len({member.host for member in group.members}) == 1
+            addr, port = self.groups._master(group.members[0].host, loopback=one_host)
         except Exception as exc:
             with self.lock:
                 if group.generation == generation:

@@ -28,6 +28,7 @@ from fray.errors import ActorDiedError
 from fray.gpus import ENV_HELD, held_from_env, use_held_device
 from fray.refs import ObjectRef
 from fray.remote_errors import capture_exception
+from fray.rendezvous import serve_store
 from fray.serialization import Blob, dumps, loads, plain_pickle
 from fray.worker_env import worker_env_defaults
 from fray_monarch import _runtime, environ
@@ -113,12 +114,13 @@ class WorkerHost(Actor):
         os._exit(0)
 
     @endpoint
-    def spmd_master(self) -> tuple[str, int]:
-        """This host's address and a TCP port free on it now (MASTER_ADDR and MASTER_PORT of an SPMD group whose
-        rank 0 is here)."""
+    def spmd_master(self, loopback: bool = False) -> tuple[str, int]:
+        """This host's address (127.0.0.1 if `loopback`: every member is here) and a TCP port free on it now
+        (MASTER_ADDR and MASTER_PORT of an SPMD group whose rank 0 is here)."""
         from fray.net import free_port
 
-        return self.rt.bind, free_port(self.rt.bind)
+        address = "127.0.0.1" if loopback else self.rt.bind
+        return address, free_port(address)
 
     @endpoint
     def unqueue(self, count: int) -> list[str]:
@@ -267,6 +269,8 @@ class FrayActorHost(Actor):
         tokens = self._enter()
         label_token = None
         try:
+            if self.owns_process:
+                serve_store(env)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only
             klass = loads(Blob(cls_data))
             self.label = fray_output.label_for(klass.__name__, host=self.rt.label_host)
             label_token = fray_output.push_label(self.label)

@@ -17,6 +17,7 @@ reach a worker's port run code as its user, so fray asks for that acknowledgemen
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -36,7 +37,7 @@ from monarch.job import JobTrait, ProcessJob, SlurmJob
 
 from fray import watchdog
 from fray.errors import FrayError
-from fray.state import state_dir
+from fray.state import state_subdir
 from fray_monarch import tls
 from fray_monarch.network import host_of, is_loopback, scheme_of
 
@@ -90,7 +91,7 @@ class FraySSHJob(SSHJob):  # type: ignore[misc]  # Monarch is untyped
             remote.append("--insecure")
         with open(self._log(host), "wb", opener=_private_opener) as out:
             client = subprocess.Popen(
-                ["ssh", *SSH_OPTIONS, *self._ssh_args, host, shlex.join(remote)],
+                ["ssh", *SSH_OPTIONS, *self._ssh_args, "--", host, shlex.join(remote)],  # a host is never an option
                 stdin=subprocess.PIPE,  # held by this process only (not inheritable): its end is the worker's end
                 stdout=out,
                 stderr=out,
@@ -150,28 +151,36 @@ class FraySlurmJob(SlurmJob):  # type: ignore[misc]
 
     def _submit_slurm_job(self, num_nodes: int, client_script: str | None = None) -> str:
         """The allocation, running fray's host worker on every node; its job id. The nodes share the home
-        directory, and with it the user's TLS authority (each worker issues its own identity from it)."""
+        directory, and with it the user's TLS authority (each worker issues its own identity from it). sbatch's
+        options are its arguments, never lines of the script: a value is one argument whatever it holds."""
         if client_script is not None:
             raise FrayError("fray attaches to Slurm hosts from its driver: Monarch's batch mode is not used")
         self._ensure_service_proc_ids(num_nodes)
         name = f"{self._job_name}_{os.getpid()}"
         output = os.path.join(self._log_dir, f"slurm_%j_{name}")
+        options = [
+            f"--job-name={name}",
+            f"--ntasks-per-node={self._ntasks_per_node}",
+            f"--nodes={num_nodes}",
+            f"--output={output}.out",
+            f"--error={output}.err",
+            *([f"--time={self._time_limit}"] if self._time_limit else []),
+            *([f"--partition={self._partition}"] if self._partition else []),
+        ]
         script = [
             "#!/bin/bash",
-            f"#SBATCH --job-name={name}",
-            f"#SBATCH --ntasks-per-node={self._ntasks_per_node}",
-            f"#SBATCH --nodes={num_nodes}",
-            f"#SBATCH --output={output}.out",
-            f"#SBATCH --error={output}.err",
-            *([f"#SBATCH --time={self._time_limit}"] if self._time_limit else []),
-            *([f"#SBATCH --partition={self._partition}"] if self._partition else []),
             f"export {SERVICE_PROC_IDS_ENV}={shlex.quote(serialize_service_proc_ids(self._service_proc_ids))}",
             "srun "
             + shlex.join([self._python_exe, "-m", "fray_monarch.worker", "--slurm", f"{self._scheme}:{self._port}"])
             + ("" if self._scheme == "tls" else " --insecure")
             + (" --unguarded-sockets" if self.unguarded else ""),
         ]
-        done = subprocess.run(["sbatch"], input="\n".join(script) + "\n", capture_output=True, text=True)
+        try:
+            done = subprocess.run(
+                ["sbatch", *options], input="\n".join(script) + "\n", capture_output=True, text=True, timeout=120
+            )
+        except subprocess.TimeoutExpired:
+            raise FrayError("sbatch did not answer within 120 s: is slurmctld reachable (`sinfo`)?") from None
         words = done.stdout.split()
         if done.returncode != 0 or "Submitted batch job" not in done.stdout:
             raise FrayError(f"sbatch failed (exit code {done.returncode}): {done.stderr.strip() or done.stdout}")
@@ -239,10 +248,7 @@ def _private_opener(path: str, flags: int) -> int:
 def _log_dir(kind: str) -> str:
     """Where launch logs go (ssh clients' output, Slurm's job output): the state directory, which a cluster's
     hosts usually share through the home directory. Private to this user."""
-    path = state_dir() / "monarch" / kind
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
-    return str(path)
+    return str(state_subdir("monarch", kind))
 
 
 def _release(job: JobTrait, forget: Callable[[], None]) -> Callable[[], None]:
@@ -255,10 +261,19 @@ def _release(job: JobTrait, forget: Callable[[], None]) -> Callable[[], None]:
     return release
 
 
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.%@:\[\]][A-Za-z0-9_.%@:\[\]-]*")  # [user@]host: never an option, path or space
+
+
 def _ssh(opts: dict[str, Any]) -> HostSet:
     names = opts.get("hosts")
     if not names or not isinstance(names, list) or any("://" in n for n in names):
         raise ValueError("job=ssh takes hosts=NAME,NAME (the machines to log in to), e.g. job=ssh&hosts=h2,h3")
+    for name in names:
+        if not _HOST_NAME.fullmatch(name):
+            raise ValueError(
+                f"job=ssh: {name!r} is not a host name ([user@]host: letters, digits and . _ - @ : % [ ], not starting "
+                "with '-'); pass ssh options with ssh_options=, never as a host"
+            )
     python = str(opts.get("python", sys.executable))
     secure = not opts.get("insecure", False)
     ssh_args = tuple(shlex.split(opts.get("ssh_options", "")))
@@ -271,6 +286,10 @@ def _ssh(opts: dict[str, Any]) -> HostSet:
 
 def _slurm(opts: dict[str, Any], timeout: float) -> HostSet:
     nodes = int(opts.get("nodes", 1))
+    for option in ("time", "partition"):
+        value = opts.get(option)
+        if value is not None and (not isinstance(value, str) or not value.isprintable() or not value.strip()):
+            raise ValueError(f"job=slurm: {option}={value!r} is not one printable sbatch value (no newline)")
     job = FraySlurmJob(
         {"hosts": nodes},
         python_exe=str(opts.get("python", sys.executable)),

@@ -7,14 +7,22 @@ its driver's lifeline server: when the driver's process ends, the kernel closes 
 ends itself. A driver whose machine vanished without closing anything is noticed by TCP keepalive, within
 KEEPALIVE_BOUND seconds.
 
-A connection proves itself with the context's random token, then names its process (its key), before the server
-keeps it; the server never reads anything else from it, never sends anything, and drops connections that do not
-prove themselves in time. The same connections tell the driver at once when a process on another host ends, or its
-host is lost (`on_closed`): Monarch's supervision took up to 30 s to report a host whose processes were killed.
+Each process gets a key of its own, bound to its name (its process key): an HMAC of the name under a secret of
+the server's that never leaves the driver (`LifelineServer.key_for`), handed to the process over the control
+plane. On the lifeline's plain TCP the key itself never travels: the server sends each connection a fresh random
+challenge, and the process answers with its name and an HMAC of challenge and name under its key, checked in
+constant time. So a process can only speak for itself, and what a listener on the network sees cannot be replayed
+(the next challenge differs). A name is held by one connection once: a second claim of it, while it is held or
+after its connection closed, is refused, and refused connections never count as a process ending. Beyond the
+challenge the server sends nothing, reads nothing once a connection has proved itself, unpickles nothing, and drops
+connections that do not prove themselves within PROVE_WITHIN seconds (at most MAX_UNPROVEN wait at once). The
+same connections tell the driver at once when a process on another host ends, or its host is lost (`on_closed`):
+Monarch's supervision took up to 30 s to report a host whose processes were killed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
@@ -30,8 +38,8 @@ __all__ = ["KEEPALIVE_BOUND", "LifelineServer", "end_process", "hold"]
 
 log = logging.getLogger("fray_monarch")
 
-TOKEN_BYTES = 32
-PROVE_WITHIN = 10.0  # seconds a new connection has to send its token
+KEY_BYTES = 32  # a process's key, the server's challenge and a process's answer (HMAC-SHA256) are this long
+PROVE_WITHIN = 10.0  # seconds a new connection has to prove itself
 MAX_UNPROVEN = 64  # connections that have not proven themselves yet; more are closed at once
 CONNECT_FOR = 60.0  # seconds a process keeps trying to reach its driver before it gives up and ends
 _IDLE, _INTERVAL, _COUNT = 5, 2, 3
@@ -60,14 +68,20 @@ class LifelineServer:
         self._listener.setblocking(False)
         port = self._listener.getsockname()[1]
         self.address = f"[{bind}]:{port}" if family == socket.AF_INET6 else f"{bind}:{port}"
-        self.token = secrets.token_bytes(TOKEN_BYTES)
+        self._secret = secrets.token_bytes(KEY_BYTES)  # never leaves this process: keys are derived from it
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
-        self._unproven: dict[socket.socket, tuple[float, bytearray]] = {}
+        self._unproven: dict[socket.socket, tuple[float, bytes, bytearray]] = {}  # -> since, challenge, received
         self._held: dict[socket.socket, str] = {}  # proven connections -> the name of their process
+        self._claimed: set[str] = set()  # every name proven so far: none is held twice
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fray-monarch-lifeline", daemon=True)
         self._thread.start()
+
+    def key_for(self, name: str) -> bytes:
+        """The key of the process called `name` (its process key, at most 255 bytes encoded): it proves that name
+        and no other. Hand it to that process only, over an authenticated channel."""
+        return _key(self._secret, _label(name))
 
     @property
     def held(self) -> int:
@@ -88,7 +102,7 @@ class LifelineServer:
                 else:
                     self._readable(sock)
             now = time.monotonic()
-            for sock, (since, _) in list(self._unproven.items()):
+            for sock, (since, _, _) in list(self._unproven.items()):
                 if now - since > PROVE_WITHIN:
                     self._drop(sock)
 
@@ -100,14 +114,20 @@ class LifelineServer:
         if len(self._unproven) >= MAX_UNPROVEN:
             conn.close()
             return
+        challenge = secrets.token_bytes(KEY_BYTES)
+        try:
+            conn.send(challenge)  # (blocking: 32 bytes always fit a new connection's empty send buffer)
+        except OSError:
+            conn.close()
+            return
         conn.setblocking(False)
         _keepalive(conn)
-        self._unproven[conn] = (time.monotonic(), bytearray())
+        self._unproven[conn] = (time.monotonic(), challenge, bytearray())
         self._sel.register(conn, selectors.EVENT_READ, "conn")
 
     def _readable(self, sock: socket.socket) -> None:
         try:
-            data = sock.recv(TOKEN_BYTES)
+            data = sock.recv(4096)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -118,14 +138,18 @@ class LifelineServer:
         pending = self._unproven.get(sock)
         if pending is None:
             return  # a proven process sends nothing more; ignore anything it does
-        got = pending[1]
+        _, challenge, got = pending
         got.extend(data)
-        if len(got) < TOKEN_BYTES + 1 or len(got) < TOKEN_BYTES + 1 + got[TOKEN_BYTES]:
-            return  # (the token, then the length of the process's name, then the name)
+        if len(got) < 1 + got[0] + KEY_BYTES:
+            return  # (the length of the process's name, the name, then its answer to the challenge)
         del self._unproven[sock]
-        if hmac.compare_digest(bytes(got[:TOKEN_BYTES]), self.token):
-            self._held[sock] = bytes(got[TOKEN_BYTES + 1 : TOKEN_BYTES + 1 + got[TOKEN_BYTES]]).decode(errors="replace")
-        else:
+        label, answer = bytes(got[1 : 1 + got[0]]), bytes(got[1 + got[0] : 1 + got[0] + KEY_BYTES])
+        name = label.decode(errors="replace")
+        expected = _answer(_key(self._secret, label), challenge, label)
+        if hmac.compare_digest(answer, expected) and len(got) == 1 + got[0] + KEY_BYTES and name not in self._claimed:
+            self._claimed.add(name)
+            self._held[sock] = name
+        else:  # a wrong key, a replayed answer, a name claimed before, or more than the protocol sends
             self._drop(sock)
 
     def _drop(self, sock: socket.socket) -> None:
@@ -160,12 +184,35 @@ def end_process(address: str) -> None:
     os._exit(70)
 
 
-def hold(address: str, token: bytes, on_lost: Callable[[str], None] = end_process, name: str = "") -> threading.Thread:
-    """This process's end: connect to the driver's lifeline at `address` ("host:port"), as `name` (its key, at most
-    255 bytes), and call on_lost(address) when the connection ends (or when the driver could not be reached for
-    CONNECT_FOR seconds). By default that ends this process at once: its driver is gone, so nothing will ever
-    collect its results."""
-    label = name.encode()[:255]
+def _label(name: str) -> bytes:
+    return name.encode()[:255]
+
+
+def _key(secret: bytes, label: bytes) -> bytes:
+    return hmac.new(secret, b"fray-lifeline-key\0" + label, hashlib.sha256).digest()
+
+
+def _answer(key: bytes, challenge: bytes, label: bytes) -> bytes:
+    return hmac.new(key, challenge + label, hashlib.sha256).digest()
+
+
+def _receive(sock: socket.socket, size: int) -> bytes:
+    """Exactly `size` bytes (fewer only if the connection ended first)."""
+    got = b""
+    while len(got) < size:
+        chunk = sock.recv(size - len(got))
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def hold(address: str, key: bytes, on_lost: Callable[[str], None] = end_process, name: str = "") -> threading.Thread:
+    """This process's end: connect to the driver's lifeline at `address` ("host:port") as `name` (its process key,
+    at most 255 bytes), proving it with `key` (the server's key_for(name)), and call on_lost(address) when the
+    connection ends (or when the driver could not be reached for CONNECT_FOR seconds). By default that ends this
+    process at once: its driver is gone, so nothing will ever collect its results."""
+    label = _label(name)
     host, _, port = address.rpartition(":")
 
     def run() -> None:
@@ -181,10 +228,13 @@ def hold(address: str, token: bytes, on_lost: Callable[[str], None] = end_proces
                 time.sleep(0.5)
         try:
             _keepalive(sock)
-            sock.settimeout(None)
-            sock.sendall(token + bytes([len(label)]) + label)
-            while sock.recv(4096):
-                pass
+            sock.settimeout(PROVE_WITHIN)  # the challenge comes at once from a live server
+            challenge = _receive(sock, KEY_BYTES)
+            if len(challenge) == KEY_BYTES:
+                sock.sendall(bytes([len(label)]) + label + _answer(key, challenge, label))
+                sock.settimeout(None)  # from here on the connection only waits for its end (keepalive bounds it)
+                while sock.recv(4096):
+                    pass
         except OSError:
             pass
         finally:

@@ -192,17 +192,18 @@ class GroupRegistry:
             return [(hosts, layout[0][1], True)]
         return [([h], n, False) for h, n in layout]
 
-    def _master(self, host: int) -> tuple[str, int]:
-        """The address of `host` (rank 0's) and a TCP port free there now, asked of a process there unless it is
-        this machine's."""
-        bind = self.pool.stores.bind_hosts[host]
+    def _master(self, host: int, loopback: bool = False) -> tuple[str, int]:
+        """The address of `host` (rank 0's; 127.0.0.1 if `loopback`: every member is on that host) and a TCP port
+        free there now, asked of a process there unless it is this machine's. Rank 0 serves the rendezvous store
+        on that address alone (fray.rendezvous)."""
+        bind = "127.0.0.1" if loopback else self.pool.stores.bind_hosts[host]
         if self.pool.stores.host_ids[host] == "local":
             return bind, free_port(bind)
         with self.lock:
             pool = self.pool.general(host)
         if not pool:
             raise FrayError(f"no live worker process on host {host} to place an SPMD group's rank 0 on")
-        address, port = pool[0].worker.spmd_master.call_one().get(timeout=60)
+        address, port = pool[0].worker.spmd_master.call_one(loopback).get(timeout=60)
         return str(address), int(port)
 
     # ------------------------------------------------------------ creation
@@ -227,7 +228,7 @@ class GroupRegistry:
         envs: list[dict[str, str]] = [{} for _ in range(count)]
         if distributed:  # torch.distributed's variables: rank 0's host is the master; LOCAL_RANK per host
             master = layout[0][0]
-            addr, port = self._master(master)
+            addr, port = self._master(master, loopback=len(layout) == 1)
             rank = 0
             for _host, n in layout:
                 for local in range(n):

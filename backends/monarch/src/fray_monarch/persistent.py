@@ -25,10 +25,7 @@ STOP_TIMEOUT = 60.0  # seconds a head may take to stop its jobs and end its host
 
 
 def _head_dir() -> str:
-    path = state.state_dir() / "monarch" / "head"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
-    return str(path)
+    return str(state.state_subdir("monarch", "head"))
 
 
 def start(listen: str, options: dict[str, Any]) -> tuple[dict[str, Any], bool]:

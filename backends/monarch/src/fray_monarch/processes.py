@@ -6,10 +6,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-import os
 import secrets
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -25,6 +23,7 @@ from fray.transfers import PathStats
 from fray_monarch import _runtime, network, tempdirs
 from fray_monarch.hosts import WorkerHost
 from fray_monarch.ids import Ids
+from fray_monarch.import_path import driver_import_path
 from fray_monarch.lifeline import LifelineServer
 from fray_monarch.protocol import ProcInfo, StoreConfig, WorkerSetup
 
@@ -109,9 +108,7 @@ class ProcessPool:
         self.lost_hosts: dict[int, str] = {}  # host -> why it counts as lost; a lost host is never used again
         self.closed = False  # nothing is spawned, and no death is reported, any more
         self.coord: Any = None  # the coordinator actor their requests go to (start)
-        self.sys_path = [p for p in sys.path if p]
-        if os.getcwd() not in self.sys_path:
-            self.sys_path.insert(0, os.getcwd())
+        self.sys_path = driver_import_path()  # (what each worker takes of it: import_path.take)
         # The TMPDIR of the processes spawned on this host (Monarch's socket directories, the tasks' temp files):
         # removed at shutdown, or with the driver's private directory by the watchdog.
         self._secret = secrets.token_bytes(32)  # proofs of the processes' keys (proof())
@@ -217,7 +214,7 @@ class ProcessPool:
             inline_limit=self.stores.inline_limit,
             transport=self.stores.transport,
             log_file=self.log_file,
-            lifeline=None if self.lifeline is None else (self.lifeline.address, self.lifeline.token),
+            lifeline=None if self.lifeline is None else (self.lifeline.address, self.lifeline.key_for(proc_key)),
             driver_host=self.stores.driver_bind,
             credential=f"{proc_key}:{self.proof(proc_key)}",
         )

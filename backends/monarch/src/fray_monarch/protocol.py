@@ -314,7 +314,8 @@ class WorkerSetup:
     inline_limit: int
     transport: str
     log_file: str | None = None  # log_to_driver=false: the process's fds 1 and 2 go to this file (None: console)
-    # ("host:port", token) of the driver's lifeline (lifeline.py), for processes on other hosts: None on this one
+    # ("host:port", key) of the driver's lifeline (lifeline.py; the key proves proc_key only), for processes on
+    # other hosts: None on this one
     lifeline: tuple[str, bytes] | None = None
     driver_host: str = "127.0.0.1"  # the address the driver listens on
     credential: str = ""  # "<proc_key>:<proof>": what the process's requests to the coordinator carry

@@ -20,7 +20,7 @@ from fray.cuda_values import device_stats
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps
 from fray.transfers import PathStats, merge
-from fray_monarch import lifeline, network
+from fray_monarch import import_path, lifeline, network
 from fray_monarch.arena import reclaim_dead_segments, remove_segments, segment_prefix
 from fray_monarch.calls import contained_ids
 from fray_monarch.objects import RefPayload, Tracker, set_tracker
@@ -74,9 +74,7 @@ class WorkerRuntime:
     ref holds and releases, sent in batches by one thread)."""
 
     def __init__(self, setup: WorkerSetup) -> None:
-        for entry in reversed(setup.sys_path):  # the controller's import path, so user modules import here too
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
+        import_path.take(setup.sys_path)  # the driver's, so user modules import here too (trusted entries only)
         self.ctl_key, self.proc_key, self.coord = setup.ctl_key, setup.proc_key, setup.coord
         self.credential = setup.credential  # what each request to the coordinator carries (not the bare key)
         if setup.lifeline is not None:  # a process on another host: it ends when its driver ends

@@ -235,7 +235,7 @@ def join_auth_mode(address: str) -> str | None:
     - a head fray started (this process's, or the one `fray cluster start` recorded): "token", not asked;
     - otherwise the cluster's GCS is asked (`cluster_auth_mode`): "token" or "disabled";
     - if it cannot be told: "token" when a token is available (Ray's default for new clusters), else unchanged.
-    A cluster found answering without a token at an address beyond loopback is warned about (`warn_if_open`).
+    A cluster found answering without a token is warned about (`warn_if_open`), on loopback too.
     """
     chosen = user_auth_mode()
     if chosen is not None:
@@ -260,16 +260,18 @@ def join_auth_mode(address: str) -> str | None:
 
 def warn_if_open(address: str) -> None:
     """Warn, once per address, that the cluster at `address` (found to answer without a token) runs code for
-    anyone who can reach it, unless it is on loopback. Not when the user chose RAY_AUTH_MODE=disabled: that
-    choice is theirs, and Ray does not warn about it either."""
+    anyone who can reach it: on loopback that is every user of this machine, so it is warned about too. Not when
+    the user chose RAY_AUTH_MODE=disabled: that choice is theirs, and Ray does not warn about it either."""
     target = _gcs_target(address) or address
-    if is_loopback_address(target) or target in _warned_open:
+    if target in _warned_open:
         return
     _warned_open.add(target)
+    who = "every user of this machine" if is_loopback_address(target) else "anyone who can reach that address"
     log.warning(
-        "the Ray cluster at %s runs without token auth: anyone who can reach that address can run code on it "
-        "(and read its data). Start it with token auth (RAY_AUTH_MODE=token and a token, `ray get-auth-token "
-        "--generate`; see https://docs.ray.io/en/latest/ray-security/token-auth.html), or keep it on a private "
-        "network.",
+        "the Ray cluster at %s runs without token auth: %s can run code on it as the user it runs as (and read its "
+        "data). Start it with token auth (RAY_AUTH_MODE=token and a token, `ray get-auth-token --generate`; see "
+        "https://docs.ray.io/en/latest/ray-security/token-auth.html)%s.",
         target,
+        who,
+        "" if is_loopback_address(target) else ", or keep it on a private network",
     )

@@ -9,7 +9,8 @@
   feasible placement group that Ray still cannot place within `PLACEMENT_TIMEOUT` (resources held by other work)
   is removed and refused with InfeasibleResourcesError naming what is short: Ray itself would wait forever.
 - SPMD (distributed=True): after the placement group is placed, its bundle -> node map gives each member's node.
-  MASTER_ADDR is rank 0's node address, MASTER_PORT a port free on that node (picked here if rank 0's node is
+  MASTER_ADDR is rank 0's node address (127.0.0.1 when every member is on that node: rank 0 serves the rendezvous
+  store on MASTER_ADDR alone, fray.rendezvous), MASTER_PORT a port free on that node (picked here if rank 0's node is
   this process's node, else by a 0-CPU probe task pinned to that node), LOCAL_RANK / LOCAL_WORLD_SIZE count the
   members per node in rank order.
 - Lifetime: a whole-group kill removes the placement group; a slice kill keeps it (removing it would kill every
@@ -193,11 +194,12 @@ def members(pg: Any, count: int, name: str | None, distributed: bool) -> list[Me
     nodes_of = {int(k): str(v) for k, v in table["bundles_to_node_id"].items()}
     address_of = {str(n["NodeID"]): str(n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
     master_node = nodes_of[0]
-    master_addr = address_of[master_node]
-    port = _free_port_on(master_node, master_addr)
     per_node: dict[str, list[int]] = {}
     for rank in range(count):
         per_node.setdefault(nodes_of[rank], []).append(rank)
+    # the rendezvous store listens on MASTER_ADDR alone (fray.rendezvous): loopback when no member is elsewhere
+    master_addr = "127.0.0.1" if len(per_node) == 1 else address_of[master_node]
+    port = _free_port_on(master_node, master_addr)
     out = []
     rendezvous = uuid.uuid4().hex  # this life's: members holding GPUs meet there to see each other's (_gpus)
     for rank, info in enumerate(infos):

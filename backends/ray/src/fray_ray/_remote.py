@@ -25,6 +25,7 @@ from fray.context import set_job_context
 from fray.current import ActorInfo
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
 from fray.remote_errors import portable as make_portable
+from fray.rendezvous import serve_store
 from fray.resources import task_resources
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
 from fray_ray._gangs import HEARTBEAT_ENV, start_heartbeat
@@ -115,6 +116,7 @@ def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None) -> None:
     info, env = member
     os.environ.update(env)
     current.set_process_actor(info)
+    serve_store(env)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only (fray.rendezvous)
     if RENDEZVOUS_ENV in env:  # an SPMD member holding GPUs sees its group's devices on its node
         see_group_gpus(dict(env))
     if HEARTBEAT_ENV in env:  # an SPMD member says it is alive (fray_ray._gangs watches for silence)

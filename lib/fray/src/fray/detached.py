@@ -14,6 +14,9 @@ read a job's status, follow its log, stop it (SIGTERM to its group, SIGKILL afte
 A job whose runner died before recording the end is reported FAILED, saying so; stop and delete still end
 whatever is left of its processes. A group is signalled only while the job may still run (its runner recorded no
 end) and only once it is proven the job's (fray.procfs.Identity): a recorded pid may since belong to anyone.
+What is recorded is trusted only from private directories of this user's: the state directory, the jobs
+directory and each job's directory are checked at each use (fray.state.private_dir: not a symlink, this user's,
+0700) and state.json must be this user's file; anything else is refused with FrayError, never read.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import IO, Any
 from fray.errors import GetTimeoutError, JobNotFoundError
 from fray.jobs import ended_status, follow_log, job_command, job_environment, missing_dir_message
 from fray.procfs import Identity, group_members, stop_group
-from fray.state import read_json, state_dir, write_json
+from fray.state import private_dir, read_json, state_subdir, write_json
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
 __all__ = ["DetachedJobs"]
@@ -57,13 +60,18 @@ class DetachedJobs:
 
     @property
     def root(self) -> Path:
-        return self._root if self._root is not None else state_dir() / "jobs"
+        """The jobs directory, checked (fray.state.private_dir) and made if missing."""
+        return self._checked_root(create=True)
+
+    def _checked_root(self, create: bool) -> Path:
+        if self._root is None:
+            return state_subdir("jobs", create=create)
+        return private_dir(self._root, create)
 
     # ------------------------------------------------------------------ start
     def start(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, job_id: str | None = None) -> str:
         """Start a job that outlives this process; return once its runner has recorded it running (or failed)."""
         job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         job_dir = self.root / job_id
         job_dir.mkdir(mode=0o700)
         write_json(
@@ -78,7 +86,7 @@ class DetachedJobs:
                 "submission_time": time.time(),
             },
         )
-        (job_dir / "log").touch(mode=0o600)
+        os.close(os.open(job_dir / "log", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         with open(job_dir / "runner.log", "ab") as errors:
             runner = subprocess.Popen(
                 [sys.executable, "-m", "fray.detached", str(job_dir)],
@@ -107,9 +115,18 @@ class DetachedJobs:
 
     # ------------------------------------------------------------------ reading
     def _dir(self, job_id: str) -> Path:
-        if not isinstance(job_id, str) or not _ID.fullmatch(job_id) or not (self.root / job_id / "job.json").is_file():
-            raise JobNotFoundError(f"no job {job_id!r} here (it never existed or was deleted)")
-        return self.root / job_id
+        """The job's directory, checked: FrayError if it (or a directory above it in the state directory) is not a
+        private one of this user's."""
+        missing = JobNotFoundError(f"no job {job_id!r} here (it never existed or was deleted)")
+        if not isinstance(job_id, str) or not _ID.fullmatch(job_id):
+            raise missing
+        try:
+            job_dir = private_dir(self._checked_root(create=False) / job_id, create=False)
+        except FileNotFoundError:
+            raise missing from None
+        if not (job_dir / "job.json").is_file():
+            raise missing
+        return job_dir
 
     def has(self, job_id: str) -> bool:
         try:
@@ -152,7 +169,7 @@ class DetachedJobs:
 
     def list(self) -> list[JobInfo]:
         try:
-            names = os.listdir(self.root)
+            names = os.listdir(self._checked_root(create=False))
         except FileNotFoundError:
             return []
         infos = []
@@ -304,7 +321,7 @@ def run(job_dir: Path) -> int:
 
     def on_term(signum: int, frame: object) -> None:
         _mark_stop(job_dir, f"stopped: its runner received {signal.Signals(signum).name}")
-        if proc is not None:
+        if proc is not None and proc.returncode is None:  # not reaped yet: its group is still the job's
             _killpg(proc.pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_term)

@@ -19,6 +19,7 @@ from fray.current import ActorInfo, get_job_context
 from fray.errors import ActorAlreadyExistsError, ActorNotFoundError, InfeasibleResourcesError
 from fray.net import free_port
 from fray.refs import ActorHandle, ObjectRef
+from fray.rendezvous import AGENT_STORE_ENV
 from fray.resources import capacity, format_resources
 from fray.types import ActorOptions
 
@@ -213,8 +214,10 @@ def spmd_env(
     local_rank: int | None = None,
     local_size: int | None = None,
 ) -> dict[str, str]:
-    """The torch.distributed environment of one SPMD member (what torchrun sets)."""
+    """The torch.distributed environment of one SPMD member (what torchrun sets), with rank 0's process serving
+    the rendezvous store bound to `master_addr` alone (fray.rendezvous: torch's own listens on every interface)."""
     env = {
+        AGENT_STORE_ENV: "True",
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
         "RANK": str(rank),

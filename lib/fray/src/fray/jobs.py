@@ -1,7 +1,8 @@
 """Jobs as local subprocesses: each in its own process group, output to a log file (never a pipe that can fill),
 status updated by a waiter thread as it happens, run in the working directory given (by default the job's own
-directory). Used by in_memory's ClusterContext and by backends that run jobs on their own hosts. Detached jobs,
-which outlive this process, are in fray.detached."""
+directory). Used by in_memory's ClusterContext and by backends that run jobs on their own hosts. A job's group
+is signalled only while it is proven the job's (its leader's fray.procfs.Identity, recorded at start). Detached
+jobs, which outlive this process, are in fray.detached."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import os
 import shlex
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import threading
@@ -21,11 +21,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fray import watchdog
-from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
+from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
+from fray.procfs import Identity, stop_group
 from fray.resources import add, fits, format_resources, short_of, subtract
+from fray.state import private_dir
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
-__all__ = ["LocalJobs", "ended_status", "follow_log", "job_command", "job_environment", "missing_dir_message"]
+__all__ = [
+    "LocalJobs",
+    "ended_status",
+    "follow_log",
+    "job_command",
+    "job_environment",
+    "missing_dir_message",
+    "private_dir",
+]
 
 
 @dataclass
@@ -38,6 +48,7 @@ class _Job:
     need: dict[str, float] = field(default_factory=dict)  # resources it holds (or waits for)
     detached: bool = False  # outlives the process that started it
     working_dir: str | None = None  # where it runs (None: its own directory)
+    leader: Identity | None = None  # its process (pid, start time, boot): what proves its group is still its own
 
 
 def host_resources() -> dict[str, float]:
@@ -109,22 +120,6 @@ def follow_log(path: Path, ended: Callable[[], bool], poll: float = 0.05, max_po
             else:
                 time.sleep(pause)
                 pause = min(pause * 1.5, max_poll)
-
-
-def private_dir(path: Path) -> None:
-    """Make `path` (and missing parents) a directory only this user can use: mode 0700, owned by this user, not a
-    symlink. A job's directory holds its log (what it printed, secrets included): nobody else may read or replace
-    it, even in a shared temp directory. FrayError if it exists and is not ours."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise FrayError(f"{path} is not a directory of this user's (a symlink, or someone else's): not used")
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
 
 
 class LocalJobs:
@@ -211,8 +206,10 @@ class LocalJobs:
                 return
         if not job.detached:
             watchdog.watch_group(proc.pid)  # killed with its owner, however the owner ends
+        leader = Identity.of(proc.pid, zombie_ok=True)  # our child: nothing reaps it before we do
         with self._lock:
             job.proc = proc
+            job.leader = leader
             job.info = replace(job.info, status=JobStatus.RUNNING, start_time=time.time())
         threading.Thread(target=self._wait_for, args=(job,), name=f"fray-job-{job.info.id}", daemon=True).start()
 
@@ -261,28 +258,20 @@ class LocalJobs:
         return follow_log(job.log_path, job.ended.is_set)
 
     def stop(self, job_id: str) -> None:
-        """SIGTERM the job's process group; SIGKILL it if it is still there after stop_grace seconds."""
+        """SIGTERM the job's process group; SIGKILL what is left of it after stop_grace seconds. The group is
+        signalled only while it is proven the job's (fray.procfs.stop_group): once the job and its group have
+        ended, the number may already be another process's group."""
         job = self._job(job_id)
         with self._lock:
             job.stop_requested = True
             self._lock.notify_all()  # a PENDING job stops without starting
-            proc = job.proc
+            proc, leader = job.proc, job.leader
         if proc is None or job.ended.is_set():
             job.ended.wait(self.stop_grace)
             return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            if job.ended.wait(self.stop_grace):
-                break
+        if leader is not None:
+            stop_group(leader, self.stop_grace)  # (its children in the group too, the leader gone or not)
         job.ended.wait(self.stop_grace)
-        # The leader may be gone while children of its group live on: make sure none survive.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def delete(self, job_id: str) -> None:
         self.stop(job_id)

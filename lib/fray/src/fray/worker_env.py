@@ -15,14 +15,21 @@ in_memory runs tasks and actors as threads of the user's own process, which gets
 (`huge_pages_in_this_process`, at fray.init): a rollout thread's fresh 32 MiB batch took 18-20 ms without it,
 7-8 ms with it (bench_rlhf.py). It takes effect only if torch has not allocated anything yet (and costs nothing
 otherwise); OMP_NUM_THREADS is left alone there (it would slow the user's own computing).
+
+The import path: a worker process imports from where its driver does (`driver_import_path`, `keep_driver_view`).
+Python puts the current directory first in a process started with `python -m` (as fray's and Monarch's worker
+processes are, in the driver's current directory), where the driver itself may not import from it (a script run
+from elsewhere): a directory every user can write, such as /tmp, would then let another user's module be imported
+in front of the real one. So a worker drops that entry unless its driver's path has it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterable, Mapping
 
-__all__ = ["huge_pages_in_this_process", "worker_env_defaults"]
+__all__ = ["driver_import_path", "huge_pages_in_this_process", "keep_driver_view", "worker_env_defaults"]
 
 
 def worker_env_defaults(cpus: float | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -38,3 +45,22 @@ def huge_pages_in_this_process(environ: dict[str, str] | os._Environ[str] = os.e
         return False
     environ["THP_MEM_ALLOC_ENABLE"] = "1"
     return True
+
+
+def driver_import_path() -> list[str]:
+    """This process's sys.path for its workers: '' (the current directory, there for `python -c`, `-m` and the
+    REPL) made absolute, nothing added."""
+    cwd = os.getcwd()
+    path: list[str] = []
+    for entry in sys.path:
+        entry = entry or cwd
+        if entry not in path:
+            path.append(entry)
+    return path
+
+
+def keep_driver_view(driver_path: Iterable[str]) -> None:
+    """In a worker process started with `python -m`: drop the current directory that put first in sys.path unless
+    the driver's import path (`driver_import_path`, '' made absolute) has it too."""
+    own = {"", os.getcwd()} - {entry or os.getcwd() for entry in driver_path}
+    sys.path[:] = [entry for entry in sys.path if entry not in own]

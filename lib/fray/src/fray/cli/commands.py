@@ -1,6 +1,6 @@
 """The job commands of `fray`: `fray job ...`, `fray run`, `fray cluster start|stop`, `fray status`.
 
-fray job submit [--backend SPEC] [--address A] [--working-dir DIR] [--env K=V]... [--no-wait]
+fray job submit [--backend SPEC] [--address A] [--working-dir DIR] [--env K[=V]]... [--env-file PATH]... [--no-wait]
                 [--on-interrupt stop|leave] -- CMD ...
 fray job list|status ID|logs ID [--follow]|stop ID|delete ID   [--backend SPEC] [--address A] [--json]
 fray run ... -- CMD ...                   an attached `fray job submit`
@@ -54,7 +54,19 @@ def _submit_options(parser: argparse.ArgumentParser, detachable: bool) -> None:
         "gets only a directory named here uploaded)",
     )
     parser.add_argument(
-        "--env", action="append", default=[], metavar="K=V", help="an environment variable of the job (repeatable)"
+        "--env",
+        action="append",
+        default=[],
+        metavar="K[=V]",
+        help="an environment variable of the job (repeatable): K takes its value from this environment; K=V puts "
+        "V in this command's arguments, readable by every user of the machine (ps): not for secrets",
+    )
+    parser.add_argument(
+        "--env-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="environment variables of the job, one K=V a line (repeatable; # comments); --env wins",
     )
     if detachable:
         parser.add_argument(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -67,13 +68,43 @@ def _command_of(raw: Sequence[str], verb: str) -> list[str]:
     return command
 
 
-def _env_of(pairs: Sequence[str]) -> RuntimeEnv | None:
-    env = {}
+def _env_of(pairs: Sequence[str], files: Sequence[str]) -> RuntimeEnv | None:
+    """The job's variables: `--env K` (K's value in this command's environment), `--env K=V`, and the K=V lines of
+    each `--env-file` (blank lines and # comments skipped). A K=V on the command line is warned about: this
+    process's argv is readable by every user of the machine (/proc/PID/cmdline, ps) while it runs."""
+    env: dict[str, str] = {}
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError as exc:
+            raise CommandError(f"--env-file {path}: {exc.strerror or exc}", 2) from None
+        for number, line in enumerate(lines, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            key, sep, value = line.partition("=")
+            if not sep or not key.strip():
+                raise CommandError(f"--env-file {path}, line {number}: K=V expected, got {line!r}", 2)
+            env[key.strip()] = value
+    in_argv = []
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise CommandError(f"--env takes K=V, got {pair!r}", 2)
-        env[key] = value
+        if not key:
+            raise CommandError(f"--env takes K (its value from this environment) or K=V, got {pair!r}", 2)
+        if sep:
+            in_argv.append(key)
+            env[key] = value
+        elif key in os.environ:
+            env[key] = os.environ[key]
+        else:
+            raise CommandError(f"--env {key}: {key} is not set in this environment (export it, or use K=V)", 2)
+    if in_argv:
+        names = ", ".join(in_argv)
+        say(
+            f"warning: the value of {names} is in this command's arguments, which every user of this machine can "
+            f"read while it runs (ps, /proc/PID/cmdline); for a secret, pass --env {in_argv[0]} (the value from "
+            "your environment) or --env-file PATH"
+        )
     return RuntimeEnv(env=env) if env else None
 
 
@@ -86,7 +117,7 @@ def _follow_hint(args: argparse.Namespace, job_id: str) -> str:
 def submit(args: argparse.Namespace, wait: bool) -> int:
     verb = "run" if args.command == "run" else "job submit"
     command = _command_of(args.cmd, verb)
-    env = _env_of(args.env)
+    env = _env_of(args.env, args.env_file)
     wait = wait and not getattr(args, "no_wait", False)
     stays = not wait or args.on_interrupt == "leave"  # the job must outlive this command
     what = "--no-wait" if not wait else "--on-interrupt leave"

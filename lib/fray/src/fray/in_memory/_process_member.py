@@ -30,8 +30,9 @@ from fray.gpus import use_held_device
 from fray.in_memory._channel import Channel, Serialized
 from fray.in_memory._gang import Gang
 from fray.remote_errors import RemoteError, capture_exception
+from fray.rendezvous import serve_store
 from fray.serialization import Blob, loads
-from fray.worker_env import worker_env_defaults
+from fray.worker_env import driver_import_path, keep_driver_view, worker_env_defaults
 
 __all__ = ["ProcessMember"]
 
@@ -68,7 +69,7 @@ class ProcessMember:
         parent_sock, child_sock = socket.socketpair()
         beats, beat_out = os.pipe()  # the child's heartbeats (a gang watches them)
         interval = heartbeat_interval(self._gang.hang_timeout if self._gang is not None else math.inf)
-        path = os.pathsep.join(p for p in sys.path if p)  # the child imports what this process can
+        path = os.pathsep.join(driver_import_path())  # the child imports what this process can
         child_env = {**os.environ, **self._env, "PYTHONPATH": path}
         command = [sys.executable, "-m", "fray.in_memory._process_member", str(child_sock.fileno())]
         try:
@@ -191,12 +192,14 @@ def _beat(fd: int, interval: float) -> None:
 
 
 def _main(fd: int, beat_fd: int, interval: float) -> None:
+    keep_driver_view(os.environ.get("PYTHONPATH", "").split(os.pathsep))  # (its parent's path: _start)
     threading.Thread(target=_beat, args=(beat_fd, interval), name="fray-heartbeat", daemon=True).start()
     conn = Channel(socket.socket(fileno=fd))
     klass, args, kwargs, info = conn.recv("the actor's class and arguments")
     set_process_actor(info)
     try:
         use_held_device()  # (a member holding GPUs starts on its own device, as LOCAL_RANK would pick it)
+        serve_store(os.environ)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only
         instance = klass(*args, **kwargs)
     except BaseException as exc:
         conn.send_outcome(False, capture_exception(exc), "the error")

@@ -17,7 +17,7 @@ from fray.errors import WorkerCrashedError
 from fray.in_memory._channel import Channel, Serialized
 from fray.remote_errors import RemoteError, capture_exception
 from fray.serialization import loads
-from fray.worker_env import worker_env_defaults
+from fray.worker_env import driver_import_path, keep_driver_view, worker_env_defaults
 
 
 def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, str]) -> Any:
@@ -32,7 +32,7 @@ def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
         )
     watchdog.watch_group(proc.pid)
     try:
-        channel.send(sys.path, "sys.path")
+        channel.send(driver_import_path(), "sys.path")
         channel.send((fn, args, kwargs), "the task and its arguments")
         ok, blob = channel.recv_outcome("the task's result")
     except (EOFError, OSError):
@@ -63,6 +63,7 @@ def _main(fd: int) -> None:
     channel = Channel(socket.socket(fileno=fd))
     try:
         parent_path: list[str] = channel.recv("sys.path")
+        keep_driver_view(parent_path)  # (the current directory `-m` put first, only if the parent imports from it)
         sys.path[:] = [*parent_path, *(p for p in sys.path if p not in parent_path)]
         channel.send_outcome(*_run(channel), "the task's result")
     except (EOFError, OSError):  # the parent is gone (or could not send the call): nobody to answer

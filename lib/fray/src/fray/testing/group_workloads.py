@@ -72,6 +72,14 @@ class GlooMember:
 
         return dist.get_rank(), dist.get_world_size(), os.environ.get("LOCAL_RANK"), os.environ.get("MASTER_ADDR")
 
+    def master_addr(self) -> str:
+        return os.environ["MASTER_ADDR"]
+
+    def rendezvous_listeners(self) -> list[str]:
+        """The addresses on which something on this host listens on MASTER_PORT (the group's rendezvous store,
+        served in rank 0's process): from /proc/net/tcp and tcp6."""
+        return listening_addresses(int(os.environ["MASTER_PORT"]))
+
     def all_reduce_noting(self, value: float, flag: str) -> list[float]:
         """all_reduce, writing `flag` first: the test knows this rank is inside the collective."""
         Path(flag).write_text("in")
@@ -190,3 +198,27 @@ class AsyncActor:
 
     def sync_peak(self) -> int:
         return self.peak
+
+
+def listening_addresses(port: int) -> list[str]:
+    """The local addresses of the TCP sockets listening on `port` in this network namespace."""
+    import ipaddress
+    import socket
+    import struct
+
+    found = []
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            address, _, port_hex = fields[1].partition(":")
+            if fields[3] != "0A" or int(port_hex, 16) != port:  # 0A: LISTEN
+                continue
+            words = [int(address[i : i + 8], 16) for i in range(0, len(address), 8)]  # host-order 32-bit words
+            packed = b"".join(struct.pack("=I", w) for w in words)
+            found.append(str(ipaddress.ip_address(packed if family == socket.AF_INET6 else packed[:4])))
+    return sorted(found)

@@ -241,3 +241,20 @@ def test_spmd_group_gloo_all_reduce(fray_ctx: JobContext, size: int) -> None:
         assert [w[0] for w in worlds] == list(range(size)) and {w[1] for w in worlds} == {size}
     finally:
         fray_ctx.kill(group)
+
+
+@requires_capability("spmd_groups")
+def test_spmd_rendezvous_listens_on_master_addr_alone(fray_ctx: JobContext) -> None:
+    """torch's env:// rendezvous served its TCPStore on every interface of rank 0's host (issue 29, item 7); fray
+    serves it in rank 0's process on MASTER_ADDR alone, loopback when every member is on one host."""
+    pytest.importorskip("torch", reason="torch is not installed (the rendezvous is torch.distributed's)")
+    group = fray_ctx.create_actor_group(g.GlooMember, 2, distributed=True)
+    try:
+        assert fray_ctx.get(group.all_reduce(1.0), timeout=180) == [[2.0]] * 2  # the rendezvous worked
+        master = fray_ctx.get(group.master_addr(), timeout=60)[0]
+        listeners = fray_ctx.get(group[0].rendezvous_listeners(), timeout=60)
+        assert listeners == [master], f"the rendezvous store listens on {listeners}, not on {master} alone"
+        if len(fray_ctx.node_resources()) == 1:  # every member on this one host
+            assert master == "127.0.0.1"
+    finally:
+        fray_ctx.kill(group)
