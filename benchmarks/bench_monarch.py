@@ -13,13 +13,12 @@ import os
 import statistics
 import time
 
+from _common import under_socket_guard
 from monarch.actor import Actor, endpoint, this_host
 
 import fray
 from fray import TaskOptions, WorkerCrashedError
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook
-
-from _common import under_socket_guard
 
 
 class RawEcho(Actor):

@@ -373,7 +373,9 @@ def test_plain_tcp_to_other_machines_only_when_asked(hosts: list[Host], env: dic
         timeout=60,
         env=env,
     )
-    assert refused.returncode == 2 and "add --insecure on a network and machine you trust" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "add --insecure on a network and machine you trust" in refused.stderr, (
+        refused.stderr
+    )
     with started_workers(hosts, env, "tcp", "--insecure") as spec:
         code = f"import fray\nfray.init({spec!r})"
         out = _in_host(hosts[0], code, env)
