@@ -67,8 +67,10 @@ def test_doctor_leaves_no_shm_file(doctor_run: subprocess.CompletedProcess[str])
 def test_doctor_monarch_section(doctor_run: subprocess.CompletedProcess[str]) -> None:
     out = doctor_run.stdout
     assert "\nmonarch backend\n" in out, out
-    for line in ("ibverbs available:", "rdma backend:", "rdma devices:", "rdma probe:"):
+    for line in ("socket guard:", "ibverbs available:", "rdma backend:", "rdma devices:", "rdma probe:"):
         assert line in out, out
+    guard = next(line for line in out.splitlines() if "socket guard:" in line)  # pytest runs under the guard
+    assert "active in this process" in guard or "fray run" in guard, guard
     probe = next(line for line in out.splitlines() if "rdma probe:" in line)
     assert "MB/s" in probe or "could not run:" in probe, probe
     assert "Monarch internal logs" not in out and "libcuda" not in out  # the probe's noise stays captured

@@ -76,8 +76,16 @@ def rdma_devices() -> str:
 def rdma_probe(nbytes: int = PROBE_BYTES, timeout: float = PROBE_TIMEOUT) -> str:
     """Run the RDMABuffer probe in a child process; one line saying what it measured, or why it could not."""
     code = "import sys; from fray_monarch.diagnostics import _probe_main; _probe_main(int(sys.argv[1]))"
+    from fray.errors import FrayError
+    from fray_monarch import socket_guard
+
+    try:  # the probe starts Monarch: its sockets closed to other users like any monarch context's
+        env: dict[str, str] | None = socket_guard.guarded_environ()
+    except FrayError:
+        env = None  # no compiler: the probe's process lives for seconds, and the report says why
     proc = subprocess.Popen(
         [sys.executable, "-c", code, str(nbytes)],
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -117,8 +125,26 @@ def rdma_probe(nbytes: int = PROBE_BYTES, timeout: float = PROBE_TIMEOUT) -> str
     return f"could not run: {why} (while {found.get('stage', 'starting')})"
 
 
+def socket_guard_state() -> str:
+    """Whether this process runs under fray's socket guard, and whether the guard can be built here."""
+    from fray.errors import FrayError
+    from fray_monarch import socket_guard
+
+    if socket_guard.active():
+        return "active in this process"
+    try:
+        socket_guard.library()
+    except FrayError as exc:
+        return f"cannot be built here: {exc}"
+    return (
+        "built, not in this process: start monarch drivers under it (`fray run -- python script.py`, or "
+        "`python -m fray_monarch.socket_guard CMD`); without it a monarch context is refused"
+    )
+
+
 def diagnose() -> dict[str, str]:
-    out = rdma_state()
+    out = {"socket guard": socket_guard_state()}
+    out.update(rdma_state())
     out["rdma devices"] = rdma_devices()
     out["rdma probe"] = rdma_probe()
     return out
