@@ -8,8 +8,10 @@ allocations. A locator carries a capability per allocation: an HMAC, under a sec
 of (allocation id, segment, offset, length). It never crosses the socket: reader and owner each prove they know
 it (challenge-response, a fresh nonce from each side), so a reader never hands it to, nor takes bytes from, a
 stranger, and the owner serves only an allocation that is still live in its table (a freed one is refused, and
-a new allocation at the same place has another id, hence another capability). A server that is full closes a
-new connection before answering it; the reader then waits and tries again, for up to REFUSED_WAIT (issue 29).
+a new allocation at the same place has another id, hence another capability). The bytes of each pull carry a
+tag the reader checks (transfer_wire.py), or travel inside TLS with `transport=tls` (transfer_tls.py), so a relay
+on the path cannot change them either (issue 29, item 4). A server that is full closes a new connection before
+answering it; the reader then waits and tries again, for up to REFUSED_WAIT (issue 29, item 3).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 import random
 import secrets
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -26,7 +29,18 @@ from typing import Any
 
 from fray.errors import ObjectLostError
 from fray_monarch.transfer_server import MAX_CONNECTIONS, TransferServer
-from fray_monarch.transfer_wire import CHALLENGE, GRANT, NONCE, REQUEST, pickle_digest, proof, recv_exact, recv_into
+from fray_monarch.transfer_wire import (
+    CHALLENGE,
+    GRANT,
+    NONCE,
+    REQUEST,
+    TamperedError,
+    part_key,
+    pickle_digest,
+    proof,
+    recv_exact,
+    recv_tagged,
+)
 
 __all__ = ["TransferServer", "choose_transport", "fetch", "pickle_digest", "value_rdma_path", "why"]
 
@@ -44,12 +58,14 @@ class _Connections:
     """Idle connections to transfer servers, reused (a new TCP connection per transfer costs ~0.1 ms) while the
     owner keeps them (it closes those idle 60 s, or sooner when a new reader needs the place)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.idle: dict[str, list[tuple[float, socket.socket]]] = {}
         self.lock = threading.Lock()
+        self.tls = tls  # transport=tls: connections are wrapped in TLS (by _challenged, once connected)
 
     def take(self, address: str) -> tuple[socket.socket, bool]:
-        """A connection to `address` and whether it was pooled (the owner may have closed it since)."""
+        """A connection to `address` and whether it was pooled (the owner may have closed it since); a new one
+        is plain TCP yet."""
         now = time.monotonic()
         with self.lock:
             pool = self.idle.get(address, [])
@@ -92,10 +108,19 @@ def _challenged(conns: _Connections, value: Any, request: bytes) -> tuple[socket
                 f"{lost}: its owner ({value.owner} on host {value.host}) is unreachable: {exc}"
             ) from exc
         try:
+            if conns.tls is not None and not pooled:
+                conn = conns.tls.wrap_socket(conn)  # the handshake, within the socket's IO_TIMEOUT
             conn.sendall(request)
             theirs, owner_proof = CHALLENGE.unpack(recv_exact(conn, CHALLENGE.size))
             return conn, theirs, owner_proof
-        except (ConnectionError, TimeoutError) as exc:
+        except ssl.SSLCertVerificationError as exc:
+            conn.close()
+            raise ObjectLostError(
+                f"{lost}: the transfer server at {value.address} (host {value.host}) presented a certificate that "
+                f"is not from your fray authority ({exc.verify_message}): refused to read from it. Every host "
+                "needs the same ~/.fray/tls (FRAY_TLS_DIR)"
+            ) from exc
+        except (ConnectionError, TimeoutError, ssl.SSLEOFError) as exc:
             conn.close()
             if pooled:
                 continue
@@ -131,7 +156,15 @@ def fetch(conns: _Connections, value: Any, part: int, length: int, target: memor
         if size != length:
             conn.close()
             raise ObjectLostError(f"{lost}: its owner offered {size} bytes, {length} were asked for")
-        recv_into(conn, target[part : part + length])
+        key = part_key(cap, nonce, theirs, part, length) if conns.tls is None else None
+        recv_tagged(conn, target[part : part + length], key)
+    except TamperedError as exc:
+        conn.close()
+        raise ObjectLostError(
+            f"object {value.oid}: its bytes from host {value.host} ({value.address}) were changed on the way ({exc}):"
+            " not used. Something between the hosts alters their traffic (a faulty device, or someone on the path);"
+            " transport=tls also encrypts it"
+        ) from exc
     except (OSError, ConnectionError, struct.error) as exc:
         conn.close()
         raise ObjectLostError(f"object {value.oid}: transfer from {value.address} failed: {exc}") from exc
@@ -153,13 +186,14 @@ def choose_transport(transport: str) -> str | None:
 
     auto: RDMA where ibverbs exists; else direct TCP, because Monarch 0.7's RDMA TCP fallback moves ~0.25 GB/s
     here (one stream), against ~1-2 GB/s for fray's own sockets. rdma: RDMABuffer even over its TCP fallback.
+    tls: direct TCP inside TLS (encrypted; transfer_tls.py), never RDMA.
     """
-    if transport == "tcp":
+    if transport in ("tcp", "tls"):
         return None
     if transport == "rdma":
         return "ibverbs" if _ibverbs() else "tcp"
     if transport != "auto":
-        raise ValueError(f"transport must be auto, tcp or rdma, got {transport!r}")
+        raise ValueError(f"transport must be auto, tcp, tls or rdma, got {transport!r}")
     return "ibverbs" if _ibverbs() else None
 
 

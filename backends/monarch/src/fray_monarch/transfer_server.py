@@ -17,6 +17,7 @@ import hmac
 import logging
 import secrets
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ from fray_monarch.transfer_wire import (
     PROOF,
     REQUEST,
     capability,
+    part_key,
     proof,
     recv_exact,
+    send_tagged,
 )
 
 log = logging.getLogger("fray_monarch")
@@ -42,6 +45,7 @@ IDLE_TIMEOUT = 60.0  # an authenticated connection idle this long is closed
 MAX_CONNECTIONS = 64  # connections served at once (a thread each)
 MAX_HANDSHAKES_PER_PEER = 8  # unauthenticated connections of one peer address at once; more are closed at accept
 HANDSHAKE_GRACE = 1.0  # when full, a connection unauthenticated this long gives its place to a new one
+# What the bytes carry: a tag each part (transfer_wire.py), or TLS (transfer_tls.py, transport=tls).
 
 
 class Stage(enum.Enum):
@@ -64,8 +68,9 @@ class TransferServer:
     """Serves this process's live allocations to readers on other hosts that prove their capability: one thread
     per connection, MAX_CONNECTIONS at most (see the module's docstring for which connection gives way)."""
 
-    def __init__(self, arena: Arena, bind_host: str) -> None:
+    def __init__(self, arena: Arena, bind_host: str, tls: ssl.SSLContext | None = None) -> None:
         self.arena = arena
+        self.tls = tls  # transport=tls: every connection is TLS, its bytes untagged (TLS protects them)
         self.key = secrets.token_bytes(32)  # never leaves this process: capabilities are derived from it
         self.sock = socket.create_server((bind_host, 0), backlog=64)
         self.address = f"{bind_host}:{self.sock.getsockname()[1]}"
@@ -124,8 +129,8 @@ class TransferServer:
     def _evict(self, victim: Served) -> None:
         """Close `victim` (under the lock): its thread's blocked recv returns, and it no longer counts."""
         del self.served[id(victim)]
-        try:
-            victim.sock.shutdown(socket.SHUT_RDWR)
+        try:  # the TCP socket's own shutdown, also under TLS: its recv returns, whatever TLS was doing
+            socket.socket.shutdown(victim.sock, socket.SHUT_RDWR)
         except OSError:
             pass
 
@@ -138,22 +143,26 @@ class TransferServer:
             return True
 
     def _serve(self, entry: Served) -> None:
-        conn = entry.sock
         try:
-            with conn:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                first, deadline = b"", entry.since + AUTH_TIMEOUT
-                while self._answer(entry, first, deadline) and self._enter(entry, Stage.IDLE):
-                    conn.settimeout(IDLE_TIMEOUT)
-                    first = conn.recv(1)  # the next request's first byte: its deadline starts now
-                    deadline = time.monotonic() + AUTH_TIMEOUT
-                    if not first or not self._enter(entry, Stage.HANDSHAKE):
-                        return
+            entry.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            first, deadline = b"", entry.since + AUTH_TIMEOUT
+            if self.tls is not None:  # the TLS handshake is part of the request's deadline
+                entry.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                wrapped = self.tls.wrap_socket(entry.sock, server_side=True)
+                with self.lock:
+                    entry.sock = wrapped
+            while self._answer(entry, first, deadline) and self._enter(entry, Stage.IDLE):
+                entry.sock.settimeout(IDLE_TIMEOUT)
+                first = entry.sock.recv(1)  # the next request's first byte: its deadline starts now
+                deadline = time.monotonic() + AUTH_TIMEOUT
+                if not first or not self._enter(entry, Stage.HANDSHAKE):
+                    return
         except Exception as exc:  # malformed, unauthenticated, timed out, evicted, gone: this connection only
             log.debug("fray: transfer connection closed: %r", exc)
         finally:
             with self.lock:
                 self.served.pop(id(entry), None)
+            entry.sock.close()
 
     def _answer(self, entry: Served, first: bytes, deadline: float) -> bool:
         """One request on `entry` (its first bytes already read: `first`), complete and proved by `deadline`;
@@ -181,7 +190,8 @@ class TransferServer:
             conn.sendall(GRANT.pack(0, 0))
             return True
         conn.sendall(GRANT.pack(1, part_length))
-        conn.sendall(view[part : part + part_length])
+        key = part_key(cap, nonce, ours, part, part_length) if self.tls is None else None
+        send_tagged(conn, view[part : part + part_length], key)
         return True
 
     def close(self) -> None:
