@@ -196,10 +196,19 @@ def test_tls_refuses_a_reader_of_another_authority(
 ) -> None:
     owner, _ = tls_stores
     value = _put(owner)
+    owners_ca = os.environ[tls.ENV_CA]
     _install_identity(monkeypatch, tmp_path / "stranger-id", tmp_path / "stranger-authority")
-    stranger = _store("h2", "tls")
+    stranger = _store("h2", "tls")  # neither trusts the other's authority: the reader refuses the owner
     try:
         with pytest.raises(ObjectLostError, match="not from your fray authority"):
+            stranger.load(value)
+    finally:
+        stranger.close()
+    monkeypatch.setenv(tls.ENV_CA, owners_ca)
+    transfer_tls.contexts.cache_clear()
+    stranger = _store("h3", "tls")  # it trusts the owner's authority, but the owner refuses its certificate
+    try:
+        with pytest.raises(ObjectLostError, match="same fray authority"):
             stranger.load(value)
     finally:
         stranger.close()

@@ -133,6 +133,12 @@ def _challenged(conns: _Connections, value: Any, request: bytes) -> tuple[socket
                 ) from exc
             time.sleep(pause * random.uniform(0.5, 1.5))  # readers refused together do not come back together
             pause = min(pause * 2, 1.0)
+        except OSError as exc:  # TLS refused by the owner (this reader's certificate), or the network failed
+            conn.close()
+            raise ObjectLostError(
+                f"object {value.oid}: transfer from {value.address} (host {value.host}) failed: {exc}"
+                + (" (transport=tls: every host needs certificates of the same fray authority)" if conns.tls else "")
+            ) from exc
 
 
 def fetch(conns: _Connections, value: Any, part: int, length: int, target: memoryview) -> None:
