@@ -1,6 +1,7 @@
 """Large values between two hosts that are separate machines to fray, beside a plain TCP socket between them.
 
     sudo python benchmarks/bench_hosts.py [--sizes 100M,1G] [--repeats 10] [--json PATH] [--insecure]
+                                          [--transport tls]
 
 Three hosts on this machine, each its own network namespace (own address, hostname, loopback and /dev/shm;
 tests/_netns.py): the driver in host 0, a host worker (`python -m fray_monarch.worker`) in hosts 1 and 2, and
@@ -9,7 +10,8 @@ For each size, in steady state (one warm-up, then --repeats loops):
 
 - fray-monarch, host A -> host B: an actor on host 1 makes a numpy array (float32), then an actor on host 2 reads
   it (returns its length and first element). Timed: the read call, from the driver, after the value was made:
-  the pull from host 1's store into host 2's (fray's direct TCP, `tcp-direct`) and one call round trip.
+  the pull from host 1's store into host 2's (fray's direct TCP, `tcp-direct`: the bytes tagged with Poly1305,
+  or with `--transport tls` inside TLS, encrypted) and one call round trip.
 - plain socket: the same number of bytes over one TCP connection from host 1 to host 2 (`sendall` from a
   memoryview, `recv_into` a preallocated buffer; one request byte per transfer), measured before and after the
   fray loops in the same run: the network's limit between those two namespaces (a veth pair and a bridge).
@@ -89,7 +91,7 @@ def driver(spec: str, sizes: list[int], repeats: int) -> dict[str, Any]:
     return out
 
 
-def measure(sizes: list[int], repeats: int, insecure: bool = False) -> dict[str, Any]:
+def measure(sizes: list[int], repeats: int, insecure: bool = False, transport: str = "") -> dict[str, Any]:
     """Make the hosts, run the socket baseline, the fray loops (in host 0) and the socket baseline again."""
     from _netns import namespaced_hosts, plain_socket_rate, unavailable
 
@@ -112,6 +114,7 @@ def measure(sizes: list[int], repeats: int, insecure: bool = False) -> dict[str,
             socket_before = {size: plain_socket_rate(hosts[1], hosts[2], size, repeats) for size in sizes}
             spec = f"monarch?hosts={scheme}://{hosts[1].name}:{PORT},{scheme}://{hosts[2].name}:{PORT}&procs=1"
             spec += "&insecure=true" if insecure else ""
+            spec += f"&transport={transport}" if transport else ""
             args = [
                 sys.executable,
                 str(Path(__file__).resolve()),
@@ -133,6 +136,7 @@ def measure(sizes: list[int], repeats: int, insecure: bool = False) -> dict[str,
                 w.wait(15)
     fray_out["socket"] = {size: socket_before[size] + socket_after[size] for size in sizes}
     fray_out["hosts"] = [h.name for h in hosts]
+    fray_out["transport"] = transport
     return fray_out
 
 
@@ -161,6 +165,7 @@ def report(out: dict[str, Any], sizes: list[int]) -> list[dict[str, Any]]:
         row["fray_rate_vs_memcpy_p50"] = row["memcpy"]["p50_s"] / row["fray"]["p50_s"]
         rows.append(row)
     print(f"\nHost A -> host B (separate network namespaces), p50 / p90 of steady-state loops; hosts {out['hosts']}")
+    print(f"data plane: transport={out.get('transport') or 'auto'}")
     print(f"{'size':>8} {'path':>22} {'p50':>10} {'p90':>10} {'GB/s p50':>9} {'x socket':>9}")
     for row in rows:
         for name, what in (("socket", "plain TCP socket"), ("fray", "fray-monarch actor A->B"), ("memcpy", "memcpy")):
@@ -182,13 +187,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", default=None)
     parser.add_argument("--insecure", action="store_true", help="plain TCP between the hosts instead of TLS")
+    parser.add_argument("--transport", default="", help="the spec's transport= (tls: the data plane encrypted)")
     parser.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     sizes = [parse_size(s) for s in opts.sizes.split(",") if s.strip()]
     if opts.driver:
         print(json.dumps(driver(opts.driver, sizes, opts.repeats)), flush=True)
         return
-    out = measure(sizes, opts.repeats, opts.insecure)
+    out = measure(sizes, opts.repeats, opts.insecure, opts.transport)
     rows = report(out, sizes)
     if opts.json:
         Path(opts.json).write_text(json.dumps({"rows": rows, "raw": out, "load": os.getloadavg()}, indent=1))

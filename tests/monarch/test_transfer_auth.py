@@ -21,7 +21,7 @@ import pytest
 import fray
 from fray.errors import ObjectLostError
 from fray.serialization import dumps
-from fray_monarch import transfer
+from fray_monarch import transfer_server, transfer_wire
 from fray_monarch.protocol import Stored
 from fray_monarch.store import ObjectStore
 
@@ -57,9 +57,10 @@ def _closed(conn: socket.socket, within: float) -> bool:
         return True
 
 
-def _connect(address: str) -> socket.socket:
+def _connect(address: str, source: str = "") -> socket.socket:
+    """A connection to `address`, from the loopback address `source` (the server caps connections per address)."""
     host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=5)
+    return socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0) if source else None)
 
 
 def test_a_value_crosses_hosts_with_its_pickle_stream_in_the_locator(stores: tuple[ObjectStore, ObjectStore]) -> None:
@@ -131,7 +132,7 @@ def test_malformed_requests_close_only_their_connection(stores: tuple[ObjectStor
     assert owner.server is not None
     address = owner.server.address
     keep = _connect(address)  # an idle neighbour: must survive the others
-    head = transfer._REQUEST
+    head = transfer_wire.REQUEST
     bad = [
         b"garbage" * 20,
         head.pack(bytes(16), value.alloc, value.offset, value.length, 0, value.length, 60000),  # huge name
@@ -155,14 +156,16 @@ def test_idle_and_excess_connections_are_closed(
     value = _put(owner, np.ones(2 * MiB))
     assert owner.server is not None
     address = owner.server.address
-    held = [_connect(address) for _ in range(transfer.MAX_CONNECTIONS)]
+    monkeypatch.setattr(transfer_server, "MAX_CONNECTIONS", 6)
+    monkeypatch.setattr(transfer_server, "HANDSHAKE_GRACE", 30.0)  # none of these gives way to a newcomer here
+    held = [_connect(address, f"127.0.0.{2 + i}") for i in range(6)]  # one per peer address: under its own cap
     time.sleep(0.3)
-    extra = _connect(address)
+    extra = _connect(address, "127.0.0.9")
     assert _closed(extra, 5), "a connection beyond the cap must be closed at once"
     assert not any(_closed(c, 0.01) for c in held[:4])
     for conn in held:
         conn.close()
-    monkeypatch.setattr(transfer, "AUTH_TIMEOUT", 0.5)
+    monkeypatch.setattr(transfer_server, "AUTH_TIMEOUT", 0.5)
     deadline = time.monotonic() + 5
     while True:  # the server notices the closed ones and frees their slots
         idle = _connect(address)

@@ -70,7 +70,7 @@ class StoreConfig:
     bind_hosts: tuple[str, ...]  # where each mesh host's transfer servers listen
     driver_bind: str = "127.0.0.1"
     inline_limit: int = INLINE_LIMIT
-    transport: str = "auto"  # between hosts: auto (RDMA where ibverbs exists, else tcp), tcp, or rdma
+    transport: str = "auto"  # between hosts: auto (RDMA where ibverbs exists, else tcp), tcp, tls (encrypted), rdma
 
 
 @_positional

@@ -2,7 +2,8 @@
 
 Owner side: arena.py. Reader on the same fray host: mappings.py (zero-copy, read-only or copy-on-write). Reader
 on another fray host: the bytes are pulled from the owner (transfer.py: direct TCP, split over parallel streams
-when large, or Monarch's RDMABuffer) into an allocation of the reader's own arena, private to that reader.
+when large, each part tagged or the whole over TLS, or Monarch's RDMABuffer) into an allocation of the reader's
+own arena, private to that reader.
 Every read is counted by path in `stats` (fray.transfers).
 """
 
@@ -23,6 +24,7 @@ from fray.errors import ObjectLostError, ObjectStoreFullError
 from fray.pool import align as _align
 from fray.serialization import Blob, loads, loads_data
 from fray.transfers import TransferStats
+from fray_monarch import transfer_tls
 from fray_monarch.arena import Arena, _Lease, open_segment
 from fray_monarch.mappings import _maps
 from fray_monarch.protocol import Inline, Span, Stored, Value
@@ -62,6 +64,8 @@ class ObjectStore:
         several_hosts: bool = False,
     ) -> None:
         self.ctl, self.host, self.owner = ctl, host, owner
+        # transport=tls: this process's TLS identity on both ends of the data plane (else a tag on each part)
+        self.tls = transfer_tls.contexts() if several_hosts and transport == "tls" else None
         self.arena = Arena(ctl, host, budget)
         self.bind_host = bind_host
         self.pin = pin  # oid -> an object holding a ref to it (kept alive by mappings of that object)
@@ -69,7 +73,7 @@ class ObjectStore:
         self.stats = TransferStats()
         self.server: TransferServer | None = None
         self.server_lock = threading.Lock()
-        self.conns = _Connections()
+        self.conns = _Connections(self.tls.client if self.tls is not None else None)
         self.pool: ThreadPoolExecutor | None = None
         # With one fray host (no hosts= spec) every read is shm: nothing to register for RDMA.
         self.rdma = choose_transport(transport) if several_hosts else None
@@ -124,7 +128,7 @@ class ObjectStore:
     def _server(self) -> TransferServer:
         with self.server_lock:
             if self.server is None:
-                self.server = TransferServer(self.arena, self.bind_host)
+                self.server = TransferServer(self.arena, self.bind_host, self.tls.server if self.tls else None)
             return self.server
 
     def free(self, allocs: list[int]) -> None:

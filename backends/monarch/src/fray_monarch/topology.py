@@ -61,7 +61,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "hosts": _hosts,
     "object_store_memory": byte_count,
     "memory": byte_count,
-    "transport": choice("auto", "tcp", "rdma"),
+    "transport": choice("auto", "tcp", "tls", "rdma"),
     "log_to_driver": flag,
     "job": _job,
     "nodes": positive_int,
@@ -125,6 +125,11 @@ def topology(options: dict[str, Any]) -> Topology:
         resources["GPU"] = float(len(gpus))
     budget = int(opts.get("object_store_memory", _default_store_budget()))
     transport = str(opts.get("transport", "auto"))
+    if transport == "tls" and opts.get("insecure"):
+        raise ValueError(
+            "transport=tls encrypts values between hosts with the TLS identities of the control plane, and "
+            "insecure=true has none: drop one of the two"
+        )
     timeout = float(opts.get("attach_timeout", ATTACH_TIMEOUT))
     hostset = launch(opts, timeout)  # launches hosts if asked (no Monarch runtime needed for that)
     try:
