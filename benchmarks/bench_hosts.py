@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the namespaced hosts (tests/_netns.py)
 sys.path.insert(0, str(HERE))
 
-from _common import memcpy_seconds, percentile  # noqa: E402
+from _common import memcpy_seconds, percentile, under_socket_guard  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 TIMEOUT = 900.0
@@ -201,4 +201,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    under_socket_guard()
     main()
