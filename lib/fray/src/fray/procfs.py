@@ -24,6 +24,7 @@ __all__ = [
     "alive",
     "boot_id",
     "children_of",
+    "exiting",
     "group_members",
     "stat",
     "stop_group",
@@ -58,6 +59,24 @@ def stat(pid: int) -> ProcStat | None:
         return ProcStat(pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
     except (IndexError, ValueError):
         return None
+
+
+_PF_EXITING = 0x4  # (linux/sched.h) the process has begun to exit
+
+
+def exiting(pid: int) -> bool:
+    """Process `pid` of this machine has begun to exit (SIGKILLed, say), or is gone: what is sent to it now is
+    lost, though fray may not know of its death yet (a process with torch loaded takes ~0.1 s to end)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return True
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+    except (IndexError, ValueError):
+        return False
 
 
 def alive(pid: int) -> bool:
