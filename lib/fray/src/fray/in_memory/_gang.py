@@ -94,18 +94,23 @@ class Gang:
 
     # ------------------------------------------------------------ calls
     def life(self) -> int:
-        """The group's life a call submitted now belongs to: the current one, or, while the group restarts, the
-        one the restart brings (its calls wait for it: `ready`)."""
+        """The group's life a call submitted now belongs to: the current one; while the group restarts, the one
+        the restart brings; and the next one when a member's process has begun to exit but its death is not seen
+        yet (a process with torch takes ~0.1 s to end after a SIGKILL: the call was in flight at no death). Its
+        calls wait for that life (`ready`)."""
         with self.cond:
+            if self.error is None and not self.dead and any(m.exiting() for m in self.members.values()):
+                return self.generation + 1
             return self.generation
 
     def ready(self, life: int) -> None:
-        """Wait until life `life` of the group can take a call (a restart in progress brings it up), and return;
-        raise why it ended if it has ended (the call was submitted before a death, or the restart failed), or
-        the group's error once it is dead. Bounded by the restart: it ends by coming back, by a failed __init__
-        or by a kill, each of which notifies; the caller's own wait is bounded by its get's timeout."""
+        """Wait until life `life` of the group can take a call (the coming death is seen and a restart brings it
+        up), and return; raise why it ended if it has ended (the call was submitted before a death, or the
+        restart failed), or the group's error once it is dead. Bounded by the death and the restart: the watcher
+        of the exiting process sees its end, and a restart ends by coming back, by a failed __init__ or by a
+        kill, each of which notifies; the caller's own wait is bounded by its get's timeout."""
         with self.cond:
-            while self.generation == life and self.error is not None and not self.dead:
+            while not self.dead and (self.generation < life or (self.generation == life and self.error is not None)):
                 self.cond.wait(1.0)
             if self.generation != life:
                 failure = self.failures.get(life)

@@ -29,6 +29,7 @@ from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
 from fray.gpus import use_held_device
 from fray.in_memory._channel import Channel, Serialized
 from fray.in_memory._gang import Gang
+from fray.procfs import exiting
 from fray.remote_errors import RemoteError, capture_exception
 from fray.serialization import Blob, loads
 from fray.worker_env import worker_env_defaults
@@ -162,6 +163,11 @@ class ProcessMember:
             return self._exchange((method, args, kwargs), method)
 
         return call
+
+    def exiting(self) -> bool:
+        """Its process has begun to exit (or has ended), though its group may not have seen the death yet."""
+        proc = self._proc
+        return proc is not None and exiting(proc.pid)
 
     def stop_process(self) -> None:
         """SIGKILL its process (not waiting: a call may hold the lock, blocked on the process's answer)."""
