@@ -32,8 +32,9 @@ import ray
 import ray.exceptions as rex
 from ray.experimental import internal_kv
 
-from fray.errors import ActorDiedError, FrayError, GetTimeoutError
+from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, GetTimeoutError
 from fray.gang import LOST_PEER_GRACE, died_error, hung_reason, lost_peer, restarting_error
+from fray.procfs import exiting
 
 __all__ = ["HEARTBEAT_ENV", "POLL", "GangWatch", "RayGang", "Refusal", "raise_refusals", "start_heartbeat"]
 
@@ -61,6 +62,7 @@ class RayGang:
     hang_timeout: float = math.inf  # seconds a member's heartbeat may stay unchanged (fray.gang.hang_timeout)
     beats: dict[str, tuple[Any, float]] = field(default_factory=dict)  # actor id -> (last beat, when it changed)
     ended_at: dict[int, float] = field(default_factory=dict)  # life -> when its member died (time.time(), by Ray)
+    local_pids: dict[int, int] = field(default_factory=dict)  # rank -> pid of its process, if on this machine
 
 
 class GangWatch:
@@ -96,6 +98,7 @@ class GangWatch:
         gang.history += actors
         now = time.monotonic()
         gang.beats = {actor_id: (None, now) for actor_id in gang.ids}  # (silence counts from now)
+        gang.local_pids = {}
         for rank, (actor, actor_id) in enumerate(zip(actors, gang.ids, strict=True)):
             self._by_actor[actor_id] = (gang, gang.generation)
             self._ranks[id(actor)] = (gang, rank)
@@ -156,6 +159,8 @@ class GangWatch:
 
         for rank, actor_id in enumerate(list(gang.ids)):
             info = state.actors(actor_id=actor_id)
+            if rank not in gang.local_pids and info.get("State") == "ALIVE" and _on_this_node(info):
+                gang.local_pids[rank] = int(info.get("Pid") or 0)
             if info.get("State") in _GONE:
                 found = _DEATH_MESSAGE.search(str(info.get("DeathCause", "")))
                 # (Ray's message goes on with advice about OOM kills: its first sentence says what happened)
@@ -258,7 +263,14 @@ class GangWatch:
         gang, rank = found
         error = gang.error
         if error is None:
-            return gang.actors[rank], None
+            pids = gang.local_pids
+            if not (pids and any(exiting(pid) for pid in pids.values() if pid)):
+                return gang.actors[rank], None
+            # A member's process has begun to exit (SIGKILLed: a torch process takes ~0.1 s to end, Ray and the
+            # watcher see the death after that): the call waits for the group's next life instead.
+            self.refusing = True
+            coming = ActorUnavailableError(f"{gang.label}: a member's process is ending; the group will restart")
+            return None, ray.put(Refusal(coming, waits=True, after=gang.generation))
         self.refusing = True
         return None, ray.put(Refusal(type(error)(str(error)), waits=not gang.dead))
 
@@ -274,15 +286,15 @@ class GangWatch:
                 raise type(gang.error)(str(gang.error))
             return gang.actors[rank]
 
-    def await_back(self, actor: Any, deadline: float | None) -> None:
-        """Wait until the group of member `actor` is back from its restart, or dead; GetTimeoutError at
-        `deadline` (a call made while it restarts waits for it: fray_ray._resend)."""
+    def await_back(self, actor: Any, deadline: float | None, after: int = -1) -> None:
+        """Wait until the group of member `actor` is back from its restart (a life later than `after`), or dead;
+        GetTimeoutError at `deadline` (a call made while it restarts waits for it: fray_ray._resend)."""
         found = self._ranks.get(id(actor))
         if found is None:
             return
         gang = found[0]
         with self._lock:
-            while gang.error is not None and not gang.dead:
+            while not gang.dead and (gang.error is not None or gang.generation <= after):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise GetTimeoutError(f"{gang.label} did not come back from its restart {gang.restarts} in time")
@@ -353,14 +365,15 @@ class Refusal:
     """The value behind a refused call's ref (`route`): its get raises `error`. A put value, not a failing Ray
     task: Ray would log every failed object nobody read as an "Unhandled error"."""
 
-    __slots__ = ("error", "waits")
+    __slots__ = ("after", "error", "waits")
 
-    def __init__(self, error: FrayError, waits: bool = False) -> None:
+    def __init__(self, error: FrayError, waits: bool = False, after: int = -1) -> None:
         self.error = error
         self.waits = waits  # the group restarts: the get waits for it and sends the call then (fray_ray._resend)
+        self.after = after  # (waits for a life later than this one: a member's process was ending)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Refusal, (self.error, self.waits))
+        return (Refusal, (self.error, self.waits, self.after))
 
 
 def raise_refusals(values: Sequence[Any]) -> None:
@@ -394,6 +407,13 @@ def start_heartbeat(interval: float) -> None:
             time.sleep(interval)
 
     threading.Thread(target=beat, name="fray-heartbeat", daemon=True).start()
+
+
+def _on_this_node(info: dict[str, Any]) -> bool:
+    try:
+        return str((info.get("Address") or {}).get("NodeID", "")) == ray.get_runtime_context().get_node_id()
+    except Exception:
+        return False
 
 
 def _kill_stopped(info: dict[str, Any]) -> None:

@@ -11,10 +11,11 @@ restartable plain actor that says anything else sends that call again: Ray then 
 
 SPMD groups (fray's own restarts, `_gangs`): a call made while the group restarts gets a ref to a `Refusal` that
 says it waits (`Refusal.waits`); a get that reads one waits for the group's next life and sends the call to the
-new member then. A call made after a member's death but before fray learnt of it (the watcher looks every 0.2 s)
-went to the old members and fails with the group's restart; it is sent again the same way when it was made after
-the death's time in Ray's GCS (`GangWatch.sent_after_death`; on several hosts that compares the GCS's clock with
-the driver's).
+new member then; so does one made after a local member's process began to exit (PF_EXITING), which Ray and the
+watcher see only once it has ended. A call made after a member's death but before fray learnt of it (the watcher
+looks every 0.2 s) went to the old members and fails with the group's restart; it is sent again the same way
+when it was made after the death's time in Ray's GCS (`GangWatch.sent_after_death`; on several hosts that
+compares the GCS's clock with the driver's).
 
 Either way the call's fray ObjectRef keeps its first Ray ref (its hash and every copy of it stay valid); the ref
 sent later is `current(ref)`, which get reads. A copy of the ref passed to a task, `wait` and `future()` still
@@ -51,7 +52,7 @@ class Resender:
     def __init__(
         self,
         route: Callable[[Any], Any],
-        await_back: Callable[[Any, float | None], None],
+        await_back: Callable[[Any, float | None, int], None],
         sent_after_death: Callable[[Any, float], bool],
     ) -> None:
         self.actors: set[bytes] = set()
@@ -108,7 +109,7 @@ class Resender:
             call = self._calls.get(ref)
             if call is None or not self._sent_after_death(payload, call[4]):
                 continue
-            self._await_back(call[0], deadline)
+            self._await_back(call[0], deadline, -1)
             again = self._send(ref, self._route(call[0]), call) or again
         return again
 
@@ -124,7 +125,7 @@ class Resender:
             call = self._calls.get(ref)
             if call is None:
                 continue
-            self._await_back(call[0], deadline)
+            self._await_back(call[0], deadline, value.after)
             again = self._send(ref, self._route(call[0]), call) or again
         return again
 
