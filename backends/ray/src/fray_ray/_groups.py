@@ -256,6 +256,8 @@ class RayGroups:
             raise
         if not detached:
             self._placement_groups[pg.id] = pg
+        if not distributed and options.max_restarts != 0:  # (Ray restarts each alone: _resend)
+            self.resend.actors.update(h.payload._actor_id.binary() for h in handles)
         if distributed:
 
             def respawn(gang: RayGang) -> list[Any]:  # new members in the same bundles, a new MASTER_PORT
