@@ -322,6 +322,8 @@ class RayGroups:
                 refs.append(ObjectRef(refused, "ray"))
                 self.resend.note(refs[-1], handle.payload, method, ray_args, ray_kwargs)  # (sent once it is back)
                 continue
+            restartable = bool(self.resend.actors) and actor._actor_id.binary() in self.resend.actors
+            after_death = restartable and self.resend.made_after_death(actor)
             try:
                 ref = getattr(actor, method).remote(*ray_args, **ray_kwargs)
             except TypeError as exc:
@@ -331,8 +333,8 @@ class RayGroups:
             result = ObjectRef(ref, "ray")
             if self.gangs.is_member(handle.payload):  # (an SPMD member: its call may outlive a death unsent)
                 self.resend.note(result, handle.payload, method, ray_args, ray_kwargs)
-            elif self.resend.actors and actor._actor_id.binary() in self.resend.actors:  # (a restartable member)
-                self.resend.note(result, actor, method, ray_args, ray_kwargs)
+            elif restartable:  # (a restartable member of a plain group)
+                self.resend.note(result, actor, method, ray_args, ray_kwargs, after_death)
             if noted:
                 self._cancels.note_dependencies(result, args, kwargs)
             refs.append(result)

@@ -3,11 +3,13 @@ get that reads them; only the calls in flight at the death fail.
 
 Plain actors (Ray's own restarts, `max_task_retries` 0 so that a call in flight is never silently run twice): Ray
 fails a call made just after the actor's process died, before the driver has learnt of the death, with
-ActorUnavailableError ("The actor is restarting", or the connection refused at the send) after ~1-2 s, although
-the call never reached the actor (measured on 2.60: raw Ray does the same; a call made once Ray knows of the
-restart is held until the restart and runs). A call in flight at the death fails with "Socket closed" (the
-connection closed while its reply was awaited). So a get that sees an ActorUnavailableError of a call to a
-restartable plain actor that says anything else sends that call again: Ray then holds it until the actor is back.
+ActorUnavailableError ~1-2 s later, although the call never ran (measured on 2.60: raw Ray does the same at 50
+ms; a call made once Ray knows of the restart, 500 ms after, is held until the restart and runs). Ray's message
+does not tell such a call from one in flight at the death ("Socket closed", "Connection reset by peer" or "The
+actor is restarting" for either). So fray looks when the call is made: a call to a restartable plain actor whose
+process on this machine has begun to exit (PF_EXITING) or is gone, or which Ray's GCS says is restarting, is
+marked (`made_after_death`), and a get that sees its ActorUnavailableError sends it again: Ray then holds it until
+the actor is back. An actor on another node is not looked at (its calls get Ray's behaviour).
 
 SPMD groups (fray's own restarts, `_gangs`): a call made while the group restarts gets a ref to a `Refusal` that
 says it waits (`Refusal.waits`); a get that reads one waits for the group's next life and sends the call to the
@@ -33,15 +35,15 @@ from typing import Any
 import ray
 import ray.exceptions as rex
 
+from fray.procfs import exiting
 from fray.refs import ObjectRef
 
-__all__ = ["IN_FLIGHT", "MAX_SENDS", "Resender"]
-
-IN_FLIGHT = "Socket closed"  # Ray's RpcError of a call whose actor's process died while the call was in it
+__all__ = ["MAX_SENDS", "Resender"]
 MAX_SENDS = 16  # sends of one call at most (each waits for a restart: an actor that keeps dying stops it)
 
-# A call that may be sent again: (the Ray handle called, method, Ray args, Ray kwargs, when it was made: time.time())
-_Call = tuple[Any, str, tuple[Any, ...], dict[str, Any], float]
+# A call that may be sent again: (the Ray handle called, method, Ray args, Ray kwargs, when it was made: time.time(),
+# whether its plain actor's process had died or begun to exit then)
+_Call = tuple[Any, str, tuple[Any, ...], dict[str, Any], float, bool]
 
 
 class Resender:
@@ -62,12 +64,35 @@ class Resender:
         self._calls: weakref.WeakKeyDictionary[ObjectRef, _Call] = weakref.WeakKeyDictionary()
         self._sent: weakref.WeakKeyDictionary[ObjectRef, tuple[Any, int]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._pids: dict[bytes, int] = {}  # restartable actor's Ray id -> its process's pid here (0: elsewhere)
 
-    def note(self, ref: ObjectRef, actor: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def note(
+        self,
+        ref: ObjectRef,
+        actor: Any,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        after_death: bool = False,
+    ) -> None:
         """`ref` is of the call `actor.method(*args, **kwargs)` (Ray handle and Ray arguments), which may be sent
-        again. (Its arguments stay referenced as long as the ref lives.)"""
+        again (`after_death`: made_after_death said so before it was made). (Its arguments stay referenced as long
+        as the ref lives.)"""
         with self._lock:
-            self._calls[ref] = (actor, method, args, kwargs, time.time())
+            self._calls[ref] = (actor, method, args, kwargs, time.time(), after_death)
+
+    def made_after_death(self, actor: Any) -> bool:
+        """Restartable plain actor `actor` (a Ray handle) has lost its process: on this machine it has begun to
+        exit or is gone, or Ray's GCS says it restarts. A call made now was in flight at no death."""
+        key = actor._actor_id.binary()
+        pid = self._pids.get(key)
+        if pid == 0 or (pid is not None and not exiting(pid)):
+            return False  # (elsewhere, or its process runs: the usual case costs a read of /proc)
+        state, pid = _actor_process(actor._actor_id.hex())
+        if state == "ALIVE":
+            self._pids[key] = pid
+            return pid != 0 and exiting(pid)
+        return state in ("RESTARTING", "DEAD")
 
     @property
     def active(self) -> bool:
@@ -93,8 +118,8 @@ class Resender:
             try:
                 ray.get(self.current([ref])[0], timeout=0)
                 continue  # (done, or not yet)
-            except rex.ActorUnavailableError as failed:
-                if IN_FLIGHT in str(failed):
+            except rex.ActorUnavailableError:
+                if not call[5]:  # (in flight at the death, as far as fray can tell: it fails)
                     continue
             except Exception:
                 continue
@@ -134,11 +159,23 @@ class Resender:
             sends = self._sent[ref][1] if ref in self._sent else 0
             if sends >= MAX_SENDS:
                 return False
-        _, method, args, kwargs, _ = call
+        _, method, args, kwargs, _, _ = call
         sent = getattr(actor, method).remote(*args, **kwargs)
         with self._lock:
             self._sent[ref] = (sent, sends + 1)
         return True
+
+
+def _actor_process(actor_id: str) -> tuple[str, int]:
+    """(Ray's state of the actor, the pid of its process if it runs on this node, else 0), from the GCS."""
+    from ray._private import state  # (Ray's GCS actor table, as _gangs reads it)
+
+    info = state.actors(actor_id=actor_id)
+    try:
+        here = str((info.get("Address") or {}).get("NodeID", "")) == ray.get_runtime_context().get_node_id()
+    except Exception:
+        here = False
+    return str(info.get("State", "")), int(info.get("Pid") or 0) if here else 0
 
 
 def remaining(deadline: float | None) -> float | None:

@@ -168,6 +168,8 @@ class RayJobContext(JobContext):
             waiting = ObjectRef(refused, BACKEND)
             resend.note(waiting, handle.payload, method, ray_args, ray_kwargs)  # (sent once its group is back)
             return waiting
+        restartable = bool(resend.actors) and actor._actor_id.binary() in resend.actors
+        after_death = restartable and resend.made_after_death(actor)  # (looked at before the call is made)
         try:
             ref = getattr(actor, method).remote(*ray_args, **ray_kwargs)
         except TypeError as exc:
@@ -177,8 +179,8 @@ class RayJobContext(JobContext):
         result = ObjectRef(ref, BACKEND)
         if self._groups.gangs.is_member(handle.payload):  # an SPMD member: its call may outlive a death unsent
             resend.note(result, handle.payload, method, ray_args, ray_kwargs)
-        elif resend.actors and actor._actor_id.binary() in resend.actors:  # a restartable actor: fray_ray._resend
-            resend.note(result, actor, method, ray_args, ray_kwargs)
+        elif restartable:  # a restartable actor: fray_ray._resend
+            resend.note(result, actor, method, ray_args, ray_kwargs, after_death)
         if ray_args is not args or ray_kwargs is not kwargs:
             self._cancels.note_dependencies(result, args, kwargs)
         return result
