@@ -17,9 +17,10 @@ The "reward" is how close the policy's outputs are to a hidden target; the train
 
 Surviving a rank's death (issue 19): rank 0 saves a checkpoint after every step, and the trainer group is
 created with `max_restarts=1`. With `--kill-rank 1 --at-step 3` the driver SIGKILLs that rank's process while
-the step trains: the whole group fails at once (`ActorUnavailableError`), fray restarts every rank on a fresh
-process, each `__init__` sees `fray.current_actor().restarts == 1` and loads the checkpoint, and the loop goes
-on from the step after it; the loss keeps falling.
+the step trains: the step's calls, in flight at the death, fail at once (`ActorUnavailableError`), fray restarts
+every rank on a fresh process, each `__init__` sees `fray.current_actor().restarts == 1` and loads the
+checkpoint, and the next call (made while the group restarts) waits for it: the loop goes on from the step after
+the checkpoint; the loss keeps falling.
 
     python examples/spmd_pipeline.py --kill-rank 1 --at-step 3
 
@@ -127,18 +128,9 @@ class Trainer:
 
 
 def wait_until_back(ctx: fray.JobContext, trainers: fray.ActorGroup) -> int:
-    """The trainer group restarts (calls raise ActorUnavailableError meanwhile); returns the step it resumed
-    from."""
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            resumed = ctx.get(trainers.resumed(), timeout=120)
-            break
-        except fray.ActorUnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-    restarts, step = resumed[0]
+    """The trainer group restarts: a call made meanwhile waits for it (up to the get's timeout) and then runs.
+    Returns the step it resumed from."""
+    restarts, step = ctx.get(trainers.resumed(), timeout=180)[0]
     print(f"the trainer group restarted (restart {restarts}); every rank resumed from the checkpoint of step {step}")
     return int(step)
 

@@ -317,12 +317,15 @@ class ActorRegistry:
                 error = ActorDiedError(f"actor {rec.class_name} {aid} is dead: {rec.reason}")
                 self.directory.complete(entry, None, error)
                 return payload
-            failed = rec.group.error if rec.group is not None else None
-            if failed is not None:  # its SPMD group is restarting
-                self.directory.complete(entry, None, type(failed)(str(failed)))
-                return payload
-            self.send_one(rec, entry, method, args, deps)
             entry.keep = keep
+            group = rec.group
+            if group is not None and group.distributed:  # its SPMD group restarts, or is about to (the call waits)
+                if group.wait_for_restart(rec, entry, method, args, deps):
+                    return payload
+                if group.error is not None:  # dead
+                    self.directory.complete(entry, None, type(group.error)(str(group.error)))
+                    return payload
+            self.send_one(rec, entry, method, args, deps)
             return payload
 
     def call_plain(self, aid: str, method: str, data: bytes) -> RefPayload:

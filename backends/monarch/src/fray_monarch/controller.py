@@ -23,8 +23,9 @@ from monarch.actor import this_proc
 
 from fray import watchdog
 from fray.errors import FrayError
+from fray.procfs import end_children
 from fray.transfers import PathStats, merge
-from fray_monarch import instances, tempdirs
+from fray_monarch import _runtime, instances, tempdirs
 from fray_monarch.actor_registry import ActorRegistry
 from fray_monarch.arena import reclaim_dead_segments, remove_segments, shm_dir
 from fray_monarch.coordinator import Coordinator
@@ -220,6 +221,11 @@ class Controller:
             pass
         self.groups.close()
         self.pool.release()  # after the stops: any process they missed ends now
+        # A stop that failed or timed out (Monarch's, on a loaded machine) must not leave this context's
+        # processes behind (issue 29): those of this machine still running are SIGKILLed, proven ours first.
+        left = end_children(self.pool.started_here)
+        if left:
+            _runtime.log.warning("fray: worker processes %s outlived the shutdown of their context", left)
         with self.lock:
             self.streams.close_all(FrayError("the fray-monarch context was shut down"))
             self.directory.clear()

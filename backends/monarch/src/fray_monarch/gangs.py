@@ -6,9 +6,10 @@ group's error. With a restart left (`ActorOptions.max_restarts`) that error is A
 member comes back on a fresh process of its own (never on the group's mesh: Monarch hangs spawning on a mesh
 that lost a process), with a new MASTER_PORT on rank 0's host, `fray.current_actor().restarts` counting, and
 __init__ sent to every rank at once (their init_process_group meets); calls made until every __init__ has
-returned raise ActorUnavailableError. Without one, or when an __init__ of the restart fails, the group is dead
-(ActorDiedError naming the rank). A member whose process leaves a ping unanswered for FRAY_SPMD_HANG_TIMEOUT
-seconds (stopped, or its machine gone quiet; fray.gang.hang_timeout) counts as dead the same way.
+returned wait (`GroupRec.waiting`) and are sent then, or fail with the group's ActorDiedError if it dies. Without a
+restart left, or when an __init__ of the restart fails, the group is dead (ActorDiedError naming the rank). A
+member whose process leaves a ping unanswered for FRAY_SPMD_HANG_TIMEOUT seconds (stopped, or its machine gone
+quiet; fray.gang.hang_timeout) counts as dead the same way.
 """
 
 from __future__ import annotations
@@ -129,10 +130,12 @@ class GangKeeper:
         group.generation += 1
         why = str(died_error(group.label, rank, reason))
         group.error = ActorDiedError(why)
+        waiting = [entry for _, entry, *_ in group.waiting]  # (calls made while it restarted: they fail too)
+        group.waiting = []
         meshes = self.groups._drop(group, why)
         group.blocks = []  # (stopped here once: a later kill of the group has no mesh left to stop)
         self._stop(meshes)
-        self._fail(group, [*group.held.values(), *group.calls.values()])
+        self._fail(group, [*group.held.values(), *group.calls.values(), *waiting])
 
     def _stop_all(self, group: GroupRec) -> None:
         """Under the lock: every member's process stopped and forgotten, every pending call failed."""
@@ -227,3 +230,7 @@ class GangKeeper:
             group.initializing -= 1
             if group.initializing == 0:
                 group.error = None
+                waiting, group.waiting = group.waiting, []
+                for rec, entry, method, args, deps in waiting:  # calls made during the restart run now
+                    if not entry.outcome.done():
+                        self.actors.send_one(rec, entry, method, args, deps)

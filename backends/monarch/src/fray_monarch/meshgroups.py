@@ -25,10 +25,11 @@ from typing import Any
 from monarch.actor import Channel
 
 from fray.current import ActorInfo
-from fray.errors import ActorAlreadyExistsError, FrayError
+from fray.errors import ActorAlreadyExistsError, ActorDiedError, FrayError
 from fray.gang import group_label, hang_timeout
 from fray.groups import member_name, spmd_env
 from fray.net import free_port
+from fray.procfs import exiting
 from fray.resources import add, capacity
 from fray.states import ActorState
 from fray.types import ActorOptions, normalize_resources
@@ -104,6 +105,21 @@ class GroupRec:
     dead: bool = False
     held: dict[str, Entry] = field(default_factory=dict)  # members' lost-peer errors waiting (ActorRegistry.hold)
     calls: dict[str, Entry] = field(default_factory=dict)  # SPMD members' pending calls sent alone (send_one)
+    # calls made while it restarts, sent once every member is back (gangs.py); (member, entry, method, args, deps)
+    waiting: list[tuple[ActorRec, Entry, str, WireValue, list[str]]] = field(default_factory=list)
+
+    def member_exiting(self) -> bool:
+        """A member's process on this machine has begun to exit: the group's failure is coming."""
+        return any(m.proc is not None and m.proc.pid and exiting(m.proc.pid) for m in self.members)
+
+    def wait_for_restart(self, rec: ActorRec, entry: Entry, method: str, args: WireValue, deps: list[str]) -> bool:
+        """Under the lock: a call to member `rec` made while the SPMD group restarts, or after a member's process
+        began to exit (fray learns of that death ~0.1 s later: the call was in flight at no death), waits for the
+        restart; False when the group is dead (the call fails with its error) or nothing is wrong."""
+        if self.dead or (self.error is None and not self.member_exiting()):
+            return False
+        self.waiting.append((rec, entry, method, args, deps))
+        return True
 
 
 class GroupRegistry:
@@ -333,6 +349,10 @@ class GroupRegistry:
         meshes = [block.procs for block in group.blocks]
         group.dead = True  # (an SPMD group's restart under way stops here: gangs.py checks it)
         group.generation += 1
+        waiting, group.waiting = group.waiting, []
+        for _, entry, *_ in waiting:  # (calls made while it restarted)
+            if not entry.outcome.done():
+                self.directory.complete(entry, None, ActorDiedError(f"{group.label} is dead: {reason}"))
         for rec in group.members:
             if rec.state != ActorState.DEAD:
                 self.actors.dead(rec, reason)
@@ -376,10 +396,14 @@ class GroupRegistry:
                 if rec.state == ActorState.DEAD:
                     self.actors.reply(entry, ActorReply("dead", reason=rec.reason), None)
                     continue
-                if rec.group is not None and rec.group.error is not None:  # an SPMD group restarting
-                    self.directory.complete(entry, None, type(rec.group.error)(str(rec.group.error)))
-                    continue
                 entry.keep = keep
+                group = rec.group
+                if group is not None and group.distributed:  # an SPMD group restarting, or about to: it waits
+                    if group.wait_for_restart(rec, entry, method, args, deps):
+                        continue
+                    if group.error is not None:
+                        self.directory.complete(entry, None, type(group.error)(str(group.error)))
+                        continue
                 if in_mesh:
                     assert rec.slot is not None
                     sends.setdefault((rec.group.id, rec.slot[0]), []).append(rec.slot[1])

@@ -18,6 +18,7 @@ from typing import Any
 
 from fray.errors import FrayError
 from fray.gpus import DevicePool, HostGpus, held_from_env, host_gpus, process_env
+from fray.procfs import Identity
 from fray.resources import EPS, add, fits, subtract
 from fray.transfers import PathStats
 from fray_monarch import _runtime, network, tempdirs
@@ -104,6 +105,7 @@ class ProcessPool:
         self.log_file = log_file
         self.on_death = on_death
         self.procs: list[Proc] = []
+        self.started_here: list[Identity] = []  # every process of this machine it spawned (ended at shutdown)
         self.host_addresses = list(host_addresses or [])  # each host worker's address (probed: host_lost)
         self.lost_hosts: dict[int, str] = {}  # host -> why it counts as lost; a lost host is never used again
         self.closed = False  # nothing is spawned, and no death is reported, any more
@@ -299,6 +301,9 @@ class ProcessPool:
         if reply.machine != _runtime.machine_id():
             return
         pid = proc.pid = reply.pid
+        identity = Identity.of(pid)
+        if identity is not None:
+            self.started_here.append(identity)
         _runtime.watch_pid(pid, lambda: self._died(proc, None, RuntimeError(f"its process (pid {pid}) exited")))
 
     # ------------------------------------------------------------ queries and messages

@@ -8,7 +8,8 @@ to the group in that life raises the group's error: ActorDiedError naming the ra
 left (`ActorOptions.max_restarts`; the Ray actors themselves have none), ActorUnavailableError while new members
 are made in the same placement group bundles on fresh processes (`RayGang.respawn`: a new MASTER_PORT,
 `fray.current_actor().restarts`, __init__ again on every rank). Calls through the group's handles go to the new
-members (`route`), and raise at once while it restarts or once it is dead.
+members (`route`); a call made while it restarts waits for it (fray_ray._resend), one made once it is dead raises
+its error.
 
 A get that fails because of a death (Ray's ActorDiedError of the killed survivors, or the collective's own error
 about a lost peer, which may come first) does not wait for the next poll: it polls at once and waits up to
@@ -31,8 +32,9 @@ import ray
 import ray.exceptions as rex
 from ray.experimental import internal_kv
 
-from fray.errors import ActorDiedError, FrayError
+from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, GetTimeoutError
 from fray.gang import LOST_PEER_GRACE, died_error, hung_reason, lost_peer, restarting_error
+from fray.procfs import exiting
 
 __all__ = ["HEARTBEAT_ENV", "POLL", "GangWatch", "RayGang", "Refusal", "raise_refusals", "start_heartbeat"]
 
@@ -59,6 +61,8 @@ class RayGang:
     history: list[Any] = field(default_factory=list)  # every handle it had (their id() stay valid for route)
     hang_timeout: float = math.inf  # seconds a member's heartbeat may stay unchanged (fray.gang.hang_timeout)
     beats: dict[str, tuple[Any, float]] = field(default_factory=dict)  # actor id -> (last beat, when it changed)
+    ended_at: dict[int, float] = field(default_factory=dict)  # life -> when its member died (time.time(), by Ray)
+    local_pids: dict[int, int] = field(default_factory=dict)  # rank -> pid of its process, if on this machine
 
 
 class GangWatch:
@@ -94,6 +98,7 @@ class GangWatch:
         gang.history += actors
         now = time.monotonic()
         gang.beats = {actor_id: (None, now) for actor_id in gang.ids}  # (silence counts from now)
+        gang.local_pids = {}
         for rank, (actor, actor_id) in enumerate(zip(actors, gang.ids, strict=True)):
             self._by_actor[actor_id] = (gang, gang.generation)
             self._ranks[id(actor)] = (gang, rank)
@@ -154,11 +159,14 @@ class GangWatch:
 
         for rank, actor_id in enumerate(list(gang.ids)):
             info = state.actors(actor_id=actor_id)
+            if rank not in gang.local_pids and info.get("State") == "ALIVE" and _on_this_node(info):
+                gang.local_pids[rank] = int(info.get("Pid") or 0)
             if info.get("State") in _GONE:
                 found = _DEATH_MESSAGE.search(str(info.get("DeathCause", "")))
                 # (Ray's message goes on with advice about OOM kills: its first sentence says what happened)
                 why = found.group(1).split(". ")[0].rstrip(".") if found else f"its Ray actor is {info.get('State')}"
-                self._fail(gang, generation, rank, why)
+                ended = int(info.get("EndTime") or 0) / 1000  # (ms; the GCS's time of the death, 0 if unknown)
+                self._fail(gang, generation, rank, why, at=ended or time.time())
                 return
             if not math.isinf(gang.hang_timeout) and self._silent(gang, actor_id):
                 _kill_stopped(info)
@@ -177,11 +185,15 @@ class GangWatch:
         # (before its first beat the process may still be starting: Ray starts a worker, it imports torch...)
         return now - since > gang.hang_timeout + (0.0 if last is not None else _STARTUP_GRACE)
 
-    def _fail(self, gang: RayGang, generation: int, rank: int, why: str, restart: bool = True) -> None:
-        """Life `generation` of the group ended with its rank's death: every member killed; restarted or dead."""
+    def _fail(
+        self, gang: RayGang, generation: int, rank: int, why: str, restart: bool = True, at: float | None = None
+    ) -> None:
+        """Life `generation` of the group ended with its rank's death (at `at`, time.time(); now if None): every
+        member killed; restarted or dead."""
         with self._lock:
             if gang not in self._live or gang.generation != generation or gang.error is not None:
                 return
+            gang.ended_at[generation] = time.time() if at is None else at
             can_restart = gang.max_restarts == -1 or gang.restarts < gang.max_restarts
             if restart and gang.respawn is not None and can_restart:
                 gang.restarts += 1
@@ -233,6 +245,7 @@ class GangWatch:
                 stale = []
                 self._adopt(gang, new)
                 gang.error = None
+                self._lock.notify_all()  # (gets waiting to send a call made during the restart: await_back)
                 self._start_watching()
         for actor in stale:
             ray.kill(actor, no_restart=True)
@@ -250,9 +263,59 @@ class GangWatch:
         gang, rank = found
         error = gang.error
         if error is None:
-            return gang.actors[rank], None
+            pids = gang.local_pids
+            if not (pids and any(exiting(pid) for pid in pids.values() if pid)):
+                return gang.actors[rank], None
+            # A member's process has begun to exit (SIGKILLed: a torch process takes ~0.1 s to end, Ray and the
+            # watcher see the death after that): the call waits for the group's next life instead.
+            self.refusing = True
+            coming = ActorUnavailableError(f"{gang.label}: a member's process is ending; the group will restart")
+            return None, ray.put(Refusal(coming, waits=True, after=gang.generation))
         self.refusing = True
-        return None, ray.put(Refusal(type(error)(str(error))))
+        return None, ray.put(Refusal(type(error)(str(error)), waits=not gang.dead))
+
+    def member_now(self, actor: Any) -> Any:
+        """The Ray handle a call through `actor` goes to now (its group's current member of that rank); raises
+        the group's error while it restarts or once it is dead."""
+        found = self._ranks.get(id(actor))
+        if found is None:
+            return actor
+        gang, rank = found
+        with self._lock:
+            if gang.error is not None:
+                raise type(gang.error)(str(gang.error))
+            return gang.actors[rank]
+
+    def await_back(self, actor: Any, deadline: float | None, after: int = -1) -> None:
+        """Wait until the group of member `actor` is back from its restart (a life later than `after`), or dead;
+        GetTimeoutError at `deadline` (a call made while it restarts waits for it: fray_ray._resend)."""
+        found = self._ranks.get(id(actor))
+        if found is None:
+            return
+        gang = found[0]
+        with self._lock:
+            while not gang.dead and (gang.error is not None or gang.generation <= after):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise GetTimeoutError(f"{gang.label} did not come back from its restart {gang.restarts} in time")
+                self._lock.wait(1.0 if left is None else min(left, 1.0))
+
+    def is_member(self, actor: Any) -> bool:
+        """`actor` (a Ray handle) is a member of an SPMD group made here."""
+        return bool(self._ranks) and id(actor) in self._ranks
+
+    def sent_after_death(self, payload: Any, sent_at: float) -> bool:
+        """The call behind Ray ref `payload`, sent at `sent_at` (time.time()), was made after the death that ended
+        the life of its group it was sent in (fray had not learnt of it yet): it was in flight at no death."""
+        try:
+            found = self._by_actor.get(payload.task_id().actor_id().hex())
+        except Exception:  # not an actor call's ref
+            return False
+        if found is None:
+            return False
+        gang, generation = found
+        with self._lock:
+            return gang.generation != generation and sent_at > gang.ended_at.get(generation, math.inf)
 
     def involves(self, payload: Any) -> bool:
         """The Ray ref is of a call to a member of an SPMD group (its failure may be the group's: failure)."""
@@ -302,13 +365,15 @@ class Refusal:
     """The value behind a refused call's ref (`route`): its get raises `error`. A put value, not a failing Ray
     task: Ray would log every failed object nobody read as an "Unhandled error"."""
 
-    __slots__ = ("error",)
+    __slots__ = ("after", "error", "waits")
 
-    def __init__(self, error: FrayError) -> None:
+    def __init__(self, error: FrayError, waits: bool = False, after: int = -1) -> None:
         self.error = error
+        self.waits = waits  # the group restarts: the get waits for it and sends the call then (fray_ray._resend)
+        self.after = after  # (waits for a life later than this one: a member's process was ending)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Refusal, (self.error,))
+        return (Refusal, (self.error, self.waits, self.after))
 
 
 def raise_refusals(values: Sequence[Any]) -> None:
@@ -342,6 +407,13 @@ def start_heartbeat(interval: float) -> None:
             time.sleep(interval)
 
     threading.Thread(target=beat, name="fray-heartbeat", daemon=True).start()
+
+
+def _on_this_node(info: dict[str, Any]) -> bool:
+    try:
+        return str((info.get("Address") or {}).get("NodeID", "")) == ray.get_runtime_context().get_node_id()
+    except Exception:
+        return False
 
 
 def _kill_stopped(info: dict[str, Any]) -> None:

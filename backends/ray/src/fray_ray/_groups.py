@@ -53,6 +53,7 @@ from fray_ray._args import is_serialization_error, share_args, share_kwargs, unw
 from fray_ray._cancel import CancelTracker
 from fray_ray._gangs import HEARTBEAT_ENV, GangWatch, RayGang
 from fray_ray._gpus import RENDEZVOUS_ENV
+from fray_ray._resend import Resender
 
 __all__ = [
     "DEFAULT_BUNDLE",
@@ -219,6 +220,8 @@ class RayGroups:
         self._cancels = cancels
         self._placement_groups: dict[Any, Any] = {}  # placement group id -> placement group
         self.gangs = GangWatch()  # the SPMD groups made here fail as one (fray_ray._gangs)
+        # calls made while an actor or a group restarts are sent again once it is back (fray_ray._resend)
+        self.resend = Resender(self.gangs.member_now, self.gangs.await_back, self.gangs.sent_after_death)
 
     def create(
         self,
@@ -255,6 +258,8 @@ class RayGroups:
             raise
         if not detached:
             self._placement_groups[pg.id] = pg
+        if not distributed and options.max_restarts != 0:  # (Ray restarts each alone: _resend)
+            self.resend.actors.update(h.payload._actor_id.binary() for h in handles)
         if distributed:
 
             def respawn(gang: RayGang) -> list[Any]:  # new members in the same bundles, a new MASTER_PORT
@@ -317,7 +322,10 @@ class RayGroups:
             actor, refused = self.gangs.route(handle.payload)  # an SPMD group restarted, restarting or dead
             if refused is not None:
                 refs.append(ObjectRef(refused, "ray"))
+                self.resend.note(refs[-1], handle.payload, method, ray_args, ray_kwargs)  # (sent once it is back)
                 continue
+            restartable = bool(self.resend.actors) and actor._actor_id.binary() in self.resend.actors
+            after_death = restartable and self.resend.made_after_death(actor)
             try:
                 ref = getattr(actor, method).remote(*ray_args, **ray_kwargs)
             except TypeError as exc:
@@ -325,6 +333,10 @@ class RayGroups:
                     raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
                 raise
             result = ObjectRef(ref, "ray")
+            if self.gangs.is_member(handle.payload):  # (an SPMD member: its call may outlive a death unsent)
+                self.resend.note(result, handle.payload, method, ray_args, ray_kwargs)
+            elif restartable:  # (a restartable member of a plain group)
+                self.resend.note(result, actor, method, ray_args, ray_kwargs, after_death)
             if noted:
                 self._cancels.note_dependencies(result, args, kwargs)
             refs.append(result)

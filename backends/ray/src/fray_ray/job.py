@@ -21,7 +21,7 @@ import ray
 
 from fray.capabilities import Capability
 from fray.context import JobContext
-from fray.errors import InfeasibleResourcesError, SerializationError, TaskCancelledError
+from fray.errors import ActorUnavailableError, InfeasibleResourcesError, SerializationError, TaskCancelledError
 from fray.groups import ActorGroup, Member
 from fray.refs import ActorHandle, ObjectRef
 from fray.serialization import check_function, find_unserializable_argument
@@ -35,6 +35,7 @@ from fray_ray._cancel import CancelTracker
 from fray_ray._gangs import raise_refusals
 from fray_ray._groups import RayGroups
 from fray_ray._remote import Registry, is_default_task, task_options, translate
+from fray_ray._resend import remaining
 from fray_ray._streams import RayStreamSource
 from fray_ray._values import known_nbytes, pack, take_unpacked_bytes
 
@@ -153,14 +154,22 @@ class RayJobContext(JobContext):
         member: Member | None = None,
     ) -> ActorHandle:
         self._refuse_if_shut_down()
-        return self._actors.create(klass, args, kwargs, options, member)
+        created = self._actors.create(klass, args, kwargs, options, member)
+        if options.max_restarts != 0 and (member is None or not member.distributed):
+            self._groups.resend.actors.add(created.payload._actor_id.binary())  # (Ray restarts it: _resend)
+        return created
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         self._refuse_if_shut_down()
+        resend = self._groups.resend
         actor, refused = self._groups.gangs.route(handle.payload)  # an SPMD group restarted, restarting or dead
-        if refused is not None:
-            return ObjectRef(refused, BACKEND)
         ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
+        if refused is not None:
+            waiting = ObjectRef(refused, BACKEND)
+            resend.note(waiting, handle.payload, method, ray_args, ray_kwargs)  # (sent once its group is back)
+            return waiting
+        restartable = bool(resend.actors) and actor._actor_id.binary() in resend.actors
+        after_death = restartable and resend.made_after_death(actor)  # (looked at before the call is made)
         try:
             ref = getattr(actor, method).remote(*ray_args, **ray_kwargs)
         except TypeError as exc:
@@ -168,6 +177,10 @@ class RayJobContext(JobContext):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
         result = ObjectRef(ref, BACKEND)
+        if self._groups.gangs.is_member(handle.payload):  # an SPMD member: its call may outlive a death unsent
+            resend.note(result, handle.payload, method, ray_args, ray_kwargs)
+        elif restartable:  # a restartable actor: fray_ray._resend
+            resend.note(result, actor, method, ray_args, ray_kwargs, after_death)
         if ray_args is not args or ray_kwargs is not kwargs:
             self._cancels.note_dependencies(result, args, kwargs)
         return result
@@ -286,23 +299,40 @@ class RayJobContext(JobContext):
     # ------------------------------------------------------------------ objects
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         self._refuse_if_shut_down()
-        payloads = [r.payload for r in refs]
+        resend = self._groups.resend
+        payloads = resend.current(refs) if resend.active else [r.payload for r in refs]
         if self._cancels.cancelled:
             self._cancels.raise_if_cancelled(payloads)
         take_unpacked_bytes()  # start counting from zero (a failed get may have left some)
         start = time.perf_counter()
-        try:
-            values: list[Any] = ray.get(payloads, timeout=timeout)
-        except Exception as exc:
-            group_death = self._groups.gangs.failure(exc, payloads)  # a member's SPMD group died: its error
-            if group_death is not None:
-                raise group_death from None
-            new = translate(exc)
-            if new is exc:
-                raise
-            raise new from None
-        if self._groups.gangs.refusing:  # (calls to an SPMD group restarting or dead: fray_ray._gangs.route)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                values: list[Any] = ray.get(payloads, timeout=timeout)
+            except Exception as exc:
+                if resend.active and resend.resend_failed(refs, exc):  # calls a restarting actor never received
+                    payloads, timeout = resend.current(refs), remaining(deadline)
+                    continue
+                group_death = self._groups.gangs.failure(exc, payloads)  # a member's SPMD group died: its error
+                if group_death is not None:
+                    restarting = isinstance(group_death, ActorUnavailableError)
+                    if restarting and resend.active and resend.resend_made_after_death(refs, deadline):
+                        payloads, timeout = resend.current(refs), remaining(deadline)
+                        continue
+                    raise group_death from None
+                new = translate(exc)
+                if new is exc:
+                    raise
+                raise new from None
+            if not self._groups.gangs.refusing:
+                break
+            # (calls to an SPMD group restarting or dead: fray_ray._gangs.route) those made while it restarts are
+            # sent once it is back; the others raise its error
+            if resend.active and resend.resend_waiting(refs, values, deadline):
+                payloads, timeout = resend.current(refs), remaining(deadline)
+                continue
             raise_refusals(values)
+            break
         seconds = time.perf_counter() - start
         nbytes = take_unpacked_bytes() + sum(known_nbytes(v) for v in values)
         with self._gets_lock:

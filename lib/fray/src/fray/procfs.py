@@ -24,6 +24,8 @@ __all__ = [
     "alive",
     "boot_id",
     "children_of",
+    "end_children",
+    "exiting",
     "group_members",
     "stat",
     "stop_group",
@@ -58,6 +60,24 @@ def stat(pid: int) -> ProcStat | None:
         return ProcStat(pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
     except (IndexError, ValueError):
         return None
+
+
+_PF_EXITING = 0x4  # (linux/sched.h) the process has begun to exit
+
+
+def exiting(pid: int) -> bool:
+    """Process `pid` of this machine has begun to exit (SIGKILLed, say), or is gone: what is sent to it now is
+    lost, though fray may not know of its death yet (a process with torch loaded takes ~0.1 s to end)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return True
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+    except (IndexError, ValueError):
+        return False
 
 
 def alive(pid: int) -> bool:
@@ -162,3 +182,26 @@ def stop_group(leader: Identity, grace: float = 3.0) -> bool:
         while group_members(leader.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
     return not group_members(leader.pid)
+
+
+def end_children(children: list[Identity], grace: float = 5.0) -> list[int]:
+    """Wait up to `grace` seconds for these processes to end, then SIGKILL each one still running that is proven
+    the recorded process (pid, start time, boot) and a child of this process; wait up to `grace` again for them
+    to go. Returns the pids still running (none, unless a process outlived its SIGKILL or is not ours)."""
+    deadline = time.monotonic() + grace
+    left = [c for c in children if c.running()]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [c for c in left if c.running()]
+    for child in left:
+        now = stat(child.pid)
+        if now is not None and now.ppid == os.getpid() and child.running():
+            try:
+                os.kill(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [c for c in left if c.running()]
+    return [c.pid for c in left]

@@ -5,9 +5,10 @@ group's current generation: every member's process is SIGKILLed at once (a survi
 cannot leave it otherwise) and every call pending on any member fails: with ActorUnavailableError when a restart
 is left (`ActorOptions.max_restarts`), then every member comes back on a fresh process with a new MASTER_PORT and
 runs __init__ again (all ranks at once, as at creation; `fray.current_actor().restarts` counts); with
-ActorDiedError naming the rank that died when none is left. Calls made while the group restarts raise
-ActorUnavailableError at once. A member whose process sends no heartbeat for `hang_timeout` seconds (stopped,
-or its machine gone quiet) counts as dead the same way (fray.gang.hang_timeout).
+ActorDiedError naming the rank that died when none is left. Calls submitted while the group restarts belong to
+its next life: they wait for the restart and then run (their caller's get timeout bounds the wait), or fail with
+the group's ActorDiedError if the restart fails. A member whose process sends no heartbeat for `hang_timeout`
+seconds (stopped, or its machine gone quiet) counts as dead the same way (fray.gang.hang_timeout).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from fray.errors import FrayError
+from fray.errors import ActorUnavailableError, FrayError
 from fray.gang import died_error, hung_reason, restarting_error
 from fray.net import free_port
 
@@ -92,12 +93,30 @@ class Gang:
         threading.Thread(target=await_silence, name=f"fray-gang-beats-{rank}", daemon=True).start()
 
     # ------------------------------------------------------------ calls
-    def check(self) -> int:
-        """The group's current life, for a call about to be sent; raises at once while it restarts or is dead."""
+    def life(self) -> int:
+        """The group's life a call submitted now belongs to: the current one; while the group restarts, the one
+        the restart brings; and the next one when a member's process has begun to exit but its death is not seen
+        yet (a process with torch takes ~0.1 s to end after a SIGKILL: the call was in flight at no death). Its
+        calls wait for that life (`ready`)."""
         with self.cond:
+            if self.error is None and not self.dead and any(m.exiting() for m in self.members.values()):
+                return self.generation + 1
+            return self.generation
+
+    def ready(self, life: int) -> None:
+        """Wait until life `life` of the group can take a call (the coming death is seen and a restart brings it
+        up), and return; raise why it ended if it has ended (the call was submitted before a death, or the
+        restart failed), or the group's error once it is dead. Bounded by the death and the restart: the watcher
+        of the exiting process sees its end, and a restart ends by coming back, by a failed __init__ or by a
+        kill, each of which notifies; the caller's own wait is bounded by its get's timeout."""
+        with self.cond:
+            while not self.dead and (self.generation < life or (self.generation == life and self.error is not None)):
+                self.cond.wait(1.0)
+            if self.generation != life:
+                failure = self.failures.get(life)
+                raise _copy(failure) if failure is not None else ActorUnavailableError(f"{self.label} restarted")
             if self.error is not None:
                 raise _copy(self.error)
-            return self.generation
 
     def failure_since(self, generation: int, wait: float) -> FrayError | None:
         """Why life `generation` ended (waiting up to `wait` seconds for it to end); None if it goes on."""

@@ -29,6 +29,7 @@ from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
 from fray.gpus import use_held_device
 from fray.in_memory._channel import Channel, Serialized
 from fray.in_memory._gang import Gang
+from fray.procfs import exiting
 from fray.remote_errors import RemoteError, capture_exception
 from fray.rendezvous import serve_store
 from fray.serialization import Blob, loads
@@ -137,14 +138,23 @@ class ProcessMember:
                 raise failure from None
         raise error
 
-    def _exchange(self, message: Any, what: str) -> Any:
-        generation = self._gang.check() if self._gang is not None else 0
+    def _exchange(self, message: Any, what: str, life: int | None = None) -> Any:
+        """One call, sent in its group's life `life` (the one current when it was submitted): a call submitted
+        while the group restarts waits for the restart; one submitted before a death fails with it."""
+        generation = 0
+        if self._gang is not None:
+            generation = self._gang.life() if life is None else life
+            self._gang.ready(generation)
         with self._lock:
             if self._gang is not None and generation != self._generation:  # the group failed since the check
                 failure = self._gang.failure_since(generation, 0)
                 raise failure if failure is not None else ActorUnavailableError(f"actor {self._label} restarted")
             reply = self._send_receive(message, what)
         return self._outcome(reply, generation, what)
+
+    def _fray_call(self, life: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """`method(*args, **kwargs)`, a call submitted in its group's life `life` (Gang.life)."""
+        return self._exchange((method, args, kwargs), method, life)
 
     def __getattr__(self, method: str) -> Any:
         if method.startswith("_"):
@@ -154,6 +164,11 @@ class ProcessMember:
             return self._exchange((method, args, kwargs), method)
 
         return call
+
+    def exiting(self) -> bool:
+        """Its process has begun to exit (or has ended), though its group may not have seen the death yet."""
+        proc = self._proc
+        return proc is not None and exiting(proc.pid)
 
     def stop_process(self) -> None:
         """SIGKILL its process (not waiting: a call may hold the lock, blocked on the process's answer)."""

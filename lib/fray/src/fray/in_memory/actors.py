@@ -241,6 +241,8 @@ class ActorTable:
         serialize = self.ctx.serialize and not _immutable_call(args, kwargs)
         call = dumps_call(where, args, kwargs, device_mode=KEPT) if serialize else (args, kwargs)
         entry = _Entry()
+        gang = actor.member.gang if actor.member is not None else None
+        life = gang.life() if gang is not None else 0  # (an SPMD group's life this call belongs to: _gang.Gang)
         with actor.lock:
             if actor.death is not None:
                 entry.settle(error=_died(actor))
@@ -248,7 +250,7 @@ class ActorTable:
             actor.pending.add(entry)
             _call_owner[entry] = actor
             try:
-                actor.executor.submit(self._run_method, actor, method, call, entry, stream)
+                actor.executor.submit(self._run_method, actor, method, call, entry, stream, life)
             except RuntimeError:  # executor shut down: the actor was killed just now
                 actor.pending.discard(entry)
                 entry.settle(error=_died(actor))
@@ -285,7 +287,7 @@ class ActorTable:
             queue.end()
 
     def _run_method(
-        self, actor: _Actor, method: str, call: Any, entry: _Entry, stream: ItemQueue | None = None
+        self, actor: _Actor, method: str, call: Any, entry: _Entry, stream: ItemQueue | None = None, life: int = 0
     ) -> None:
         with actor.lock:
             if entry not in actor.pending:  # cancelled or the actor was killed
@@ -302,8 +304,11 @@ class ActorTable:
                 member_process = actor.member is not None and actor.member.distributed  # (a ProcessMember)
                 what = f"the arguments of {actor.klass.__name__}.{method}"
                 args, kwargs = self.ctx._resolve_call(call, what, stored=member_process)
-                with using_gpus(() if member_process else actor.gpus, self.ctx.gpus):
-                    result = getattr(actor.instance, method)(*args, **kwargs)
+                if member_process:  # (its process's call waits for, or fails with, its group's restart)
+                    result = actor.instance._fray_call(life, method, args, kwargs)
+                else:
+                    with using_gpus(actor.gpus, self.ctx.gpus):
+                        result = getattr(actor.instance, method)(*args, **kwargs)
                 if inspect.iscoroutine(result):
                     result = actor.run_coroutine(result)
                 if stream is not None:

@@ -94,6 +94,15 @@ class GlooMember:
         return {"pid": os.getpid(), "restarts": me.restarts, "rank": me.rank, "port": os.environ.get("MASTER_PORT")}
 
 
+class GlooMemberRestartingSlowly(GlooMember):
+    """A GlooMember whose __init__ takes `delay` seconds more when its group restarts (before the rendezvous)."""
+
+    def __init__(self, delay: float) -> None:
+        if fray.current_actor().restarts:
+            time.sleep(delay)
+        super().__init__()
+
+
 def use_group(group: Any, x: int) -> list[int]:
     """A group passed into a task is used there like a handle."""
     ctx = fray.get_job_context()

@@ -4,6 +4,7 @@ name. Public, so that a backend's own tests and the repository's matrix reuse th
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -292,3 +293,35 @@ class GpuMember:
 
     def crash_now(self) -> None:
         os._exit(1)
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def kill_descendant(pid: int) -> None:
+    """SIGKILL process `pid` (an actor's, as its `pid()` method said), after proving it a descendant of this
+    process (started by it directly or through the engine's daemons): a test never signals a process that is not
+    its own. Raises ValueError naming the process otherwise."""
+    ancestor = pid
+    for _ in range(64):
+        if ancestor <= 1:
+            break
+        ancestor = _parent_of(ancestor)
+        if ancestor == os.getpid():
+            os.kill(pid, signal.SIGKILL)
+            return
+    raise ValueError(f"process {pid} is not a descendant of this process ({os.getpid()}): not signalled")
+
+
+class RestartsSlowly(Counter):
+    """A Counter whose __init__ takes `delay` seconds when it runs again (a restart): its first run leaves
+    `marker`. Its `pid` says which process to kill."""
+
+    def __init__(self, marker: str, delay: float, start: int = 0) -> None:
+        if os.path.exists(marker):
+            time.sleep(delay)
+        else:
+            Path(marker).write_text("started")
+        super().__init__(start)

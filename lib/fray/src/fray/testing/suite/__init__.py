@@ -12,6 +12,7 @@ from fray.testing.suite.test_groups import *  # noqa: F403
 from fray.testing.suite.test_objects import *  # noqa: F403
 from fray.testing.suite.test_options import *  # noqa: F403
 from fray.testing.suite.test_receive import *  # noqa: F403
+from fray.testing.suite.test_restarts import *  # noqa: F403
 from fray.testing.suite.test_spmd_failures import *  # noqa: F403
 from fray.testing.suite.test_streaming import *  # noqa: F403
 from fray.testing.suite.test_tasks import *  # noqa: F403
