@@ -93,7 +93,7 @@ def test_shutdown_leaves_no_process_socket_or_shm(tmp_path: Path) -> None:
         ("monarch?procs=0", "procs=.*>= 1"),
         ("monarch?cpus=-1", "cpus=.*>= 0"),
         ("monarch?object_store_memory=0", "object_store_memory=.*positive"),
-        ("monarch?transport=udp", "transport=.*one of auto, tcp, rdma"),
+        ("monarch?transport=udp", "transport=.*one of auto, tcp, tls, rdma"),
         ("monarch?procz=2", "unknown option 'procz'"),
     ],
 )

@@ -136,7 +136,7 @@ def test_another_user_cannot_attach_to_this_users_loopback_worker() -> None:
     try:
         port = _free_port()
         with _worker(f"tls://127.0.0.1:{port}"):
-            out = _as_nobody(f"tls://127.0.0.1:{port}", home, 8)
+            out = _as_nobody(f"tls://127.0.0.1:{port}", home, 4)
             assert "refused:" in out and "attached" not in out, out
         # The same worker on plain TCP (--insecure) lets them attach: what the test tells apart.
         port = _free_port()

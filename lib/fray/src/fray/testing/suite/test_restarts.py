@@ -18,7 +18,7 @@ from fray.testing import requires_capability
 from fray.testing import workloads as h
 
 AFTER_KILL = 0.05  # seconds from the SIGKILL to the call (the measurement of raw Ray)
-SLOW_RESTART = 10.0  # seconds a slow restart's __init__ sleeps: far longer than the short timeout below
+SLOW_RESTART = 3.0  # seconds a slow restart's __init__ sleeps: three times the short timeout below
 SHORT_TIMEOUT = 1.0
 
 
