@@ -35,6 +35,9 @@ PROBE_AGAIN = 0.3  # seconds between the two probes that say a host still answer
 EnvKey = tuple[tuple[str, str], ...]
 
 
+STOP_TIMEOUT = 20.0  # seconds a shutdown waits for Monarch to stop its worker processes
+
+
 @dataclass
 class Proc:
     """One worker process: what runs there, and what its tasks may use."""
@@ -398,8 +401,10 @@ class ProcessPool:
         return procs
 
     @staticmethod
-    def stop(procs: list[Proc], timeout: float = 20.0) -> None:
-        """Stop their meshes (each once: a group's members share one) and wait, up to `timeout` in all."""
+    def stop(procs: list[Proc], timeout: float | None = None) -> None:
+        """Stop their meshes (each once: a group's members share one) and wait, up to `timeout` in all (default
+        STOP_TIMEOUT); a process still there afterwards is killed by the context's shutdown (proven its child)."""
+        timeout = STOP_TIMEOUT if timeout is None else timeout
         stops = []
         meshes: set[int] = set()
         for proc in procs:
