@@ -48,14 +48,21 @@ class ProcStat:
         return self.state not in ("Z", "X")
 
 
-def stat(pid: int) -> ProcStat | None:
-    """The process `pid` as /proc shows it now, or None if there is none."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
     except OSError:
         return None
-    fields = raw[raw.rfind(b")") + 2 :].split()
+    return raw[raw.rfind(b")") + 2 :].split()
+
+
+def stat(pid: int) -> ProcStat | None:
+    """The process `pid` as /proc shows it now, or None if there is none."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
     try:
         return ProcStat(pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
     except (IndexError, ValueError):
@@ -68,12 +75,9 @@ _PF_EXITING = 0x4  # (linux/sched.h) the process has begun to exit
 def exiting(pid: int) -> bool:
     """Process `pid` of this machine has begun to exit (SIGKILLed, say), or is gone: what is sent to it now is
     lost, though fray may not know of its death yet (a process with torch loaded takes ~0.1 s to end)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return True
-    fields = raw[raw.rfind(b")") + 2 :].split()
     try:
         return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
     except (IndexError, ValueError):
