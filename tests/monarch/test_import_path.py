@@ -6,20 +6,17 @@ user put there (colorsys.py here) instead of the real one."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
+from _planted_cwd import run_in_planted_cwd
 
 from fray_monarch import import_path
 
-NOBODY = 65534
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="planting files as another user needs root (setpriv)")
 
-PLANTED = "import pathlib, sys; print('planted colorsys imported', file=sys.stderr)\n"
 
 DRIVER = textwrap.dedent(
     """
@@ -40,28 +37,9 @@ DRIVER = textwrap.dedent(
 def test_a_module_planted_in_the_drivers_shared_current_directory_is_not_imported_by_its_workers(
     tmp_path: Path,
 ) -> None:
-    shared = Path(tempfile.mkdtemp(prefix="fray-test-cwd-", dir="/tmp"))  # /tmp itself: others reach it
-    try:
-        shared.chmod(0o1777)  # as /tmp is: every user may add files
-        planted = subprocess.run(
-            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c",
-             f"open({str(shared / 'colorsys.py')!r}, 'w').write({PLANTED!r})"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert planted.returncode == 0, planted.stderr
-        script = tmp_path / "driver.py"  # the driver's own directory (sys.path[0]) is private
-        script.write_text(DRIVER)
-        done = subprocess.run(
-            [sys.executable, str(script)], cwd=shared, capture_output=True, text=True, timeout=300, check=False
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        assert result, done.stderr[-3000:]
-        imported = result[0].split(" ", 1)[1]
-        assert not imported.startswith(str(shared)), f"a worker imported {imported}, planted by another user"
-        assert "planted colorsys imported" not in done.stderr
-    finally:
-        subprocess.run(["rm", "-rf", "--one-file-system", str(shared)], check=False)
+    imported, shared, stderr = run_in_planted_cwd(DRIVER, tmp_path)
+    assert not imported[0].startswith(shared), f"a worker imported {imported[0]}, planted by another user"
+    assert "planted colorsys imported" not in stderr
 
 
 def test_the_driver_sends_its_own_view_and_workers_take_only_trusted_entries(tmp_path: Path) -> None:
