@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _sockets import closed_within
 
 import fray
 from fray.errors import ObjectLostError
@@ -44,17 +45,6 @@ def stores() -> Iterator[tuple[ObjectStore, ObjectStore]]:
 
 def _put(owner: ObjectStore, value: Any, oid: str = "zztest-p.1") -> Stored:
     return owner.put(dumps(value), oid)
-
-
-def _closed(conn: socket.socket, within: float) -> bool:
-    """The other side closed `conn` within `within` seconds."""
-    conn.settimeout(within)
-    try:
-        return conn.recv(1) == b""
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        return True
 
 
 def _connect(address: str, source: str = "") -> socket.socket:
@@ -142,14 +132,14 @@ def test_malformed_requests_close_only_their_connection(stores: tuple[ObjectStor
     for request in bad:
         conn = _connect(address)
         conn.sendall(request)
-        assert _closed(conn, 5), request[:40]
+        assert closed_within(conn, 5), request[:40]
         conn.close()
-    assert not _closed(keep, 0.2)
+    assert not closed_within(keep, 0.2)
     assert reader.load(value).sum() == 2 * MiB
     keep.close()
 
 
-def test_idle_and_excess_connections_are_closed(
+def test_idle_and_excess_connections_areclosed_within(
     stores: tuple[ObjectStore, ObjectStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     owner, reader = stores
@@ -161,8 +151,8 @@ def test_idle_and_excess_connections_are_closed(
     held = [_connect(address, f"127.0.0.{2 + i}") for i in range(6)]  # one per peer address: under its own cap
     time.sleep(0.3)
     extra = _connect(address, "127.0.0.9")
-    assert _closed(extra, 5), "a connection beyond the cap must be closed at once"
-    assert not any(_closed(c, 0.01) for c in held[:4])
+    assert closed_within(extra, 5), "a connection beyond the cap must be closed at once"
+    assert not any(closed_within(c, 0.01) for c in held[:4])
     for conn in held:
         conn.close()
     monkeypatch.setattr(transfer_server, "AUTH_TIMEOUT", 0.5)
@@ -170,7 +160,7 @@ def test_idle_and_excess_connections_are_closed(
     while True:  # the server notices the closed ones and frees their slots
         idle = _connect(address)
         start = time.monotonic()
-        if _closed(idle, 3):
+        if closed_within(idle, 3):
             break
         assert time.monotonic() < deadline
     assert 0.3 < time.monotonic() - start < 2.5, "an idle connection is closed after AUTH_TIMEOUT"

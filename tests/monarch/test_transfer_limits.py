@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _sockets import closed_within
 
 from fray.errors import ObjectLostError
 from fray.serialization import dumps
@@ -48,17 +49,6 @@ def _connect(address: str, source: str) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0))
 
 
-def _closed(conn: socket.socket, within: float) -> bool:
-    """The other side closed `conn` within `within` seconds."""
-    conn.settimeout(within)
-    try:
-        return conn.recv(1) == b""
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        return True
-
-
 def _pull(conns: transfer._Connections, value: Stored) -> bytes:
     target = memoryview(bytearray(value.length))
     transfer.fetch(conns, value, 0, value.length, target)
@@ -82,7 +72,7 @@ def test_a_trickling_request_is_cut_at_its_deadline(owner: ObjectStore, monkeypa
         except OSError:
             closed = True
             break
-        closed = _closed(conn, 0.25)
+        closed = closed_within(conn, 0.25)
     took = time.monotonic() - start
     conn.close()
     assert closed, "a request trickling in a byte at a time must not hold its connection past the deadline"
@@ -97,7 +87,7 @@ def test_slow_strangers_do_not_keep_a_reader_out(owner: ObjectStore) -> None:
     try:
         for conn in one_peer + many_peers:
             conn.sendall(b"slow")  # the start of a request, never finished
-        refused = sum(_closed(conn, 0.05) for conn in one_peer)
+        refused = sum(closed_within(conn, 0.05) for conn in one_peer)
         assert refused >= transfer_server.MAX_CONNECTIONS, "one address may hold only a few unproved connections"
         time.sleep(transfer_server.HANDSHAKE_GRACE + 0.2)
         conns = transfer._Connections()
