@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fray.procfs import children_of
 from fray_monarch import socket_guard
 
 NOBODY = 65534
@@ -53,18 +54,10 @@ with ThreadPoolExecutor(len(sys.argv) - 1) as pool:
 
 
 def _tree(root: int) -> list[int]:
-    """`root` and its descendants (from /proc: their parent pids)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    """`root` and its live descendants."""
     tree = [root]
     for pid in tree:
-        tree += [child for child, parent in parents.items() if parent == pid]
+        tree += children_of(pid)
     return tree
 
 
