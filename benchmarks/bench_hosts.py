@@ -10,7 +10,7 @@ For each size, in steady state (one warm-up, then --repeats loops):
 
 - fray-monarch, host A -> host B: an actor on host 1 makes a numpy array (float32), then an actor on host 2 reads
   it (returns its length and first element). Timed: the read call, from the driver, after the value was made:
-  the pull from host 1's store into host 2's (fray's direct TCP, `tcp-direct`: the bytes tagged with Poly1305,
+  the pull from host 1's store into host 2's (fray's direct TCP, `tcp-direct`: the bytes tagged with a GMAC,
   or with `--transport tls` inside TLS, encrypted) and one call round trip.
 - plain socket: the same number of bytes over one TCP connection from host 1 to host 2 (`sendall` from a
   memoryview, `recv_into` a preallocated buffer; one request byte per transfer), measured before and after the
