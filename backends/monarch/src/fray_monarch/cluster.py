@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
-from fray.errors import GetTimeoutError, JobNotFoundError
+from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
 from fray.jobs import LocalJobs
 from fray.procfs import children_of
 from fray.types import JobInfo, RuntimeEnv
@@ -98,6 +98,10 @@ class JobRunner(Actor):
     @endpoint
     def logs(self, job_id: str) -> Any:
         return self._safe(self.jobs.logs, job_id)
+
+    @endpoint
+    def log_end(self, job_id: str, lines: int) -> Any:
+        return self._safe(self.jobs.log_end, job_id, lines)
 
     @endpoint
     def stop_job(self, job_id: str) -> Any:  # "stop" is a name of ActorMesh
@@ -197,12 +201,16 @@ class MonarchClusterContext(ClusterContext):
             raise JobNotFoundError(f"no job {job_id!r} here (it never existed or was deleted)")
         return self._runners[index]
 
-    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
+    def _create_job(
+        self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool, job_id: str | None
+    ) -> str:
         # detached never comes here: no persistent_jobs (the job runners are children of this driver's meshes).
         # working_dir is this driver's path: on another host a directory that does not exist fails the job.
-        with self._lock:
+        with self._lock:  # one id, one job: ids are taken here, in this driver, whichever runner runs the job
+            if job_id is not None and job_id in self._where:
+                raise JobExistsError(f"a job with id {job_id!r} exists")
             index = next(self._next)
-            job_id = f"monarch-job-{uuid.uuid4().hex[:12]}"
+            job_id = job_id or f"monarch-job-{uuid.uuid4().hex[:12]}"
             self._where[job_id] = index
         started = self._runners[index].start.call_one(entrypoint, env, job_id, working_dir)
         return str(_unwrap(started.get(timeout=MARGIN)))
@@ -225,6 +233,16 @@ class MonarchClusterContext(ClusterContext):
         _unwrap(self._runner(job_id).delete.call_one(job_id).get(timeout=MARGIN))
         with self._lock:
             self._where.pop(job_id, None)
+
+    def _get_job_log_end(self, job_id: str, lines: int) -> str:
+        return str(_unwrap(self._runner(job_id).log_end.call_one(job_id, lines).get(timeout=MARGIN)))
+
+    def raw_log_end(self, job_id: str, lines: int) -> str:
+        """The raw last lines of a job's log, records included (for a head's clients: fray.job_records)."""
+        return self._get_job_log_end(job_id, lines)
+
+    def _job_python(self) -> str:
+        return "python"  # a job runner puts its own interpreter first on a job's PATH (this path may not be there)
 
     def _get_job_logs(self, job_id: str) -> str:
         return str(_unwrap(self._runner(job_id).logs.call_one(job_id).get(timeout=MARGIN)))

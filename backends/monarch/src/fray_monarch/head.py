@@ -73,13 +73,18 @@ class Head:
         job = str(message.get("id", ""))
         if op == "submit":
             env = RuntimeEnv(env=message.get("env", {}), package_requirements=message.get("packages", []))
-            return self.cluster.create_job(message["entrypoint"], env=env, working_dir=message.get("working_dir"))
+            made = self.cluster.create_job(
+                message["entrypoint"], env=env, working_dir=message.get("working_dir"), job_id=message.get("id")
+            )
+            return str(made)
         if op == "list":
             return [encode_info(info) for info in self.cluster.list_jobs()]
         if op == "info":
             return encode_info(self.cluster.get_job(job))
         if op == "logs":
             return self.cluster.get_job_logs(job)
+        if op == "log_end":
+            return self.cluster.raw_log_end(job, int(message["lines"]))
         if op == "stop":
             return self.cluster.stop_job(job)
         if op == "delete":

@@ -32,7 +32,9 @@ class MonarchHeadClient(ClusterContext):
     def _ask(self, message: dict[str, Any], timeout: float | None = REQUEST_TIMEOUT) -> Any:
         return request(self.head, message, timeout)
 
-    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
+    def _create_job(
+        self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool, job_id: str | None
+    ) -> str:
         # A job of the head's lives as long as the head, whether detached was asked or not: the cluster was
         # started to outlive its commands, as a Ray cluster's jobs do.
         message = {
@@ -41,6 +43,7 @@ class MonarchHeadClient(ClusterContext):
             "env": dict(env.env),
             "packages": list(env.package_requirements),
             "working_dir": working_dir,
+            "id": job_id,
         }
         return str(self._ask(message))
 
@@ -61,6 +64,12 @@ class MonarchHeadClient(ClusterContext):
 
     def _get_job_logs(self, job_id: str) -> str:
         return str(self._ask({"op": "logs", "id": job_id}))
+
+    def _get_job_log_end(self, job_id: str, lines: int) -> str:
+        return str(self._ask({"op": "log_end", "id": job_id, "lines": lines}))
+
+    def _job_python(self) -> str:
+        return "python"  # the head's job runners put their own interpreter first on a job's PATH
 
     def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
         limit = None if timeout is None else timeout + REQUEST_TIMEOUT

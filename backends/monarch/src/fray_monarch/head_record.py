@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from typing import Any
 
 from fray import state
-from fray.errors import FrayError, GetTimeoutError, JobNotFoundError
+from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
 from fray.procfs import Identity
 from fray.types import JobInfo, JobStatus
 
@@ -19,14 +18,21 @@ NAME = "monarch"  # the record's name in the state directory
 REQUEST_TIMEOUT = 60.0  # seconds an answer may take (a wait asks for its own timeout more)
 ERRORS: dict[str, type[Exception]] = {
     "JobNotFoundError": JobNotFoundError,
+    "JobExistsError": JobExistsError,
+    "InfeasibleResourcesError": InfeasibleResourcesError,
     "GetTimeoutError": GetTimeoutError,
     "ValueError": ValueError,
     "TypeError": TypeError,
 }
 
 
+# What a head sends of a JobInfo: what its backend knows. The client's ClusterContext adds the rest (name,
+# attempts, result: from the job's id and its log's record), as for any backend.
+_SENT = ("id", "submission_time", "start_time", "end_time", "entrypoint", "exit_code", "message")
+
+
 def encode_info(info: JobInfo) -> dict[str, Any]:
-    return {**asdict(info), "status": info.status.value}
+    return {**{key: getattr(info, key) for key in _SENT}, "status": info.status.value}
 
 
 def decode_info(data: dict[str, Any]) -> JobInfo:

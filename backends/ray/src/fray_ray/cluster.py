@@ -18,14 +18,17 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from functools import partial
 from typing import Any, ClassVar
+from urllib.parse import urlencode
 
 from fray.capabilities import Capability
 from fray.context import ClusterContext
-from fray.errors import GetTimeoutError, JobNotFoundError
+from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
+from fray.job_handle import JobHandle
+from fray.resources import format_resources, short_of
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 from fray_ray._head import START_TIMEOUT, LocalHead, job_client
 from fray_ray._local import is_loopback_address
@@ -155,24 +158,27 @@ class RayClusterContext(ClusterContext):
         )
 
     # ------------------------------------------------------------------ jobs
-    def create_job(
+    def create_job(  # type: ignore[override]
         self,
-        entrypoint: str | Sequence[str],
+        entrypoint: str | Sequence[str] | Callable[..., Any],
         env: RuntimeEnv | None = None,
         working_dir: str | os.PathLike[str] | None = None,
         detached: bool = False,
-    ) -> str:
+        **options: Any,
+    ) -> JobHandle:
         """As ClusterContext.create_job, but a cluster elsewhere (not on this machine) gets a working directory
         uploaded only when one is named (`working_dir`, or the context's `working_dir` option), as `ray job
         submit --working-dir` does; without one nothing is uploaded and the job runs in Ray's default directory
         on its node. On this machine's cluster the job runs in place, by default in the caller's directory."""
         named = _working_dir_named.set(working_dir is not None or self.default_working_dir is not None)
         try:
-            return super().create_job(entrypoint, env, working_dir, detached)
+            return super().create_job(entrypoint, env, working_dir, detached, **options)
         finally:
             _working_dir_named.reset(named)
 
-    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
+    def _create_job(
+        self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool, job_id: str | None
+    ) -> str:
         # detached: every job of a cluster by address outlives this process (a private head refuses it, upstream)
         given = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
         runtime_env: dict[str, Any] = runtime_env_dict(env) or {}
@@ -181,6 +187,8 @@ class RayClusterContext(ClusterContext):
         # prefixes it writes there ("(raylet)", "(task pid=N)") unless RAY_COLOR_PREFIX=0 (issue 28).
         runtime_env["env_vars"] = {"RAY_COLOR_PREFIX": "0", **runtime_env.get("env_vars", {})}
         reserved = entrypoint_options(env) if env.minimum_resources else {}
+        if env.minimum_resources:
+            self._check_feasible({r.name: float(r.quantity) for r in env.minimum_resources})
         if self._local:
             command = _guarded(_in_place(given, working_dir))
         else:
@@ -192,13 +200,37 @@ class RayClusterContext(ClusterContext):
             try:
                 return str(
                     self._client.submit_job(
-                        entrypoint=command, runtime_env=runtime_env, metadata={_ENTRYPOINT_KEY: given}, **reserved
+                        entrypoint=command,
+                        runtime_env=runtime_env,
+                        metadata={_ENTRYPOINT_KEY: given},
+                        submission_id=job_id,
+                        **reserved,
                     )
                 )
             except RuntimeError as exc:  # a fresh head node's job agent comes up after the dashboard
+                if job_id is not None and "already exists" in str(exc):  # Ray's check is atomic (its GCS's kv)
+                    raise JobExistsError(
+                        f"a job with id {job_id!r} exists on the Ray cluster at {self.address}"
+                    ) from None
                 if "No available agent" not in str(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+    def _check_feasible(self, need: dict[str, float]) -> None:
+        """InfeasibleResourcesError when no node of the cluster could ever hold `need` (a job's entrypoint runs on
+        one node): Ray would keep such a job PENDING forever. Nodes not known yet: nothing to check against."""
+        try:
+            nodes = self.node_status()
+        except Exception:  # no status API to ask: Ray decides
+            return
+        totals = [node["total"] for node in nodes if node.get("total")]
+        if totals and all(short_of(total, need) for total in totals):
+            largest = max(totals, key=lambda t: t.get("CPU", 0.0))
+            raise InfeasibleResourcesError(
+                f"the job needs {format_resources(need)} on one node, but no node of the Ray cluster at "
+                f"{self.address} has that (the largest: {format_resources(largest)}); lower its resources or "
+                "replicas"
+            )
 
     def _info(self, details: Any) -> JobInfo:
         status = _STATUS[str(getattr(details.status, "value", details.status))]
@@ -343,6 +375,22 @@ class RayClusterContext(ClusterContext):
                 if not str(row.get("class_name") or row.get("name") or "").startswith("JobSupervisor")
             ]
         return found
+
+    def _get_job_log_end(self, job_id: str, lines: int) -> str:
+        """The log's last lines from Ray's log API (the node reads its file's end), not the whole log."""
+        details = self._details(job_id)
+        query = urlencode({"submission_id": job_id, "lines": max(lines, 1), "filter_ansi_code": "false"})
+        try:
+            response = self._client._do_request("GET", f"/api/v0/logs/file?{query}")
+            response.raise_for_status()
+        except Exception:  # a job whose log file is not there yet (pending), or no log API: the whole log
+            return super()._get_job_log_end(job_id, lines)
+        text = response.content.decode(errors="replace")
+        return _strip_preamble(text, job_id, details.entrypoint or "")
+
+    def _job_python(self) -> str:
+        # A cluster elsewhere: its own `python` (this machine's interpreter path need not exist there)
+        return super()._job_python() if self._local else "python"
 
     def _get_json(self, path: str) -> dict[str, Any]:
         response = self._client._do_request("GET", path)

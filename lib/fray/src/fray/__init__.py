@@ -19,6 +19,8 @@ from fray.errors import (
     FrayError,
     GetTimeoutError,
     InfeasibleResourcesError,
+    JobExistsError,
+    JobFailedError,
     JobNotFoundError,
     ObjectLostError,
     ObjectStoreFullError,
@@ -28,11 +30,22 @@ from fray.errors import (
     WorkerCrashedError,
 )
 from fray.groups import ActorGroup
+from fray.job_handle import JobHandle, wait_jobs
 from fray.refs import ActorHandle, ObjectRef
 from fray.registry import available_backends, cluster, init, shutdown
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
-from fray.types import ActorOptions, JobInfo, JobStatus, Lifetime, Resource, RuntimeEnv, TaskOptions
+from fray.types import (
+    ActorOptions,
+    JobAttempt,
+    JobError,
+    JobInfo,
+    JobStatus,
+    Lifetime,
+    Resource,
+    RuntimeEnv,
+    TaskOptions,
+)
 
 __version__ = "0.1.0"
 
@@ -51,7 +64,12 @@ __all__ = [
     "FrayError",
     "GetTimeoutError",
     "InfeasibleResourcesError",
+    "JobAttempt",
     "JobContext",
+    "JobError",
+    "JobExistsError",
+    "JobFailedError",
+    "JobHandle",
     "JobInfo",
     "JobNotFoundError",
     "JobStatus",
@@ -79,4 +97,5 @@ __all__ = [
     "set_job_context",
     "shutdown",
     "using",
+    "wait_jobs",
 ]

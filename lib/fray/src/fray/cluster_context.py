@@ -1,4 +1,5 @@
-"""ClusterContext: whole jobs (a shell command or argv, its environment, its logs) on a backend's cluster.
+"""ClusterContext: whole jobs (a command or a Python callable, with ranks, retries, a name; their logs) on a
+backend's cluster.
 
 Its public methods validate input and enforce the shared semantics; backends implement the `_hooks`.
 """
@@ -6,16 +7,22 @@ Its public methods validate input and enforce the shared semantics; backends imp
 from __future__ import annotations
 
 import os
+import re
+import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any, ClassVar
 
 from fray._validation import check_timeout
 from fray.capabilities import Capability
-from fray.errors import UnsupportedFeatureError
+from fray.errors import JobExistsError, JobNotFoundError, UnsupportedFeatureError
 from fray.interrupts import interrupted
+from fray.job_handle import JobHandle
+from fray.job_records import last_record
+from fray.job_requests import IF_EXISTS, SUPERVISOR, JobLaunch, check_name, is_name, name_of, next_id, parse_resources
 from fray.plain_text import plain, plain_pieces
 from fray.types import JobInfo, RuntimeEnv
 
@@ -23,6 +30,40 @@ __all__ = ["ClusterContext"]
 
 # fray.registry.ENV_VAR (not imported: the registry imports this module)
 BACKEND_VAR = "FRAY_BACKEND"
+
+
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_NAME_TRIES = 20
+_RECORD_LINES = 20  # a supervised job's record is among its log's last lines (only stragglers write after it)
+
+
+def _checked_command(entrypoint: object) -> str | list[str]:
+    if isinstance(entrypoint, str):
+        if not entrypoint.strip():
+            raise ValueError("entrypoint must not be empty")
+        return entrypoint
+    if isinstance(entrypoint, (list, tuple)):
+        if not entrypoint or not all(isinstance(a, str) for a in entrypoint):
+            raise TypeError("an argv entrypoint must be a non-empty list of strings")
+        return list(entrypoint)
+    raise TypeError(f"entrypoint must be a str, a list of str or a callable, got {type(entrypoint).__name__}")
+
+
+def _run_of(job_id: str, name: str) -> int:
+    """The run number of `job_id` if it is a run of `name`, else 0."""
+    parsed = name_of(job_id)
+    return parsed[1] if parsed is not None and parsed[0] == name else 0
+
+
+def _latest(jobs: Sequence[JobInfo], name: str) -> str:
+    return max(jobs, key=lambda info: _run_of(info.id, name)).id
+
+
+def _last_lines(text: str, count: int) -> str:
+    if count <= 0:
+        return ""
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[-count:])
 
 
 def _interruptible(pieces: Iterator[str], what: str) -> Iterator[str]:
@@ -48,40 +89,51 @@ class ClusterContext(ABC):
 
     def create_job(
         self,
-        entrypoint: str | Sequence[str],
+        entrypoint: str | Sequence[str] | Callable[..., Any],
         env: RuntimeEnv | None = None,
         working_dir: str | os.PathLike[str] | None = None,
         detached: bool = False,
-    ) -> str:
-        """Start `entrypoint` (a shell command string, or an argv list run without a shell); return its id.
+        *,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        if_exists: str = "return",
+        job_id: str | None = None,
+        max_retries: int = 0,
+        replicas: int = 1,
+        resources: Mapping[str, float] | None = None,
+    ) -> JobHandle:
+        """Start a job; return its handle (which is also its id, a str).
 
+        entrypoint: a shell command string, an argv list run without a shell, or a Python callable, run as
+        `fn(*args, **kwargs)` in the job's own process(es); its return value (if plain data) and its exception go
+        on the job's record (JobInfo.result, .error).
         working_dir: the directory the job runs in (default: the caller's current directory). On this machine the
         job runs in place there; a backend whose jobs run elsewhere may send it along (Ray uploads a directory as
         its working_dir only when one is named, as `ray job submit` does).
         detached: the job outlives this process and this context, and any process can find it (list, logs, stop,
         delete); needs the persistent_jobs capability. A job that is not detached ends when its owner ends,
         however the owner ends, unless it runs on a cluster the user started (whose jobs outlive their submitter).
+        name: at most one live job has it: with a pending or running job of that name, `if_exists` says what
+        happens: "return" that job (default), "replace" it (stop it, then start this one) or "refuse"
+        (JobExistsError). Its runs' ids are `name.1`, `name.2`...; every verb takes the name for its latest run.
+        job_id: the id to give it (JobExistsError if taken), as Ray's submission_id.
+        max_retries: run it again after a failed attempt (non-zero exit or exception; not after stop), up to this
+        many times. replicas: start that many ranks, with torch.distributed's variables set (RANK, WORLD_SIZE,
+        LOCAL_RANK, MASTER_ADDR, MASTER_PORT); one failing fails the attempt, and the others are stopped.
+        resources: what each rank needs (CPU, GPU, memory in bytes, custom); the job holds it for all its ranks.
+        Ranks, retries and callables run under fray.job_supervisor, on the host where the job runs.
         """
-        if isinstance(entrypoint, str):
-            if not entrypoint.strip():
-                raise ValueError("entrypoint must not be empty")
-        elif isinstance(entrypoint, (list, tuple)):
-            if not entrypoint or not all(isinstance(a, str) for a in entrypoint):
-                raise TypeError("an argv entrypoint must be a non-empty list of strings")
-            entrypoint = list(entrypoint)
-        else:
-            raise TypeError(f"entrypoint must be a str or a list of str, got {type(entrypoint).__name__}")
+        launch = self._launch_of(entrypoint, args, kwargs, max_retries, replicas, resources)
+        command = None if launch.call is not None else _checked_command(entrypoint)
         if env is not None and not isinstance(env, RuntimeEnv):
             raise TypeError(f"env must be a fray.RuntimeEnv, got {type(env).__name__}")
-        if env is not None and env.package_requirements and Capability.JOB_PACKAGES not in self.capabilities:
-            raise UnsupportedFeatureError(Capability.JOB_PACKAGES, self.backend, "RuntimeEnv.package_requirements")
-        if env is not None and env.maximum_resources:
-            raise ValueError(
-                "RuntimeEnv.maximum_resources bounds a task's request; no backend can cap a whole job's usage. "
-                "Use minimum_resources to reserve resources for the job."
-            )
-        if env is not None and env.minimum_resources and Capability.JOB_RESOURCES not in self.capabilities:
-            raise UnsupportedFeatureError(Capability.JOB_RESOURCES, self.backend, "RuntimeEnv.minimum_resources")
+        env = env or RuntimeEnv()
+        if launch.per_rank:
+            if env.minimum_resources:
+                raise ValueError("give a job's resources once: resources= (per rank) or RuntimeEnv.minimum_resources")
+            env = replace(env, minimum_resources=launch.whole_job())
+        self._check_env(env)
         if not isinstance(detached, bool):
             raise TypeError(f"detached must be True or False, got {detached!r}")
         if detached and Capability.PERSISTENT_JOBS not in self.capabilities:
@@ -94,7 +146,78 @@ class ClusterContext(ABC):
         directory = os.path.abspath(os.fspath(working_dir))
         if not os.path.isdir(directory):
             raise ValueError(f"working_dir {directory!r} is not a directory")
-        return self._create_job(entrypoint, self._reaching_this_cluster(env or RuntimeEnv()), directory, detached)
+        if if_exists not in IF_EXISTS:
+            raise ValueError(f"if_exists must be one of {', '.join(IF_EXISTS)}, got {if_exists!r}")
+        if name is not None and job_id is not None:
+            raise ValueError("give a job a name or a job_id, not both (a named job's ids are name.1, name.2, ...)")
+        if job_id is not None and (not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id)):
+            raise ValueError(f"job_id {job_id!r} is not valid: letters, digits, '.', '-' or '_' (at most 128)")
+        if launch.supervised:
+            env = replace(env, env={**env.env, **launch.call_env()})  # a callable that cannot travel fails here
+            command = launch.command(command, self._job_python())
+        assert command is not None  # (a callable is always supervised)
+        env = self._reaching_this_cluster(env)
+        submit = partial(self._submit, command, env, directory, detached)
+        if name is None:
+            return JobHandle(submit(job_id), self)
+        return JobHandle(self._submit_named(check_name(name), if_exists, submit), self)
+
+    def _launch_of(
+        self,
+        entrypoint: object,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any] | None,
+        max_retries: int,
+        replicas: int,
+        resources: Mapping[str, float] | None,
+    ) -> JobLaunch:
+        call = None
+        if callable(entrypoint) and not isinstance(entrypoint, (str, list, tuple)):
+            if not isinstance(args, (list, tuple)):
+                raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
+            if kwargs is not None and not isinstance(kwargs, Mapping):
+                raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+            call = (entrypoint, tuple(args), dict(kwargs or {}))
+        elif args or kwargs:
+            raise TypeError("args and kwargs go with a callable entrypoint; a command takes its arguments in it")
+        return JobLaunch(replicas, max_retries, parse_resources(resources), call)  # type: ignore[arg-type]
+
+    def _check_env(self, env: RuntimeEnv) -> None:
+        if env.package_requirements and Capability.JOB_PACKAGES not in self.capabilities:
+            raise UnsupportedFeatureError(Capability.JOB_PACKAGES, self.backend, "RuntimeEnv.package_requirements")
+        if env.maximum_resources:
+            raise ValueError(
+                "RuntimeEnv.maximum_resources bounds a task's request; no backend can cap a whole job's usage. "
+                "Use minimum_resources to reserve resources for the job."
+            )
+        if env.minimum_resources and Capability.JOB_RESOURCES not in self.capabilities:
+            raise UnsupportedFeatureError(Capability.JOB_RESOURCES, self.backend, "a job's resources")
+
+    def _submit(
+        self, entrypoint: str | list[str], env: RuntimeEnv, directory: str, detached: bool, job_id: str | None
+    ) -> str:
+        made = self._create_job(entrypoint, env, directory, detached, job_id)
+        if job_id is not None and made != job_id:
+            raise RuntimeError(f"the {self.backend} backend gave job {job_id!r} the id {made!r}")
+        return made
+
+    def _submit_named(self, name: str, if_exists: str, submit: Callable[[str], str]) -> str:
+        """Create a run of `name` unless one is live (see create_job). Each try lists the runs and creates the next
+        id; a backend refuses an id that exists, so a racing submitter's job is found on the next try."""
+        for _ in range(_NAME_TRIES):
+            jobs = self._list_jobs()
+            live = [info for info in jobs if _run_of(info.id, name) and not info.status.is_terminal]
+            if live and if_exists == "return":
+                return _latest(live, name)
+            if live and if_exists == "refuse":
+                raise JobExistsError(f"job {name!r} is {live[0].status.value} (id {live[0].id}); if_exists='refuse'")
+            for info in live:
+                self._stop_job(info.id)
+            try:
+                return submit(next_id(name, jobs))
+            except JobExistsError:
+                continue  # another submitter made that run first: look again
+        raise JobExistsError(f"could not start a run of job {name!r}: its ids were taken {_NAME_TRIES} times over")
 
     def _reaching_this_cluster(self, env: RuntimeEnv) -> RuntimeEnv:
         # A job's bare fray.init() reads FRAY_BACKEND: without it set here, it would read the submitter's (or
@@ -106,41 +229,96 @@ class ClusterContext(ABC):
 
     def list_jobs(self) -> list[JobInfo]:
         """Every job this context can see, oldest first where the backend knows the order."""
-        return self._list_jobs()
+        return [self._with_record(info) for info in self._list_jobs()]
+
+    def job(self, job: str) -> JobHandle:
+        """The handle of a job, by id or name (JobNotFoundError if unknown)."""
+        return JobHandle(self._resolve(job), self)
 
     def get_job(self, job_id: str) -> JobInfo:
-        """The current JobInfo of one job (JobNotFoundError if unknown)."""
-        return self._get_job(job_id)
+        """The current JobInfo of one job, by id or name (JobNotFoundError if unknown). For a job fray supervises
+        (a callable, ranks or retries) it holds its attempts, and its callable's result or exception."""
+        return self._with_record(self._get_job(self._resolve(job_id)))
 
     def stop_job(self, job_id: str) -> None:
         """Stop a pending or running job (its whole process group: SIGTERM, then SIGKILL after a grace period) and
         return once it has ended. It ends STOPPED and stays listed, with its logs. A job that has already ended is
-        left as it is."""
-        self._stop_job(job_id)
+        left as it is. A job stopped is not retried."""
+        self._stop_job(self._resolve(job_id))
 
     def delete_job(self, job_id: str) -> None:
         """Stop the job if it runs (its whole process group), then forget it."""
-        self._delete_job(job_id)
+        self._delete_job(self._resolve(job_id))
 
-    def get_job_logs(self, job_id: str) -> str:
+    def get_job_logs(self, job_id: str, tail: int | None = None) -> str:
         """Everything the job wrote to stdout and stderr so far (readable while it runs and after), as plain text:
-        terminal escape sequences (colours) removed (fray.plain_text)."""
-        return plain(self._get_job_logs(job_id))
+        terminal escape sequences (colours) removed (fray.plain_text). With `tail`, its last `tail` lines only,
+        read from the log's end (as cheap for a log of gigabytes as of kilobytes, where the backend can)."""
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+            raise ValueError(f"tail must be a number of lines >= 0, got {tail!r}")
+        job_id = self._resolve(job_id)
+        if tail is None:
+            return plain(self._get_job_logs(job_id))
+        return _last_lines(plain(self._get_job_log_end(job_id, tail + 1)), tail)
 
     def tail_job_logs(self, job_id: str) -> Iterator[str]:
         """Follow the job's output: an iterator of text pieces, first what the job wrote so far, then each new
         piece as it comes; it ends once the job has ended and everything it wrote has been given. Joined, the
         pieces are the job's whole log (as get_job_logs gives it). Unknown ids raise JobNotFoundError here, not
         at the first piece."""
+        job_id = self._resolve(job_id)
         self._get_job(job_id)
         return _interruptible(plain_pieces(self._tail_job_logs(job_id)), f"the log of job {job_id}")
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
         """Block until the job ends; GetTimeoutError after timeout."""
+        job_id = self._resolve(job_id)
         try:
-            return self._wait_job(job_id, check_timeout(timeout))
+            return self._with_record(self._wait_job(job_id, check_timeout(timeout)))
         except KeyboardInterrupt as exc:
             raise interrupted(exc, f"job {job_id}") from None
+
+    def _resolve(self, job: str) -> str:
+        """The id of `job`, an id or a name (a name: its latest run)."""
+        if not isinstance(job, str):
+            raise TypeError(f"a job is named by its id or name (a str), got {type(job).__name__}")
+        try:
+            self._get_job(job)
+            return str(job)
+        except JobNotFoundError:
+            if not is_name(job):
+                raise
+        runs = [info for info in self._list_jobs() if _run_of(info.id, job)]
+        if not runs:
+            raise JobNotFoundError(f"no job with id or name {job!r} on this {self.backend} cluster")
+        return _latest(runs, job)
+
+    def _with_record(self, info: JobInfo) -> JobInfo:
+        """info with its name, and (for a supervised job) what its log's record says."""
+        parsed = name_of(info.id)
+        if parsed is not None:
+            info = replace(info, name=parsed[0])
+        if " ".join(SUPERVISOR) not in info.entrypoint:
+            return info
+        try:
+            record = last_record(self._get_job_log_end(info.id, _RECORD_LINES))
+        except JobNotFoundError:
+            return info
+        if record is None:
+            return info
+        message = info.message
+        if record.attempts and record.attempts[-1].message and info.status.is_terminal:
+            message = record.attempts[-1].message
+        if record.result_repr is not None:
+            message = f"returned {record.result_repr} (not plain data: kept as its repr)"
+        return replace(
+            info,
+            replicas=record.replicas,
+            attempts=record.attempts,
+            result=record.result,
+            error=record.error,
+            message=message,
+        )
 
     def node_status(self) -> list[dict[str, Any]]:
         """The nodes jobs run on, as far as this context can see them: `{"node": name, "total": {resource:
@@ -186,8 +364,12 @@ class ClusterContext(ABC):
 
     # ----------------------------------------------------------------- backend hooks
     @abstractmethod
-    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
-        """Start the job in working_dir (an absolute path that exists here); detached only with persistent_jobs."""
+    def _create_job(
+        self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool, job_id: str | None
+    ) -> str:
+        """Start the job in working_dir (an absolute path that exists here); detached only with persistent_jobs.
+        With a job_id, create it under that id or raise JobExistsError if one exists, atomically: of two
+        processes creating one id at once, one fails."""
 
     @abstractmethod
     def _list_jobs(self) -> list[JobInfo]: ...
@@ -224,6 +406,16 @@ class ClusterContext(ABC):
                 return
             time.sleep(pause)
             pause = min(pause * 1.5, 0.5)
+
+    def _get_job_log_end(self, job_id: str, lines: int) -> str:
+        """The raw log's last `lines` lines (all of it, if it has fewer). Default: all of it, cut; backends with a
+        log file read only its end (fray.jobs.read_log_end)."""
+        return _last_lines(self._get_job_logs(job_id), lines)
+
+    def _job_python(self) -> str:
+        """The interpreter a supervised job (fray.job_supervisor) runs with. Default: this one (jobs run on this
+        machine, or on hosts with the same installation)."""
+        return sys.executable
 
     def _job_backend(self) -> str | None:
         """The backend spec a job's bare `fray.init()` gets (its FRAY_BACKEND), naming this backend and, where it

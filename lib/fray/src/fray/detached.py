@@ -37,8 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from fray.errors import GetTimeoutError, JobNotFoundError
-from fray.jobs import ended_status, follow_log, job_command, job_environment, missing_dir_message
+from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
+from fray.jobs import ended_status, follow_log, job_command, job_environment, missing_dir_message, read_log_end
 from fray.procfs import Identity, group_members, stop_group
 from fray.state import private_dir, read_json, state_subdir, write_json
 from fray.types import JobInfo, JobStatus, RuntimeEnv
@@ -73,7 +73,10 @@ class DetachedJobs:
         """Start a job that outlives this process; return once its runner has recorded it running (or failed)."""
         job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
         job_dir = self.root / job_id
-        job_dir.mkdir(mode=0o700)
+        try:
+            job_dir.mkdir(mode=0o700)  # atomic, across processes: of two starts of one id, one fails here
+        except FileExistsError:
+            raise JobExistsError(f"a job with id {job_id!r} exists in {self.root}") from None
         write_json(
             job_dir / "job.json",
             {
@@ -186,6 +189,9 @@ class DetachedJobs:
 
     def logs(self, job_id: str) -> str:
         return self.log_path(job_id).read_bytes().decode(errors="replace")
+
+    def log_end(self, job_id: str, lines: int) -> str:
+        return read_log_end(self.log_path(job_id), lines)
 
     def tail(self, job_id: str) -> Iterator[str]:
         """The job's output as it comes, until it has ended."""

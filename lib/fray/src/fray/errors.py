@@ -7,6 +7,8 @@ traceback text is attached as `exc.remote_traceback` (and as a note, so it shows
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FrayError(Exception):
     """Base class of every error Fray raises itself."""
@@ -80,6 +82,23 @@ class JobNotFoundError(FrayError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class JobExistsError(FrayError, ValueError):
+    """A job with this id, or a live job with this name, exists (create_job(if_exists="refuse"), or job_id=)."""
+
+
+class JobFailedError(FrayError):
+    """A job ended FAILED or STOPPED where its success was awaited (JobHandle.wait(raise_on_failure=True)).
+    `.info` is the job's JobInfo; for a callable, `.info.error` holds its exception's type, message and
+    traceback."""
+
+    def __init__(self, message: str, info: Any = None) -> None:
+        super().__init__(message)
+        self.info = info
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.info))
 
 
 class RemoteExceptionProxy(FrayError):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fray import watchdog
-from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobNotFoundError
+from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
 from fray.procfs import Identity, stop_group
 from fray.resources import add, fits, format_resources, short_of, subtract
 from fray.state import private_dir
@@ -35,6 +35,7 @@ __all__ = [
     "job_environment",
     "missing_dir_message",
     "private_dir",
+    "read_log_end",
 ]
 
 
@@ -100,6 +101,23 @@ def missing_dir_message(working_dir: str) -> str:
     return f"fray: the working directory {working_dir} does not exist on this host ({socket.gethostname()})\n"
 
 
+def read_log_end(path: Path, lines: int, block: int = 64 * 1024) -> str:
+    """The last `lines` lines of the file at `path` (all of it if fewer), read backwards from its end a block at
+    a time: the cost is that of the lines asked for, whatever the file's size."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        data = b""
+        start = end
+        while start > 0 and data.count(b"\n") <= lines:
+            step = min(block, start)
+            start -= step
+            f.seek(start)
+            data = f.read(step) + data
+            block *= 2
+    text = data.decode(errors="replace")
+    return "".join(text.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
+
+
 def follow_log(path: Path, ended: Callable[[], bool], poll: float = 0.05, max_poll: float = 0.5) -> Iterator[str]:
     """Yield what the log file at `path` holds, then each piece written to it, until `ended()` is true and
     everything written before was yielded. Decodes UTF-8 across reads (a character split between two reads is
@@ -156,7 +174,10 @@ class LocalJobs:
             )
         job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
         job_dir = self.root / job_id
-        job_dir.mkdir(mode=0o700)
+        try:
+            job_dir.mkdir(mode=0o700)  # atomic: of two starts of one id, one fails here
+        except FileExistsError:
+            raise JobExistsError(f"a job with id {job_id!r} exists here") from None
         text = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
         job = _Job(JobInfo(job_id, JobStatus.PENDING, submission_time=time.time(), entrypoint=text), job_dir / "log")
         os.close(os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
@@ -251,6 +272,9 @@ class LocalJobs:
 
     def logs(self, job_id: str) -> str:
         return self._job(job_id).log_path.read_bytes().decode(errors="replace")
+
+    def log_end(self, job_id: str, lines: int) -> str:
+        return read_log_end(self._job(job_id).log_path, lines)
 
     def tail(self, job_id: str) -> Iterator[str]:
         """The job's output as it comes, until it has ended (see follow_log)."""

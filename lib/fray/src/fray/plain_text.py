@@ -13,9 +13,10 @@ from collections.abc import Iterable, Iterator
 
 __all__ = ["plain", "plain_pieces"]
 
-# CSI sequences (ESC [ parameters final-letter: colours, cursor moves) and two-character escapes (ESC letter).
-_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[@-Z\\\]^_]")
-_PARTIAL = re.compile(r"\x1b(\[[0-9;?]*)?\Z")  # a sequence cut at the end of what has been read so far
+# CSI sequences (ESC [ parameters final-letter: colours, cursor moves), OSC sequences (ESC ] text, then BEL or
+# ESC backslash: titles, links, and the records of fray.job_records) and two-character escapes (ESC letter).
+_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\\]^_]")
+_PARTIAL = re.compile(r"\x1b(\[[0-9;?]*|\][^\x07\x1b]*)?\Z")  # a sequence cut at the end of what was read so far
 
 
 def plain(text: str) -> str:

@@ -6,9 +6,12 @@ import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "ActorOptions",
+    "JobAttempt",
+    "JobError",
     "JobInfo",
     "JobStatus",
     "Lifetime",
@@ -226,3 +229,32 @@ class JobInfo:
     entrypoint: str = ""
     exit_code: int | None = None
     message: str = ""
+    # Known for jobs fray supervises (a callable, ranks or retries: fray.job_supervisor), from its log's record:
+    name: str | None = None  # the name it was submitted under (create_job(name=...)), else None
+    replicas: int = 1  # its ranks
+    attempts: tuple[JobAttempt, ...] = ()  # each attempt so far, oldest first
+    result: Any = None  # a callable's return value (rank 0's), where it is plain data (see docs/jobs.md)
+    error: JobError | None = None  # a callable's exception, or why the last attempt failed
+
+
+@dataclass(frozen=True)
+class JobAttempt:
+    """One run of a job's ranks: its number (from 1), how it ended, the exit code that ended it (the first rank
+    to fail, else 0), its times, and what happened in words."""
+
+    number: int
+    status: JobStatus
+    exit_code: int | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class JobError:
+    """An exception raised by a job's callable: its type's name, its message and its traceback, as text."""
+
+    type: str
+    message: str
+    traceback: str = ""
+    rank: int = 0

@@ -1,8 +1,11 @@
 """The job commands of `fray`: `fray job ...`, `fray run`, `fray cluster start|stop`, `fray status`.
 
 fray job submit [--backend SPEC] [--address A] [--working-dir DIR] [--env K[=V]]... [--env-file PATH]... [--no-wait]
-                [--on-interrupt stop|leave] -- CMD ...
-fray job list|status ID|logs ID [--follow]|stop ID|delete ID   [--backend SPEC] [--address A] [--json]
+                [--on-interrupt stop|leave] [--name NAME [--if-exists return|replace|refuse]] [--retries N]
+                [--replicas N] [--cpus N] [--gpus N] [--memory BYTES] [--resource K=V]...
+                (-- CMD ... | --call MODULE:FUNCTION [-- ARG ...])
+fray job list|status JOB|logs JOB [--follow] [--tail N]|stop JOB|delete JOB   [--backend SPEC] [--address A] [--json]
+                                          (JOB: an id, or a name for its latest run)
 fray run ... -- CMD ...                   an attached `fray job submit`
 fray cluster start|stop [--backend SPEC] [--listen ADDRESS]
 fray status [--backend SPEC] [--address A] [--json]
@@ -78,6 +81,27 @@ def _submit_options(parser: argparse.ArgumentParser, detachable: bool) -> None:
         default="stop",
         help="on Ctrl-C (SIGINT) or SIGTERM: stop the job (default), or leave it running",
     )
+    shape = parser.add_argument_group("the job's shape (it then runs under fray.job_supervisor)")
+    shape.add_argument("--name", default=None, help="its name: one live job has it (see --if-exists)")
+    shape.add_argument(
+        "--if-exists",
+        choices=("return", "replace", "refuse"),
+        default="return",
+        help="with a live job of that --name: follow it (default), stop it and start anew, or fail",
+    )
+    shape.add_argument("--retries", type=int, default=0, help="run it again after a failed attempt, up to N times")
+    shape.add_argument("--replicas", type=int, default=1, help="ranks to start, with RANK, WORLD_SIZE... set")
+    shape.add_argument("--cpus", type=float, default=None, help="CPUs each rank holds")
+    shape.add_argument("--gpus", type=int, default=None, help="GPUs each rank holds (its own CUDA_VISIBLE_DEVICES)")
+    shape.add_argument("--memory", type=float, default=None, help="bytes of memory each rank holds")
+    shape.add_argument("--resource", action="append", default=[], metavar="K=V", help="a custom resource per rank")
+    shape.add_argument(
+        "--call",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="run a Python function (importable from the working directory) instead of a command; the words "
+        "after -- are its arguments (strings)",
+    )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
 
 
@@ -97,6 +121,7 @@ def add_commands(sub: Any) -> None:
     logs.add_argument("job_id")
     _cluster_options(logs)
     logs.add_argument("--follow", "-f", action="store_true", help="follow the output until the job ends")
+    logs.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines (then follow)")
     for verb, text in (("stop", "stop a job (it stays listed, STOPPED)"), ("delete", "stop a job and forget it")):
         parser = verbs.add_parser(verb, help=text)
         parser.add_argument("job_id")

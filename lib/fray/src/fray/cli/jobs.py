@@ -6,23 +6,27 @@ import argparse
 import json
 import sys
 
-from fray.cli.common import as_dict, format_exit_code, format_time, open_cluster, say
+from fray.cli.common import CommandError, as_dict, format_exit_code, format_time, open_cluster, say
 
 
 def _list(args: argparse.Namespace) -> int:
     with open_cluster(args, "fray job list") as ctx:
         jobs = ctx.list_jobs()
     if args.json:
-        print(json.dumps([as_dict(info) for info in jobs], indent=1))
+        print(json.dumps([as_dict(info) for info in jobs], indent=1, default=repr))
         return 0
     if not jobs:
         say("no jobs")
         return 0
     width = max(len(info.id) for info in jobs)
-    print(f"{'ID':{width}}  {'STATUS':9}  {'SUBMITTED':19}  ENTRYPOINT")
+    named = max((len(info.name or "-") for info in jobs), default=4)
+    print(f"{'ID':{width}}  {'NAME':{named}}  {'STATUS':9}  ATTEMPTS  RANKS  {'SUBMITTED':19}  ENTRYPOINT")
     for info in jobs:
         entry = info.entrypoint if len(info.entrypoint) <= 60 else info.entrypoint[:57] + "..."
-        print(f"{info.id:{width}}  {info.status.value:9}  {format_time(info.submission_time):19}  {entry}")
+        print(
+            f"{info.id:{width}}  {info.name or '-':{named}}  {info.status.value:9}  {len(info.attempts) or 1:8}  "
+            f"{info.replicas:5}  {format_time(info.submission_time):19}  {entry}"
+        )
     return 0
 
 
@@ -30,9 +34,9 @@ def _job_status(args: argparse.Namespace) -> int:
     with open_cluster(args, "fray job status") as ctx:
         info = ctx.get_job(args.job_id)
     if args.json:
-        print(json.dumps(as_dict(info), indent=1))
+        print(json.dumps(as_dict(info), indent=1, default=repr))
         return 0
-    print(f"{info.id}: {info.status.value}")
+    print(f"{info.id}: {info.status.value}" + (f" (name {info.name})" if info.name else ""))
     print(f"  entrypoint: {info.entrypoint}")
     times = (info.submission_time, info.start_time, info.end_time)
     print("  submitted: {}  started: {}  ended: {}".format(*map(format_time, times)))
@@ -40,15 +44,32 @@ def _job_status(args: argparse.Namespace) -> int:
         print(f"  exit code: {format_exit_code(info.exit_code)}")
     if info.message:
         print(f"  message: {info.message}")
+    if info.replicas > 1:
+        print(f"  ranks: {info.replicas}")
+    for attempt in info.attempts:
+        how = f"exit code {format_exit_code(attempt.exit_code)}" if attempt.exit_code is not None else ""
+        print(f"  attempt {attempt.number}: {attempt.status.value} {how} {attempt.message}".rstrip())
+    if info.result is not None:
+        print(f"  result: {info.result!r}")
+    if info.error is not None:
+        print(f"  error (rank {info.error.rank}): {info.error.type}: {info.error.message}")
     return 0
 
 
 def _logs(args: argparse.Namespace) -> int:
     with open_cluster(args, "fray job logs") as ctx:
+        if args.tail is not None and args.tail < 0:
+            raise CommandError(f"--tail takes a number of lines >= 0, got {args.tail}", 2)
         if not args.follow:
-            sys.stdout.write(ctx.get_job_logs(args.job_id))
+            sys.stdout.write(ctx.get_job_logs(args.job_id, tail=args.tail))
             return 0
-        for piece in ctx.tail_job_logs(args.job_id):
+        pieces = iter(ctx.tail_job_logs(args.job_id))
+        if args.tail is not None:  # the first piece is all the job wrote so far: its last lines, then what comes
+            first = next(pieces, "")
+            lines = first.splitlines(keepends=True)
+            sys.stdout.write("".join(lines[-args.tail :]) if args.tail else "")
+            sys.stdout.flush()
+        for piece in pieces:
             sys.stdout.write(piece)
             sys.stdout.flush()
     return 0

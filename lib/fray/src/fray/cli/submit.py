@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any, cast
 
 from fray.capabilities import Capability
 from fray.cli.common import CommandError, exit_status, open_cluster, say
@@ -108,6 +110,42 @@ def _env_of(pairs: Sequence[str], files: Sequence[str]) -> RuntimeEnv | None:
     return RuntimeEnv(env=env) if env else None
 
 
+def _resources_of(args: argparse.Namespace) -> dict[str, float] | None:
+    """Each rank's resources from --cpus, --gpus, --memory and --resource K=V."""
+    out: dict[str, float] = {}
+    for key, value in (("CPU", args.cpus), ("GPU", args.gpus), ("memory", args.memory)):
+        if value is not None:
+            out[key] = float(value)
+    for pair in args.resource:
+        key, sep, value = pair.partition("=")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key:
+            raise CommandError(f"--resource takes NAME=QUANTITY, got {pair!r}", 2)
+    return out or None
+
+
+def _callable_of(spec: str, working_dir: str | None) -> Callable[..., Any]:
+    """MODULE:FUNCTION, imported here (from the working directory first) to be sent to the job by value or name."""
+    module_name, sep, name = spec.partition(":")
+    if not sep or not module_name or not name:
+        raise CommandError(f"--call takes MODULE:FUNCTION, e.g. --call train:main, got {spec!r}", 2)
+    where = os.path.abspath(working_dir or os.getcwd())
+    if where not in sys.path:
+        sys.path.insert(0, where)
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise CommandError(f"--call {spec}: {exc} (looked in {where} and the installed packages)", 2) from None
+    if not callable(found):
+        raise CommandError(f"--call {spec}: {type(found).__name__} is not callable", 2)
+    return cast(Callable[..., Any], found)
+
+
 def _follow_hint(args: argparse.Namespace, job_id: str) -> str:
     where = f" --backend {args.backend}" if args.backend else ""
     where += f" --address {args.address}" if getattr(args, "address", None) else ""
@@ -116,7 +154,20 @@ def _follow_hint(args: argparse.Namespace, job_id: str) -> str:
 
 def submit(args: argparse.Namespace, wait: bool) -> int:
     verb = "run" if args.command == "run" else "job submit"
-    command = _command_of(args.cmd, verb)
+    words = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+    entrypoint: list[str] | Callable[..., Any]
+    entrypoint = _callable_of(args.call, args.working_dir) if args.call else _command_of(args.cmd, verb)
+    shape: dict[str, Any] = {
+        "name": args.name,
+        "if_exists": args.if_exists,
+        "max_retries": args.retries,
+        "replicas": args.replicas,
+        "resources": _resources_of(args),
+    }
+    if args.call:
+        shape["args"] = tuple(words)
+    if args.replicas < 1 or args.retries < 0:
+        raise CommandError(f"--replicas must be >= 1 and --retries >= 0, got {args.replicas} and {args.retries}", 2)
     env = _env_of(args.env, args.env_file)
     wait = wait and not getattr(args, "no_wait", False)
     stays = not wait or args.on_interrupt == "leave"  # the job must outlive this command
@@ -132,7 +183,7 @@ def submit(args: argparse.Namespace, wait: bool) -> int:
             # Where jobs can be reached from other commands, they are (detached); one waited for in "stop" mode
             # is tied to this process all the same: it ends when this command ends, however it ends.
             with interrupts.deferred():  # a Ctrl-C now is handled once the job id is known
-                job_id = ctx.create_job(command, env=env, working_dir=args.working_dir, detached=persistent)
+                job_id = ctx.create_job(entrypoint, env=env, working_dir=args.working_dir, detached=persistent, **shape)
                 if wait and args.on_interrupt == "stop":
                     ctx.tie_job(job_id)
             if not wait:

@@ -19,7 +19,7 @@ from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.detached import DetachedJobs
-from fray.errors import InfeasibleResourcesError, JobNotFoundError
+from fray.errors import InfeasibleResourcesError, JobExistsError, JobNotFoundError
 from fray.jobs import LocalJobs, host_resources
 from fray.resources import format_resources
 from fray.types import JobInfo, RuntimeEnv
@@ -44,9 +44,14 @@ class InMemoryClusterContext(ClusterContext):
     def _table(self, job_id: str) -> LocalJobs | DetachedJobs:
         return self._jobs if self._jobs.has(job_id) else self._detached
 
-    def _create_job(self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool) -> str:
+    def _create_job(
+        self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool, job_id: str | None
+    ) -> str:
+        # One id, one job, across both tables (each table's own start is what makes it atomic)
+        if job_id is not None and (self._jobs.has(job_id) or self._detached.has(job_id)):
+            raise JobExistsError(f"a job with id {job_id!r} exists")
         if not detached:
-            return self._jobs.start(entrypoint, env, working_dir=working_dir)
+            return self._jobs.start(entrypoint, env, job_id=job_id, working_dir=working_dir)
         # Detached jobs are not queued for resources (no process holds a ledger across processes): a request the
         # host could never satisfy is refused, others start at once.
         need = {r.name: float(r.quantity) for r in env.minimum_resources}
@@ -56,7 +61,7 @@ class InMemoryClusterContext(ClusterContext):
                 f"the job needs {format_resources(need)} but this host has {format_resources(totals)}; lower its "
                 "minimum_resources"
             )
-        return self._detached.start(entrypoint, env, working_dir)
+        return self._detached.start(entrypoint, env, working_dir, job_id)
 
     def _list_jobs(self) -> list[JobInfo]:
         own = self._jobs.list()
@@ -75,6 +80,9 @@ class InMemoryClusterContext(ClusterContext):
 
     def _get_job_logs(self, job_id: str) -> str:
         return self._table(job_id).logs(job_id)
+
+    def _get_job_log_end(self, job_id: str, lines: int) -> str:
+        return self._table(job_id).log_end(job_id, lines)
 
     def _tail_job_logs(self, job_id: str) -> Iterator[str]:
         return self._table(job_id).tail(job_id)

@@ -1,0 +1,121 @@
+"""What create_job makes of its arguments before a backend sees them: a job's name and the ids it takes, the
+command that supervises ranks, retries and callables (fray.job_supervisor), and the resources a whole job holds.
+
+Names. A named job's ids are `name.1`, `name.2`, ... one per run (a name has no dot, so no name is also such an
+id, and a name alone means its latest run). A backend creates a job under a given id atomically or refuses
+(JobExistsError), so of several submitters racing with one name exactly one creates the job and the others find it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from fray.job_call import CALL_VAR, encode_call
+from fray.serialization import find_unserializable_argument, unpicklable_code
+from fray.types import JobInfo, Resource, normalize_resources
+
+__all__ = ["IF_EXISTS", "JobLaunch", "check_name", "is_name", "name_of", "next_id", "parse_resources"]
+
+IF_EXISTS = ("return", "replace", "refuse")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+_NAMED_ID = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_-]{0,62})\.(?P<run>[1-9][0-9]*)")
+SUPERVISOR = ("-m", "fray.job_supervisor")
+
+
+def is_name(text: str) -> bool:
+    return bool(_NAME.fullmatch(text))
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"job name {name!r} is not valid: 1-63 letters, digits, '-' or '_', starting with a letter or digit"
+        )
+    return name
+
+
+def name_of(job_id: str) -> tuple[str, int] | None:
+    """(name, run) of an id a name made, else None."""
+    match = _NAMED_ID.fullmatch(job_id)
+    if match is None:
+        return None
+    return match["name"], int(match["run"])
+
+
+def next_id(name: str, jobs: Sequence[JobInfo]) -> str:
+    """The id a new run of `name` takes: one after the highest run listed."""
+    runs = [parsed[1] for info in jobs if (parsed := name_of(info.id)) is not None and parsed[0] == name]
+    return f"{name}.{max(runs, default=0) + 1}"
+
+
+def parse_resources(resources: Mapping[str, float] | None) -> dict[str, float]:
+    """Resources of one rank, by name (CPU, GPU, memory in bytes, custom), checked as tasks' are."""
+    return normalize_resources(resources, "create_job(resources=...)")
+
+
+@dataclass(frozen=True)
+class JobLaunch:
+    """A job's shape beyond its command: its ranks, retries, callable and each rank's resources."""
+
+    replicas: int = 1
+    max_retries: int = 0
+    per_rank: dict[str, float] = field(default_factory=dict)
+    call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        for what, value, least in (("replicas", self.replicas, 1), ("max_retries", self.max_retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+            if value < least:
+                raise ValueError(f"{what} must be >= {least}, got {value}")
+        gpus = self.per_rank.get("GPU", 0.0)
+        if gpus != int(gpus):
+            raise ValueError(f"a job's rank holds whole GPUs, got resources GPU={gpus}")
+
+    @property
+    def supervised(self) -> bool:
+        return self.call is not None or self.replicas > 1 or self.max_retries > 0
+
+    def whole_job(self) -> list[Resource]:
+        """What the job holds: each rank's resources times the ranks."""
+        return [Resource(name, qty * self.replicas) for name, qty in self.per_rank.items()]
+
+    def command(self, entrypoint: str | list[str] | None, python: str) -> list[str]:
+        """The supervisor's argv for this job (entrypoint None: the callable)."""
+        argv = [python, *SUPERVISOR]
+        if self.replicas > 1:
+            argv += ["--replicas", str(self.replicas)]
+        if self.max_retries:
+            argv += ["--retries", str(self.max_retries)]
+        if self.per_rank.get("GPU"):
+            argv += ["--gpus-per-rank", str(int(self.per_rank["GPU"]))]
+        if entrypoint is None:
+            assert self.call is not None
+            fn = self.call[0]
+            label = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+            return [*argv, "--call", label]
+        if isinstance(entrypoint, str):
+            return [*argv, "--", "/bin/sh", "-c", entrypoint]
+        return [*argv, "--", *entrypoint]
+
+    def call_env(self) -> dict[str, str]:
+        """FRAY_JOB_CALL for a callable job: SerializationError (naming what) or ValueError (too big) now, at
+        submission, rather than in the job."""
+        if self.call is None:
+            return {}
+        fn, args, kwargs = self.call
+        where = getattr(fn, "__qualname__", repr(fn))
+        try:
+            cloudpickle.dumps(fn)
+        except Exception as exc:
+            raise unpicklable_code(fn, exc) from exc
+        try:
+            payload = cloudpickle.dumps((fn, args, kwargs))
+        except Exception as exc:
+            raise find_unserializable_argument(where, args, kwargs, exc) from exc
+        return {CALL_VAR: encode_call(payload)}

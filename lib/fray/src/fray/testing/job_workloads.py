@@ -1,0 +1,80 @@
+"""Callables the conformance suite runs as jobs (create_job(fn)): importable by reference in a job's process,
+so they travel as names, as a user's module-level functions do."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+
+def add(a: int, b: int = 1) -> dict[str, int]:
+    print(f"adding {a} and {b} in rank {os.environ['RANK']}", flush=True)
+    return {"sum": a + b, "rank": int(os.environ["RANK"])}
+
+
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+class Opaque:
+    def __repr__(self) -> str:
+        return "Opaque(42)"
+
+
+def opaque() -> Opaque:
+    return Opaque()
+
+
+def rank_env() -> dict[str, str]:
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FRAY_JOB_ATTEMPT")
+    return {key: os.environ.get(key, "") for key in keys}
+
+
+def fail_first_attempt_on_rank(rank: int) -> str:
+    """Fail (exit 1) in rank `rank` at attempt 1; succeed otherwise."""
+    attempt = int(os.environ["FRAY_JOB_ATTEMPT"])
+    print(f"rank {os.environ['RANK']} attempt {attempt}", flush=True)
+    if int(os.environ["RANK"]) == rank and attempt == 1:
+        sys.exit(1)
+    return f"attempt {attempt}"
+
+
+def gloo_allreduce(fail_rank: int = -1) -> float:
+    """All-reduce over gloo across the job's ranks; rank `fail_rank` exits 1 after it at attempt 1."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    if dist.get_rank() == fail_rank and os.environ["FRAY_JOB_ATTEMPT"] == "1":
+        sys.exit(1)
+    dist.barrier()
+    dist.destroy_process_group()
+    return float(value.item())
+
+
+def sleep_forever_in_rank_0_fail_in_rank_1(pid_file: str) -> None:
+    """Rank 0 writes its pid and sleeps; rank 1 fails once rank 0's pid is written."""
+    if os.environ["RANK"] == "0":
+        with open(pid_file, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(300)
+        return
+    deadline = time.time() + 60
+    while not os.path.exists(pid_file) and time.time() < deadline:
+        time.sleep(0.05)
+    raise RuntimeError("rank 1 fails")
+
+
+def holds_a_lock() -> Any:
+    lock = threading.Lock()
+
+    def uses_it() -> None:
+        with lock:
+            pass
+
+    return uses_it
