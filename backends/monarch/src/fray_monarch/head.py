@@ -27,7 +27,7 @@ from typing import Any
 
 from fray import state
 from fray.procfs import Identity
-from fray.types import RuntimeEnv
+from fray.types import Resource, RuntimeEnv
 from fray_monarch.head_record import NAME, encode_info
 
 __all__ = ["Head", "main"]
@@ -72,7 +72,11 @@ class Head:
         op = message.get("op")
         job = str(message.get("id", ""))
         if op == "submit":
-            env = RuntimeEnv(env=message.get("env", {}), package_requirements=message.get("packages", []))
+            env = RuntimeEnv(
+                env=message.get("env", {}),
+                package_requirements=message.get("packages", []),
+                minimum_resources=[Resource(k, v) for k, v in (message.get("resources") or {}).items()],
+            )
             made = self.cluster.create_job(
                 message["entrypoint"], env=env, working_dir=message.get("working_dir"), job_id=message.get("id")
             )

@@ -18,6 +18,7 @@ class MonarchHeadClient(ClusterContext):
     capabilities = frozenset(
         {
             Capability.JOB_PACKAGES,
+            Capability.JOB_RESOURCES,
             Capability.MULTI_HOST,
             Capability.PERSISTENT_JOBS,
             Capability.PROCESS_ISOLATION,
@@ -44,6 +45,7 @@ class MonarchHeadClient(ClusterContext):
             "packages": list(env.package_requirements),
             "working_dir": working_dir,
             "id": job_id,
+            "resources": {r.name: float(r.quantity) for r in env.minimum_resources},
         }
         return str(self._ask(message))
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fray import watchdog
 from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
+from fray.gpus import DevicePool, HostGpus, discover, process_env
 from fray.procfs import Identity, stop_group
 from fray.resources import add, fits, format_resources, short_of, subtract
 from fray.state import private_dir
@@ -50,15 +51,17 @@ class _Job:
     detached: bool = False  # outlives the process that started it
     working_dir: str | None = None  # where it runs (None: its own directory)
     leader: Identity | None = None  # its process (pid, start time, boot): what proves its group is still its own
+    devices: tuple[int, ...] = ()  # the GPUs it holds (its CUDA_VISIBLE_DEVICES)
 
 
-def host_resources() -> dict[str, float]:
-    """This host's CPU count and memory (bytes)."""
+def host_resources(gpus: HostGpus | None = None) -> dict[str, float]:
+    """This host's CPU count, memory (bytes) and GPUs (`gpus`, else those found here: fray.gpus)."""
     try:
         memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         memory = 8.0 * 2**30
-    return {"CPU": float(os.cpu_count() or 1), "memory": memory}
+    found = len(gpus if gpus is not None else discover())
+    return {"CPU": float(os.cpu_count() or 1), "memory": memory, **({"GPU": float(found)} if found else {})}
 
 
 def job_command(entrypoint: str | list[str], env: RuntimeEnv, site_dir: Path) -> tuple[list[str], bool]:
@@ -144,14 +147,23 @@ class LocalJobs:
     """A table of jobs run as subprocesses on this host.
 
     A job whose RuntimeEnv has minimum_resources holds them while it runs and stays PENDING until this host's
-    free resources (`totals`, default: CPU count and memory) cover them; one that could never fit is refused."""
+    free resources (`totals`, default: CPU count, memory and GPUs) cover them; one that could never fit is refused.
+    A job holding GPUs gets its own devices (DevicePool): CUDA_VISIBLE_DEVICES and FRAY_GPUS name them."""
 
-    def __init__(self, root: Path, stop_grace: float = 3.0, totals: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        stop_grace: float = 3.0,
+        totals: Mapping[str, float] | None = None,
+        gpus: HostGpus | None = None,
+    ) -> None:
         self.root = Path(root)
         private_dir(self.root)
         self.stop_grace = stop_grace
-        self.totals = dict(totals) if totals is not None else host_resources()
+        self.gpus = gpus if gpus is not None else discover()
+        self.totals = dict(totals) if totals is not None else host_resources(self.gpus)
         self._free = dict(self.totals)
+        self._devices = DevicePool(self.gpus.ids)
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Condition()
 
@@ -193,18 +205,22 @@ class LocalJobs:
         return job_id
 
     def _launch(self, job: _Job, entrypoint: str | list[str], env: RuntimeEnv) -> None:
+        gpus = job.need.get("GPU", 0.0)
         with self._lock:  # wait (PENDING) until the job's resources are free, unless it is stopped first
-            while not job.stop_requested and not fits(self._free, job.need):
+            while not job.stop_requested and not (
+                fits(self._free, job.need) and self._devices.choose(gpus) is not None
+            ):
                 self._lock.wait()
             if job.stop_requested:
                 job.need = {}
             subtract(self._free, job.need)
+            job.devices = self._devices.take(gpus) or () if job.need else ()
         if job.stop_requested:
             self._finish(job, JobStatus.STOPPED, None, "stopped before it started")
             return
         site_dir = job.log_path.parent / "site-packages"
         argv, shell = job_command(entrypoint, env, site_dir)
-        child_env = job_environment(env, site_dir)
+        child_env = {**job_environment(env, site_dir), **process_env(job.devices, self.gpus)}
         with open(job.log_path, "ab") as log:
             if job.working_dir is not None and not os.path.isdir(job.working_dir):
                 log.write(missing_dir_message(job.working_dir).encode())
@@ -248,7 +264,8 @@ class LocalJobs:
         with self._lock:
             job.info = replace(job.info, status=status, end_time=time.time(), exit_code=code, message=message)
             add(self._free, job.need)
-            job.need = {}
+            self._devices.give(job.devices, job.need.get("GPU", 0.0))
+            job.need, job.devices = {}, ()
             self._lock.notify_all()
         job.ended.set()
 

@@ -64,4 +64,4 @@ class InMemoryBackend(Backend):
 
     def cluster_context(self, **options: str) -> InMemoryClusterContext:
         opts = parse_options(self.name, options, self.options)
-        return InMemoryClusterContext(opts.get("root"))
+        return InMemoryClusterContext(opts.get("root"), gpus=host_gpus(opts.get("gpus")))

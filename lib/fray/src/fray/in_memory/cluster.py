@@ -20,6 +20,7 @@ from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.detached import DetachedJobs
 from fray.errors import InfeasibleResourcesError, JobExistsError, JobNotFoundError
+from fray.gpus import HostGpus
 from fray.jobs import LocalJobs, host_resources
 from fray.resources import format_resources
 from fray.types import JobInfo, RuntimeEnv
@@ -31,12 +32,12 @@ class InMemoryClusterContext(ClusterContext):
     # persistent: detached jobs are kept in the state directory
     capabilities = frozenset({Capability.JOB_PACKAGES, Capability.JOB_RESOURCES, Capability.PERSISTENT_JOBS})
 
-    def __init__(self, root: str | None = None, state_dir: str | None = None) -> None:
+    def __init__(self, root: str | None = None, state_dir: str | None = None, gpus: HostGpus | None = None) -> None:
         self._own_root = root is None
         self._root = Path(root) if root else Path(tempfile.mkdtemp(prefix="fray-jobs-"))
         if self._own_root:
             watchdog.watch_path(str(self._root))  # removed with this process however it ends
-        self._jobs = LocalJobs(self._root)
+        self._jobs = LocalJobs(self._root, gpus=gpus)
         # state_dir None: the state directory of the moment (FRAY_STATE_DIR is read at each use)
         self._detached = DetachedJobs(Path(state_dir) / "jobs" if state_dir else None)
         self._tied: dict[str, list[int]] = {}
