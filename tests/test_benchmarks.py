@@ -71,3 +71,11 @@ def test_gpu_bench_says_why_it_cannot_measure_without_cuda() -> None:
         pytest.skip("CUDA is available here: tests/gpu/test_bench_gpu.py runs the benchmark instead")
     out = run_bench(str(BENCH / "bench_gpu.py"), "--quick")
     assert "no CUDA device here" in out
+
+
+def test_jobs_bench_runs_quick() -> None:
+    backends = ",".join(b for b in BACKENDS if b in fray.available_backends())
+    out = run_bench(str(BENCH / "bench_jobs.py"), "--quick", "--backend", backends)
+    for backend in backends.split(","):
+        assert f"fray-{backend}" in out
+    assert out.count("retried / clean (p50)") == len(backends.split(",")) and "logs(tail=100)" in out

@@ -60,6 +60,7 @@ def _in_place(command: str, working_dir: str) -> str:
     return f"cd -- {shlex.quote(working_dir)} && {{ {command}\n}}"
 
 
+_JOB_LOG = "job-driver-{submission_id}.log"  # Ray's JOB_LOGS_PATH_TEMPLATE: a job's log, in its node's log directory
 _ENTRYPOINT_KEY = "fray_entrypoint"  # job metadata: the command as given (Ray's entrypoint has fray's wrapping)
 
 # A deleted job must stay deleted. Ray's job manager watches each job's supervisor actor in rounds of 1 s
@@ -379,7 +380,11 @@ class RayClusterContext(ClusterContext):
     def _get_job_log_end(self, job_id: str, lines: int) -> str:
         """The log's last lines from Ray's log API (the node reads its file's end), not the whole log."""
         details = self._details(job_id)
-        query = urlencode({"submission_id": job_id, "lines": max(lines, 1), "filter_ansi_code": "false"})
+        node = getattr(details, "driver_node_id", None)
+        if not node:  # not started yet: no log file to read the end of
+            return super()._get_job_log_end(job_id, lines)
+        # By node and file name: Ray 2.60's lookup by submission_id fails (HTTP 500) for jobs of a Ray head.
+        query = urlencode({"node_id": node, "filename": _JOB_LOG.format(submission_id=job_id), "lines": max(lines, 1)})
         try:
             response = self._client._do_request("GET", f"/api/v0/logs/file?{query}")
             response.raise_for_status()
