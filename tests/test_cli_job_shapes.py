@@ -80,6 +80,13 @@ def test_bad_shapes_are_refused_as_usage_errors(env: dict[str, str], tmp_path: P
     assert unknown.returncode == 1 and "no-such-job" in unknown.stderr
 
 
+def _id_in(stderr: str) -> str:
+    """The job id in `fray: job ID submitted ...`."""
+    return next(
+        line.split()[2] for line in stderr.splitlines() if line.startswith("fray: job ") and "submitted" in line
+    )
+
+
 def _race(env: dict[str, str], backend: list[str], name: str, each: int = 5) -> set[str]:
     """4 processes at once, each submitting `name` `each` times (--no-wait): the ids they were given. (The issue's
     20 from 4 on in_memory; 8 on Ray and monarch, whose `fray` commands take seconds each to reach the cluster.)"""
@@ -129,5 +136,12 @@ def test_one_name_from_four_processes_is_one_job_on_a_monarch_head(env: dict[str
         assert _race(env, ["--backend", "monarch"], "race", each=2) == {"race.1"}
         listed = json.loads(_fray(env, "job", "list", "--backend", "monarch", "--json").stdout)
         assert [job["id"] for job in listed if job["name"] == "race"] == ["race.1"]
+        # a supervised job of the head: its record (attempts) reaches this client through the head
+        retried = _fray(env, "job", "submit", "--backend", "monarch", "--retries", "1", "--", "sh", "-c", "exit 5")
+        assert retried.returncode == 5, retried.stderr
+        status = json.loads(
+            _fray(env, "job", "status", "--backend", "monarch", "--json", _id_in(retried.stderr)).stdout
+        )
+        assert [a["exit_code"] for a in status["attempts"]] == [5, 5]
     finally:
         assert _fray(env, "cluster", "stop", "--backend", "monarch").returncode == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -315,9 +316,12 @@ class LocalJobs:
         job.ended.wait(self.stop_grace)
 
     def delete(self, job_id: str) -> None:
+        """Stop the job if it runs, then forget it: its directory and log go, and its id is free again."""
+        job = self._job(job_id)
         self.stop(job_id)
         with self._lock:
             self._jobs.pop(job_id, None)
+        shutil.rmtree(job.log_path.parent, ignore_errors=True)
 
     def wait(self, job_id: str, timeout: float | None) -> JobInfo:
         job = self._job(job_id)

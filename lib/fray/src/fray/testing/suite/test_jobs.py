@@ -165,6 +165,11 @@ def test_a_name_is_one_live_job(fray_cluster: ClusterContext) -> None:
     assert names[first] == names[replaced] == names[third] == name
     fray_cluster.delete_job(name)  # the latest run
     assert fray_cluster.job(name) == replaced
+    fray_cluster.delete_job(replaced)
+    fray_cluster.delete_job(first)
+    with pytest.raises(JobNotFoundError):
+        fray_cluster.job(name)
+    assert fray_cluster.create_job("true", name=name) == f"{name}.1"  # a deleted run's id is free again
 
 
 def test_concurrent_submissions_of_one_name_make_one_job(fray_cluster: ClusterContext) -> None:
