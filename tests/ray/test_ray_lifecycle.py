@@ -140,6 +140,15 @@ def test_clean_shutdown_leaves_no_process_and_no_temp_dir() -> None:
     assert out.stdout.strip().endswith("OK"), out.stderr[-3000:]
 
 
+def test_a_head_fray_started_is_told_not_to_drain_when_stopped(cluster: RayClusterContext) -> None:
+    """On SIGTERM a Ray 2.60 node drains first, up to 30 s, for its work to move to other nodes: a head's cluster
+    goes with it, and 1 stop in 3 waited out all 30 s. The head fray starts is told not to (unless the user said)."""
+    head = cluster._head  # type: ignore[attr-defined]
+    environ = Path(f"/proc/{head.proc.pid}/environ").read_bytes().split(b"\0")
+    wanted = os.environ.get("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
+    assert f"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S={wanted}".encode() in environ
+
+
 # ---------------------------------------------------------------------------------------- temp dir base
 def test_temp_base_leaves_room_for_rays_socket_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_TMPDIR", raising=False)

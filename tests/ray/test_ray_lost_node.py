@@ -26,6 +26,10 @@ from _ray_hosts import PORT, RayNode, cluster_env, log_tails, running_cluster
 
 DRIVER = Path(__file__).resolve().parent.parent / "_lost_host_driver.py"
 CLUSTER_WAIT = 180.0
+# The GCS declares a node dead after health_check_failure_threshold failed checks health_check_period_ms apart
+# (Ray's defaults 5 and 3000: ~15 s of this test's wait). A check only fails when the raylet does not answer within
+# health_check_timeout_ms (10 s, unchanged), so a live node is never taken for dead; a killed one refuses at once.
+FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 pytestmark = pytest.mark.timeout(CLUSTER_WAIT + 420)
 
 
@@ -41,7 +45,7 @@ def cluster() -> Iterator[tuple[list[Host], list[RayNode], Path, dict[str, str]]
     base = Path(tempfile.mkdtemp(prefix="fray-ln-", dir="/tmp"))  # short: Ray's socket paths are under it
     try:
         with namespaced_hosts(3) as hosts:
-            env = cluster_env(base)
+            env = {**cluster_env(base), **FAST_NODE_DEATH}
             with running_cluster(hosts, base, env, {"member_slot": 2}, CLUSTER_WAIT) as (nodes, _):
                 yield hosts, nodes, base, env
     finally:
