@@ -388,3 +388,22 @@ def test_plain_tcp_to_other_machines_only_when_asked(hosts: list[Host], env: dic
         out = _in_host(hosts[0], code, env)
         line = next((ln for ln in out.stdout.splitlines() if ln.startswith("NODES")), out.stderr[-3000:])
         assert line.split()[:2] == ["NODES", "2"] and line.split()[2] in (hosts[1].name, hosts[2].name), line
+
+
+def test_a_jobs_ranks_spread_over_the_hosts(hosts: list[Host], user_workers: str, env: dict[str, str]) -> None:
+    """A job's supervisor (fray.job_supervisor, what create_job(replicas=2, placement="spread") runs) in host 0
+    with the cluster's spec: its two ranks run one on each of hosts 1 and 2, their output in the supervisor's (the
+    job's log), and a failed first attempt is retried as a whole."""
+    code = (
+        "import os, socket, sys\n"
+        "print('rank', os.environ['RANK'], 'on', socket.gethostname(), 'attempt', os.environ['FRAY_JOB_ATTEMPT'],"
+        " flush=True)\n"
+        "sys.exit(3 if os.environ['RANK'] == '1' and os.environ['FRAY_JOB_ATTEMPT'] == '1' else 0)\n"
+    )
+    argv = [PY, "-m", "fray_monarch.socket_guard", PY, "-m", "fray.job_supervisor", "--replicas", "2", "--retries",
+            "1", "--placement", "spread", "--rank-resources", json.dumps({"CPU": 1}), "--", PY, "-c", code]  # fmt: skip
+    done = hosts[0].run(argv, timeout=300, env={**env, "FRAY_BACKEND": user_workers}, capture_output=True, text=True)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    lines = [line for line in done.stdout.splitlines() if "] rank " in line and "attempt 2" in line]
+    assert {line.split(" on ")[1].split()[0] for line in lines} == {hosts[1].name, hosts[2].name}, done.stdout
+    assert "[fray] attempt 2 of 2 (the last failed: rank 1 exited with code 3)" in done.stdout

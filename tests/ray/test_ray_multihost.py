@@ -275,3 +275,25 @@ def test_killed_driver_leaves_nothing_on_either_host(cluster: Cluster, driver: D
     job = driver.holding["job"]
     assert not left, f"{time.monotonic() - start:.1f} s after the SIGKILL of job {job}'s driver, still there: {left}"
     assert driver.proc.pid not in cluster.hosts[0].pids()
+
+
+def test_a_jobs_ranks_spread_over_the_two_hosts(cluster: Cluster) -> None:
+    """A job's supervisor (fray.job_supervisor, what create_job(replicas=2, placement="spread") runs) on host 0:
+    its ranks, 1 CPU each on hosts of 1 CPU, run one on each host, their output in the supervisor's (the job's
+    log), with torch.distributed's variables of a group over both hosts; a failed first attempt is retried."""
+    head, _ = cluster.hosts
+    code = (
+        "import os, socket, sys\n"
+        "print('rank', os.environ['RANK'], 'on', socket.gethostname(), 'master', os.environ['MASTER_ADDR'],"
+        " 'attempt', os.environ['FRAY_JOB_ATTEMPT'], flush=True)\n"
+        "sys.exit(3 if os.environ['RANK'] == '1' and os.environ['FRAY_JOB_ATTEMPT'] == '1' else 0)\n"
+    )
+    argv = [sys.executable, "-m", "fray.job_supervisor", "--replicas", "2", "--retries", "1", "--placement",
+            "spread", "--rank-resources", json.dumps({"CPU": 1}), "--", sys.executable, "-c", code]  # fmt: skip
+    env = {**cluster.env, "FRAY_BACKEND": f"ray?address={head.address}:{PORT}&namespace=fray-job-ranks"}
+    done = head.run(argv, timeout=240, cwd=str(cluster.base), env=env, capture_output=True, text=True)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    lines = [line for line in done.stdout.splitlines() if "] rank " in line and "attempt 2" in line]
+    hosts = {line.split(" on ")[1].split()[0] for line in lines}
+    assert hosts == set(_names(cluster)), done.stdout
+    assert "[fray] attempt 2 of 2 (the last failed: rank 1 exited with code 3)" in done.stdout

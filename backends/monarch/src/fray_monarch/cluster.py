@@ -131,7 +131,7 @@ class JobRunner(Actor):
         return {
             "hostname": socket.gethostname(),
             "processes": len(children_of(os.getppid())),
-            "total": {"CPU": float(total["CPU"]), "memory": float(total["memory"])},
+            "total": {name: float(total[name]) for name in ("CPU", "memory", "GPU") if name in total},
         }
 
     @endpoint

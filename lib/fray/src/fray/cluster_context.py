@@ -22,7 +22,17 @@ from fray.errors import JobExistsError, JobNotFoundError, UnsupportedFeatureErro
 from fray.interrupts import interrupted
 from fray.job_handle import JobHandle
 from fray.job_records import last_record
-from fray.job_requests import IF_EXISTS, SUPERVISOR, JobLaunch, check_name, is_name, name_of, next_id, parse_resources
+from fray.job_requests import (
+    IF_EXISTS,
+    SUPERVISOR,
+    JobLaunch,
+    check_name,
+    is_name,
+    launch_of,
+    name_of,
+    next_id,
+    place,
+)
 from fray.plain_text import plain, plain_pieces
 from fray.types import JobInfo, RuntimeEnv
 
@@ -102,6 +112,7 @@ class ClusterContext(ABC):
         max_retries: int = 0,
         replicas: int = 1,
         resources: Mapping[str, float] | None = None,
+        placement: str | None = None,
     ) -> JobHandle:
         """Start a job; return its handle (which is also its id, a str).
 
@@ -122,9 +133,12 @@ class ClusterContext(ABC):
         many times. replicas: start that many ranks, with torch.distributed's variables set (RANK, WORLD_SIZE,
         LOCAL_RANK, MASTER_ADDR, MASTER_PORT); one failing fails the attempt, and the others are stopped.
         resources: what each rank needs (CPU, GPU, memory in bytes, custom); the job holds it for all its ranks.
-        Ranks, retries and callables run under fray.job_supervisor, on the host where the job runs.
+        placement: where the ranks run. None (default): all on the job's host where they fit one node, else over
+        the nodes as "pack" would; "pack" / "spread": as an SPMD actor group of this backend placed over its nodes
+        (as create_actor_group places one), each rank holding its own resources.
+        Ranks, retries and callables run under fray.job_supervisor.
         """
-        launch = self._launch_of(entrypoint, args, kwargs, max_retries, replicas, resources)
+        launch = self._launch_of(entrypoint, args, kwargs, max_retries, replicas, resources, placement)
         command = None if launch.call is not None else _checked_command(entrypoint)
         if env is not None and not isinstance(env, RuntimeEnv):
             raise TypeError(f"env must be a fray.RuntimeEnv, got {type(env).__name__}")
@@ -170,17 +184,11 @@ class ClusterContext(ABC):
         max_retries: int,
         replicas: int,
         resources: Mapping[str, float] | None,
+        placement: str | None,
     ) -> JobLaunch:
-        call = None
-        if callable(entrypoint) and not isinstance(entrypoint, (str, list, tuple)):
-            if not isinstance(args, (list, tuple)):
-                raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
-            if kwargs is not None and not isinstance(kwargs, Mapping):
-                raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
-            call = (entrypoint, tuple(args), dict(kwargs or {}))
-        elif args or kwargs:
-            raise TypeError("args and kwargs go with a callable entrypoint; a command takes its arguments in it")
-        return JobLaunch(replicas, max_retries, parse_resources(resources), call)  # type: ignore[arg-type]
+        launch = launch_of(entrypoint, args, kwargs, max_retries, replicas, resources, placement)
+        # Where the ranks go, checked against the nodes' totals (asked only for several ranks with resources)
+        return place(launch, self.node_status, Capability.MULTI_HOST in self.capabilities, self.backend)
 
     def _check_env(self, env: RuntimeEnv) -> None:
         if env.package_requirements and Capability.JOB_PACKAGES not in self.capabilities:

@@ -8,23 +8,37 @@ id, and a name alone means its latest run). A backend creates a job under a give
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cloudpickle
 
+from fray.errors import InfeasibleResourcesError
 from fray.job_call import CALL_VAR, encode_call
+from fray.resources import format_resources, ranks_fitting, short_of
 from fray.serialization import find_unserializable_argument, unpicklable_code
 from fray.types import JobInfo, Resource, normalize_resources
 
-__all__ = ["IF_EXISTS", "JobLaunch", "check_name", "is_name", "name_of", "next_id", "parse_resources"]
+__all__ = [
+    "IF_EXISTS",
+    "JobLaunch",
+    "check_name",
+    "is_name",
+    "launch_of",
+    "name_of",
+    "next_id",
+    "parse_resources",
+    "place",
+]
 
 IF_EXISTS = ("return", "replace", "refuse")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 _NAMED_ID = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_-]{0,62})\.(?P<run>[1-9][0-9]*)")
 SUPERVISOR = ("-m", "fray.job_supervisor")
+PLACEMENTS = (None, "pack", "spread")
 
 
 def is_name(text: str) -> bool:
@@ -66,6 +80,7 @@ class JobLaunch:
     max_retries: int = 0
     per_rank: dict[str, float] = field(default_factory=dict)
     call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None
+    placement: str | None = None  # None: every rank on the job's host; "pack"/"spread": a group over the nodes
 
     def __post_init__(self) -> None:
         for what, value, least in (("replicas", self.replicas, 1), ("max_retries", self.max_retries, 0)):
@@ -73,6 +88,8 @@ class JobLaunch:
                 raise TypeError(f"{what} must be an int, got {type(value).__name__}")
             if value < least:
                 raise ValueError(f"{what} must be >= {least}, got {value}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, got {self.placement!r}")
         gpus = self.per_rank.get("GPU", 0.0)
         if gpus != int(gpus):
             raise ValueError(f"a job's rank holds whole GPUs, got resources GPU={gpus}")
@@ -82,8 +99,14 @@ class JobLaunch:
         return self.call is not None or self.replicas > 1 or self.max_retries > 0
 
     def whole_job(self) -> list[Resource]:
-        """What the job holds: each rank's resources times the ranks."""
+        """What the job's own process holds: each rank's resources times the ranks, on one host; nothing when its
+        ranks are a group over the nodes (the group's members hold them, each its own)."""
+        if self.placement is not None:
+            return []
         return [Resource(name, qty * self.replicas) for name, qty in self.per_rank.items()]
+
+    def over_nodes(self, placement: str | None) -> JobLaunch:
+        return replace(self, placement=placement)
 
     def command(self, entrypoint: str | list[str] | None, python: str) -> list[str]:
         """The supervisor's argv for this job (entrypoint None: the callable)."""
@@ -92,7 +115,9 @@ class JobLaunch:
             argv += ["--replicas", str(self.replicas)]
         if self.max_retries:
             argv += ["--retries", str(self.max_retries)]
-        if self.per_rank.get("GPU"):
+        if self.placement is not None:
+            argv += ["--placement", self.placement, "--rank-resources", json.dumps(self.per_rank)]
+        elif self.per_rank.get("GPU"):
             argv += ["--gpus-per-rank", str(int(self.per_rank["GPU"]))]
         if entrypoint is None:
             assert self.call is not None
@@ -119,3 +144,51 @@ class JobLaunch:
         except Exception as exc:
             raise find_unserializable_argument(where, args, kwargs, exc) from exc
         return {CALL_VAR: encode_call(payload)}
+
+
+def launch_of(
+    entrypoint: object,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    max_retries: int,
+    replicas: int,
+    resources: Mapping[str, float] | None,
+    placement: str | None,
+) -> JobLaunch:
+    """create_job's arguments beyond the command, checked."""
+    call = None
+    if callable(entrypoint) and not isinstance(entrypoint, (str, list, tuple)):
+        if not isinstance(args, (list, tuple)):
+            raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+        call = (entrypoint, tuple(args), dict(kwargs or {}))
+    elif args or kwargs:
+        raise TypeError("args and kwargs go with a callable entrypoint; a command takes its arguments in it")
+    return JobLaunch(replicas, max_retries, parse_resources(resources), call, placement)
+
+
+def place(launch: JobLaunch, nodes: Callable[[], list[dict[str, Any]]], multi_host: bool, backend: str) -> JobLaunch:
+    """Where a job's ranks go (create_job's placement), checked against the nodes' totals (`nodes()`: a
+    ClusterContext's node_status): a job whose ranks could never be placed is refused now
+    (InfeasibleResourcesError), as a task or a group is."""
+    if launch.replicas == 1 or not launch.per_rank:
+        return launch
+    if launch.placement is None and not multi_host:
+        return launch  # one node: the backend's own check of a job's resources applies
+    totals = [dict(node["total"]) for node in nodes() if node.get("total")]
+    if not totals:
+        return launch  # nothing known of the nodes: the backend decides when the job runs
+    whole = {name: qty * launch.replicas for name, qty in launch.per_rank.items()}
+    if launch.placement is None:
+        if any(not short_of(total, whole) for total in totals):
+            return launch  # they fit one node: all on the job's host
+        launch = launch.over_nodes("pack")
+    fitting = sum(ranks_fitting(total, launch.per_rank) for total in totals)
+    if fitting < launch.replicas:
+        raise InfeasibleResourcesError(
+            f"the job's {launch.replicas} ranks need {format_resources(launch.per_rank)} each, and the "
+            f"{len(totals)} node(s) of this {backend} cluster hold {fitting} such ranks at most; lower its "
+            "replicas or resources"
+        )
+    return launch

@@ -1,6 +1,7 @@
 """A job's own first process when it has ranks, retries or a Python callable:
 
-    python -m fray.job_supervisor [--replicas N] [--retries R] [--gpus-per-rank G] (--call LABEL | -- COMMAND ...)
+    python -m fray.job_supervisor [--replicas N] [--retries R] [--gpus-per-rank G]
+                                  [--placement pack|spread --rank-resources JSON] (--call LABEL | -- COMMAND ...)
 
 It starts the job's N ranks (COMMAND, or the callable of FRAY_JOB_CALL: fray.run_job_call) with the variables of
 torch.distributed set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; a fresh
@@ -12,12 +13,15 @@ far (fray.job_records) goes to stdout, the job's log, where ClusterContext.get_j
 this process's group, so a backend that stops or kills the job's group reaches them too.
 
 Every backend runs this as an ordinary job command: ranks, retries and callables work the same on all of them.
-The ranks of one job run on the host this process runs on.
+The ranks run on the host this process runs on; with --placement, each attempt's ranks are instead an SPMD group
+of the job's own backend (fray.init(): the backend the job was submitted to), which places them over its nodes
+with --rank-resources each (fray.job_group_ranks).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -28,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 from fray.job_call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome
 from fray.job_records import JobRecord, record_line
@@ -112,15 +116,28 @@ def _signal_tree(rank: _Rank, signum: int) -> None:
 
 
 class Supervisor:
-    def __init__(self, command: list[str], replicas: int, retries: int, gpus_per_rank: int, call: bool) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        replicas: int,
+        retries: int,
+        gpus_per_rank: int,
+        call: bool,
+        placement: str | None = None,
+        rank_resources: dict[str, float] | None = None,
+    ) -> None:
         self.command = command
         self.replicas = replicas
         self.retries = retries
         self.call = call
-        self.gpus = _gpu_slices(replicas, gpus_per_rank)
+        self.placement = placement
+        self.rank_resources = rank_resources or {}
+        # over nodes, the backend gives each rank its GPUs; here, this host's are sliced
+        self.gpus = _gpu_slices(replicas, gpus_per_rank) if placement is None else [None] * replicas
         self.attempts: list[JobAttempt] = []
         self.stopping = threading.Event()
         self.output_lock = threading.Lock()
+        self.context: Any = None  # the job backend's JobContext, for --placement
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping.set()
@@ -132,7 +149,7 @@ class Supervisor:
         for number in range(1, self.retries + 2):
             if number > 1:
                 self._say(f"attempt {number} of {self.retries + 1} (the last failed: {self.attempts[-1].message})")
-            attempt, error, result = self._attempt(number)
+            attempt, error, result = self._attempt(number) if self.placement is None else self._group_attempt(number)
             self.attempts.append(attempt)
             self._record(error, result)
             if attempt.status is JobStatus.SUCCEEDED:
@@ -252,6 +269,60 @@ class Supervisor:
             message = f"{who} raised {error.type}: {error.message}"
         return JobAttempt(number, JobStatus.FAILED, code, start, end, message), error, None
 
+    def _group_attempt(self, number: int) -> tuple[JobAttempt, JobError | None, CallOutcome | None]:
+        """One attempt with the ranks as an SPMD group of the job's backend (see fray.job_group_ranks)."""
+        import fray  # only here: a job on one host never starts a fray context of its own
+        from fray.job_group_ranks import RankOutcome, RankProcess
+        from fray.types import ActorOptions
+
+        start = time.time()
+        if self.context is None:
+            self.context = fray.init()
+        ctx = self.context
+        call = os.environ.get(CALL_VAR) if self.call else None
+        try:
+            group = ctx.create_actor_group(
+                RankProcess,
+                self.replicas,
+                options=ActorOptions(resources=self.rank_resources),
+                placement=str(self.placement),
+                distributed=True,
+            )
+        except Exception as exc:  # could not be placed (InfeasibleResourcesError...): the attempt fails, saying why
+            self._say(f"could not place the {self.replicas} ranks: {type(exc).__name__}: {exc}")
+            return JobAttempt(number, JobStatus.FAILED, None, start, time.time(), f"not placed: {exc}"), None, None
+        refs = group.run(None if self.call else self.command, call, number)
+        rank_of = {ref: index for index, ref in enumerate(refs)}
+        pending, ended = list(refs), {}
+        failed: int | None = None
+        while pending and failed is None and not self.stopping.is_set():
+            ready, pending = ctx.wait(pending, num_returns=1, timeout=0.2)
+            for ref in ready:
+                index = rank_of[ref]
+                try:
+                    outcome: RankOutcome = ctx.get(ref)
+                except Exception as exc:  # its member died (a node lost, the group failed as one)
+                    self._say(f"rank {index}: {type(exc).__name__}: {exc}")
+                    outcome = RankOutcome(index, -9)
+                ended[index] = outcome
+                if outcome.code != 0 and failed is None:
+                    failed = index
+        ctx.kill(group)  # the rest, if one failed or a stop came (their ranks go with them: the watchdog)
+        end = time.time()
+        if failed is None and self.stopping.is_set():
+            return JobAttempt(number, JobStatus.STOPPED, None, start, end, "stopped by request"), None, None
+        if failed is None:
+            first = ended[0].call if 0 in ended else None
+            return JobAttempt(number, JobStatus.SUCCEEDED, 0, start, end, ""), None, first
+        code = ended[failed].code
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        message, error = f"rank {failed} {how}", None
+        raised = ended[failed].call
+        if raised is not None and raised.error is not None:
+            error = raised.error
+            message = f"rank {failed} raised {error.type}: {error.message}"
+        return JobAttempt(number, JobStatus.FAILED, code, start, end, message), error, None
+
     def _stop(self, ranks: Sequence[_Rank]) -> None:
         for rank in ranks:
             _signal_tree(rank, signal.SIGTERM)
@@ -270,6 +341,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--call", default=None, metavar="LABEL", help=f"run the callable in ${CALL_VAR} in each rank (LABEL names it)"
     )
+    parser.add_argument(
+        "--placement", choices=("pack", "spread"), default=None, help="the ranks as a group over the nodes"
+    )
+    parser.add_argument("--rank-resources", default="{}", help="with --placement: each rank's resources (JSON)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -286,11 +361,23 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
-        supervisor = Supervisor(args.command, args.replicas, args.retries, args.gpus_per_rank, args.call is not None)
+        supervisor = Supervisor(
+            args.command,
+            args.replicas,
+            args.retries,
+            args.gpus_per_rank,
+            args.call is not None,
+            args.placement,
+            {str(k): float(v) for k, v in json.loads(args.rank_resources).items()},
+        )
     except ValueError as exc:
         print(f"fray: {exc}", file=sys.stderr, flush=True)
         return 2
-    return supervisor.run()
+    try:
+        return supervisor.run()
+    finally:
+        if supervisor.context is not None:
+            supervisor.context.shutdown()
 
 
 if __name__ == "__main__":

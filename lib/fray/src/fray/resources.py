@@ -20,6 +20,7 @@ __all__ = [
     "fits",
     "format_amount",
     "format_resources",
+    "ranks_fitting",
     "short_of",
     "subtract",
     "task_resources",
@@ -95,6 +96,12 @@ def format_amount(name: str, value: float) -> str:
         if abs(value) >= size:
             return f"{value / size:.1f} {unit}"
     return f"{value:g}"  # (not reached: 1 KiB and up has a unit)
+
+
+def ranks_fitting(total: Mapping[str, float], each: Mapping[str, float]) -> int:
+    """How many requests of `each` fit in `total` at once (a resource `total` lacks holds none)."""
+    counts = [math.floor(total.get(name, 0.0) / qty + EPS) for name, qty in each.items() if qty > EPS]
+    return max(0, min(counts)) if counts else 0
 
 
 def format_resources(resources: Mapping[str, float]) -> str:

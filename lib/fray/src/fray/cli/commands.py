@@ -2,7 +2,7 @@
 
 fray job submit [--backend SPEC] [--address A] [--working-dir DIR] [--env K[=V]]... [--env-file PATH]... [--no-wait]
                 [--on-interrupt stop|leave] [--name NAME [--if-exists return|replace|refuse]] [--retries N]
-                [--replicas N] [--cpus N] [--gpus N] [--memory BYTES] [--resource K=V]...
+                [--replicas N] [--cpus N] [--gpus N] [--memory BYTES] [--resource K=V]... [--placement pack|spread]
                 (-- CMD ... | --call MODULE:FUNCTION [-- ARG ...])
 fray job list|status JOB|logs JOB [--follow] [--tail N]|stop JOB|delete JOB   [--backend SPEC] [--address A] [--json]
                                           (JOB: an id, or a name for its latest run)
@@ -95,6 +95,12 @@ def _submit_options(parser: argparse.ArgumentParser, detachable: bool) -> None:
     shape.add_argument("--gpus", type=int, default=None, help="GPUs each rank holds (its own CUDA_VISIBLE_DEVICES)")
     shape.add_argument("--memory", type=float, default=None, help="bytes of memory each rank holds")
     shape.add_argument("--resource", action="append", default=[], metavar="K=V", help="a custom resource per rank")
+    shape.add_argument(
+        "--placement",
+        choices=("pack", "spread"),
+        default=None,
+        help="the ranks as a group over the cluster's nodes (default: on the job's host where they fit one node)",
+    )
     shape.add_argument(
         "--call",
         default=None,

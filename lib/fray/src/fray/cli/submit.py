@@ -163,6 +163,7 @@ def submit(args: argparse.Namespace, wait: bool) -> int:
         "max_retries": args.retries,
         "replicas": args.replicas,
         "resources": _resources_of(args),
+        "placement": args.placement,
     }
     if args.call:
         shape["args"] = tuple(words)

@@ -78,3 +78,11 @@ def holds_a_lock() -> Any:
             pass
 
     return uses_it
+
+
+def where_am_i() -> dict[str, str]:
+    """This rank's host and its torch.distributed variables."""
+    import socket
+
+    print(f"rank {os.environ['RANK']} on {socket.gethostname()}", flush=True)
+    return {"host": socket.gethostname(), **rank_env()}
