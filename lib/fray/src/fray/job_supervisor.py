@@ -35,6 +35,7 @@ from types import FrameType
 from typing import IO, Any
 
 from fray.job_call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome
+from fray.job_group_ranks import RankPoll, RankProcess
 from fray.job_records import JobRecord, record_line
 from fray.procfs import Identity, children_of
 from fray.types import JobAttempt, JobError, JobStatus
@@ -42,6 +43,8 @@ from fray.types import JobAttempt, JobError, JobStatus
 __all__ = ["main"]
 
 STOP_GRACE = 5.0  # seconds a rank has to end after SIGTERM before SIGKILL
+GROUP_POLL = 0.25  # seconds between polls of a group's ranks while none wrote anything
+GROUP_CALL_TIMEOUT = 120.0  # seconds a group's member has to answer a start or a poll
 POLL = 0.05
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
@@ -272,12 +275,11 @@ class Supervisor:
     def _group_attempt(self, number: int) -> tuple[JobAttempt, JobError | None, CallOutcome | None]:
         """One attempt with the ranks as an SPMD group of the job's backend (see fray.job_group_ranks)."""
         import fray  # only here: a job on one host never starts a fray context of its own
-        from fray.job_group_ranks import RankOutcome, RankProcess
         from fray.types import ActorOptions
 
         start = time.time()
         if self.context is None:
-            self.context = fray.init()
+            self.context = fray.init()  # the job's backend (its FRAY_BACKEND)
         ctx = self.context
         call = os.environ.get(CALL_VAR) if self.call else None
         try:
@@ -288,33 +290,37 @@ class Supervisor:
                 placement=str(self.placement),
                 distributed=True,
             )
-        except Exception as exc:  # could not be placed (InfeasibleResourcesError...): the attempt fails, saying why
-            self._say(f"could not place the {self.replicas} ranks: {type(exc).__name__}: {exc}")
-            return JobAttempt(number, JobStatus.FAILED, None, start, time.time(), f"not placed: {exc}"), None, None
-        refs = group.run(None if self.call else self.command, call, number)
-        rank_of = {ref: index for index, ref in enumerate(refs)}
-        pending, ended = list(refs), {}
+            ctx.get(group.start(None if self.call else self.command, call, number), timeout=GROUP_CALL_TIMEOUT)
+        except Exception as exc:  # not placed (InfeasibleResourcesError...), or not started: the attempt failed
+            self._say(f"could not start the {self.replicas} ranks: {type(exc).__name__}: {exc}")
+            return JobAttempt(number, JobStatus.FAILED, None, start, time.time(), f"not started: {exc}"), None, None
+        ended: dict[int, RankPoll] = {}
         failed: int | None = None
-        while pending and failed is None and not self.stopping.is_set():
-            ready, pending = ctx.wait(pending, num_returns=1, timeout=0.2)
-            for ref in ready:
-                index = rank_of[ref]
+        while len(ended) < self.replicas and failed is None and not self.stopping.is_set():
+            running = [index for index in range(self.replicas) if index not in ended]
+            refs = [group[index].poll() for index in running]
+            quiet = True
+            for index, ref in zip(running, refs, strict=True):
                 try:
-                    outcome: RankOutcome = ctx.get(ref)
-                except Exception as exc:  # its member died (a node lost, the group failed as one)
+                    polled: RankPoll = ctx.get(ref, timeout=GROUP_CALL_TIMEOUT)
+                except Exception as exc:  # its member died (a node lost; the group fails as one) or hangs
                     self._say(f"rank {index}: {type(exc).__name__}: {exc}")
-                    outcome = RankOutcome(index, -9)
-                ended[index] = outcome
-                if outcome.code != 0 and failed is None:
-                    failed = index
+                    polled = RankPoll(code=-9)
+                self._write(index, polled)
+                quiet = quiet and not polled.lines
+                if polled.code is not None:
+                    ended[index] = polled
+                    if polled.code != 0 and failed is None:
+                        failed = index
+            if quiet and failed is None:
+                time.sleep(GROUP_POLL)
         ctx.kill(group)  # the rest, if one failed or a stop came (their ranks go with them: the watchdog)
         end = time.time()
         if failed is None and self.stopping.is_set():
             return JobAttempt(number, JobStatus.STOPPED, None, start, end, "stopped by request"), None, None
         if failed is None:
-            first = ended[0].call if 0 in ended else None
-            return JobAttempt(number, JobStatus.SUCCEEDED, 0, start, end, ""), None, first
-        code = ended[failed].code
+            return JobAttempt(number, JobStatus.SUCCEEDED, 0, start, end, ""), None, ended[0].call
+        code = ended[failed].code or -9
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
         message, error = f"rank {failed} {how}", None
         raised = ended[failed].call
@@ -322,6 +328,18 @@ class Supervisor:
             error = raised.error
             message = f"rank {failed} raised {error.type}: {error.message}"
         return JobAttempt(number, JobStatus.FAILED, code, start, end, message), error, None
+
+    def _write(self, index: int, polled: RankPoll) -> None:
+        """A rank's lines, as they came from its member, into the job's log."""
+        if not polled.lines and not polled.dropped:
+            return
+        prefix = f"[rank {index}] "
+        text = "".join(prefix + (line if line.endswith("\n") else line + "\n") for line in polled.lines)
+        if polled.dropped:
+            text = f"{prefix}fray: {polled.dropped} lines dropped (written faster than they were collected)\n" + text
+        with self.output_lock:
+            sys.stdout.write(text)
+            sys.stdout.flush()
 
     def _stop(self, ranks: Sequence[_Rank]) -> None:
         for rank in ranks:
