@@ -44,7 +44,8 @@ def _timed_job(cluster: fray.ClusterContext, fail_rank: int, gloo: bool = True) 
 
 
 def bench_retry(cluster: fray.ClusterContext, repeats: int, gloo: bool) -> None:
-    _timed_job(cluster, -1, gloo)  # warm-up: imports, a first gloo rendezvous
+    if gloo:
+        _timed_job(cluster, -1, gloo)  # warm-up: imports, a first gloo rendezvous
     clean, retried = [], []
     for _ in range(repeats):
         seconds, attempts = _timed_job(cluster, -1, gloo)

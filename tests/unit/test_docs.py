@@ -103,16 +103,19 @@ def test_example_pipeline_runs_unchanged(backend: str) -> None:
         assert "in project_shard" in after and "TransientShardError: shard 5" in after, after[:2000]
 
 
-@pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
-def test_example_spmd_pipeline_runs_unchanged(backend: str) -> None:
-    out = _run_spmd_example(backend)
-    assert f"backend: {backend}" in out.stdout and "ok: loss fell" in out.stdout
+def test_example_spmd_pipeline_runs_unchanged() -> None:
+    """As documented, without flags, on in_memory. On ray and monarch the run with --kill-rank below is the same
+    program, which runs the same steps unchanged there before and after its kill (one run each instead of two:
+    ~25 s of the suite)."""
+    out = _run_spmd_example("in_memory")
+    assert "backend: in_memory" in out.stdout and "ok: loss fell" in out.stdout
 
 
 @pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
 def test_example_spmd_pipeline_survives_a_killed_rank(backend: str) -> None:
     """--kill-rank: a trainer rank SIGKILLed mid-step; the group restarts, resumes from the checkpoint (issue 19)."""
     out = _run_spmd_example(backend, "--kill-rank", "1", "--at-step", "3")
+    assert f"backend: {backend}" in out.stdout, out.stdout
     assert "killed trainer rank 1" in out.stdout, out.stdout
     assert "is restarting (restart 1 of 1): its rank 1 died" in out.stdout, out.stdout
     # (step 2's, unless a descheduled driver let step 3 finish and be saved before its kill landed)

@@ -80,9 +80,7 @@ def holds_a_lock() -> Any:
     return uses_it
 
 
-def where_am_i() -> dict[str, str]:
-    """This rank's host and its torch.distributed variables."""
-    import socket
-
-    print(f"rank {os.environ['RANK']} on {socket.gethostname()}", flush=True)
-    return {"host": socket.gethostname(), **rank_env()}
+def env_after_failing_once_on_rank(rank: int) -> dict[str, str]:
+    """fail_first_attempt_on_rank, then this rank's torch.distributed variables."""
+    fail_first_attempt_on_rank(rank)
+    return rank_env()

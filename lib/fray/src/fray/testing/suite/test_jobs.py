@@ -28,7 +28,7 @@ def _python(code: str) -> str:
     return f"{PY} -c {shlex.quote(code)}"
 
 
-def test_a_callable_job_returns_its_value_on_the_record(fray_cluster: ClusterContext) -> None:
+def test_a_callable_jobs_value_is_on_its_record(fray_cluster: ClusterContext) -> None:
     job = fray_cluster.create_job(w.add, args=(2,), kwargs={"b": 5})
     info = job.wait(TIMEOUT)
     assert info.status is JobStatus.SUCCEEDED
@@ -37,10 +37,7 @@ def test_a_callable_job_returns_its_value_on_the_record(fray_cluster: ClusterCon
     assert [a.number for a in info.attempts] == [1] and info.attempts[0].exit_code == 0
     assert "adding 2 and 5 in rank 0" in job.logs()
     assert fray_cluster.get_job(job).result == {"sum": 7, "rank": 0}  # from any context, by id
-
-
-def test_a_value_that_is_not_plain_data_is_kept_as_its_repr(fray_cluster: ClusterContext) -> None:
-    info = fray_cluster.create_job(w.opaque).wait(TIMEOUT)
+    info = fray_cluster.create_job(w.opaque).wait(TIMEOUT)  # a value that is not plain data: kept as its repr
     assert info.result is None
     assert "Opaque(42)" in info.message
 
@@ -101,6 +98,10 @@ def test_a_failed_attempt_is_retried_and_every_attempt_is_on_the_record(fray_clu
     first, separator, second = logs.partition("[fray] attempt 2 of 3")
     assert separator, logs
     assert "rank 1 attempt 1" in first and "rank 1 attempt 2" in second
+    ran_out = fray_cluster.create_job(_python("import sys; sys.exit(3)"), max_retries=2)
+    info = ran_out.wait(TIMEOUT, raise_on_failure=False)
+    assert info.status is JobStatus.FAILED
+    assert [a.exit_code for a in info.attempts] == [3, 3, 3] and info.exit_code == 3
 
 
 def test_a_two_rank_gloo_job_fails_once_then_succeeds(fray_cluster: ClusterContext) -> None:
@@ -109,14 +110,6 @@ def test_a_two_rank_gloo_job_fails_once_then_succeeds(fray_cluster: ClusterConte
     info = job.wait(TIMEOUT)
     assert info.status is JobStatus.SUCCEEDED, job.logs()
     assert len(info.attempts) == 2 and info.result == 3.0
-
-
-def test_retries_run_out(fray_cluster: ClusterContext) -> None:
-    job = fray_cluster.create_job(_python("import sys; sys.exit(3)"), max_retries=2)
-    info = job.wait(TIMEOUT, raise_on_failure=False)
-    assert info.status is JobStatus.FAILED
-    assert [a.exit_code for a in info.attempts] == [3, 3, 3]
-    assert info.exit_code == 3
 
 
 def test_one_rank_failing_stops_the_others(fray_cluster: ClusterContext, tmp_path: Path) -> None:
@@ -259,16 +252,15 @@ def test_ranks_placed_as_a_group_of_the_backend(fray_cluster: ClusterContext, fr
     if Capability.SPMD_GROUPS not in fray_ctx.capabilities:  # (a capability of the backend's job contexts)
         pytest.skip(f"backend {fray_ctx.backend!r} lacks capability 'spmd_groups': ranks over nodes are a group")
     job = fray_cluster.create_job(
-        w.fail_first_attempt_on_rank, args=(1,), replicas=2, max_retries=1, resources={"CPU": 0.5}, placement="pack"
+        w.env_after_failing_once_on_rank, args=(1,), replicas=2, max_retries=1, resources={"CPU": 0.5}, placement="pack"
     )
     info = job.wait(TIMEOUT)
     assert info.status is JobStatus.SUCCEEDED, job.logs()
     assert [a.status for a in info.attempts] == [JobStatus.FAILED, JobStatus.SUCCEEDED]
     assert info.attempts[0].exit_code == 1 and "rank 1" in info.attempts[0].message
-    assert info.result == "attempt 2"
+    env = info.result  # rank 0's, at attempt 2: the group set torch.distributed's variables
+    assert (env["RANK"], env["WORLD_SIZE"], env["FRAY_JOB_ATTEMPT"]) == ("0", "2", "2") and env["MASTER_PORT"]
     logs = job.logs()
     assert "[rank 1] rank 1 attempt 1" in logs and "[rank 0] rank 0 attempt 2" in logs, logs
-    env = fray_cluster.create_job(w.where_am_i, replicas=2, resources={"CPU": 0.5}, placement="spread").result(TIMEOUT)
-    assert env["RANK"] == "0" and env["WORLD_SIZE"] == "2" and env["MASTER_ADDR"] and env["MASTER_PORT"]
     with pytest.raises(ValueError, match="placement"):
         fray_cluster.create_job("true", replicas=2, placement="everywhere")
