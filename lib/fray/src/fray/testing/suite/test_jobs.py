@@ -264,3 +264,27 @@ def test_ranks_placed_as_a_group_of_the_backend(fray_cluster: ClusterContext, fr
     assert "[rank 1] rank 1 attempt 1" in logs and "[rank 0] rank 0 attempt 2" in logs, logs
     with pytest.raises(ValueError, match="placement"):
         fray_cluster.create_job("true", replicas=2, placement="everywhere")
+
+
+def test_one_rank_failing_stops_the_others_in_a_group(
+    fray_cluster: ClusterContext, fray_ctx: JobContext, tmp_path: Path
+) -> None:
+    """As test_one_rank_failing_stops_the_others, with the ranks a group of the backend (placement="pack"):
+    when rank 1 fails, rank 0's member is killed and its rank, a process of its own group, goes with it."""
+    if Capability.SPMD_GROUPS not in fray_ctx.capabilities:
+        pytest.skip(f"backend {fray_ctx.backend!r} lacks capability 'spmd_groups': ranks over nodes are a group")
+    pid_file = tmp_path / "rank0.pid"
+    job = fray_cluster.create_job(
+        w.sleep_forever_in_rank_0_fail_in_rank_1,
+        args=(str(pid_file),),
+        replicas=2,
+        resources={"CPU": 0.5},
+        placement="pack",
+    )
+    info = job.wait(TIMEOUT, raise_on_failure=False)
+    assert info.status is JobStatus.FAILED and info.error is not None and info.error.rank == 1, job.logs()
+    rank0 = int(pid_file.read_text())
+    deadline = time.monotonic() + 15
+    while alive(rank0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(rank0), "rank 0 still runs after rank 1 failed"
