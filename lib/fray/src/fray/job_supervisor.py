@@ -37,6 +37,7 @@ from typing import IO, Any
 from fray.job_call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome
 from fray.job_group_ranks import RankPoll, RankProcess
 from fray.job_records import JobRecord, record_line
+from fray.jobs import ended_status
 from fray.procfs import Identity, children_of
 from fray.types import JobAttempt, JobError, JobStatus
 
@@ -257,20 +258,9 @@ class Supervisor:
                 thread.join(STOP_GRACE)  # a grandchild may hold a rank's output open: not waited for beyond this
         end = time.time()
         outcomes = {rank.index: rank.outcome[0] for rank in ranks if rank.outcome}
-        if self.stopping.is_set() and failed is None:
-            return JobAttempt(number, JobStatus.STOPPED, None, start, end, "stopped by request"), None, None
-        if failed is None:
-            return JobAttempt(number, JobStatus.SUCCEEDED, 0, start, end, ""), None, outcomes.get(0)
-        code = failed.proc.returncode
-        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        who = f"rank {failed.index}" if self.replicas > 1 else "it"
-        message = f"{who} {how}"
-        error = None
-        raised = outcomes.get(failed.index)
-        if raised is not None and raised.error is not None:
-            error = raised.error
-            message = f"{who} raised {error.type}: {error.message}"
-        return JobAttempt(number, JobStatus.FAILED, code, start, end, message), error, None
+        code = failed.proc.returncode if failed is not None else None
+        failed_rank = failed.index if failed is not None else None
+        return self._ended(number, start, end, failed_rank, code, outcomes)
 
     def _group_attempt(self, number: int) -> tuple[JobAttempt, JobError | None, CallOutcome | None]:
         """One attempt with the ranks as an SPMD group of the job's backend (see fray.job_group_ranks)."""
@@ -316,17 +306,31 @@ class Supervisor:
                 time.sleep(GROUP_POLL)
         ctx.kill(group)  # the rest, if one failed or a stop came (their ranks go with them: the watchdog)
         end = time.time()
+        code = (ended[failed].code or -9) if failed is not None else None
+        return self._ended(number, start, end, failed, code, {i: p.call for i, p in ended.items() if p.call})
+
+    def _ended(
+        self,
+        number: int,
+        start: float,
+        end: float,
+        failed: int | None,
+        code: int | None,
+        outcomes: dict[int, CallOutcome],
+    ) -> tuple[JobAttempt, JobError | None, CallOutcome | None]:
+        """How an attempt ended (either way of running its ranks): the rank that failed first, with its exit code,
+        else stopped or succeeded; `outcomes` are the callables' (rank 0's is the job's result)."""
         if failed is None and self.stopping.is_set():
             return JobAttempt(number, JobStatus.STOPPED, None, start, end, "stopped by request"), None, None
-        if failed is None:
-            return JobAttempt(number, JobStatus.SUCCEEDED, 0, start, end, ""), None, ended[0].call
-        code = ended[failed].code or -9
-        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        message, error = f"rank {failed} {how}", None
-        raised = ended[failed].call
+        if failed is None or code is None:
+            return JobAttempt(number, JobStatus.SUCCEEDED, 0, start, end, ""), None, outcomes.get(0)
+        who = f"rank {failed}" if self.replicas > 1 else "it"
+        message = f"{who} {ended_status(code)[2]}"
+        error = None
+        raised = outcomes.get(failed)
         if raised is not None and raised.error is not None:
             error = raised.error
-            message = f"rank {failed} raised {error.type}: {error.message}"
+            message = f"{who} raised {error.type}: {error.message}"
         return JobAttempt(number, JobStatus.FAILED, code, start, end, message), error, None
 
     def _write(self, index: int, polled: RankPoll) -> None:
