@@ -25,7 +25,6 @@ from fray.job_records import last_record
 from fray.job_requests import (
     IF_EXISTS,
     SUPERVISOR,
-    JobLaunch,
     check_name,
     is_name,
     launch_of,
@@ -33,7 +32,7 @@ from fray.job_requests import (
     next_id,
     place,
 )
-from fray.plain_text import plain, plain_pieces
+from fray.plain_text import last_lines, plain, plain_pieces
 from fray.types import JobInfo, RuntimeEnv
 
 __all__ = ["ClusterContext"]
@@ -67,13 +66,6 @@ def _run_of(job_id: str, name: str) -> int:
 
 def _latest(jobs: Sequence[JobInfo], name: str) -> str:
     return max(jobs, key=lambda info: _run_of(info.id, name)).id
-
-
-def _last_lines(text: str, count: int) -> str:
-    if count <= 0:
-        return ""
-    lines = text.splitlines(keepends=True)
-    return "".join(lines[-count:])
 
 
 def _interruptible(pieces: Iterator[str], what: str) -> Iterator[str]:
@@ -138,7 +130,9 @@ class ClusterContext(ABC):
         (as create_actor_group places one), each rank holding its own resources.
         Ranks, retries and callables run under fray.job_supervisor.
         """
-        launch = self._launch_of(entrypoint, args, kwargs, max_retries, replicas, resources, placement)
+        launch = launch_of(entrypoint, args, kwargs, max_retries, replicas, resources, placement)
+        # where the ranks go, checked against the nodes' totals (asked only for several ranks with resources)
+        launch = place(launch, self.node_status, Capability.MULTI_HOST in self.capabilities, self.backend)
         command = None if launch.call is not None else _checked_command(entrypoint)
         if env is not None and not isinstance(env, RuntimeEnv):
             raise TypeError(f"env must be a fray.RuntimeEnv, got {type(env).__name__}")
@@ -175,20 +169,6 @@ class ClusterContext(ABC):
         if name is None:
             return JobHandle(submit(job_id), self)
         return JobHandle(self._submit_named(check_name(name), if_exists, submit), self)
-
-    def _launch_of(
-        self,
-        entrypoint: object,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any] | None,
-        max_retries: int,
-        replicas: int,
-        resources: Mapping[str, float] | None,
-        placement: str | None,
-    ) -> JobLaunch:
-        launch = launch_of(entrypoint, args, kwargs, max_retries, replicas, resources, placement)
-        # Where the ranks go, checked against the nodes' totals (asked only for several ranks with resources)
-        return place(launch, self.node_status, Capability.MULTI_HOST in self.capabilities, self.backend)
 
     def _check_env(self, env: RuntimeEnv) -> None:
         if env.package_requirements and Capability.JOB_PACKAGES not in self.capabilities:
@@ -267,7 +247,7 @@ class ClusterContext(ABC):
         job_id = self._resolve(job_id)
         if tail is None:
             return plain(self._get_job_logs(job_id))
-        return _last_lines(plain(self._get_job_log_end(job_id, tail + 1)), tail)
+        return last_lines(plain(self._get_job_log_end(job_id, tail + 1)), tail)
 
     def tail_job_logs(self, job_id: str) -> Iterator[str]:
         """Follow the job's output: an iterator of text pieces, first what the job wrote so far, then each new
@@ -418,7 +398,7 @@ class ClusterContext(ABC):
     def _get_job_log_end(self, job_id: str, lines: int) -> str:
         """The raw log's last `lines` lines (all of it, if it has fewer). Default: all of it, cut; backends with a
         log file read only its end (fray.jobs.read_log_end)."""
-        return _last_lines(self._get_job_logs(job_id), lines)
+        return last_lines(self._get_job_logs(job_id), lines)
 
     def _job_python(self) -> str:
         """The interpreter a supervised job (fray.job_supervisor) runs with. Default: this one (jobs run on this

@@ -24,6 +24,7 @@ from pathlib import Path
 from fray import watchdog
 from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
 from fray.gpus import DevicePool, HostGpus, discover, process_env
+from fray.plain_text import last_lines
 from fray.procfs import Identity, stop_group
 from fray.resources import add, fits, format_resources, short_of, subtract
 from fray.state import private_dir
@@ -118,8 +119,7 @@ def read_log_end(path: Path, lines: int, block: int = 64 * 1024) -> str:
             f.seek(start)
             data = f.read(step) + data
             block *= 2
-    text = data.decode(errors="replace")
-    return "".join(text.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
+    return last_lines(data.decode(errors="replace"), lines)
 
 
 def follow_log(path: Path, ended: Callable[[], bool], poll: float = 0.05, max_poll: float = 0.5) -> Iterator[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 
-__all__ = ["plain", "plain_pieces"]
+__all__ = ["last_lines", "plain", "plain_pieces"]
 
 # CSI sequences (ESC [ parameters final-letter: colours, cursor moves), OSC sequences (ESC ] text, then BEL or
 # ESC backslash: titles, links, and the records of fray.job_records) and two-character escapes (ESC letter).
@@ -34,3 +34,8 @@ def plain_pieces(pieces: Iterable[str]) -> Iterator[str]:
         text = _CODES.sub("", text[: cut.start()] if cut else text)
         if text:
             yield text
+
+
+def last_lines(text: str, count: int) -> str:
+    """The last `count` lines of text (all of it if it has fewer; "" for count <= 0), line ends kept."""
+    return "".join(text.splitlines(keepends=True)[-count:]) if count > 0 else ""

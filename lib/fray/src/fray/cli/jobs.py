@@ -7,6 +7,7 @@ import json
 import sys
 
 from fray.cli.common import CommandError, as_dict, format_exit_code, format_time, open_cluster, say
+from fray.plain_text import last_lines
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -65,9 +66,7 @@ def _logs(args: argparse.Namespace) -> int:
             return 0
         pieces = iter(ctx.tail_job_logs(args.job_id))
         if args.tail is not None:  # the first piece is all the job wrote so far: its last lines, then what comes
-            first = next(pieces, "")
-            lines = first.splitlines(keepends=True)
-            sys.stdout.write("".join(lines[-args.tail :]) if args.tail else "")
+            sys.stdout.write(last_lines(next(pieces, ""), args.tail))
             sys.stdout.flush()
         for piece in pieces:
             sys.stdout.write(piece)
