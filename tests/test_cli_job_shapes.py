@@ -6,18 +6,15 @@ monarch head). The real `fray` entry point in subprocesses, each test with a sta
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
-
-from fray.detached import DetachedJobs
-
-FRAY = str(Path(sys.executable).parent / "fray")
+from _fray_cli import FRAY, run_fray, state_env
 
 TRAIN = """\
 import os
@@ -33,19 +30,11 @@ def main(*words):
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FRAY_BACKEND", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    env["FRAY_STATE_DIR"] = str(tmp_path / "state")
-    yield env
-    jobs = DetachedJobs(tmp_path / "state" / "jobs")  # a failed test must not leave a detached job running
-    for info in jobs.list():
-        if not info.status.is_terminal:
-            jobs.stop(info.id)
+    with state_env(tmp_path) as env:
+        yield env
 
 
-def _fray(
-    env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FRAY, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+_fray = partial(run_fray, timeout=180)
 
 
 def test_submit_a_named_retried_two_rank_call_then_list_status_and_tail(env: dict[str, str], tmp_path: Path) -> None:

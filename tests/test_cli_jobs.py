@@ -18,19 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _fray_cli import FRAY, state_env
+from _fray_cli import cli_env as _env
+from _fray_cli import run_fray as _fray
 
 import fray
-from fray.detached import DetachedJobs
 from fray.procfs import group_members
-
-FRAY = str(Path(sys.executable).parent / "fray")
-
-
-def _env(state: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FRAY_BACKEND", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    env["FRAY_STATE_DIR"] = str(state)
-    return env
-
 
 _running: list[subprocess.Popen[str]] = []  # `fray` commands a test started: ended after it, whatever happened
 
@@ -47,18 +40,8 @@ def _end_what_a_test_started() -> Iterator[None]:
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    env = _env(tmp_path / "state")
-    yield env
-    jobs = DetachedJobs(tmp_path / "state" / "jobs")  # a failed test must not leave a detached job running
-    for info in jobs.list():
-        if not info.status.is_terminal:
-            jobs.stop(info.id)
-
-
-def _fray(
-    env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FRAY, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    with state_env(tmp_path) as env:
+        yield env
 
 
 def _start(env: dict[str, str], *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:

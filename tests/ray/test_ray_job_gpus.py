@@ -7,21 +7,10 @@ from __future__ import annotations
 import sys
 
 import pytest
+from _job_gpus import SHOW, seen_devices
 
 import fray
 from fray import JobStatus
-
-SHOW = "import os; print('sees', os.environ.get('RANK'), os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True)"
-
-
-def _seen(logs: str) -> dict[str, str]:
-    seen = {}
-    for line in logs.splitlines():
-        words = line.split()
-        if "sees" in words:
-            at = words.index("sees")
-            seen[words[at + 1]] = words[at + 2]
-    return seen
 
 
 def test_a_jobs_ranks_split_the_gpus_ray_assigns_it() -> None:
@@ -29,7 +18,7 @@ def test_a_jobs_ranks_split_the_gpus_ray_assigns_it() -> None:
         job = cluster.create_job([sys.executable, "-c", SHOW], replicas=2, resources={"GPU": 2, "CPU": 0.5})
         info = job.wait(timeout=180)
         assert info.status is JobStatus.SUCCEEDED, job.logs()
-        seen = _seen(job.logs())
+        seen = seen_devices(job.logs())
         assert set(seen) == {"0", "1"}, job.logs()
         devices = [d for ids in seen.values() for d in ids.split(",")]
         assert len(devices) == 4 and len(set(devices)) == 4, seen  # two each, none shared

@@ -10,22 +10,10 @@ import sys
 import time
 
 import pytest
+from _job_gpus import SHOW, seen_devices
 
 import fray
 from fray import JobStatus
-
-SHOW = "import os; print('sees', os.environ.get('RANK'), os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True)"
-
-
-def _seen(logs: str) -> dict[str, str]:
-    """rank -> CUDA_VISIBLE_DEVICES, from the "sees RANK DEVICES" lines (after a "[rank N] " prefix or not)."""
-    seen = {}
-    for line in logs.splitlines():
-        words = line.split()
-        if "sees" in words:
-            at = words.index("sees")
-            seen[words[at + 1]] = words[at + 2]
-    return seen
 
 
 def test_each_job_and_each_rank_hold_their_own_gpus() -> None:
@@ -38,7 +26,7 @@ def test_each_job_and_each_rank_hold_their_own_gpus() -> None:
         assert cluster.get_job(third).status is JobStatus.PENDING  # the 4 devices are held by the first two
         infos = fray.wait_jobs([first, second, third], timeout=120)
         assert all(info.status is JobStatus.SUCCEEDED for info in infos)
-        seen = [_seen(job.logs()) for job in (first, second)]
+        seen = [seen_devices(job.logs()) for job in (first, second)]
         assert sorted([*seen[0].values(), *seen[1].values()]) == ["0", "1", "2", "3"]  # one device each, none shared
         assert set(seen[0]) == set(seen[1]) == {"0", "1"}
         assert third.logs().split()[-1] in ("0,1", "2,3")  # a two-GPU job's one rank sees both, whole
@@ -52,7 +40,7 @@ def test_the_supervisor_slices_what_the_job_sees() -> None:
             sys.executable, "-c", SHOW]  # fmt: skip
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert _seen(done.stdout) == {"0": "GPU-a,GPU-b", "1": "GPU-c,GPU-d"}
+    assert seen_devices(done.stdout) == {"0": "GPU-a,GPU-b", "1": "GPU-c,GPU-d"}
     env["CUDA_VISIBLE_DEVICES"] = "0"
     short = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert short.returncode == 2 and "need 4 GPUs" in short.stderr and "shows the job 1" in short.stderr
