@@ -62,6 +62,7 @@ def _in_place(command: str, working_dir: str) -> str:
 
 _JOB_LOG = "job-driver-{submission_id}.log"  # Ray's JOB_LOGS_PATH_TEMPLATE: a job's log, in its node's log directory
 _ENTRYPOINT_KEY = "fray_entrypoint"  # job metadata: the command as given (Ray's entrypoint has fray's wrapping)
+NODE_STATUS_WAIT = 15.0  # seconds node_status waits for a fresh head's dashboard to report its nodes
 
 # A deleted job must stay deleted. Ray's job manager watches each job's supervisor actor in rounds of 1 s
 # (JobManager._monitor_job); the supervisor writes the job's final status, then exits. If the job's record is
@@ -337,8 +338,15 @@ class RayClusterContext(ClusterContext):
 
     def node_status(self) -> list[dict[str, Any]]:
         """Each node Ray reports (its dashboard's cluster status): total and free resources, `node:*` markers
-        left out. The dashboard answers with an empty list for a few seconds after the head started."""
-        usage = self._get_json("/api/cluster_status").get("clusterStatus", {}).get("loadMetricsReport", {})
+        left out. The dashboard answers with an empty list for a few seconds after the head started; a cluster has
+        a node, so an empty answer is asked again, for up to NODE_STATUS_WAIT seconds (a job's feasibility is
+        checked against these totals: an empty list would let an infeasible job wait PENDING forever)."""
+        deadline = time.monotonic() + NODE_STATUS_WAIT
+        while True:
+            usage = self._get_json("/api/cluster_status").get("clusterStatus", {}).get("loadMetricsReport", {})
+            if usage.get("usageByNode") or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         names: dict[str, str] = {}
         try:
             listed = self._get_json("/api/v0/nodes?limit=1000").get("result", {}).get("result", [])
