@@ -7,13 +7,14 @@ whole contract: docs/testing.md, "Writing a backend").
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
-from fray import current
+from fray import current, timeline
 from fray._validation import (
     check_call,
     check_group_args,
@@ -29,6 +30,8 @@ from fray.completion import RefWatcher, get_with_progress, outcomes
 from fray.cuda_values import device_stats
 from fray.current import clear_job_context, get_job_context
 from fray.errors import FrayError, UnsupportedFeatureError
+from fray.event_store import EventStore
+from fray.events import ProcessEvents
 from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, create_one_by_one, existing_group
 from fray.interrupts import interrupted
 from fray.interrupts import refs as count_refs
@@ -38,6 +41,7 @@ from fray.receive import receive_into
 from fray.refs import ActorHandle, ObjectRef
 from fray.resources import actor_resources, task_resources
 from fray.streams import ObjectRefStream
+from fray.timeline import TimelineSummary
 from fray.transfers import PathStats, TransferReport, merge
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
@@ -69,6 +73,7 @@ class JobContext(ABC):
         # request -> until when "it fits some node" is trusted (nodes can come and go)
         self._feasible: dict[tuple[tuple[str, float], ...], float] = {}
         self._watcher: RefWatcher | None = None  # made on first need (fray.completion)
+        self._event_store = EventStore(self._pull_events)
 
     @property
     def is_shut_down(self) -> bool:
@@ -274,6 +279,18 @@ class JobContext(ABC):
         self._refuse_if_shut_down()
         return TransferReport(merge(self._transfer_stats(), device_stats.snapshot()))
 
+    def events(self) -> EventStore:
+        """What this job did so far, from each of its processes that the backend can read (fray.events): read
+        afresh, kept in a bounded store that pages from a cursor."""
+        self._refuse_if_shut_down()
+        self._event_store.refresh()
+        return self._event_store
+
+    def timeline(self, path: str | os.PathLike[str]) -> TimelineSummary:
+        """Write what this job did so far as a Chrome trace / Perfetto JSON file (fray.timeline: spans of tasks,
+        actor calls and transfers, submit-to-start arrows, deaths and restarts); open it in ui.perfetto.dev."""
+        return timeline.write(path, self.events().by_process())
+
     def shutdown(self) -> None:
         """Release everything this context started. Idempotent. Every later call raises FrayError.
 
@@ -404,6 +421,11 @@ class JobContext(ABC):
 
     def _transfer_stats(self) -> dict[str, PathStats]:
         return {}
+
+    def _pull_events(self) -> list[ProcessEvents]:
+        """The events the other processes of this context recorded since the last pull (fray.events); this
+        process's own are read by the core. Default: none (every event happens in this process)."""
+        return []
 
     # Hooks with a default: a backend overrides them where it can do better (one broadcast for a group call).
     def _create_actor_group(

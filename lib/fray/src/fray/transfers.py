@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from fray.events import RECORDER, Kind
+
 __all__ = ["PATHS", "PathStats", "TransferReport", "TransferStats", "merge"]
 
 PATHS = (
@@ -84,6 +86,7 @@ class TransferStats:
         self._paths: dict[str, list[float]] = {}  # path -> [count, bytes, seconds]: every value read pays this
 
     def record(self, path: str, nbytes: int, seconds: float) -> None:
+        RECORDER.record(Kind.TRANSFER, path, path, {"bytes": nbytes, "seconds": seconds})
         with self._lock:
             counts = self._paths.get(path)
             if counts is None:

@@ -56,6 +56,11 @@ class _Task:
         self.gpus: tuple[int, ...] = ()  # the devices it holds while dispatched or running (fray.gpus)
 
     @property
+    def name(self) -> str:
+        """How events name it: its options' name or its function's."""
+        return str(self.options.name or getattr(self.fn, "__qualname__", "task"))
+
+    @property
     def label(self) -> str:
         """How its printed lines are prefixed: `(name pid=N)`, as Ray does."""
         return _label(str(self.options.name or getattr(self.fn, "__name__", "task")), _pid[0])

@@ -18,6 +18,7 @@ from fray.errors import (
     ActorNotFoundError,
     attach_remote_traceback,
 )
+from fray.events import RECORDER, Kind, ended
 from fray.gpus import process_env, using_gpus
 from fray.in_memory._actor_threads import ActorThreads
 from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call
@@ -65,6 +66,8 @@ class _Actor:
         self.request = signature(actor_resources(options))
         self.holding = False  # True while it holds its resources
         self.gpus: tuple[int, ...] = ()  # the devices it holds (fray.gpus), from its start until it is killed
+        # what each of its call.start events says (one dict shared by all of them)
+        self.call_data = {"actor": self.id, "concurrency": options.max_concurrency}
         _actors[self.id] = self
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -152,6 +155,7 @@ class ActorTable:
                     self.names[options.name] = actor
             if not detached:
                 self.own[actor.id] = actor
+        RECORDER.record(Kind.ACTOR_CREATE, actor.id, klass.__name__, {"name": options.name} if options.name else None)
         # The actor's resources are held from its start until it is killed; its __init__ runs first in its queue,
         # waiting there for those resources, so calls sent meanwhile queue up behind it in order.
         granted = threading.Event()
@@ -186,6 +190,7 @@ class ActorTable:
             if actor.death is not None:  # killed while waiting for resources
                 self._release_actor(actor)
                 return
+        RECORDER.name_thread(f"actor {actor.label} #{actor.id}")
         token = current.push(self.ctx, lent=True)
         me = current.push_actor(actor.info)
         said = output.push_label(output.label_for(actor.klass.__name__)) if self.ctx.log_to_driver else None
@@ -206,6 +211,8 @@ class ActorTable:
             actor.death = ActorDiedError(
                 f"actor {actor.label} died: its __init__ raised {type(error).__name__}: {error}"
             )
+            reason = f"its __init__ raised {type(error).__name__}"
+            RECORDER.record(Kind.ACTOR_DIED, actor.id, actor.klass.__name__, {"reason": reason})
             attach_remote_traceback(actor.death, format_exception(exc))
         finally:
             if said is not None:
@@ -249,6 +256,7 @@ class ActorTable:
                 return ObjectRef(entry, BACKEND)
             actor.pending.add(entry)
             _call_owner[entry] = actor
+            RECORDER.record(Kind.CALL_SUBMIT, entry.id, where)
             try:
                 actor.executor.submit(self._run_method, actor, method, call, entry, stream, life)
             except RuntimeError:  # executor shut down: the actor was killed just now
@@ -294,6 +302,8 @@ class ActorTable:
                 return
             actor.pending.discard(entry)
             actor.running.add(entry)
+        where = f"{actor.klass.__name__}.{method}"
+        RECORDER.record(Kind.CALL_START, entry.id, where, actor.call_data)
         if actor.death is not None:
             error: Any = _died(actor)
         else:
@@ -327,6 +337,7 @@ class ActorTable:
                 current.pop(token)
         with actor.lock:
             actor.running.discard(entry)
+        RECORDER.record(Kind.CALL_END, entry.id, where, ended(error))
         entry.settle(None if error else value, error)
 
     def get(self, name: str) -> ActorHandle:
@@ -342,6 +353,7 @@ class ActorTable:
                 return
             if actor.death is None:
                 actor.death = ActorDiedError(f"actor {actor.label} is dead: {why}")
+                RECORDER.record(Kind.ACTOR_DIED, actor.id, actor.klass.__name__, {"reason": why})
             pending = [*actor.pending, *actor.running]
             actor.pending, actor.running = set(), set()
         for entry in pending:

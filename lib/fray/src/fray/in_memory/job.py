@@ -24,6 +24,7 @@ from fray.errors import (
     TaskCancelledError,
     attach_remote_traceback,
 )
+from fray.events import RECORDER, Kind, ended
 from fray.gang import group_label, hang_timeout
 from fray.gpus import DevicePool, HostGpus, process_env, using_gpus
 from fray.groups import ActorGroup, Member, create_one_by_one
@@ -205,6 +206,7 @@ class InMemoryJobContext(JobContext):
         task = _Task(fn, call, bool(deps), options, request[1], entry)
         entry.task = task
         self._tasks[entry.id] = task
+        RECORDER.record(Kind.TASK_SUBMIT, entry.id, task.name)
         if deps:
             self._when_ready(deps, partial(self._enqueue, task))
         else:
@@ -262,6 +264,7 @@ class InMemoryJobContext(JobContext):
             self._ledger.workers.submit(next_work)
 
     def _execute(self, task: _Task, on_worker: bool) -> Work | None:
+        RECORDER.record(Kind.TASK_START, task.entry.id, task.name)
         outer_task = getattr(_tls, "task", None)
         _tls.task = task
         token = current.push(self, lent=True)
@@ -311,6 +314,7 @@ class InMemoryJobContext(JobContext):
             _tls.task = outer_task
             next_work = self._ledger.release(task.request, finishing=on_worker and not retry, devices=task.gpus)
             task.gpus = ()
+        RECORDER.record(Kind.TASK_END, task.entry.id, task.name, ended(error, retry))
         if retry:
             task.state = TaskState.WAITING
             task.stolen = False

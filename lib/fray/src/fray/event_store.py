@@ -1,0 +1,114 @@
+"""The driver's view of a job's events: its own process's (fray.events.RECORDER) and those its backend brings
+from the other processes (`JobContext._pull_events`), merged into one bounded sequence that readers page through
+with a cursor (the live page asks only for what is new: nothing is rescanned).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import islice
+
+from fray.events import RECORDER, Event, ProcessEvents, Recorder
+
+__all__ = ["EventPage", "EventStore", "ProcessInfo"]
+
+DEFAULT_CAPACITY = 500_000
+
+
+@dataclass
+class ProcessInfo:
+    """A process that sent events: where it runs, what it is, its threads' names and how many events it lost."""
+
+    index: int  # its place in EventStore.processes
+    host: str
+    pid: int
+    label: str
+    threads: dict[int, str] = field(default_factory=dict)
+    dropped: int = 0  # fell out of that process's own ring before the driver read them
+
+
+@dataclass
+class EventPage:
+    """Events after a cursor: (global seq, process index, event), the cursor to ask from next time, and how many
+    events were lost before anyone read them (in the processes' rings or in this store)."""
+
+    events: list[tuple[int, int, Event]]
+    cursor: int
+    dropped: int
+
+
+class EventStore:
+    """Merges the events of every process of one job context. Thread-safe."""
+
+    def __init__(
+        self,
+        pull: Callable[[], list[ProcessEvents]],
+        recorder: Recorder = RECORDER,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
+        self._pull = pull
+        self._recorder = recorder
+        # Only what happened since the context began: in_memory contexts of one process share its recorder
+        self._local_cursor = recorder.last_seq
+        self._lock = threading.Lock()
+        self._merged: deque[tuple[int, int, Event]] = deque(maxlen=capacity)
+        self._next = 1
+        self._overflow = 0
+        self.processes: list[ProcessInfo] = []
+        self._by_process: dict[str, ProcessInfo] = {}
+
+    def refresh(self) -> None:
+        """Reads what is new: this process's ring and whatever the backend brings from the others."""
+        local = self._recorder.since(self._local_cursor)
+        remote = self._pull()
+        with self._lock:
+            if local.events:
+                self._local_cursor = local.events[-1].seq
+            for batch in (local, *remote):
+                self._add(batch)
+
+    def _add(self, batch: ProcessEvents) -> None:  # holds the lock
+        info = self._by_process.get(batch.process)
+        if info is None:
+            info = ProcessInfo(len(self.processes), batch.host, batch.pid, batch.label)
+            self.processes.append(info)
+            self._by_process[batch.process] = info
+        info.threads.update(batch.threads)
+        info.label = batch.label
+        info.dropped = max(info.dropped, batch.dropped)
+        full = self._merged.maxlen or 0
+        for event in batch.events:
+            if len(self._merged) >= full:
+                self._overflow += 1
+            self._merged.append((self._next, info.index, event))
+            self._next += 1
+
+    @property
+    def dropped(self) -> int:
+        """Events lost in all: fallen out of a process's ring before the driver read it, or out of this store."""
+        with self._lock:
+            return self._overflow + sum(p.dropped for p in self.processes)
+
+    def page(self, cursor: int = 0, limit: int | None = None) -> EventPage:
+        """The events after `cursor` that the store still holds (at most `limit`, oldest first)."""
+        with self._lock:
+            first = self._merged[0][0] if self._merged else self._next
+            start = max(0, cursor + 1 - first)
+            stop = len(self._merged) if limit is None else min(len(self._merged), start + limit)
+            # from the end: a poll asks for the newest few of many (a deque is slow to index in the middle)
+            newest = list(islice(reversed(self._merged), len(self._merged) - start)) if start < stop else []
+            events = newest[::-1][: stop - start]
+            lost = max(0, first - cursor - 1)
+            next_cursor = events[-1][0] if events else max(cursor, self._next - 1 if start >= stop else cursor)
+            return EventPage(events, next_cursor, lost)
+
+    def by_process(self) -> list[ProcessEvents]:
+        """Everything the store holds, as one batch per process (what a timeline is drawn from)."""
+        with self._lock:
+            out = [ProcessEvents(p.host, p.pid, p.label, dict(p.threads), [], p.dropped) for p in self.processes]
+            for _, index, event in self._merged:
+                out[index].events.append(event)
+        return out

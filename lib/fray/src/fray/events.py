@@ -1,0 +1,203 @@
+"""What happened, per process: a bounded ring of events that `ctx.timeline()` and the live page read.
+
+Every process that runs fray code (the driver, a Ray worker, a Monarch worker) has one `RECORDER`. Recording is
+one append of a small tuple to a `collections.deque` with a maximum length (atomic under the GIL, no lock), so
+it is on by default; when the ring is full the oldest events fall out and are counted as dropped, never kept.
+`FRAY_EVENTS=0` in the environment (read at import, so set it before fray is imported and for the workers too)
+turns recording off.
+
+An event is about one thing, its `key`: a task's or actor call's id (as its backend names it; the submitting
+and the running process use the same key, which is how the timeline draws an arrow from submit to start), an
+actor's id, a transfer's path, a worker, a job. Times are this process's wall clock in ns (`time.time_ns`); the
+timeline aligns several hosts' clocks (fray.timeline).
+
+A backend moves other processes' events to the driver as `ProcessEvents`: plain data (JSON-able), so reading
+them never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+__all__ = ["RECORDER", "Event", "Kind", "ProcessEvents", "Recorder", "enabled_by_env", "ended"]
+
+DEFAULT_CAPACITY = 100_000  # per process: ~10 MB of tuples at most
+
+
+class Kind(StrEnum):
+    """What an event says happened (its `data`, where it has any, in brackets)."""
+
+    TASK_SUBMIT = "task.submit"
+    TASK_START = "task.start"
+    TASK_END = "task.end"  # (status: ok | error | cancelled; error: the exception type's name)
+    ACTOR_CREATE = "actor.create"  # (name: the name it was given, if any)
+    CALL_SUBMIT = "call.submit"
+    CALL_START = "call.start"  # (actor: the actor's key; concurrency: how many calls it runs at once)
+    CALL_END = "call.end"  # as TASK_END
+    ACTOR_DIED = "actor.died"  # (reason)
+    ACTOR_RESTART = "actor.restart"  # (reason)
+    GROUP_RESTART = "group.restart"  # (reason)
+    TRANSFER = "transfer"  # name: the path (bytes, seconds); recorded when it ends
+    WORKER_START = "worker.start"
+    WORKER_DIED = "worker.died"  # (reason, exit_code)
+    JOB_STATE = "job.state"  # (state)
+
+
+# The statuses a TASK_END or CALL_END gives
+OK, ERROR, CANCELLED = "ok", "error", "cancelled"
+
+
+class Event(NamedTuple):
+    seq: int  # 1, 2, ... in its process: a reader's cursor
+    t: int  # time.time_ns() in its process
+    kind: str
+    key: str | int
+    name: str
+    thread: int  # threading.get_ident() of the thread that recorded it
+    data: Mapping[str, Any] | None
+
+
+def ended(error: Any, retry: bool = False) -> dict[str, str] | None:
+    """The data of a task's or call's end event from its error: None for success (nothing to allocate on the
+    common path); cancelled; or the error's type name (a RemoteError's, or the exception's own)."""
+    if error is None:
+        return None
+    name = getattr(error, "type_name", None) or type(error).__name__
+    if name.endswith("TaskCancelledError"):
+        return {"status": CANCELLED}
+    return {"status": "retry" if retry else ERROR, "error": name.rsplit(".", 1)[-1]}
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get("FRAY_EVENTS", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+@dataclass
+class ProcessEvents:
+    """One process's events as it sent them: who it is, its threads' names, the events after a cursor, and how
+    many events its ring dropped in all."""
+
+    host: str
+    pid: int
+    label: str
+    threads: dict[int, str]
+    events: list[Event]
+    dropped: int = 0
+    clock_ns: int = field(default_factory=time.time_ns)  # the sender's clock when it sent this
+
+    @property
+    def process(self) -> str:
+        return f"{self.host}/{self.pid}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "label": self.label,
+            "threads": {str(k): v for k, v in self.threads.items()},
+            "events": [list(e) for e in self.events],
+            "dropped": self.dropped,
+            "clock_ns": self.clock_ns,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProcessEvents:
+        """Reads what `to_json` wrote (after json.loads): plain data only, each field's type checked."""
+        try:
+            events = [
+                Event(int(s), int(t), str(k), key if isinstance(key, int) else str(key), str(n), int(th), _data(d))
+                for s, t, k, key, n, th, d in data["events"]
+            ]
+            return cls(
+                str(data["host"]),
+                int(data["pid"]),
+                str(data["label"]),
+                {int(k): str(v) for k, v in dict(data["threads"]).items()},
+                events,
+                int(data["dropped"]),
+                int(data["clock_ns"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a fray event batch: {exc}") from None
+
+
+def _data(value: Any) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TypeError("an event's data must be a dict with str keys")
+    return value
+
+
+class Recorder:
+    """This process's ring of events. `record` is the only call on a hot path."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.label = "driver"
+        self._ring: deque[Event] = deque(maxlen=capacity)
+        self._seq = itertools.count(1)
+        self._threads: dict[int, str] = {}
+        self._host = socket.gethostname()
+
+    @property
+    def capacity(self) -> int:
+        return self._ring.maxlen or 0
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the newest event recorded (0 if none): a cursor for `since` that skips everything so far."""
+        ring = self._ring
+        return ring[-1].seq if ring else 0
+
+    def record(self, kind: str, key: str | int, name: str, data: Mapping[str, Any] | None = None) -> None:
+        if not self.enabled:
+            return
+        thread = threading.get_ident()
+        if thread not in self._threads:
+            self._threads[thread] = threading.current_thread().name
+        self._ring.append(Event(next(self._seq), time.time_ns(), kind, key, name, thread, data))
+
+    def name_thread(self, name: str) -> None:
+        """Names the calling thread's lane in the timeline (an actor's thread: `actor Counter 3`)."""
+        self._threads[threading.get_ident()] = name
+
+    def since(self, cursor: int = 0) -> ProcessEvents:
+        """The events recorded after `cursor` (an event's seq) that the ring still holds; `dropped` counts every
+        event that fell out of the ring, since it was made."""
+        events = list(self._ring)  # a copy made by C code: appends from other threads wait for it
+        recorded = events[-1].seq if events else 0
+        dropped = recorded - len(events)
+        if cursor:
+            events = [e for e in events if e.seq > cursor]
+        return ProcessEvents(self._host, os.getpid(), self.label, dict(self._threads), events, dropped)
+
+    def clear(self) -> None:
+        self._ring.clear()
+
+    def after_fork(self) -> None:
+        """A forked child starts with an empty ring of its own (its parent's events stay the parent's)."""
+        self._ring.clear()
+        self._seq = itertools.count(1)
+        self._threads = {}
+        self._host = socket.gethostname()
+
+
+def _capacity_from_env() -> int:
+    try:
+        return max(1000, int(os.environ.get("FRAY_EVENTS_CAPACITY", DEFAULT_CAPACITY)))
+    except ValueError:
+        return DEFAULT_CAPACITY
+
+
+RECORDER = Recorder(_capacity_from_env(), enabled_by_env())
+os.register_at_fork(after_in_child=RECORDER.after_fork)
