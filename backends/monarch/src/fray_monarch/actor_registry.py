@@ -19,6 +19,7 @@ from fray.errors import (
     FrayError,
     InfeasibleResourcesError,
 )
+from fray.events import RECORDER, Kind
 from fray.gang import LOST_PEER_GRACE, lost_peer
 from fray.gpus import ENV_HELD
 from fray.groups import Member
@@ -241,6 +242,7 @@ class ActorRegistry:
     def dead(self, rec: ActorRec, reason: str) -> None:
         """Under the lock: the actor is dead for good (killed, crashed with no restart left)."""
         rec.state, rec.reason = ActorState.DEAD, reason
+        RECORDER.record(Kind.ACTOR_DIED, rec.id, rec.class_name, {"reason": reason})
         if rec.name is not None and self.names.get(rec.name) == rec.id:
             del self.names[rec.name]
         proc = rec.proc
@@ -261,6 +263,9 @@ class ActorRegistry:
                 self.gang_died(rec, f"its process crashed: {reason}", True)  # the whole group fails with it
             elif rec.can_restart:
                 rec.restarts += 1
+                RECORDER.record(
+                    Kind.ACTOR_RESTART, rec.id, rec.class_name, {"reason": f"its process crashed: {reason}"}
+                )
                 try:
                     self.place(rec)
                 except InfeasibleResourcesError as refused:  # its GPUs were taken by other work meanwhile

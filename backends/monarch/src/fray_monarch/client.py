@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from fray.events import ProcessEvents
 from fray.groups import Member
 from fray.outcome import Outcome
 from fray.refs import ObjectRef
@@ -81,6 +82,10 @@ class ControllerClient(Protocol):
     def future(self, ref: ObjectRef) -> Future[Any]: ...
 
     def transfer_stats(self) -> dict[str, PathStats]: ...
+
+    def pull_events(self) -> list[ProcessEvents]:
+        """The events of the context's other processes since the last pull (fray.events)."""
+        ...
 
     def close(self) -> None:
         """The context is shut down (a worker's side has nothing to end: its context is the driver's)."""

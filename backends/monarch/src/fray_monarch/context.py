@@ -4,12 +4,14 @@ worker's asks the coordinator actor in the driver."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from fray.capabilities import Capability
 from fray.context import JobContext
+from fray.events import RECORDER, Kind, ProcessEvents
 from fray.groups import ActorGroup, Member
 from fray.outcome import Outcome
 from fray.refs import ActorHandle, ObjectRef, public_methods
@@ -70,8 +72,12 @@ class MonarchJobContext(JobContext):
     def _create_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRef:
-        call = self.client.encode_call(getattr(fn, "__qualname__", "task"), args, kwargs)
-        return self._ref(self.client.submit(fn, call, options))
+        name = str(options.name or getattr(fn, "__qualname__", "task"))
+        call = self.client.encode_call(name, args, kwargs)
+        submitted = time.time_ns()  # (before the task can start: its id comes back once it is queued)
+        ref = self._ref(self.client.submit(fn, call, options))
+        RECORDER.record_at(submitted, Kind.TASK_SUBMIT, ref.payload.id, name)
+        return ref
 
     def _create_stream_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
@@ -93,10 +99,15 @@ class MonarchJobContext(JobContext):
     ) -> ActorHandle:
         cls_data = dumps_code(klass, f"actor class {klass.__qualname__}").data
         call = self.client.encode_call(klass.__qualname__, args, kwargs)
-        return self._handle(self.client.create_actor(klass, cls_data, call, options, member))
+        handle = self._handle(self.client.create_actor(klass, cls_data, call, options, member))
+        RECORDER.record(Kind.ACTOR_CREATE, handle.payload, klass.__name__, {"name": options.name})
+        return handle
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
-        return self._ref(self.client.call_actor(handle.payload, handle.class_name, method, args, kwargs))
+        submitted = time.time_ns()
+        ref = self._ref(self.client.call_actor(handle.payload, handle.class_name, method, args, kwargs))
+        RECORDER.record_at(submitted, Kind.CALL_SUBMIT, ref.payload.id, f"{handle.class_name}.{method}")
+        return ref
 
     def _call_actor_stream(
         self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -132,8 +143,13 @@ class MonarchJobContext(JobContext):
     def _call_group(
         self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> list[ObjectRef]:
-        call = self.client.encode_call(f"{group.class_name}.{method}", args, kwargs)
-        return [self._ref(p) for p in self.client.call_group([h.payload for h in group.handles], method, call)]
+        name = f"{group.class_name}.{method}"
+        call = self.client.encode_call(name, args, kwargs)
+        submitted = time.time_ns()
+        refs = [self._ref(p) for p in self.client.call_group([h.payload for h in group.handles], method, call)]
+        for ref in refs:
+            RECORDER.record_at(submitted, Kind.CALL_SUBMIT, ref.payload.id, name)
+        return refs
 
     def _kill_group(self, group: ActorGroup) -> None:
         self.client.kill_group([h.payload for h in group.handles])
@@ -156,6 +172,9 @@ class MonarchJobContext(JobContext):
 
     def _transfer_stats(self) -> dict[str, PathStats]:
         return self.client.transfer_stats()
+
+    def _pull_events(self) -> list[ProcessEvents]:
+        return self.client.pull_events()
 
     def _shutdown(self) -> None:
         self.client.close()

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.errors import GetTimeoutError
+from fray.events import ProcessEvents
 from fray.groups import Member
 from fray.outcome import Outcome, first_failure
 from fray.refs import ObjectRef, public_methods
@@ -206,6 +207,9 @@ class DriverClient:
 
     def transfer_stats(self) -> dict[str, PathStats]:
         return self.ctl.transfer_stats()
+
+    def pull_events(self) -> list[ProcessEvents]:
+        return self.ctl.pool.pull_events()
 
     def close(self) -> None:
         self.ctl.shutdown()

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from fray.errors import ActorDiedError
+from fray.events import RECORDER, Kind
 from fray.gang import died_error, heartbeat_interval, hung_reason, restarting_error
 from fray_monarch import _runtime
 from fray_monarch.actor_rec import ActorRec
@@ -118,6 +119,7 @@ class GangKeeper:
             return
         group.restarts += 1
         group.generation += 1
+        RECORDER.record(Kind.GROUP_RESTART, group.label, group.label, {"reason": reason})
         group.error = restarting_error(group.label, rank, reason, group.restarts, group.max_restarts)
         self._stop_all(group)
         threading.Thread(

@@ -25,6 +25,7 @@ import fray.current as fray_current
 import fray.output as fray_output
 from fray.current import ActorInfo
 from fray.errors import ActorDiedError
+from fray.events import ERROR, RECORDER, Kind, ended
 from fray.gpus import ENV_HELD, held_from_env, use_held_device
 from fray.refs import ObjectRef
 from fray.remote_errors import capture_exception
@@ -99,6 +100,11 @@ class WorkerHost(Actor):
         return self.rt.transfer_stats()
 
     @endpoint
+    def events(self, cursor: int) -> dict[str, Any]:
+        """This process's events after `cursor` (fray.events), as plain data."""
+        return RECORDER.since(cursor).to_json()
+
+    @endpoint
     def cancel(self, tid: str) -> str:
         return self.tasks.cancel(tid)
 
@@ -155,6 +161,15 @@ def _async_methods(klass: type) -> frozenset[str]:
         if inspect.iscoroutinefunction(attr) or inspect.isasyncgenfunction(attr):
             names.add(name)
     return frozenset(names)
+
+
+def _ended(reply: Any) -> dict[str, str] | None:
+    """A call's end event's data from its reply (fray.events.ended): None unless it failed."""
+    if type(reply) is not ActorReply or reply.status == "ok":
+        return None
+    if reply.status == "dead":
+        return {"status": ERROR, "error": "ActorDiedError"}
+    return ended(reply.error)
 
 
 class _Tagged:
@@ -227,6 +242,7 @@ class FrayActorHost(Actor):
         self.loop: asyncio.AbstractEventLoop | None = None  # an async actor's event loop
         self.slots: asyncio.Semaphore | None = None
         self.label: str | None = None  # `(ClassName pid=N)`: the prefix of this actor's output lines
+        self.call_data: dict[str, Any] = {}  # what its call.start events say (fray.events)
 
     def _args(self, call: WireValue, deps: list[str], what: str) -> tuple[Any, Any]:
         args, kwargs = self.rt.load(call.value, what)
@@ -273,6 +289,11 @@ class FrayActorHost(Actor):
                 serve_store(env)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only
             klass = loads(Blob(cls_data))
             self.label = fray_output.label_for(klass.__name__, host=self.rt.label_host)
+            self.call_data = {
+                "actor": f"{klass.__name__} {self.info.name or ''}".strip(),
+                "concurrency": self.max_threads,
+            }
+            RECORDER.name_thread(f"actor {klass.__name__}" + (f" {self.info.name!r}" if self.info.name else ""))
             label_token = fray_output.push_label(self.label)
             args, kwargs = self._args(call, deps, f"the arguments of {klass.__name__}()")
             self.obj = klass(*args, **kwargs)
@@ -310,6 +331,9 @@ class FrayActorHost(Actor):
         assert self.slots is not None
         async with self.slots:
             tokens = self._enter()  # this asyncio task's own context
+            name = f"{type(self.obj).__name__}.{method}"
+            RECORDER.record(Kind.CALL_START, oid, name, self.call_data)
+            reply: Any = None
             try:
                 what = f"the arguments of {type(self.obj).__name__}.{method}"
                 if deps:  # waiting for ref arguments must not block the loop
@@ -326,6 +350,7 @@ class FrayActorHost(Actor):
                 reply = ActorReply("err", error=capture_exception(exc))
             finally:
                 self._leave(tokens)
+                RECORDER.record(Kind.CALL_END, oid, name, _ended(reply))
         port.send(reply)
 
     def _iterate_async(self, agen: Any) -> Any:
@@ -356,13 +381,18 @@ class FrayActorHost(Actor):
         if self.obj is None:
             return ActorReply("dead", reason=f"the actor's __init__ raised {self.init_error}")
         tokens = self._enter()
+        name = f"{type(self.obj).__name__}.{method}"
+        RECORDER.record(Kind.CALL_START, oid, name, self.call_data)
+        reply: ActorReply | PlainReply | None = None
         try:
-            args, kwargs = self._args(call, deps, f"the arguments of {type(self.obj).__name__}.{method}")
-            return self._ok(getattr(self.obj, method)(*args, **kwargs), method, oid)
+            args, kwargs = self._args(call, deps, f"the arguments of {name}")
+            reply = self._ok(getattr(self.obj, method)(*args, **kwargs), method, oid)
         except BaseException as exc:
-            return ActorReply("err", error=capture_exception(exc))
+            reply = ActorReply("err", error=capture_exception(exc))
         finally:
             self._leave(tokens)
+            RECORDER.record(Kind.CALL_END, oid, name, _ended(reply))
+        return reply
 
     def _ok(self, value: Any, method: str, oid: str) -> ActorReply | PlainReply:
         """The reply of a method that returned `value`: plain when it is a small plain pickle (what dumps,

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from fray.errors import FrayError
+from fray.events import ProcessEvents
 from fray.gpus import DevicePool, HostGpus, held_from_env, host_gpus, process_env
 from fray.procfs import Identity
 from fray.resources import EPS, add, fits, subtract
@@ -106,6 +107,7 @@ class ProcessPool:
         self.devices = [DevicePool(self.gpus.ids) for _ in hosts]  # attached hosts are taken to be alike
         self.stores = stores
         self.log_file = log_file
+        self.event_cursors: dict[str, int] = {}  # process key -> the seq of its last event pulled
         self.on_death = on_death
         self.procs: list[Proc] = []
         self.started_here: list[Identity] = []  # every process of this machine it spawned (ended at shutdown)
@@ -390,6 +392,23 @@ class ProcessPool:
             except Exception:
                 _runtime.log.debug("fray: transfer stats of a worker not read", exc_info=True)
         return parts
+
+    def pull_events(self) -> list[ProcessEvents]:
+        """Each live process's events since the last pull (plain data: fray.events.ProcessEvents.from_json)."""
+        with self.lock:
+            procs = [p for p in self.procs if p.alive]
+        futures = [(p, p.worker.events.call_one(self.event_cursors.get(p.key, 0))) for p in procs]
+        batches = []
+        for proc, fut in futures:
+            try:
+                batch = ProcessEvents.from_json(fut.get(timeout=30))
+            except Exception:
+                _runtime.log.debug("fray: events of a worker not read", exc_info=True)
+                continue
+            if batch.events:
+                self.event_cursors[proc.key] = batch.events[-1].seq
+            batches.append(batch)
+        return batches
 
     # ------------------------------------------------------------ the end
     def close(self) -> list[Proc]:

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.errors import GetTimeoutError
+from fray.events import ProcessEvents
 from fray.groups import Member
 from fray.refs import ObjectRef
 from fray.serialization import Blob, dumps_code
@@ -178,6 +179,10 @@ class WorkerClient:
     def transfer_stats(self) -> dict[str, PathStats]:
         """This process's own transfers (the driver's context sums those of every process)."""
         return self.rt.transfer_stats()
+
+    def pull_events(self) -> list[ProcessEvents]:
+        """None: a worker's context sees its own process's events (the driver's sees every process's)."""
+        return []
 
     def close(self) -> None:
         """A worker's context belongs to the driver's: shutting it down from inside ends nothing."""

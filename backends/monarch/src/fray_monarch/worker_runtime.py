@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fray.cuda_values import device_stats
+from fray.events import RECORDER
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps
 from fray.transfers import PathStats, merge
@@ -75,6 +76,7 @@ class WorkerRuntime:
 
     def __init__(self, setup: WorkerSetup) -> None:
         import_path.take(setup.sys_path)  # the driver's, so user modules import here too (trusted entries only)
+        RECORDER.label = "monarch worker"  # (how the timeline names this process)
         self.ctl_key, self.proc_key, self.coord = setup.ctl_key, setup.proc_key, setup.coord
         self.credential = setup.credential  # what each request to the coordinator carries (not the bare key)
         if setup.lifeline is not None:  # a process on another host: it ends when its driver ends

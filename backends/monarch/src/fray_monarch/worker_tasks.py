@@ -16,6 +16,7 @@ import fray.current as fray_current
 import fray.output as fray_output
 from fray.context import JobContext
 from fray.errors import TaskCancelledError
+from fray.events import RECORDER, Kind, ended
 from fray.gpus import discover, using_gpus
 from fray.remote_errors import capture_exception
 from fray.resources import add, fits, subtract
@@ -162,9 +163,13 @@ class TaskRunner:
         _here.task = (self, tid)
         token = fray_current.push(self.ctx)
         label_token = None
+        started = ""  # the name of the task once it has started (fray.events)
+        result: TaskResult | None = None
         try:
             fn = self.load_fn(item.fn_key)
             name = getattr(fn, "__qualname__", "task")
+            started = str(item.name or name)
+            RECORDER.record(Kind.TASK_START, tid, started)
             label = item.name or getattr(fn, "__name__", None) or name
             label_token = fray_output.push_label(fray_output.label_for(label, host=self.rt.label_host))
             args, kwargs = self.rt.load(item.args.value, f"the arguments of task {name}")
@@ -190,6 +195,8 @@ class TaskRunner:
         except BaseException as exc:
             result = TaskResult(tid, "err", error=capture_exception(exc))
         finally:
+            if started:
+                RECORDER.record(Kind.TASK_END, tid, started, None if result is None else ended(result.error))
             if label_token is not None:
                 fray_output.pop_label(label_token)
             fray_current.pop(token)

@@ -167,6 +167,15 @@ class Recorder:
             self._threads[thread] = threading.current_thread().name
         self._ring.append(Event(next(self._seq), time.time_ns(), kind, key, name, thread, data))
 
+    def record_at(self, t: int, kind: str, key: str | int, name: str, data: Mapping[str, Any] | None = None) -> None:
+        """`record` with a time taken earlier (a submit whose key is known only once the backend queued it)."""
+        if not self.enabled:
+            return
+        thread = threading.get_ident()
+        if thread not in self._threads:
+            self._threads[thread] = threading.current_thread().name
+        self._ring.append(Event(next(self._seq), t, kind, key, name, thread, data))
+
     def name_thread(self, name: str) -> None:
         """Names the calling thread's lane in the timeline (an actor's thread: `actor Counter 3`)."""
         self._threads[threading.get_ident()] = name
