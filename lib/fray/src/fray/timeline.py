@@ -3,7 +3,8 @@
 Open the file in https://ui.perfetto.dev or chrome://tracing. What it holds:
 - one process per process that ran fray code (`driver host pid 123`, `ray worker host pid 456`), one lane per
   thread; an actor's calls run on a lane named after the actor;
-- one span per task and per actor call (category `task` / `actor call`, args: key, status, error type), and an
+- one span per task and per actor call (category `task` / `actor call`, args: its key; status and error type
+  when it did not succeed), and an
   arrow from where it was submitted to where it started (its queue wait);
 - transfers as spans (category `transfer`, named by their path, args: bytes);
 - counters: tasks in flight, bytes moved by path;
@@ -61,14 +62,14 @@ def _shifts(processes: list[ProcessEvents]) -> list[int]:
     submitted: dict[tuple[str, str | int], int] = {}
     for proc in processes:
         for e in proc.events:
-            family = _SUBMITS.get(e.kind)  # type: ignore[call-overload]
+            family = _SUBMITS.get(e.kind)
             if family is not None:
                 submitted.setdefault((family, e.key), e.t)
     shifts = []
     for proc in processes:
         gap = 0
         for e in proc.events:
-            family = _STARTS.get(e.kind)  # type: ignore[call-overload]
+            family = _STARTS.get(e.kind)
             if family is not None:
                 at = submitted.get((family, e.key))
                 if at is not None and at - e.t > gap:
@@ -110,13 +111,13 @@ class _Builder:
         for index, e, t in self.events:
             kind = e.kind
             if kind in _SUBMITS:
-                family = _SUBMITS[kind]  # type: ignore[index]
+                family = _SUBMITS[kind]
                 submits.setdefault((family, e.key), (index, e, t))
                 if family == "task":
                     in_flight += 1
                     self._counter("tasks in flight", {"tasks": in_flight}, t, last_sample)
             elif kind in _STARTS:
-                family = _STARTS[kind]  # type: ignore[index]
+                family = _STARTS[kind]
                 open_spans[(family, e.key)].append((index, e, t))
                 submit = submits.get((family, e.key))
                 if submit is not None:
@@ -125,7 +126,7 @@ class _Builder:
                     self._flow("s", flow_id, family, e.name, s_index, s_event.thread, s_t)
                     self._flow("f", flow_id, family, e.name, index, e.thread, t)
             elif kind in _ENDS:
-                family = _ENDS[kind]  # type: ignore[index]
+                family = _ENDS[kind]
                 started = open_spans.get((family, e.key))
                 if started:
                     self._span(family, started.pop(0), e, t)
@@ -196,7 +197,8 @@ class _Builder:
         index, s, t_start = start
         args: dict[str, Any] = {"key": str(s.key)}
         data = end.data or {}
-        args["status"] = data.get("status", "ok")
+        if "status" in data:  # (none: it succeeded, as most do; the file stays small)
+            args["status"] = data["status"]
         if "error" in data:
             args["error"] = data["error"]
         start_data = s.data or {}

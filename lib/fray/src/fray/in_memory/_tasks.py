@@ -33,6 +33,7 @@ class _Task:
         "gpus",
         "has_refs",
         "lock",
+        "name",
         "options",
         "request",
         "state",
@@ -46,6 +47,7 @@ class _Task:
         self.fn, self.call, self.has_refs = fn, call, has_refs
         self.options, self.request, self.entry = options, request, entry
         self.attempts = 0
+        self.name = str(options.name or getattr(fn, "__qualname__", "task"))  # how its events name it
         # Guards its state: a lock of its own, not the ledger's, which the workers contend for (issue 21).
         self.lock = threading.Lock()
         # waiting (for its ref arguments) -> queued (for resources) -> dispatched (resources held, on the workers'
@@ -54,11 +56,6 @@ class _Task:
         self.stolen = False  # run by a thread blocked in get on it, rather than by the worker it was queued for
         self.thread_id = 0
         self.gpus: tuple[int, ...] = ()  # the devices it holds while dispatched or running (fray.gpus)
-
-    @property
-    def name(self) -> str:
-        """How events name it: its options' name or its function's."""
-        return str(self.options.name or getattr(self.fn, "__qualname__", "task"))
 
     @property
     def label(self) -> str:

@@ -337,7 +337,7 @@ class ActorTable:
                 current.pop(token)
         with actor.lock:
             actor.running.discard(entry)
-        RECORDER.record(Kind.CALL_END, entry.id, where, ended(error))
+        RECORDER.record(Kind.CALL_END, entry.id, where, None if error is None else ended(error))
         entry.settle(None if error else value, error)
 
     def get(self, name: str) -> ActorHandle:

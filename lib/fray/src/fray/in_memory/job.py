@@ -314,7 +314,7 @@ class InMemoryJobContext(JobContext):
             _tls.task = outer_task
             next_work = self._ledger.release(task.request, finishing=on_worker and not retry, devices=task.gpus)
             task.gpus = ()
-        RECORDER.record(Kind.TASK_END, task.entry.id, task.name, ended(error, retry))
+        RECORDER.record(Kind.TASK_END, task.entry.id, task.name, None if error is None else ended(error, retry))
         if retry:
             task.state = TaskState.WAITING
             task.stolen = False

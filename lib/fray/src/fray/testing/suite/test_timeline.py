@@ -42,7 +42,7 @@ def test_a_workload_draws_a_valid_timeline(fray_own_ctx: JobContext, tmp_path: P
 
     spans = _events(trace, "X", "task")
     assert sum(1 for s in spans if s["name"].endswith("add")) == 20
-    failed = [s for s in spans if s["args"]["status"] == "error"]
+    failed = [s for s in spans if s["args"].get("status", "ok") == "error"]
     assert [s["args"].get("error") for s in failed] == ["ValueError"], failed
     calls = _events(trace, "X", "actor call")
     assert all(c["name"] == "Counter.incr" for c in calls)

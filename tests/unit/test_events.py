@@ -1,0 +1,152 @@
+"""fray.events (the per-process ring), fray.event_store (the driver's merged view) and fray.timeline (the trace
+and its validator), without a backend: bounds, drops, cursors, plain-data batches, clock alignment, and each
+problem the validator must catch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fray import timeline
+from fray.event_store import EventStore
+from fray.events import Event, Kind, ProcessEvents, Recorder
+
+
+def test_the_ring_is_bounded_and_counts_what_it_dropped() -> None:
+    recorder = Recorder(capacity=1000)
+    for i in range(300_000):
+        recorder.record(Kind.TASK_SUBMIT, i, "f")
+    batch = recorder.since(0)
+    assert len(batch.events) == 1000 and batch.dropped == 299_000
+    assert [e.key for e in batch.events[:2]] == [299_000, 299_001]
+    assert recorder.since(batch.events[-1].seq).events == []
+    assert [e.key for e in recorder.since(batch.events[-3].seq).events] == [299_998, 299_999]
+
+
+def test_a_disabled_recorder_records_nothing() -> None:
+    recorder = Recorder(capacity=1000, enabled=False)
+    recorder.record(Kind.TASK_SUBMIT, 1, "f")
+    recorder.record_at(5, Kind.TASK_SUBMIT, 1, "f")
+    assert recorder.since(0).events == [] and not recorder.enabled
+    recorder.enabled = True
+    recorder.record(Kind.TASK_SUBMIT, 1, "f")
+    assert len(recorder.since(0).events) == 1
+
+
+def test_fray_events_0_turns_recording_off_in_a_new_process() -> None:
+    code = "from fray.events import RECORDER; print(RECORDER.enabled)"
+    env = {**os.environ, "FRAY_EVENTS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_threads_are_named_in_the_batch() -> None:
+    recorder = Recorder(capacity=10)
+    recorder.name_thread("actor Counter")
+    recorder.record(Kind.CALL_START, "c1", "Counter.incr", {"actor": "a1", "concurrency": 1})
+    batch = recorder.since(0)
+    assert batch.threads[batch.events[0].thread] == "actor Counter"
+
+
+def test_a_batch_travels_as_plain_data_and_garbage_is_refused() -> None:
+    recorder = Recorder(capacity=10)
+    recorder.record(Kind.TASK_END, "t1", "f", {"status": "error", "error": "ValueError"})
+    batch = recorder.since(0)
+    back = ProcessEvents.from_json(json.loads(json.dumps(batch.to_json())))
+    assert back.events == batch.events and back.threads == batch.threads and back.pid == batch.pid
+    with pytest.raises(ValueError, match="not a fray event batch"):
+        ProcessEvents.from_json({"host": "h"})
+    bad = batch.to_json()
+    bad["events"][0][6] = ["not", "a", "dict"]
+    with pytest.raises(ValueError, match="not a fray event batch"):
+        ProcessEvents.from_json(bad)
+
+
+def _batch(host: str, pid: int, events: list[tuple[int, str, Any, str, dict[str, Any] | None]]) -> ProcessEvents:
+    """A process's batch from (t in ns, kind, key, name, data), all on thread 1."""
+    made = [Event(i + 1, t, kind, key, name, 1, data) for i, (t, kind, key, name, data) in enumerate(events)]
+    return ProcessEvents(host, pid, "worker", {1: "main"}, made)
+
+
+def test_the_store_pages_from_a_cursor_and_reports_what_it_lost() -> None:
+    pending = [_batch("h", 1, [(i, Kind.TASK_SUBMIT, i, "f", None) for i in range(10)])]
+
+    def pull() -> list[ProcessEvents]:
+        out = list(pending)
+        pending.clear()
+        return out
+
+    store = EventStore(pull, Recorder(capacity=10), capacity=6)
+    store.refresh()
+    page = store.page(0)
+    assert [e.key for _, _, e in page.events] == [4, 5, 6, 7, 8, 9] and page.dropped == 4
+    first = store.page(page.cursor - 3, limit=2)
+    assert [e.key for _, _, e in first.events] == [7, 8] and first.dropped == 0
+    assert store.page(page.cursor).events == [] and store.dropped == 4
+    assert "h" in [p.host for p in store.processes]
+
+
+def test_a_late_clock_is_moved_so_no_task_starts_before_its_submit(tmp_path: Path) -> None:
+    second = 1_000_000_000
+    driver = _batch("a", 1, [(10 * second, Kind.TASK_SUBMIT, "t1", "f", None)])
+    # the worker's clock is 5 s behind: it "starts" the task 4.9 s before it was submitted
+    worker = _batch(
+        "b", 2, [(5 * second + 10**8, Kind.TASK_START, "t1", "f", None), (6 * second, Kind.TASK_END, "t1", "f", None)]
+    )
+    summary = timeline.write(tmp_path / "t.json", [driver, worker])
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert timeline.validate(trace, tasks=1) == [] and summary.tasks == 1
+    span = next(e for e in trace["traceEvents"] if e["ph"] == "X")
+    assert span["dur"] == pytest.approx(0.9e6)  # durations are the worker's own
+
+
+def _trace(*events: dict[str, Any]) -> dict[str, Any]:
+    return {"traceEvents": list(events)}
+
+
+def _span(ts: float, dur: float, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": "actor call", "name": "A.m", "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": args}
+
+
+def test_the_validator_names_each_problem() -> None:
+    assert timeline.validate({"x": 1}) == ["not a Chrome trace: no traceEvents list"]
+    assert "pid and tid must be integers" in timeline.validate(_trace({**_span(0, 1), "pid": "p"}))[0]
+    assert "unknown phase" in timeline.validate(_trace({"ph": "Q", "pid": 1, "tid": 1, "ts": 0}))[0]
+    assert "duration" in timeline.validate(_trace(_span(0, -1)))[0]
+    unclosed = _trace({"ph": "s", "id": 7, "pid": 1, "tid": 1, "ts": 0, "name": "f"})
+    assert timeline.validate(unclosed) == ["flow 7 does not close (has only ['s'])"]
+    early = _trace(
+        {"ph": "s", "id": 1, "pid": 1, "tid": 1, "ts": 5, "name": "f"},
+        {"ph": "f", "id": 1, "pid": 1, "tid": 1, "ts": 2, "name": "f", "bp": "e"},
+    )
+    assert "ends before it starts" in timeline.validate(early)[0]
+    overlapping = _trace(_span(0, 10, concurrency=1), _span(5, 10, concurrency=1))
+    assert "starts before" in timeline.validate(overlapping)[0]
+    assert timeline.validate(_trace(_span(0, 10, concurrency=2), _span(5, 10, concurrency=2))) == []
+    assert timeline.validate(_trace(_span(0, 10)), calls=2) == ["1 actor call spans, expected 2"]
+    moved = _trace(
+        {"ph": "X", "cat": "transfer", "name": "shm", "pid": 1, "tid": 1, "ts": 0, "dur": 1, "args": {"bytes": 5}}
+    )
+    assert timeline.validate(moved, transfers={"shm": 5}) == []
+    assert timeline.validate(moved, transfers={"shm": 6}) == ["transfers by shm: 5 bytes drawn, 6 moved"]
+
+
+def test_a_10k_task_timeline_stays_under_3_mb(tmp_path: Path) -> None:
+    events = []
+    for i in range(10_000):
+        t = i * 50_000
+        events += [
+            (t, Kind.TASK_SUBMIT, i, "module.work", None),
+            (t + 10_000, Kind.TASK_START, i, "module.work", None),
+            (t + 40_000, Kind.TASK_END, i, "module.work", None),
+        ]
+    summary = timeline.write(tmp_path / "t.json", [_batch("h", 1, events)])
+    assert summary.tasks == 10_000
+    assert (tmp_path / "t.json").stat().st_size < 3_000_000
+    assert timeline.validate(json.loads((tmp_path / "t.json").read_text()), tasks=10_000) == []
