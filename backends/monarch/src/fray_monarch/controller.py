@@ -25,7 +25,7 @@ from fray import watchdog
 from fray.errors import FrayError
 from fray.procfs import end_children
 from fray.transfers import PathStats, merge
-from fray_monarch import _runtime, instances, tempdirs
+from fray_monarch import _runtime, instances, process_reads, tempdirs
 from fray_monarch.actor_registry import ActorRegistry
 from fray_monarch.arena import reclaim_dead_segments, remove_segments, shm_dir
 from fray_monarch.coordinator import Coordinator
@@ -102,6 +102,7 @@ class Controller:
         )
         self.directory = ObjectDirectory(key, lock, TRACKER, self._free_stored)
         self.streams = StreamRegistry(lock, ids, self.directory, self.pool)
+        self.events = process_reads.EventPuller(self.pool)
         self.scheduler = TaskScheduler(lock, ids, self.directory, self.pool, self.streams)
         self.actors = ActorRegistry(lock, ids, self.directory, self.pool, self.streams, self.scheduler.pump)
         self.groups = GroupRegistry(lock, ids, self.directory, self.pool, self.actors)
@@ -178,7 +179,7 @@ class Controller:
                 self.pool.free(owner, allocs)
 
     def transfer_stats(self) -> dict[str, PathStats]:
-        return merge(self.store.stats.snapshot(), *self.pool.transfer_stats())
+        return merge(self.store.stats.snapshot(), *process_reads.transfer_stats(self.pool))
 
     def node_resources(self) -> list[dict[str, float]]:
         return self.pool.node_resources()

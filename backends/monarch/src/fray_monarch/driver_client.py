@@ -209,7 +209,7 @@ class DriverClient:
         return self.ctl.transfer_stats()
 
     def pull_events(self) -> list[ProcessEvents]:
-        return self.ctl.pool.pull_events()
+        return self.ctl.events.pull()
 
     def close(self) -> None:
         self.ctl.shutdown()

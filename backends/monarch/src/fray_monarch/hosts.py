@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
-import inspect
 import os
 import queue
 import threading
@@ -25,7 +24,7 @@ import fray.current as fray_current
 import fray.output as fray_output
 from fray.current import ActorInfo
 from fray.errors import ActorDiedError
-from fray.events import ERROR, RECORDER, Kind, ended
+from fray.events import RECORDER, Kind
 from fray.gpus import ENV_HELD, held_from_env, use_held_device
 from fray.refs import ObjectRef
 from fray.remote_errors import capture_exception
@@ -34,6 +33,7 @@ from fray.serialization import Blob, dumps, loads, plain_pickle
 from fray.worker_env import worker_env_defaults
 from fray_monarch import _runtime, environ
 from fray_monarch._monarch import Actor, endpoint
+from fray_monarch.actor_ports import CompactingPort, TaggedPort, async_methods, end_data
 from fray_monarch.calls import fill_deps
 from fray_monarch.objects import RefPayload
 from fray_monarch.protocol import (
@@ -45,10 +45,7 @@ from fray_monarch.protocol import (
     ProcInfo,
     WireValue,
     WorkerSetup,
-    compact,
     expand,
-    group_answer,
-    plain_data,
 )
 from fray_monarch.worker_process import ensure_worker
 
@@ -151,65 +148,6 @@ class WorkerHost(Actor):
         return ProcInfo(os.getpid(), _runtime.machine_id())
 
 
-def _async_methods(klass: type) -> frozenset[str]:
-    """The public `async def` methods (and async generators) of an actor class: it then runs on an event loop."""
-    names = set()
-    for name in dir(klass):
-        if name.startswith("_"):
-            continue
-        attr = getattr(klass, name, None)
-        if inspect.iscoroutinefunction(attr) or inspect.isasyncgenfunction(attr):
-            names.add(name)
-    return frozenset(names)
-
-
-def _ended(reply: Any) -> dict[str, str] | None:
-    """A call's end event's data from its reply (fray.events.ended): None unless it failed."""
-    if type(reply) is not ActorReply or reply.status == "ok":
-        return None
-    if reply.status == "dead":
-        return {"status": ERROR, "error": "ActorDiedError"}
-    return ended(reply.error)
-
-
-class _Tagged:
-    """A member's answer to a group broadcast: sent to the shared reply port with its object id."""
-
-    __slots__ = ("oid", "port")
-
-    def __init__(self, port: Any, oid: str) -> None:
-        self.port = port
-        self.oid = oid
-
-    def send(self, reply: ActorReply | PlainReply) -> None:
-        if type(reply) is tuple:  # (_invoke's plain reply: the value's pickle)
-            self.port.send((self.oid, reply[0], None))
-            return
-        assert isinstance(reply, ActorReply)
-        self.port.send(group_answer(self.oid, reply))
-
-
-class _Compacted:
-    """A call's response port that sends the reply plain (protocol.PlainReply) when it can, else compacted
-    (protocol.compact); the caller reads either (ActorRegistry.reply)."""
-
-    __slots__ = ("port",)
-
-    def __init__(self, port: Any) -> None:
-        self.port = port
-
-    def send(self, reply: ActorReply | PlainReply) -> None:
-        if type(reply) is tuple:
-            self.port.send(reply)
-            return
-        assert isinstance(reply, ActorReply)
-        data = plain_data(reply.value) if reply.status == "ok" else None
-        if data is not None:
-            self.port.send((data,))
-        else:
-            self.port.send(compact(reply, None if reply.value is None else reply.value.value))
-
-
 class FrayActorHost(Actor):
     """Hosts one fray actor instance. With max_concurrency 1, methods run in order on this Monarch actor's own
     driver thread (Monarch 0.7 gives each synchronous actor one, so blocking here stalls no other actor); with
@@ -297,7 +235,7 @@ class FrayActorHost(Actor):
             label_token = fray_output.push_label(self.label)
             args, kwargs = self._args(call, deps, f"the arguments of {klass.__name__}()")
             self.obj = klass(*args, **kwargs)
-            self.async_methods = _async_methods(klass)
+            self.async_methods = async_methods(klass)
             if self.async_methods:
                 self._start_loop()
             return ActorReply("ok")
@@ -350,7 +288,7 @@ class FrayActorHost(Actor):
                 reply = ActorReply("err", error=capture_exception(exc))
             finally:
                 self._leave(tokens)
-                RECORDER.record(Kind.CALL_END, oid, name, _ended(reply))
+                RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
         port.send(reply)
 
     def _iterate_async(self, agen: Any) -> Any:
@@ -391,12 +329,12 @@ class FrayActorHost(Actor):
             reply = ActorReply("err", error=capture_exception(exc))
         finally:
             self._leave(tokens)
-            RECORDER.record(Kind.CALL_END, oid, name, _ended(reply))
+            RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
         return reply
 
     def _ok(self, value: Any, method: str, oid: str) -> ActorReply | PlainReply:
         """The reply of a method that returned `value`: plain when it is a small plain pickle (what dumps,
-        encode_reply and _Compacted would make of it, without the dataclasses), else stored or inline."""
+        encode_reply and CompactingPort would make of it, without the dataclasses), else stored or inline."""
         data = plain_pickle(value)
         if data is not None and len(data) < self.rt.store.inline_limit:
             return (data,)
@@ -479,9 +417,9 @@ class FrayActorHost(Actor):
         if self.max_threads > 1:
             self.init_done.wait()  # (with one thread, __init__ ran on this very thread already)
         if self.loop is not None:
-            self._submit_async(_Compacted(port), oid, method, call, deps)
+            self._submit_async(CompactingPort(port), oid, method, call, deps)
         else:
-            self._submit(_Compacted(port), self._invoke, oid, method, call, deps)
+            self._submit(CompactingPort(port), self._invoke, oid, method, call, deps)
 
     @endpoint(explicit_response_port=True)
     def call_stream(self, port: Any, sid: str, method: str, call: WireValue, deps: list[str]) -> None:
@@ -493,7 +431,7 @@ class FrayActorHost(Actor):
         id ("{base}.{rank}"), on the controller's reply port (given at init), as soon as it is done. Plain
         arguments come as their pickle (`data`), others as `call` (protocol.plain_data)."""
         oid = f"{base}.{self.info.rank}"
-        port = _Tagged(self.replies, oid)
+        port = TaggedPort(self.replies, oid)
         call = WireValue(Inline(data)) if data is not None else expand(call)
         if self.max_threads > 1:
             self.init_done.wait()

@@ -17,11 +17,9 @@ from functools import partial
 from typing import Any
 
 from fray.errors import FrayError
-from fray.events import ProcessEvents
 from fray.gpus import DevicePool, HostGpus, held_from_env, host_gpus, process_env
 from fray.procfs import Identity
 from fray.resources import EPS, add, fits, subtract
-from fray.transfers import PathStats
 from fray_monarch import _runtime, network, tempdirs
 from fray_monarch.hosts import WorkerHost
 from fray_monarch.ids import Ids
@@ -107,7 +105,6 @@ class ProcessPool:
         self.devices = [DevicePool(self.gpus.ids) for _ in hosts]  # attached hosts are taken to be alike
         self.stores = stores
         self.log_file = log_file
-        self.event_cursors: dict[str, int] = {}  # process key -> the seq of its last event pulled
         self.on_death = on_death
         self.procs: list[Proc] = []
         self.started_here: list[Identity] = []  # every process of this machine it spawned (ended at shutdown)
@@ -380,35 +377,10 @@ class ProcessPool:
         except Exception:
             _runtime.log.debug("fray: free on %s not sent", owner, exc_info=True)
 
-    def transfer_stats(self) -> list[dict[str, PathStats]]:
-        """Each live process's own transfers."""
+    def live(self) -> list[Proc]:
+        """The processes alive now (process_reads.py asks each of them)."""
         with self.lock:
-            procs = [p for p in self.procs if p.alive]
-        futures = [p.worker.transfer_stats.call_one() for p in procs]
-        parts = []
-        for fut in futures:
-            try:
-                parts.append(fut.get(timeout=30))
-            except Exception:
-                _runtime.log.debug("fray: transfer stats of a worker not read", exc_info=True)
-        return parts
-
-    def pull_events(self) -> list[ProcessEvents]:
-        """Each live process's events since the last pull (plain data: fray.events.ProcessEvents.from_json)."""
-        with self.lock:
-            procs = [p for p in self.procs if p.alive]
-        futures = [(p, p.worker.events.call_one(self.event_cursors.get(p.key, 0))) for p in procs]
-        batches = []
-        for proc, fut in futures:
-            try:
-                batch = ProcessEvents.from_json(fut.get(timeout=30))
-            except Exception:
-                _runtime.log.debug("fray: events of a worker not read", exc_info=True)
-                continue
-            if batch.events:
-                self.event_cursors[proc.key] = batch.events[-1].seq
-            batches.append(batch)
-        return batches
+            return [p for p in self.procs if p.alive]
 
     # ------------------------------------------------------------ the end
     def close(self) -> list[Proc]:

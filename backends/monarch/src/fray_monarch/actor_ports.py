@@ -1,0 +1,72 @@
+"""What an actor host (hosts.FrayActorHost) sends its replies through, and what it says of them: a group
+member's answers tagged with their object id, a call's reply sent plain when it can be, the end event of a call
+from its reply (fray.events), and which of a class's methods make it an async actor."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from fray.events import ERROR, ended
+from fray_monarch.protocol import ActorReply, PlainReply, compact, group_answer, plain_data
+
+__all__ = ["CompactingPort", "TaggedPort", "async_methods", "end_data"]
+
+
+def async_methods(klass: type) -> frozenset[str]:
+    """The public `async def` methods (and async generators) of an actor class: it then runs on an event loop."""
+    names = set()
+    for name in dir(klass):
+        if name.startswith("_"):
+            continue
+        attr = getattr(klass, name, None)
+        if inspect.iscoroutinefunction(attr) or inspect.isasyncgenfunction(attr):
+            names.add(name)
+    return frozenset(names)
+
+
+def end_data(reply: Any) -> dict[str, str] | None:
+    """A call's end event's data from its reply (fray.events.ended): None unless it failed."""
+    if type(reply) is not ActorReply or reply.status == "ok":
+        return None
+    if reply.status == "dead":
+        return {"status": ERROR, "error": "ActorDiedError"}
+    return ended(reply.error)
+
+
+class TaggedPort:
+    """A member's answer to a group broadcast: sent to the shared reply port with its object id."""
+
+    __slots__ = ("oid", "port")
+
+    def __init__(self, port: Any, oid: str) -> None:
+        self.port = port
+        self.oid = oid
+
+    def send(self, reply: ActorReply | PlainReply) -> None:
+        if type(reply) is tuple:  # (_invoke's plain reply: the value's pickle)
+            self.port.send((self.oid, reply[0], None))
+            return
+        assert isinstance(reply, ActorReply)
+        self.port.send(group_answer(self.oid, reply))
+
+
+class CompactingPort:
+    """A call's response port that sends the reply plain (protocol.PlainReply) when it can, else compacted
+    (protocol.compact); the caller reads either (ActorRegistry.reply)."""
+
+    __slots__ = ("port",)
+
+    def __init__(self, port: Any) -> None:
+        self.port = port
+
+    def send(self, reply: ActorReply | PlainReply) -> None:
+        if type(reply) is tuple:
+            self.port.send(reply)
+            return
+        assert isinstance(reply, ActorReply)
+        data = plain_data(reply.value) if reply.status == "ok" else None
+        if data is not None:
+            self.port.send((data,))
+        else:
+            self.port.send(compact(reply, None if reply.value is None else reply.value.value))
