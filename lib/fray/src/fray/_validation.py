@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from fray.errors import InfeasibleResourcesError
+from fray.refs import ObjectRef
 from fray.resources import fits, format_resources
 from fray.types import ActorOptions, TaskOptions
 
@@ -72,14 +73,28 @@ def check_group_args(klass: Any, count: Any, placement: Any, placements: tuple[s
         raise ValueError(f"placement must be one of {', '.join(map(repr, placements))}, got {placement!r}")
 
 
-def check_wait_args(refs: Any, num_returns: Any) -> None:
-    """wait's list (a list or tuple; its items are checked by the context) and num_returns."""
+def check_wait_args(refs: Any, num_returns: Any, backend: str) -> None:
+    """wait's list (a list or tuple of this backend's refs, each once) and num_returns."""
     if not isinstance(refs, (list, tuple)):
         raise ValueError(f"wait needs a list of ObjectRefs, got {type(refs).__name__}")
     if isinstance(num_returns, bool) or not isinstance(num_returns, int):
         raise TypeError(f"num_returns must be an int, got {num_returns!r}")
     if num_returns < 1:
         raise ValueError(f"num_returns must be >= 1, got {num_returns}")
+    seen: set[Any] = set()
+    for index, ref in enumerate(refs):
+        check_ref(ref, backend, index)
+        if ref in seen:
+            raise ValueError(f"wait got the same ref twice: {ref!r}")
+        seen.add(ref)
+
+
+def check_ref(ref: Any, backend: str, index: int | None = None) -> None:
+    """A ref of this backend's, or a ValueError / TypeError that says what it is instead."""
+    if not isinstance(ref, ObjectRef):
+        raise not_a_ref(ref, index)
+    if ref.backend != backend:
+        raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend, not to this {backend!r} context")
 
 
 def refuse_infeasible(

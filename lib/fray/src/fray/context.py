@@ -19,9 +19,9 @@ from fray._validation import (
     check_call,
     check_group_args,
     check_options,
+    check_ref,
     check_timeout,
     check_wait_args,
-    not_a_ref,
     refuse_infeasible,
 )
 from fray.capabilities import Capability
@@ -32,7 +32,7 @@ from fray.current import clear_job_context, get_job_context
 from fray.errors import FrayError, UnsupportedFeatureError
 from fray.event_store import EventStore
 from fray.events import ProcessEvents
-from fray.groups import PLACEMENTS, ActorGroup, Member, check_group_feasible, create_one_by_one, existing_group
+from fray.groups import PLACEMENTS, ActorGroup, Member, admit_group, create_one_by_one
 from fray.interrupts import interrupted
 from fray.interrupts import refs as count_refs
 from fray.outcome import Outcome
@@ -148,24 +148,9 @@ class JobContext(ABC):
         check_group_args(klass, count, placement, PLACEMENTS)
         call_args, call_kwargs = check_call(args, kwargs)
         opts = check_options(options, ActorOptions)
-        if opts.lifetime is Lifetime.DETACHED:
-            self.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
-        if distributed:
-            self.require(Capability.SPMD_GROUPS, "create_actor_group(distributed=True)")
-            if opts.max_restarts != 0:  # per-member restarts would leave the group's collectives broken for good
-                self.require(
-                    Capability.SPMD_GANG_RESTART,
-                    "create_actor_group(distributed=True, options=ActorOptions(max_restarts=N)) (restarting an "
-                    "SPMD group as a whole: this backend cannot yet; use max_restarts=0)",
-                )
-        if opts.name is not None:
-            existing = existing_group(self, opts.name, count, opts.get_if_exists)
-            if existing is not None:
-                return existing
-        what = f"actor group {opts.name or klass.__name__}"
-        check_group_feasible(
-            self.node_resources(), actor_resources(opts), count, placement, bool(strict_placement), what
-        )
+        existing = admit_group(self, klass, count, opts, placement, bool(strict_placement), bool(distributed))
+        if existing is not None:
+            return existing
         return self._create_actor_group(
             klass, count, call_args, call_kwargs, opts, placement, bool(strict_placement), bool(distributed)
         )
@@ -215,14 +200,8 @@ class JobContext(ABC):
         num_returns refs (fewer after a timeout, which is not an error). Values are never fetched.
         """
         self._refuse_if_shut_down()
-        check_wait_args(refs, num_returns)
+        check_wait_args(refs, num_returns, self.backend)
         deadline = check_timeout(timeout)
-        seen: set[ObjectRef] = set()
-        for index, ref in enumerate(refs):
-            self._check_ref(ref, index)
-            if ref in seen:
-                raise ValueError(f"wait got the same ref twice: {ref!r}")
-            seen.add(ref)
         if not refs:
             return [], []
         want = min(num_returns, len(refs))
@@ -332,10 +311,7 @@ class JobContext(ABC):
             refuse_infeasible(self._feasible, self.node_resources, request, what, self.backend)
 
     def _check_ref(self, ref: Any, index: int | None = None) -> None:
-        if not isinstance(ref, ObjectRef):
-            raise not_a_ref(ref, index)
-        if ref.backend != self.backend:
-            raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend, not to this {self.backend!r} context")
+        check_ref(ref, self.backend, index)
 
     def _check_handle(self, handle: ActorHandle) -> None:
         if handle.backend != self.backend:

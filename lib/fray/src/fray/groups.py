@@ -15,13 +15,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fray.capabilities import Capability
 from fray.current import ActorInfo, get_job_context
 from fray.errors import ActorAlreadyExistsError, ActorNotFoundError, InfeasibleResourcesError
 from fray.net import free_port
 from fray.refs import ActorHandle, ObjectRef
 from fray.rendezvous import AGENT_STORE_ENV
-from fray.resources import capacity, format_resources
-from fray.types import ActorOptions
+from fray.resources import actor_resources, capacity, format_resources
+from fray.types import ActorOptions, Lifetime
 
 if TYPE_CHECKING:
     from fray.context import JobContext
@@ -228,6 +229,37 @@ def spmd_env(
     if master_addr.startswith("127."):  # gloo picks its interface from the hostname, which may not be loopback
         env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     return env
+
+
+def admit_group(
+    ctx: JobContext,
+    klass: type,
+    count: int,
+    options: ActorOptions,
+    placement: str,
+    strict: bool,
+    distributed: bool,
+) -> ActorGroup | None:
+    """create_actor_group's shared rules, once its arguments are checked: refuse what the backend lacks
+    (detached members, SPMD, restarting an SPMD group as a whole); return the live group of that name if asked to
+    reuse it; refuse a group that could never be placed. None: make it."""
+    if options.lifetime is Lifetime.DETACHED:
+        ctx.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
+    if distributed:
+        ctx.require(Capability.SPMD_GROUPS, "create_actor_group(distributed=True)")
+        if options.max_restarts != 0:  # per-member restarts would leave the group's collectives broken for good
+            ctx.require(
+                Capability.SPMD_GANG_RESTART,
+                "create_actor_group(distributed=True, options=ActorOptions(max_restarts=N)) (restarting an "
+                "SPMD group as a whole: this backend cannot yet; use max_restarts=0)",
+            )
+    if options.name is not None:
+        existing = existing_group(ctx, options.name, count, options.get_if_exists)
+        if existing is not None:
+            return existing
+    what = f"actor group {options.name or klass.__name__}"
+    check_group_feasible(ctx.node_resources(), actor_resources(options), count, placement, strict, what)
+    return None
 
 
 def existing_group(ctx: JobContext, name: str, count: int, get_if_exists: bool) -> ActorGroup | None:
