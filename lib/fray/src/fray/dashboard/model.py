@@ -9,10 +9,10 @@ arrives late from another process (a submit read after its end) is not counted a
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Any
 
-from fray.dashboard.rows import Actor, Function, Totals, Transfers, Work
+from fray.dashboard.rows import Actor, Function, Totals, Transfers
 from fray.event_store import ProcessInfo
 from fray.events import Event, Kind
 
@@ -23,9 +23,11 @@ ERRORS = 500  # errors kept for the log
 RUNNING = 500  # running spans sent with each answer at most
 ENDED_MEMORY = 50_000  # ended keys remembered (late submits and starts of those are ignored)
 
-_SUBMIT = {Kind.TASK_SUBMIT: "task", Kind.CALL_SUBMIT: "call"}
-_START = {Kind.TASK_START: "task", Kind.CALL_START: "call"}
-_END = {Kind.TASK_END: "task", Kind.CALL_END: "call"}
+# plain str: comparing an event's kind with these is a str comparison (an event read back from JSON is a str)
+_TASK_SUBMIT, _CALL_SUBMIT = str(Kind.TASK_SUBMIT.value), str(Kind.CALL_SUBMIT.value)
+_TASK_START, _CALL_START = str(Kind.TASK_START.value), str(Kind.CALL_START.value)
+_TASK_END, _CALL_END = str(Kind.TASK_END.value), str(Kind.CALL_END.value)
+_TRANSFER = str(Kind.TRANSFER.value)
 
 
 class Aggregates:
@@ -33,121 +35,140 @@ class Aggregates:
 
     def __init__(self) -> None:
         self.cursor = 0  # the global seq of the last event taken in
-        self.t0_ns = 0  # the first event's time: the page's times are ms after it
+        self.t0_ns = 0  # the first event's time: the page's times are us after it
         self.functions: dict[tuple[str, str], Function] = {}
         self.actors: dict[str, Actor] = {}
         self.transfers: dict[str, Transfers] = {}
         self.lanes: dict[tuple[int, int | str], int] = {}  # (process index, thread or actor) -> lane id
         self.lane_rows: list[list[Any]] = []  # [id, process index, thread, label, changed]
-        self.inflight: dict[tuple[str, str | int], Work] = {}
-        self.running: dict[tuple[str, str | int], Work] = {}  # the started part of inflight
-        self.ended: OrderedDict[tuple[str, str | int], None] = OrderedDict()
-        self.spans: deque[list[Any]] = deque(maxlen=SPANS)  # [seq, lane, fn index, start ms, end ms, status]
-        self.errors: deque[list[Any]] = deque(maxlen=ERRORS)  # [seq, t ms, fn name, kind, error, process]
+        # by family ("task", "call"), key -> [Function, lane (-1 while queued), start ns]: what was submitted and
+        # has not ended; running: the started part of it; ended: recently ended keys (a late submit is ignored)
+        self.inflight: dict[str, dict[str | int, list[Any]]] = {"task": {}, "call": {}}
+        self.running: dict[str, dict[str | int, list[Any]]] = {"task": {}, "call": {}}
+        self.ended: dict[str, dict[str | int, None]] = {"task": {}, "call": {}}
+        self.spans: deque[list[Any]] = deque(maxlen=SPANS)  # [seq, lane, fn index, start us, end us, status]
+        self.errors: deque[list[Any]] = deque(maxlen=ERRORS)  # [seq, t us, fn name, kind, error, process]
         self.totals = Totals()
         self.process_rows: list[list[Any]] = []
+        self._procs: list[ProcessInfo] = []
         self.processes_changed = 0
 
     # ----------------------------------------------------------------- taking events in
     def add(self, events: list[tuple[int, int, Event]], processes: list[ProcessInfo]) -> None:
-        for seq, index, event in events:
-            if not self.t0_ns:
-                self.t0_ns = event.t
-            self._take(seq, index, event, processes)
-            self.cursor = seq
+        """Takes in events (in the store's order). About 1 us an event: a poll's work follows the job's rate."""
+        if not events:
+            self._processes(processes)
+            return
+        if not self.t0_ns:
+            self.t0_ns = events[0][2].t
+        self._procs = processes
+        handlers = {
+            _TASK_SUBMIT: (self._submit, "task"),
+            _CALL_SUBMIT: (self._submit, "call"),
+            _TASK_START: (self._start, "task"),
+            _CALL_START: (self._start, "call"),
+            _TASK_END: (self._end, "task"),
+            _CALL_END: (self._end, "call"),
+        }
+        for seq, index, e in events:
+            handler = handlers.get(e.kind)
+            if handler is not None:
+                handler[0](seq, index, e, handler[1])
+            elif e.kind == _TRANSFER:
+                self._transfer(seq, e)
+            else:
+                self._lifecycle(seq, e, processes[index].label if index < len(processes) else "")
+        self.cursor = events[-1][0]
         self.totals.events += len(events)
         self._processes(processes)
 
-    def _fn(self, kind: str, name: str, seq: int) -> Function:
-        found = self.functions.get((kind, name))
+    def _fn(self, family: str, name: str, seq: int) -> Function:
+        found = self.functions.get((family, name))
         if found is None:
-            found = self.functions[(kind, name)] = Function(name, kind, len(self.functions))
+            found = self.functions[(family, name)] = Function(name, family, len(self.functions))
         found.changed = seq
         return found
 
-    def _take(self, seq: int, index: int, e: Event, processes: list[ProcessInfo]) -> None:
-        kind = e.kind
-        family = _SUBMIT.get(kind)  # type: ignore[call-overload]
-        if family is not None:
-            key = (family, e.key)
-            if key not in self.inflight and key not in self.ended:
-                work = self.inflight[key] = Work(self._fn(family, e.name, seq))
-                work.fn.queued += 1
-            return
-        family = _START.get(kind)  # type: ignore[call-overload]
-        if family is not None:
-            self._start(seq, index, e, family, processes)
-            return
-        family = _END.get(kind)  # type: ignore[call-overload]
-        if family is not None:
-            self._end(seq, index, e, family, processes)
-        elif kind == Kind.TRANSFER:
-            self._transfer(seq, e)
-        else:
-            self._lifecycle(seq, e, processes[index].label if index < len(processes) else "")
+    def _submit(self, seq: int, index: int, e: Event, family: str) -> None:
+        inflight = self.inflight[family]
+        if e.key not in inflight and e.key not in self.ended[family]:
+            fn = self._fn(family, e.name, seq)
+            fn.queued += 1
+            inflight[e.key] = [fn, -1, 0]
 
-    def _start(self, seq: int, index: int, e: Event, family: str, processes: list[ProcessInfo]) -> None:
-        key = (family, e.key)
-        if key in self.ended:
+    def _start(self, seq: int, index: int, e: Event, family: str) -> None:
+        key = e.key
+        if key in self.ended[family]:
             return
-        work = self.inflight.get(key)
+        work = self.inflight[family].get(key)
         if work is None:  # its submit was not seen (another process, or before the store's window)
-            work = self.inflight[key] = Work(self._fn(family, e.name, seq))
-        elif work.lane is not None:  # started twice: a retry whose end was not seen
-            work.fn.running -= 1
+            fn = self._fn(family, e.name, seq)
+            work = self.inflight[family][key] = [fn, -1, 0]
         else:
-            work.fn.queued -= 1
-        work.fn.running += 1
-        work.fn.changed = seq
-        self.running[key] = work
-        work.lane = self._lane(seq, index, e, processes)
-        work.start_ns = e.t
-        if family == "call":
-            actor = self._actor((e.data or {}).get("actor"), "", seq)
+            fn = work[0]
+            fn.changed = seq
+            if work[1] >= 0:  # started twice: a retry whose end was not seen
+                fn.running -= 1
+            else:
+                fn.queued -= 1
+        fn.running += 1
+        lane = self.lanes.get((index, e.thread))
+        work[1] = lane if lane is not None else self._lane(seq, index, e.thread)
+        work[2] = e.t
+        self.running[family][key] = work
+        if family == "call" and e.data:
+            actor = self._actor(e.data.get("actor"), "", seq)
             if actor is not None:
                 actor.calls += 1
 
-    def _end(self, seq: int, index: int, e: Event, family: str, processes: list[ProcessInfo]) -> None:
-        key = (family, e.key)
-        data = e.data or {}
-        status = str(data.get("status", "ok"))
-        work = self.inflight.get(key)
+    def _end(self, seq: int, index: int, e: Event, family: str) -> None:
+        key = e.key
+        data = e.data
+        status = str(data.get("status", "ok")) if data else "ok"
+        work = self.inflight[family].get(key)
         if work is None:
-            if key in self.ended:
+            if key in self.ended[family]:
                 return
-            work = Work(self._fn(family, e.name, seq))
-            work.fn.queued += 1  # as if submitted: taken off below
-        fn = work.fn
+            work = [self._fn(family, e.name, seq), -1, 0]
+            work[0].queued += 1  # as if submitted: taken off below
+        fn: Function = work[0]
         fn.changed = seq
-        started = work.lane is not None
-        self.running.pop(key, None)
-        if started:
+        lane: int = work[1]
+        if lane >= 0:
+            del self.running[family][key]
             fn.running -= 1
-            fn.busy_ns += max(0, e.t - work.start_ns)
+            fn.busy_ns += max(0, e.t - work[2])
+            begin = work[2]
         else:
             fn.queued -= 1
-        if status == "retry":  # it runs again: back in the queue
+            lane, begin = self._lane(seq, index, e.thread), e.t
+        if status == "ok":
+            fn.done += 1
+            self._ended(family, key)
+        elif status == "retry":  # it runs again: back in the queue
             fn.retries += 1
             fn.queued += 1
-            self.inflight[key] = Work(fn)
+            self.inflight[family][key] = [fn, -1, 0]
+        elif status == "cancelled":
+            fn.cancelled += 1
+            self._ended(family, key)
         else:
-            self.inflight.pop(key, None)
-            self.ended[key] = None
-            if len(self.ended) > ENDED_MEMORY:
-                self.ended.popitem(last=False)
-            if status == "ok":
-                fn.done += 1
-            elif status == "cancelled":
-                fn.cancelled += 1
-            else:
-                fn.failed += 1
-        if status not in ("ok", "cancelled"):
-            label = processes[index].label if index < len(processes) else ""
-            self.errors.append([seq, self._ms(e.t), fn.name, family, str(data.get("error", status)), label])
+            fn.failed += 1
+            self._ended(family, key)
+        if status != "ok" and status != "cancelled":
+            label = self._procs[index].label if index < len(self._procs) else ""
+            error = str(data.get("error", status)) if data else status
+            self.errors.append([seq, self._us(e.t), fn.name, family, error, label])
             self.totals.errors += 1
-        lane = work.lane if started else self._lane(seq, index, e, processes)
-        begin = work.start_ns if started else e.t
-        self.spans.append([seq, lane, fn.index, self._ms(begin), self._ms(e.t), status])
+        t0 = self.t0_ns
+        self.spans.append([seq, lane, fn.index, (begin - t0) // 1000, (e.t - t0) // 1000, status])
+
+    def _ended(self, family: str, key: str | int) -> None:
+        self.inflight[family].pop(key, None)
+        ended = self.ended[family]
+        ended[key] = None
+        if len(ended) > 2 * ENDED_MEMORY:  # keep the newest half: amortized O(1) an end
+            self.ended[family] = dict.fromkeys(list(ended)[-ENDED_MEMORY:])
 
     def _transfer(self, seq: int, e: Event) -> None:
         data = e.data or {}
@@ -181,7 +202,7 @@ class Aggregates:
             self.totals.extra[e.kind] = self.totals.extra.get(e.kind, 0) + 1
             if e.kind in (Kind.WORKER_DIED, Kind.GROUP_RESTART):
                 what = str(data.get("reason") or data.get("exit_code") or e.kind)
-                self.errors.append([seq, self._ms(e.t), e.name, e.kind, what, process])
+                self.errors.append([seq, self._us(e.t), e.name, e.kind, what, process])
                 self.totals.errors += 1
 
     def _actor(self, key: object, name: str, seq: int) -> Actor | None:
@@ -195,26 +216,32 @@ class Aggregates:
         actor.changed = seq
         return actor
 
-    def _lane(self, seq: int, index: int, e: Event, processes: list[ProcessInfo]) -> int:
-        where = (index, e.thread)
+    def _lane(self, seq: int, index: int, thread: int) -> int:
+        """The lane of a process's thread (made on first use; labelled from the process's thread names)."""
+        where = (index, thread)
         lane = self.lanes.get(where)
         if lane is None:
             lane = self.lanes[where] = len(self.lane_rows)
-            self.lane_rows.append([lane, index, str(e.thread), "", seq])
-        row = self.lane_rows[lane]
-        threads = processes[index].threads if index < len(processes) else {}
-        label = threads.get(e.thread) or f"thread {e.thread}"
-        if row[3] != label:
-            row[3], row[4] = label, seq
+            self.lane_rows.append([lane, index, str(thread), self._label(index, thread), seq])
         return lane
 
+    def _label(self, index: int, thread: int) -> str:
+        threads = self._procs[index].threads if index < len(self._procs) else {}
+        return threads.get(thread) or f"thread {thread}"
+
     def _processes(self, processes: list[ProcessInfo]) -> None:
+        """Notes the processes (and their threads' names) when they changed: a few rows, once a poll."""
+        self._procs = processes
         rows = [[p.index, p.host, p.pid, p.label, len(p.threads), p.dropped] for p in processes]
         if rows != self.process_rows:
             self.process_rows, self.processes_changed = rows, self.cursor
+            for row in self.lane_rows:
+                label = self._label(row[1], int(row[2]))
+                if row[3] != label:
+                    row[3], row[4] = label, self.cursor
 
-    def _ms(self, t_ns: int) -> float:
-        return round((t_ns - self.t0_ns) / 1e6, 3)
+    def _us(self, t_ns: int) -> int:
+        return (t_ns - self.t0_ns) // 1000
 
     # ----------------------------------------------------------------- answering a poll
     def delta(self, since: int) -> dict[str, Any]:
@@ -262,11 +289,11 @@ class Aggregates:
 
     def _running(self) -> list[list[Any]]:
         out: list[list[Any]] = []
-        for work in self.running.values():
-            if work.lane is not None:
-                out.append([work.lane, work.fn.index, self._ms(work.start_ns)])
+        for running in self.running.values():
+            for fn, lane, start_ns in running.values():
+                out.append([lane, fn.index, self._us(start_ns)])
                 if len(out) >= RUNNING:
-                    break
+                    return out
         return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Actor", "Function", "Totals", "Transfers", "Work"]
+__all__ = ["Actor", "Function", "Totals", "Transfers"]
 
 
 @dataclass
@@ -64,15 +64,6 @@ class Transfers:
 
     def row(self) -> list[Any]:
         return [self.path, self.count, self.nbytes, round(self.seconds, 6)]
-
-
-@dataclass
-class Work:
-    """A task or call in flight: where and when it started (None while queued)."""
-
-    fn: Function
-    lane: int | None = None
-    start_ns: int = 0
 
 
 @dataclass

@@ -56,7 +56,11 @@ function merge(a) {
     S.spans = []; S.errors = [];
   }
   S.cursor = a.cursor; S.t0 = a.t0; S.now = a.now; S.backend = a.backend; S.dropped = a.dropped;
-  S.totals = a.totals; S.running = a.running;
+  S.totals = a.totals;
+  // times come in us after the first event (integers: cheap to make and to send); the page works in ms
+  S.running = a.running.map((r) => [r[0], r[1], r[2] / 1000]);
+  for (const s of a.spans) { s[3] /= 1000; s[4] /= 1000; }
+  for (const e of a.errors) e[1] /= 1000;
   for (const f of a.functions) S.fns.set(f[0], f);
   for (const r of a.actors) S.actors.set(r[0], r);
   for (const r of a.transfers) S.transfers.set(r[0], r);
