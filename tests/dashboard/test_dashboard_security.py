@@ -200,3 +200,19 @@ def test_the_server_stops_with_the_context() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with pytest.raises(fray.FrayError):
         ctx.dashboard()
+
+
+def test_bound_to_every_interface_it_takes_ip_literals_and_its_name_but_still_no_other_name() -> None:
+    ctx = fray.init("in_memory")
+    try:
+        url = ctx.dashboard(host="0.0.0.0")
+        where = urlsplit(url)
+        assert where.hostname == socket.gethostname().lower() and where.port is not None
+        token = parse_qs(where.query)["token"][0]
+        page = Page(ctx, url, where.port, token, "")
+        for host in ("10.1.2.3:{port}", "[fe80::1]:{port}", f"{socket.gethostname()}:{{port}}"):
+            assert page.get(f"/?token={token}", host=host.format(port=where.port)).status == 303, host
+        for host in ("evil.example:{port}", "10.1.2.3:1", "10.1.2.3"):
+            assert page.get(f"/?token={token}", host=host.format(port=where.port)).status == 403, host
+    finally:
+        ctx.shutdown()

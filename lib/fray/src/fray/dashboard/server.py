@@ -12,6 +12,7 @@ needs that cookie; a Host header that is not this server's (DNS rebinding) gets 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -80,8 +81,11 @@ class Dashboard:
         self.port = int(self._server.server_address[1])
         self.cookie = f"fray_dashboard_{self.port}"  # cookies ignore ports: one name per server
         url_host = host
-        if host in ("", "0.0.0.0", "::"):
-            url_host = socket.getfqdn()
+        # Bound to every interface: any of the machine's addresses may be used; an IP literal in the Host header
+        # cannot be DNS rebinding (that needs a name), so one with this port is accepted, and this host's name.
+        self.any_address = host in ("", "0.0.0.0", "::")
+        if self.any_address:
+            url_host = socket.gethostname()
         elif ":" in host:
             url_host = f"[{host}]"
         names = {f"127.0.0.1:{self.port}", f"localhost:{self.port}", f"[::1]:{self.port}", f"{url_host}:{self.port}"}
@@ -147,6 +151,18 @@ def _read_static(name: str) -> bytes:
     return resources.files("fray.dashboard").joinpath("static", name).read_bytes()
 
 
+def _ip_literal(host: str, port: int) -> bool:
+    """`host` is `IP:port` (or `[IPv6]:port`) with this server's port."""
+    address, _, their_port = host.rpartition(":")
+    if their_port != str(port):
+        return False
+    try:
+        ipaddress.ip_address(address[1:-1] if address.startswith("[") and address.endswith("]") else address)
+    except ValueError:
+        return False
+    return True
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     dashboard: Dashboard
@@ -188,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         dashboard = self.server.dashboard
         host = (self.headers.get("Host") or "").strip().lower()
-        if host not in dashboard.allowed_hosts:
+        if host not in dashboard.allowed_hosts and not (dashboard.any_address and _ip_literal(host, dashboard.port)):
             return self._refuse(HTTPStatus.FORBIDDEN)  # DNS rebinding: a name that is not this server's
         url = urlsplit(self.path)
         query = parse_qs(url.query)

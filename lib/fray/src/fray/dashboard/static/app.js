@@ -75,7 +75,9 @@ function renderTotals() {
   const t = S.totals;
   document.getElementById("backend").textContent = S.backend;
   document.getElementById("t-done").textContent = count(t.done);
-  document.getElementById("t-running").textContent = count(t.running);
+  const running = document.getElementById("t-running");
+  running.textContent = count(t.running);
+  running.classList.toggle("some", t.running > 0);
   document.getElementById("t-queued").textContent = count(t.queued);
   const failed = document.getElementById("t-failed");
   failed.textContent = count(t.failed);
