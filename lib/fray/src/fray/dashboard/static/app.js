@@ -195,7 +195,7 @@ function renderStream() {
     const i = row.get(laneId);
     if (i === undefined || !visible(a, b)) return;
     const xa = x(Math.max(a, x0)), wide = x(Math.min(b, x1)) - xa;
-    const w = wide > 4 ? wide - 1 : Math.max(1.5, wide);  // a hairline between back-to-back bars
+    const w = wide > 4 ? wide - 1 : Math.max(3, wide);  // a hairline between back-to-back bars; short ones seen
     const cls = `span ${colour(fnIndex)}${status === "ok" ? "" : ` ${status === "cancelled" ? "cancelled" : "failed"}`}${open ? " open" : ""}`;
     const r = svg("rect", { x: xa, y: top + i * (laneH + gap) + 2, width: w, height: laneH - 4, rx: 2 }, cls);
     const fn = S.fns.get(fnIndex);
