@@ -23,9 +23,10 @@ install-all: $(PY)
 demo: install-core
 	$(PY) examples/pipeline.py
 
-# The multi-host tests run real sshd and Slurm daemons in network namespaces (iproute2, util-linux); as root
-# with apt-get, what is missing is installed. Elsewhere those tests skip, naming what they lack.
-SYSTEM_PACKAGES := iproute2 util-linux openssh-server openssh-client slurm-wlm munge
+# The multi-host tests run real sshd and Slurm daemons in network namespaces (iproute2, util-linux), and the live
+# page's browser test drives Debian's Chromium (Playwright never downloads a browser); as root with apt-get, what
+# is missing is installed. Elsewhere those tests skip, naming what they lack.
+SYSTEM_PACKAGES := iproute2 util-linux openssh-server openssh-client slurm-wlm munge chromium chromium-driver
 
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

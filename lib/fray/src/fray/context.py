@@ -12,7 +12,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fray import current, timeline
 from fray._validation import (
@@ -45,6 +45,9 @@ from fray.timeline import TimelineSummary
 from fray.transfers import PathStats, TransferReport, merge
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
+if TYPE_CHECKING:
+    from fray.dashboard import Dashboard
+
 __all__ = [
     "ClusterContext",
     "JobContext",
@@ -74,6 +77,7 @@ class JobContext(ABC):
         self._feasible: dict[tuple[tuple[str, float], ...], float] = {}
         self._watcher: RefWatcher | None = None  # made on first need (fray.completion)
         self._event_store = EventStore(self._pull_events)
+        self._dashboard: Dashboard | None = None
 
     @property
     def is_shut_down(self) -> bool:
@@ -270,6 +274,17 @@ class JobContext(ABC):
         actor calls and transfers, submit-to-start arrows, deaths and restarts); open it in ui.perfetto.dev."""
         return timeline.write(path, self.events().by_process())
 
+    def dashboard(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Start this job's live page (docs/dashboard.md) if it is not running, and return its URL, which holds
+        the page's access token: keep it private. Loopback only unless `host` says otherwise; stops at shutdown."""
+        with self._shutdown_lock:
+            self._refuse_if_shut_down()
+            if self._dashboard is None:
+                from fray.dashboard import Dashboard
+
+                self._dashboard = Dashboard(self, host, port)
+            return self._dashboard.url
+
     def shutdown(self) -> None:
         """Release everything this context started. Idempotent. Every later call raises FrayError.
 
@@ -282,6 +297,8 @@ class JobContext(ABC):
             if self._shut_down:
                 return
             self._shut_down = True
+        if self._dashboard is not None:
+            self._dashboard.stop()
         self._shutdown()
 
     def _refuse_if_shut_down(self) -> None:

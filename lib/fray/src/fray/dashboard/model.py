@@ -1,0 +1,308 @@
+"""What the live page shows, kept up to date one event at a time (never by reading the history again).
+
+`Aggregates.add` takes the events of `EventStore.page` in order; `Aggregates.delta(since)` answers a poll with
+what changed after the cursor `since` (a global event seq) and the totals. Everything it holds is bounded: one
+row per function, actor, transfer path, lane and process; the newest `SPANS` finished spans and `ERRORS` errors;
+the work in flight (submitted, not ended) and a bounded memory of recently ended keys, so that an event that
+arrives late from another process (a submit read after its end) is not counted as new work.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from fray.dashboard.rows import Actor, Function, Totals, Transfers
+from fray.event_store import ProcessInfo
+from fray.events import Event, Kind
+
+__all__ = ["Aggregates"]
+
+SPANS = 2000  # finished spans kept for the task stream
+ERRORS = 500  # errors kept for the log
+RUNNING = 500  # running spans sent with each answer at most
+ENDED_MEMORY = 50_000  # ended keys remembered (late submits and starts of those are ignored)
+
+# plain str: comparing an event's kind with these is a str comparison (an event read back from JSON is a str)
+_TASK_SUBMIT, _CALL_SUBMIT = str(Kind.TASK_SUBMIT.value), str(Kind.CALL_SUBMIT.value)
+_TASK_START, _CALL_START = str(Kind.TASK_START.value), str(Kind.CALL_START.value)
+_TASK_END, _CALL_END = str(Kind.TASK_END.value), str(Kind.CALL_END.value)
+_TRANSFER = str(Kind.TRANSFER.value)
+
+
+class Aggregates:
+    """The page's state. Not thread-safe: the server calls it under its own lock."""
+
+    def __init__(self) -> None:
+        self.cursor = 0  # the global seq of the last event taken in
+        self.t0_ns = 0  # the first event's time: the page's times are us after it
+        self.functions: dict[tuple[str, str], Function] = {}
+        self.actors: dict[str, Actor] = {}
+        self.transfers: dict[str, Transfers] = {}
+        self.lanes: dict[tuple[int, int | str], int] = {}  # (process index, thread or actor) -> lane id
+        self.lane_rows: list[list[Any]] = []  # [id, process index, thread, label, changed]
+        # by family ("task", "call"), key -> [Function, lane (-1 while queued), start ns]: what was submitted and
+        # has not ended; running: the started part of it; ended: recently ended keys (a late submit is ignored)
+        self.inflight: dict[str, dict[str | int, list[Any]]] = {"task": {}, "call": {}}
+        self.running: dict[str, dict[str | int, list[Any]]] = {"task": {}, "call": {}}
+        self.ended: dict[str, dict[str | int, None]] = {"task": {}, "call": {}}
+        self.spans: deque[list[Any]] = deque(maxlen=SPANS)  # [seq, lane, fn index, start us, end us, status]
+        self.errors: deque[list[Any]] = deque(maxlen=ERRORS)  # [seq, t us, fn name, kind, error, process]
+        self.totals = Totals()
+        self.process_rows: list[list[Any]] = []
+        self._procs: list[ProcessInfo] = []
+        self.processes_changed = 0
+
+    # ----------------------------------------------------------------- taking events in
+    def add(self, events: list[tuple[int, int, Event]], processes: list[ProcessInfo]) -> None:
+        """Takes in events (in the store's order). About 1 us an event: a poll's work follows the job's rate."""
+        if not events:
+            self._processes(processes)
+            return
+        if not self.t0_ns:
+            self.t0_ns = events[0][2].t
+        self._procs = processes
+        handlers = {
+            _TASK_SUBMIT: (self._submit, "task"),
+            _CALL_SUBMIT: (self._submit, "call"),
+            _TASK_START: (self._start, "task"),
+            _CALL_START: (self._start, "call"),
+            _TASK_END: (self._end, "task"),
+            _CALL_END: (self._end, "call"),
+        }
+        for seq, index, e in events:
+            handler = handlers.get(e.kind)
+            if handler is not None:
+                handler[0](seq, index, e, handler[1])
+            elif e.kind == _TRANSFER:
+                self._transfer(seq, e)
+            else:
+                self._lifecycle(seq, e, processes[index].label if index < len(processes) else "")
+        self.cursor = events[-1][0]
+        self.totals.events += len(events)
+        self._processes(processes)
+
+    def _fn(self, family: str, name: str, seq: int) -> Function:
+        found = self.functions.get((family, name))
+        if found is None:
+            found = self.functions[(family, name)] = Function(name, family, len(self.functions))
+        found.changed = seq
+        return found
+
+    def _submit(self, seq: int, index: int, e: Event, family: str) -> None:
+        inflight = self.inflight[family]
+        if e.key not in inflight and e.key not in self.ended[family]:
+            fn = self._fn(family, e.name, seq)
+            fn.queued += 1
+            inflight[e.key] = [fn, -1, 0]
+
+    def _start(self, seq: int, index: int, e: Event, family: str) -> None:
+        key = e.key
+        if key in self.ended[family]:
+            return
+        work = self.inflight[family].get(key)
+        if work is None:  # its submit was not seen (another process, or before the store's window)
+            fn = self._fn(family, e.name, seq)
+            work = self.inflight[family][key] = [fn, -1, 0]
+        else:
+            fn = work[0]
+            fn.changed = seq
+            if work[1] >= 0:  # started twice: a retry whose end was not seen
+                fn.running -= 1
+            else:
+                fn.queued -= 1
+        fn.running += 1
+        lane = self.lanes.get((index, e.thread))
+        work[1] = lane if lane is not None else self._lane(seq, index, e.thread)
+        work[2] = e.t
+        self.running[family][key] = work
+        if family == "call" and e.data:
+            actor = self._actor(e.data.get("actor"), "", seq)
+            if actor is not None:
+                actor.calls += 1
+
+    def _end(self, seq: int, index: int, e: Event, family: str) -> None:
+        key = e.key
+        data = e.data
+        status = str(data.get("status", "ok")) if data else "ok"
+        work = self.inflight[family].get(key)
+        if work is None:
+            if key in self.ended[family]:
+                return
+            work = [self._fn(family, e.name, seq), -1, 0]
+            work[0].queued += 1  # as if submitted: taken off below
+        fn: Function = work[0]
+        fn.changed = seq
+        lane: int = work[1]
+        if lane >= 0:
+            del self.running[family][key]
+            fn.running -= 1
+            fn.busy_ns += max(0, e.t - work[2])
+            begin = work[2]
+        else:
+            fn.queued -= 1
+            lane, begin = self._lane(seq, index, e.thread), e.t
+        if status == "ok":
+            fn.done += 1
+            self._ended(family, key)
+        elif status == "retry":  # it runs again: back in the queue
+            fn.retries += 1
+            fn.queued += 1
+            self.inflight[family][key] = [fn, -1, 0]
+        elif status == "cancelled":
+            fn.cancelled += 1
+            self._ended(family, key)
+        else:
+            fn.failed += 1
+            self._ended(family, key)
+        if status != "ok" and status != "cancelled":
+            label = self._procs[index].label if index < len(self._procs) else ""
+            error = str(data.get("error", status)) if data else status
+            self.errors.append([seq, self._us(e.t), fn.name, family, error, label])
+            self.totals.errors += 1
+        t0 = self.t0_ns
+        self.spans.append([seq, lane, fn.index, (begin - t0) // 1000, (e.t - t0) // 1000, status])
+
+    def _ended(self, family: str, key: str | int) -> None:
+        self.inflight[family].pop(key, None)
+        ended = self.ended[family]
+        ended[key] = None
+        if len(ended) > 2 * ENDED_MEMORY:  # keep the newest half: amortized O(1) an end
+            self.ended[family] = dict.fromkeys(list(ended)[-ENDED_MEMORY:])
+
+    def _transfer(self, seq: int, e: Event) -> None:
+        data = e.data or {}
+        row = self.transfers.get(e.name)
+        if row is None:
+            row = self.transfers[e.name] = Transfers(e.name)
+        nbytes = int(data.get("bytes", 0))
+        row.count += 1
+        row.nbytes += nbytes
+        row.seconds += float(data.get("seconds", 0.0))
+        row.changed = seq
+        self.totals.bytes += nbytes
+        self.totals.transfers += 1
+
+    def _lifecycle(self, seq: int, e: Event, process: str) -> None:
+        data = e.data or {}
+        reason = str(data.get("reason", "")) if data.get("reason") is not None else ""
+        if e.kind == Kind.ACTOR_CREATE:
+            self._actor(e.key, e.name, seq)
+        elif e.kind == Kind.ACTOR_DIED:
+            actor = self._actor(e.key, e.name, seq)
+            if actor is not None and actor.state != "dead":
+                actor.state, actor.reason = "dead", reason
+                self.totals.deaths += 1
+        elif e.kind == Kind.ACTOR_RESTART:
+            actor = self._actor(e.key, e.name, seq)
+            if actor is not None:
+                actor.state, actor.restarts, actor.reason = "alive", actor.restarts + 1, reason
+                self.totals.restarts += 1
+        else:  # group restarts, workers' starts and deaths, job states: counted, and deaths logged
+            self.totals.extra[e.kind] = self.totals.extra.get(e.kind, 0) + 1
+            if e.kind in (Kind.WORKER_DIED, Kind.GROUP_RESTART):
+                what = str(data.get("reason") or data.get("exit_code") or e.kind)
+                self.errors.append([seq, self._us(e.t), e.name, e.kind, what, process])
+                self.totals.errors += 1
+
+    def _actor(self, key: object, name: str, seq: int) -> Actor | None:
+        if key is None:
+            return None
+        actor = self.actors.get(str(key))
+        if actor is None:
+            actor = self.actors[str(key)] = Actor(str(key), name)
+        elif name and not actor.name:
+            actor.name = name
+        actor.changed = seq
+        return actor
+
+    def _lane(self, seq: int, index: int, thread: int) -> int:
+        """The lane of a process's thread (made on first use; labelled from the process's thread names)."""
+        where = (index, thread)
+        lane = self.lanes.get(where)
+        if lane is None:
+            lane = self.lanes[where] = len(self.lane_rows)
+            self.lane_rows.append([lane, index, str(thread), self._label(index, thread), seq])
+        return lane
+
+    def _label(self, index: int, thread: int) -> str:
+        threads = self._procs[index].threads if index < len(self._procs) else {}
+        return threads.get(thread) or f"thread {thread}"
+
+    def _processes(self, processes: list[ProcessInfo]) -> None:
+        """Notes the processes (and their threads' names) when they changed: a few rows, once a poll."""
+        self._procs = processes
+        rows = [[p.index, p.host, p.pid, p.label, len(p.threads), p.dropped] for p in processes]
+        if rows != self.process_rows:
+            self.process_rows, self.processes_changed = rows, self.cursor
+            for row in self.lane_rows:
+                label = self._label(row[1], int(row[2]))
+                if row[3] != label:
+                    row[3], row[4] = label, self.cursor
+
+    def _us(self, t_ns: int) -> int:
+        return (t_ns - self.t0_ns) // 1000
+
+    # ----------------------------------------------------------------- answering a poll
+    def delta(self, since: int) -> dict[str, Any]:
+        """What changed after `since` (0: everything kept), and the totals. Rows are lists (see the page's
+        app.js for their fields): a poll's answer stays small."""
+        if since > self.cursor:  # a cursor from another server: start over
+            since = 0
+        queued = running = done = failed = 0
+        for fn in self.functions.values():
+            queued += fn.queued
+            running += fn.running
+            done += fn.done
+            failed += fn.failed
+        alive = sum(1 for a in self.actors.values() if a.state == "alive")
+        totals = self.totals
+        return {
+            "cursor": self.cursor,
+            "full": since == 0,
+            "t0": self.t0_ns / 1e6,
+            "totals": {
+                "queued": queued,
+                "running": running,
+                "done": done,
+                "failed": failed,
+                "actors": len(self.actors),
+                "alive": alive,
+                "deaths": totals.deaths,
+                "restarts": totals.restarts,
+                "bytes": totals.bytes,
+                "transfers": totals.transfers,
+                "errors": totals.errors,
+                "events": totals.events,
+                "lost": totals.lost,
+                **totals.extra,
+            },
+            "functions": [f.row() for f in self.functions.values() if f.changed > since],
+            "actors": [a.row() for a in self.actors.values() if a.changed > since],
+            "transfers": [t.row() for t in self.transfers.values() if t.changed > since],
+            "lanes": [row[:4] for row in self.lane_rows if row[4] > since],
+            "processes": self.process_rows if self.processes_changed > since or since == 0 else None,
+            "spans": _newer(self.spans, since),
+            "errors": _newer(self.errors, since),
+            "running": self._running(),
+        }
+
+    def _running(self) -> list[list[Any]]:
+        out: list[list[Any]] = []
+        for running in self.running.values():
+            for fn, lane, start_ns in running.values():
+                out.append([lane, fn.index, self._us(start_ns)])
+                if len(out) >= RUNNING:
+                    return out
+        return out
+
+
+def _newer(rows: deque[list[Any]], since: int) -> list[list[Any]]:
+    """The rows (oldest first) whose seq is after `since`: read from the newest end, stopping at the first old."""
+    out = []
+    for row in reversed(rows):
+        if row[0] <= since:
+            break
+        out.append(row)
+    out.reverse()
+    return out

@@ -1,0 +1,277 @@
+"""The live page's HTTP server: the standard library's ThreadingHTTPServer, one page and a JSON API.
+
+Nothing of it runs while no page is open: its one thread sleeps in `select` on the listening socket and a
+wake-up pipe (no timeout, no polling); a request is served on a thread of its own. A poll reads what is new in
+the job's event store from the last cursor on (`Aggregates`), at most every `REFRESH_S` whichever tabs ask.
+
+Security (docs/security.md): loopback only unless a host is given; a random token in the first URL is exchanged
+for an HttpOnly SameSite=Strict cookie (and removed from the address bar by a redirect); every other request
+needs that cookie; a Host header that is not this server's (DNS rebinding) gets 403; no CORS; a strict CSP.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import os
+import secrets
+import selectors
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from fray.dashboard.model import Aggregates
+
+if TYPE_CHECKING:
+    from fray.context import JobContext
+    from fray.event_store import EventStore
+
+__all__ = ["Dashboard"]
+
+LOOPBACK = "127.0.0.1"
+REFRESH_S = 0.25  # the event store is read at most this often, however many pages poll
+PAGE = 20_000  # events taken from the store per read
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/app.css": ("app.css", "text/css; charset=utf-8"),
+}
+
+
+class Dashboard:
+    """One job context's live page. `url` carries the token; `stop()` ends the server (the context's shutdown
+    calls it)."""
+
+    def __init__(self, ctx: JobContext, host: str = LOOPBACK, port: int = 0) -> None:
+        self._ctx = ctx
+        self.token = secrets.token_urlsafe(32)
+        self._session = secrets.token_urlsafe(32)  # the cookie's value: not the token itself
+        self._lock = threading.Lock()
+        self._model = Aggregates()
+        self._read_at = 0.0
+        self._store: EventStore | None = None
+        self._files = {path: (_read_static(name), ctype) for path, (name, ctype) in STATIC.items()}
+        server_class = _Server6 if ":" in host else _Server
+        self._server = server_class((host, port), _Handler)
+        self._server.dashboard = self
+        self._server.timeout = 0  # handle_request after select said ready: never waits
+        self.port = int(self._server.server_address[1])
+        self.cookie = f"fray_dashboard_{self.port}"  # cookies ignore ports: one name per server
+        url_host = host
+        # Bound to every interface: any of the machine's addresses may be used; an IP literal in the Host header
+        # cannot be DNS rebinding (that needs a name), so one with this port is accepted, and this host's name.
+        self.any_address = host in ("", "0.0.0.0", "::")
+        if self.any_address:
+            url_host = socket.gethostname()
+        elif ":" in host:
+            url_host = f"[{host}]"
+        names = {f"127.0.0.1:{self.port}", f"localhost:{self.port}", f"[::1]:{self.port}", f"{url_host}:{self.port}"}
+        self.allowed_hosts = frozenset(n.lower() for n in names)
+        self.url = f"http://{url_host}:{self.port}/?token={self.token}"
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, name="fray-dashboard", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._server.socket, selectors.EVENT_READ, "accept")
+            selector.register(self._wake_r, selectors.EVENT_READ, "stop")
+            while True:
+                for key, _ in selector.select():
+                    if key.data == "stop":
+                        return
+                    self._server.handle_request()
+
+    def stop(self) -> None:
+        """Stops serving and closes the socket. Idempotent."""
+        if self._wake_w.fileno() < 0:
+            return
+        self._wake_w.send(b"x")
+        self._thread.join(timeout=10)
+        self._server.server_close()
+        self._wake_w.close()
+        self._wake_r.close()
+
+    # ----------------------------------------------------------------- what the handlers ask for
+    def state(self, since: int) -> dict[str, Any]:
+        """What changed after cursor `since`, read from the job's events as far as they go now."""
+        with self._lock:
+            now = time.monotonic()
+            if self._store is None or now - self._read_at >= REFRESH_S:
+                self._store, self._read_at = self._ctx.events(), now
+            store = self._store
+            model = self._model
+            while True:
+                page = store.page(model.cursor, PAGE)
+                model.totals.lost += page.dropped
+                if not page.events:
+                    break
+                model.add(page.events, store.processes)
+            if not model.process_rows and store.processes:
+                model.add([], store.processes)
+            answer = model.delta(since)
+            answer["backend"] = self._ctx.backend
+            answer["dropped"] = store.dropped + model.totals.lost
+            answer["now"] = time.time_ns() / 1e6
+            return answer
+
+    def write_timeline(self, directory: str) -> Path:
+        path = Path(directory) / "timeline.json"
+        self._ctx.timeline(path)
+        return path
+
+    def file(self, path: str) -> tuple[bytes, str] | None:
+        return self._files.get(path)
+
+
+def _read_static(name: str) -> bytes:
+    return resources.files("fray.dashboard").joinpath("static", name).read_bytes()
+
+
+def _ip_literal(host: str, port: int) -> bool:
+    """`host` is `IP:port` (or `[IPv6]:port`) with this server's port."""
+    address, _, their_port = host.rpartition(":")
+    if their_port != str(port):
+        return False
+    try:
+        ipaddress.ip_address(address[1:-1] if address.startswith("[") and address.endswith("]") else address)
+    except ValueError:
+        return False
+    return True
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    dashboard: Dashboard
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "fray-dashboard"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a page polls every second: nothing on the job's stderr
+
+    # ----------------------------------------------------------------- responses
+    def _send(self, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8", **headers: str) -> None:
+        self.send_response(status)
+        for name, value in SECURITY_HEADERS.items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _refuse(self, status: HTTPStatus) -> None:
+        self._send(status, f"{status.value} {status.phrase}\n".encode())
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        self.close_connection = True
+        self._refuse(HTTPStatus(code))  # no HTML page, and the same headers as every answer
+
+    # ----------------------------------------------------------------- requests
+    def do_GET(self) -> None:
+        dashboard = self.server.dashboard
+        host = (self.headers.get("Host") or "").strip().lower()
+        if host not in dashboard.allowed_hosts and not (dashboard.any_address and _ip_literal(host, dashboard.port)):
+            return self._refuse(HTTPStatus.FORBIDDEN)  # DNS rebinding: a name that is not this server's
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        if url.path == "/" and "token" in query:
+            if not hmac.compare_digest(query["token"][0].encode(), dashboard.token.encode()):
+                return self._refuse(HTTPStatus.FORBIDDEN)
+            cookie = f"{dashboard.cookie}={dashboard._session}; HttpOnly; SameSite=Strict; Path=/"
+            return self._send(HTTPStatus.SEE_OTHER, b"", Location="/", Set_Cookie=cookie)
+        session = self._session(dashboard.cookie)
+        if session is None:
+            return self._refuse(HTTPStatus.UNAUTHORIZED)
+        if not hmac.compare_digest(session.encode(), dashboard._session.encode()):
+            return self._refuse(HTTPStatus.FORBIDDEN)
+        if url.path != "/" and self.headers.get("Sec-Fetch-Site") in ("cross-site", "same-site"):
+            return self._refuse(HTTPStatus.FORBIDDEN)  # the page asks its own origin only
+        if url.path == "/api/state":
+            return self._state(query)
+        if url.path == "/api/timeline":
+            return self._timeline()
+        found = dashboard.file(url.path)
+        if found is None:
+            return self._refuse(HTTPStatus.NOT_FOUND)
+        return self._send(HTTPStatus.OK, *found)
+
+    def _session(self, name: str) -> str | None:
+        header = self.headers.get("Cookie")
+        if not header:
+            return None
+        try:
+            morsel = SimpleCookie(header).get(name)
+        except CookieError:
+            return ""
+        return None if morsel is None else morsel.value
+
+    def _state(self, query: dict[str, list[str]]) -> None:
+        try:
+            since = max(0, int(query.get("since", ["0"])[0]))
+        except ValueError:
+            return self._refuse(HTTPStatus.BAD_REQUEST)
+        try:
+            answer = self.server.dashboard.state(since)
+        except Exception:  # the context is shutting down, or its backend could not be read
+            return self._refuse(HTTPStatus.SERVICE_UNAVAILABLE)
+        body = json.dumps(answer, separators=(",", ":")).encode()
+        self._send(HTTPStatus.OK, body, "application/json")
+
+    def _timeline(self) -> None:
+        directory = tempfile.mkdtemp(prefix="fray-dashboard-")  # mode 0700: private to this user
+        try:
+            try:
+                path = self.server.dashboard.write_timeline(directory)
+            except Exception:
+                return self._refuse(HTTPStatus.SERVICE_UNAVAILABLE)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self.send_response(HTTPStatus.OK)
+            for name, value in SECURITY_HEADERS.items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(os.path.getsize(path)))
+            self.send_header("Content-Disposition", f'attachment; filename="fray-timeline-{stamp}.json"')
+            self.end_headers()
+            with open(path, "rb") as f:
+                shutil.copyfileobj(f, self.wfile)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _not_allowed(self) -> None:
+        self._refuse(HTTPStatus.METHOD_NOT_ALLOWED)
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = _not_allowed
