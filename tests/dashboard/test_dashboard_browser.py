@@ -79,14 +79,18 @@ def _workload(ctx: JobContext, backend: str) -> dict[str, Any]:
     value = np.arange(MIB, dtype=np.uint8)
     assert ctx.get(ctx.put(value), timeout=60).nbytes == MIB
     ctx.kill(counter)
+    # A process that dies takes its transfer counters with it (transfer_stats reads the live ones), while the
+    # events it pushed before stay: where one dies, the page shows at least what was counted before.
+    before_crash = {path: s.bytes for path, s in ctx.transfer_stats().items()}
     if backend != "in_memory":  # a process that dies in a call, and comes back
         phoenix = ctx.create_actor(h.Counter, options=ActorOptions(max_restarts=1))
         assert ctx.get(phoenix.incr(), timeout=60) == 1
         with pytest.raises(Exception):  # noqa: B017 (each backend names the death in its own way)
             ctx.get(phoenix.crash(), timeout=120)
         assert ctx.get(phoenix.incr(), timeout=120) == 1  # a fresh instance
-    stats = ctx.transfer_stats()
-    return {"transfers": {path: s.bytes for path, s in stats.items()}}
+    if backend == "monarch":  # (the actor that crashes shares a worker process with tasks)
+        return {"transfers": before_crash, "exact": False}
+    return {"transfers": {path: s.bytes for path, s in ctx.transfer_stats().items()}, "exact": True}
 
 
 @pytest.mark.parametrize("backend", ["in_memory", "ray", "monarch"])
@@ -128,7 +132,11 @@ def _check_page(browser: Any, url: str, backend: str, expected: dict[str, Any]) 
         # the bytes by path, as ctx.transfer_stats() counts them; the 1 MiB put/get among them
         for path, nbytes in expected["transfers"].items():
             cell = page.locator(f'#transfers tbody tr[data-path="{path}"] td.bytes')
-            expect(cell).to_have_attribute("data-bytes", str(nbytes), timeout=SHOWN_WITHIN_MS)
+            if expected["exact"]:
+                expect(cell).to_have_attribute("data-bytes", str(nbytes), timeout=SHOWN_WITHIN_MS)
+            else:
+                expect(cell).to_have_count(1, timeout=SHOWN_WITHIN_MS)
+                assert int(cell.get_attribute("data-bytes") or 0) >= nbytes, path
         assert sum(expected["transfers"].values()) >= MIB
         dead = page.locator("#actors tbody tr").filter(has=page.locator(".state.dead"))
         expect(dead.first.locator("td.reason")).not_to_have_text("", timeout=SHOWN_WITHIN_MS)
@@ -136,7 +144,11 @@ def _check_page(browser: Any, url: str, backend: str, expected: dict[str, Any]) 
             alive = page.locator("#actors tbody tr").filter(has=page.locator(".state.alive"))
             restarted = alive.locator("td.restarts")
             expect(restarted.filter(has_text="1")).to_have_count(1, timeout=SHOWN_WITHIN_MS)
-        expect(page.locator("#stream svg rect.span.failed")).to_have_count(1)
+        failed_spans = page.locator("#stream svg rect.span.failed")
+        if backend == "in_memory":
+            expect(failed_spans).to_have_count(1)
+        else:  # (and the call that crashed its process, where the backend saw it end: monarch does)
+            expect(failed_spans.first).to_be_attached()
         expect(page.locator("#status")).to_have_class("status live")
         page.wait_for_timeout(300)  # one more render after the last poll's answer
         SCREENSHOTS.mkdir(exist_ok=True)
@@ -145,7 +157,13 @@ def _check_page(browser: Any, url: str, backend: str, expected: dict[str, Any]) 
             page.click("#download")
         trace = json.loads(Path(download.value.path()).read_text())
         assert download.value.suggested_filename.startswith("fray-timeline-")
-        assert timeline.validate(trace, tasks=TASKS + 1, transfers=expected["transfers"]) == []
+        exact = expected["transfers"] if expected["exact"] else None
+        assert timeline.validate(trace, tasks=TASKS + 1, transfers=exact) == []
+        drawn: dict[str, int] = {}
+        for event in trace["traceEvents"]:
+            if event.get("cat") == "transfer":
+                drawn[event["name"]] = drawn.get(event["name"], 0) + event["args"]["bytes"]
+        assert all(drawn.get(path, 0) >= nbytes for path, nbytes in expected["transfers"].items()), drawn
     finally:
         page_context.close()
     assert problems == []

@@ -29,6 +29,23 @@ def test_the_ring_is_bounded_and_counts_what_it_dropped() -> None:
     assert [e.key for e in recorder.since(batch.events[-3].seq).events] == [299_998, 299_999]
 
 
+def test_take_hands_each_event_over_once_and_waits_for_one_not_appended_yet() -> None:
+    recorder = Recorder(capacity=100)
+    for i in range(3):
+        recorder.record(Kind.TASK_START, i, "f")
+    assert [e.seq for e in recorder.take().events] == [1, 2, 3]
+    assert recorder.take().events == [] and not recorder.untaken
+    late = next(recorder._seq)  # a thread took seq 4, and is switched out before its append
+    recorder.record(Kind.TASK_START, 5, "f")
+    assert recorder.take().events == [] and recorder.untaken  # 5 waits for 4
+    recorder._ring.append((late, 0, Kind.TASK_START, 4, "f", 1, None))
+    assert [e.seq for e in recorder.take().events] == [4, 5]
+    for i in range(300):  # a full ring: what fell out is not waited for
+        recorder.record(Kind.TASK_START, i, "f")
+    taken = recorder.take()
+    assert len(taken.events) == 100 and taken.events[0].seq == 206 and taken.dropped == 205
+
+
 def test_a_disabled_recorder_records_nothing() -> None:
     recorder = Recorder(capacity=1000, enabled=False)
     recorder.record(Kind.TASK_SUBMIT, 1, "f")

@@ -19,7 +19,7 @@ from fray.errors import (
     FrayError,
     InfeasibleResourcesError,
 )
-from fray.events import RECORDER, Kind
+from fray.events import RECORDER, Kind, ended
 from fray.gang import LOST_PEER_GRACE, lost_peer
 from fray.gpus import ENV_HELD
 from fray.groups import Member
@@ -82,14 +82,15 @@ class ActorRegistry:
                 restarted = rec is not None and rec.restarts > entry.actor_restarts
                 if rec is not None and not restarted and (rec.state == ActorState.DEAD or not rec.can_restart):
                     why = rec.reason or "its process crashed"
-                    self.directory.complete(entry, None, ActorDiedError(f"actor {rec.label} died: {why}"))
+                    failure: Exception = ActorDiedError(f"actor {rec.label} died: {why}")
                 else:
                     name = rec.label if rec else "?"
-                    self.directory.complete(
-                        entry,
-                        None,
-                        ActorUnavailableError(f"actor {name}: its process crashed during this call; it is restarting"),
+                    failure = ActorUnavailableError(
+                        f"actor {name}: its process crashed during this call; it is restarting"
                     )
+                self.directory.complete(entry, None, failure)
+                # (its process, and the call's own events with it, are gone: its end is recorded here)
+                RECORDER.record(Kind.CALL_END, entry.id, rec.class_name if rec else "?", ended(failure))
             elif reply.status == "ok" and reply.value is not None:
                 try:  # the reply came from the actor's process: a value it stored must be in that process's store
                     if rec is not None and rec.proc is not None:

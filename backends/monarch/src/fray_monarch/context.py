@@ -106,7 +106,8 @@ class MonarchJobContext(JobContext):
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         submitted = time.time_ns()
         ref = self._ref(self.client.call_actor(handle.payload, handle.class_name, method, args, kwargs))
-        RECORDER.record_at(submitted, Kind.CALL_SUBMIT, ref.payload.id, f"{handle.class_name}.{method}")
+        name = f"{handle.class_name}.{method}"
+        RECORDER.record_at(submitted, Kind.CALL_SUBMIT, ref.payload.id, name, {"actor": handle.payload})
         return ref
 
     def _call_actor_stream(
@@ -147,8 +148,8 @@ class MonarchJobContext(JobContext):
         call = self.client.encode_call(name, args, kwargs)
         submitted = time.time_ns()
         refs = [self._ref(p) for p in self.client.call_group([h.payload for h in group.handles], method, call)]
-        for ref in refs:
-            RECORDER.record_at(submitted, Kind.CALL_SUBMIT, ref.payload.id, name)
+        for ref, member in zip(refs, group.handles, strict=True):
+            RECORDER.record_at(submitted, Kind.CALL_SUBMIT, ref.payload.id, name, {"actor": member.payload})
         return refs
 
     def _kill_group(self, group: ActorGroup) -> None:

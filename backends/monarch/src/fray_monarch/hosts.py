@@ -48,6 +48,7 @@ from fray_monarch.protocol import (
     expand,
 )
 from fray_monarch.worker_process import ensure_worker
+from fray_monarch.worker_runtime import PUSH_EVENTS
 
 __all__ = ["FrayActorHost", "WorkerHost"]
 
@@ -97,9 +98,10 @@ class WorkerHost(Actor):
         return self.rt.transfer_stats()
 
     @endpoint
-    def events(self, cursor: int) -> dict[str, Any]:
-        """This process's events after `cursor` (fray.events), as plain data."""
-        return RECORDER.since(cursor).to_json()
+    def events(self) -> dict[str, Any]:
+        """This process's events not handed over yet (fray.events; the others went with its reports), as plain
+        data."""
+        return RECORDER.take().to_json()
 
     @endpoint
     def cancel(self, tid: str) -> str:
@@ -227,10 +229,7 @@ class FrayActorHost(Actor):
                 serve_store(env)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only
             klass = loads(Blob(cls_data))
             self.label = fray_output.label_for(klass.__name__, host=self.rt.label_host)
-            self.call_data = {
-                "actor": f"{klass.__name__} {self.info.name or ''}".strip(),
-                "concurrency": self.max_threads,
-            }
+            self.call_data = {"concurrency": self.max_threads}  # (its actor is named where the call was sent)
             RECORDER.name_thread(f"actor {klass.__name__}" + (f" {self.info.name!r}" if self.info.name else ""))
             label_token = fray_output.push_label(self.label)
             args, kwargs = self._args(call, deps, f"the arguments of {klass.__name__}()")
@@ -289,6 +288,8 @@ class FrayActorHost(Actor):
             finally:
                 self._leave(tokens)
                 RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
+                if self.rt.events_due is None:
+                    self.rt.outbox.put(PUSH_EVENTS)
         port.send(reply)
 
     def _iterate_async(self, agen: Any) -> Any:
@@ -330,6 +331,8 @@ class FrayActorHost(Actor):
         finally:
             self._leave(tokens)
             RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
+            if self.rt.events_due is None:
+                self.rt.outbox.put(PUSH_EVENTS)  # (wakes the reports' sender: it pushes them soon)
         return reply
 
     def _ok(self, value: Any, method: str, oid: str) -> ActorReply | PlainReply:

@@ -4,6 +4,9 @@ any is awaited; a process that does not answer in time is left out (and logged),
 
 from __future__ import annotations
 
+from collections import deque
+from typing import Any
+
 from fray.events import ProcessEvents
 from fray.transfers import PathStats
 from fray_monarch import _runtime
@@ -12,6 +15,7 @@ from fray_monarch.processes import ProcessPool
 __all__ = ["EventPuller", "transfer_stats"]
 
 READ_TIMEOUT = 30.0
+PUSHED_CAPACITY = 10_000  # batches pushed and not read yet (each up to a process's ring)
 
 
 def transfer_stats(pool: ProcessPool) -> list[dict[str, PathStats]]:
@@ -27,23 +31,29 @@ def transfer_stats(pool: ProcessPool) -> list[dict[str, PathStats]]:
 
 
 class EventPuller:
-    """Each live process's events since the last pull: it remembers, per process, the last event it read."""
+    """The workers' events, each delivered once: pushed by a worker with its reports (at most every
+    PUSH_INTERVAL while it has new ones, so a process that crashes loses at most that much) and pulled from each
+    live process when the driver reads them (what an actor's process recorded since its last push)."""
 
-    def __init__(self, pool: ProcessPool) -> None:
+    def __init__(self, pool: ProcessPool, capacity: int = PUSHED_CAPACITY) -> None:
         self.pool = pool
-        self.cursors: dict[str, int] = {}  # process key -> the seq of its last event pulled
+        self.pushed: deque[ProcessEvents] = deque(maxlen=capacity)  # batches, until the driver reads them
+
+    def deliver(self, data: Any) -> None:
+        """A batch a worker pushed (plain data, checked here)."""
+        try:
+            self.pushed.append(ProcessEvents.from_json(data))
+        except ValueError:
+            _runtime.log.warning("fray: a worker's events were not a batch of events", exc_info=True)
 
     def pull(self) -> list[ProcessEvents]:
-        procs = self.pool.live()
-        futures = [(p, p.worker.events.call_one(self.cursors.get(p.key, 0))) for p in procs]
+        futures = [p.worker.events.call_one() for p in self.pool.live()]
         batches = []
-        for proc, fut in futures:
+        while self.pushed:
+            batches.append(self.pushed.popleft())
+        for fut in futures:
             try:
-                batch = ProcessEvents.from_json(fut.get(timeout=READ_TIMEOUT))
+                batches.append(ProcessEvents.from_json(fut.get(timeout=READ_TIMEOUT)))
             except Exception:
                 _runtime.log.debug("fray: events of a worker not read", exc_info=True)
-                continue
-            if batch.events:
-                self.cursors[proc.key] = batch.events[-1].seq
-            batches.append(batch)
         return batches

@@ -32,6 +32,8 @@ from fray_monarch.store import ObjectStore
 # through the caller's response port, not the report FIFO, and the release must not overtake the keep that the
 # reply's registration adds. Every other release goes at once (the FIFO orders it after whatever carried the ref).
 RELEASE_DELAY = 0.05
+PUSH_EVENTS = ("events", None)  # an outbox item that only wakes the sender (an actor's call recorded events)
+EVENTS_PUSH = 0.25  # seconds between pushes of a busy process's events
 REPLY_MARGIN = 30.0  # a coordinator reply may take this long past the caller's own timeout before we give up
 
 Report = TaskResult | StreamItem
@@ -110,6 +112,7 @@ class WorkerRuntime:
         self.stop_streams: set[str] = set()  # ... whose consumer has gone: stop at the next item
         self.in_replies: set[str] = set()  # ids that left in an actor's reply (their release waits RELEASE_DELAY)
         self.stopped = False
+        self.events_due: float | None = None  # when this process's new events are next pushed (fray.events)
         set_tracker(Tracker(self._first, self._zero))
         threading.Thread(target=self._sender, name="fray-sender", daemon=True).start()
 
@@ -138,6 +141,8 @@ class WorkerRuntime:
 
     def _send_once(self, releases: deque[tuple[float, str]]) -> bool:
         timeout = max(0.0, releases[0][0] - time.monotonic()) if releases else None
+        if self.events_due is not None:  # (wake to push the events of the last work, also if none follows)
+            timeout = max(0.0, min(timeout if timeout is not None else EVENTS_PUSH, self.events_due - time.monotonic()))
         try:
             items = [self.outbox.get(timeout=timeout)]
         except queue.Empty:
@@ -164,8 +169,17 @@ class WorkerRuntime:
             due.append(releases.popleft()[1])
         if self.stopped:  # the process is being stopped: sending now would panic inside Monarch (closed mailbox)
             return True
-        if results or holds or due:
-            self.coord.done.broadcast(self.credential, results, holds, due)
+        # This process's new events go with its results (a task's end is recorded before its result is sent, so
+        # it arrives with it, even if the process then dies), else at most EVENTS_PUSH seconds after they happened
+        # (an actor's calls, whose replies go another way).
+        events = None
+        if RECORDER.untaken and (results or (self.events_due is not None and now >= self.events_due)):
+            events = RECORDER.take().to_json()
+            self.events_due = None
+        elif RECORDER.untaken and self.events_due is None:
+            self.events_due = now + EVENTS_PUSH
+        if results or holds or due or events is not None:
+            self.coord.done.broadcast(self.credential, results, holds, due, events)
         return False
 
     def report(self, result: Report) -> None:

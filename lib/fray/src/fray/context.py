@@ -12,7 +12,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from fray import current, timeline
 from fray._validation import (
@@ -45,9 +45,6 @@ from fray.timeline import TimelineSummary
 from fray.transfers import PathStats, TransferReport, merge
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
-if TYPE_CHECKING:
-    from fray.dashboard import Dashboard
-
 __all__ = [
     "ClusterContext",
     "JobContext",
@@ -77,7 +74,7 @@ class JobContext(ABC):
         self._feasible: dict[tuple[tuple[str, float], ...], float] = {}
         self._watcher: RefWatcher | None = None  # made on first need (fray.completion)
         self._event_store = EventStore(self._pull_events)
-        self._dashboard: Dashboard | None = None
+        self._dashboard: Any = None  # its live page's server, once asked for (fray.dashboard)
 
     @property
     def is_shut_down(self) -> bool:
@@ -283,7 +280,8 @@ class JobContext(ABC):
                 from fray.dashboard import Dashboard
 
                 self._dashboard = Dashboard(self, host, port)
-            return self._dashboard.url
+            url: str = self._dashboard.url
+            return url
 
     def shutdown(self) -> None:
         """Release everything this context started. Idempotent. Every later call raises FrayError.

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Final, NamedTuple
 
 __all__ = ["RECORDER", "Event", "Kind", "ProcessEvents", "Recorder", "enabled_by_env", "ended"]
@@ -40,8 +41,8 @@ class Kind:
     TASK_START: Final = "task.start"
     TASK_END: Final = "task.end"  # (status: ok | error | cancelled; error: the exception type's name)
     ACTOR_CREATE: Final = "actor.create"  # (name: the name it was given, if any)
-    CALL_SUBMIT: Final = "call.submit"
-    CALL_START: Final = "call.start"  # (actor: the actor's key; concurrency: how many calls it runs at once)
+    CALL_SUBMIT: Final = "call.submit"  # (actor: the actor's key, where the backend knows it here)
+    CALL_START: Final = "call.start"  # (concurrency: how many calls it runs at once; actor, if not at submit)
     CALL_END: Final = "call.end"  # as TASK_END
     ACTOR_DIED: Final = "actor.died"  # (reason)
     ACTOR_RESTART: Final = "actor.restart"  # (reason)
@@ -148,6 +149,8 @@ class Recorder:
         self._seq = itertools.count(1)
         self._threads: dict[int, str] = {}  # names given with name_thread, and those of threads seen when read
         self._host = socket.gethostname()
+        self._taken = 0  # the seq of the last event `take` handed over
+        self._take_lock = threading.Lock()
         self.enabled = enabled
 
     @property
@@ -190,13 +193,30 @@ class Recorder:
         self._threads[_ident()] = name
 
     def since(self, cursor: int = 0) -> ProcessEvents:
-        """The events recorded after `cursor` (an event's seq) that the ring still holds; `dropped` counts every
-        event that fell out of the ring, since it was made."""
-        raw = list(self._ring)  # a copy made by C code: appends from other threads wait for it
-        recorded = int(raw[-1][0]) if raw else 0
-        dropped = recorded - len(raw)
+        """The events recorded after `cursor` (an event's seq) that the ring still holds, in seq order; `dropped`
+        counts every event that fell out of the ring, since it was made. Costs what it returns, not the ring."""
+        raw = self._newest(cursor)
         if cursor:
             raw = [r for r in raw if r[0] > cursor]
+        raw.sort(key=_seq_of)  # (two threads may append in the other order than they took their seqs)
+        return self._batch(raw)
+
+    def _newest(self, cursor: int) -> list[tuple[Any, ...]]:
+        """The ring's newest events, enough to hold every one after `cursor` (a copy made by C code: appends from
+        other threads wait for it)."""
+        ring = self._ring
+        if not cursor or not ring:
+            return list(ring)
+        want = ring[-1][0] - cursor + _REORDER_MARGIN
+        if want >= len(ring):
+            return list(ring)
+        newest = list(islice(reversed(ring), want))
+        newest.reverse()
+        return newest
+
+    def _batch(self, raw: list[tuple[Any, ...]]) -> ProcessEvents:
+        ring = self._ring
+        dropped = max(0, int(ring[-1][0]) - len(ring)) if ring else 0
         events = [Event._make(r) for r in raw]
         unnamed = {e.thread for e in events} - self._threads.keys()
         if unnamed:
@@ -204,6 +224,32 @@ class Recorder:
             for thread in unnamed:
                 self._threads[thread] = live.get(thread, f"thread {thread}")
         return ProcessEvents(self._host, os.getpid(), self.label, dict(self._threads), events, dropped)
+
+    def take(self) -> ProcessEvents:
+        """The events not taken yet, each taken once (a process that hands its events over by two ways, with its
+        reports and when asked, never sends one twice). An event whose seq was taken but which another thread
+        has not appended yet stops the batch there: it and those after it come with the next take."""
+        with self._take_lock:
+            raw = [r for r in self._newest(self._taken) if r[0] > self._taken]
+            raw.sort(key=_seq_of)
+            expected = self._taken + 1
+            if raw and raw[0][0] > expected and len(self._ring) == self._ring.maxlen:  # fell out of a full ring
+                expected = raw[0][0]
+            complete = 0
+            for r in raw:
+                if r[0] != expected:
+                    break
+                expected += 1
+                complete += 1
+            raw = raw[:complete]
+            if raw:
+                self._taken = int(raw[-1][0])
+            return self._batch(raw)
+
+    @property
+    def untaken(self) -> bool:
+        """Events were recorded since the last `take`."""
+        return self.last_seq > self._taken
 
     def clear(self) -> None:
         self._ring.clear()
@@ -214,10 +260,17 @@ class Recorder:
         self._seq = itertools.count(1)
         self._threads = {}
         self._host = socket.gethostname()
+        self._taken = 0
+        self._take_lock = threading.Lock()
 
 
 _now = time.time_ns
 _ident = threading.get_ident
+_REORDER_MARGIN = 64  # how far out of seq order appends from several threads can land (a thread switch apart)
+
+
+def _seq_of(raw: tuple[Any, ...]) -> int:
+    return int(raw[0])
 
 
 def _capacity_from_env() -> int:

@@ -23,11 +23,10 @@ ERRORS = 500  # errors kept for the log
 RUNNING = 500  # running spans sent with each answer at most
 ENDED_MEMORY = 50_000  # ended keys remembered (late submits and starts of those are ignored)
 
-# plain str: comparing an event's kind with these is a str comparison (an event read back from JSON is a str)
-_TASK_SUBMIT, _CALL_SUBMIT = str(Kind.TASK_SUBMIT.value), str(Kind.CALL_SUBMIT.value)
-_TASK_START, _CALL_START = str(Kind.TASK_START.value), str(Kind.CALL_START.value)
-_TASK_END, _CALL_END = str(Kind.TASK_END.value), str(Kind.CALL_END.value)
-_TRANSFER = str(Kind.TRANSFER.value)
+_TASK_SUBMIT, _CALL_SUBMIT = Kind.TASK_SUBMIT, Kind.CALL_SUBMIT
+_TASK_START, _CALL_START = Kind.TASK_START, Kind.CALL_START
+_TASK_END, _CALL_END = Kind.TASK_END, Kind.CALL_END
+_TRANSFER = Kind.TRANSFER
 
 
 class Aggregates:
@@ -95,6 +94,10 @@ class Aggregates:
             fn = self._fn(family, e.name, seq)
             fn.queued += 1
             inflight[e.key] = [fn, -1, 0]
+            if family == "call" and e.data:  # (a backend names a call's actor where it submits or where it starts)
+                actor = self._actor(e.data.get("actor"), "", seq)
+                if actor is not None:
+                    actor.calls += 1
 
     def _start(self, seq: int, index: int, e: Event, family: str) -> None:
         key = e.key
