@@ -129,6 +129,10 @@ def init(spec: str | None = None, **options: Any) -> JobContext:
         raise
     current.set_default(ctx)
     current.make_current(ctx)
+    if os.environ.get("FRAY_DASHBOARD"):  # (fray.dashboard: the live page, started and announced)
+        from fray.dashboard import announce_from_env
+
+        announce_from_env(ctx)
     return ctx
 
 

@@ -9,6 +9,7 @@ fray job list|status JOB|logs JOB [--follow] [--tail N]|stop JOB|delete JOB   [-
 fray run ... -- CMD ...                   an attached `fray job submit`
 fray cluster start|stop [--backend SPEC] [--listen ADDRESS]
 fray status [--backend SPEC] [--address A] [--json]
+fray dashboard JOB [--open]               the live page a job's driver announced (fray job submit --dashboard)
 
 Each command is a process of its own, so a job must have a home that outlives the command that submitted it:
 in_memory keeps jobs in the state directory (fray.state, fray.detached); ray talks to a Ray cluster by address
@@ -30,7 +31,7 @@ from typing import Any
 
 from fray.cli.cluster import cluster_start, cluster_stop, status
 from fray.cli.common import CommandError
-from fray.cli.jobs import JOB_VERBS
+from fray.cli.jobs import JOB_VERBS, dashboard
 from fray.cli.submit import submit
 from fray.errors import FrayError
 
@@ -75,6 +76,11 @@ def _submit_options(parser: argparse.ArgumentParser, detachable: bool) -> None:
         parser.add_argument(
             "--no-wait", action="store_true", help="print the job id and return: the job goes on (detached)"
         )
+    parser.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="its driver starts its live page at fray.init() (FRAY_DASHBOARD=1): `fray dashboard JOB` gives it",
+    )
     parser.add_argument(
         "--on-interrupt",
         choices=("stop", "leave"),
@@ -147,6 +153,10 @@ def add_commands(sub: Any) -> None:
     launch.add_argument("--partition", default=None, help="the Slurm partition")
     launch.add_argument("--time", default=None, help="the Slurm time limit, e.g. 00:30:00")
     _cluster_options(actions.add_parser("stop", help="stop the recorded cluster and its jobs"), address=False)
+    page = sub.add_parser("dashboard", help="the address of a job's live page (its driver ran with --dashboard)")
+    page.add_argument("job_id")
+    _cluster_options(page)
+    page.add_argument("--open", action="store_true", help="open it in a web browser on this machine")
     overview = sub.add_parser("status", help="nodes with their total and free resources, and jobs")
     _cluster_options(overview)
     overview.add_argument("--json", action="store_true", help="print JSON")
@@ -163,6 +173,8 @@ def run_command(args: argparse.Namespace) -> int:
             return cluster_start(args) if args.action == "start" else cluster_stop(args)
         if args.command == "status":
             return status(args)
+        if args.command == "dashboard":
+            return dashboard(args)
         raise CommandError(f"unknown command {args.command!r}", 2)
     except CommandError as exc:
         print(f"fray: error: {exc}", file=sys.stderr)

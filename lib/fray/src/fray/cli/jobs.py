@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
+import webbrowser
 
 from fray.cli.common import CommandError, as_dict, format_exit_code, format_time, open_cluster, say
 from fray.plain_text import last_lines
@@ -87,6 +89,31 @@ def _delete(args: argparse.Namespace) -> int:
     with open_cluster(args, "fray job delete") as ctx:
         ctx.delete_job(args.job_id)
     say(f"job {args.job_id} deleted")
+    return 0
+
+
+def dashboard(args: argparse.Namespace) -> int:
+    """`fray dashboard JOB [--open]`: the address of the live page a job's driver announced in its log (it runs
+    with FRAY_DASHBOARD=1: `fray job submit --dashboard`)."""
+    from fray.dashboard import ANNOUNCED
+
+    with open_cluster(args, "fray dashboard") as ctx:
+        found = list(ANNOUNCED.finditer(ctx.get_job_logs(args.job_id)))
+        status = ctx.get_job(args.job_id).status
+    if not found:
+        raise CommandError(
+            f"job {args.job_id} has announced no live page: its driver starts one when it runs with FRAY_DASHBOARD=1 "
+            "(fray job submit --dashboard ...), at fray.init()"
+        )
+    host, url = found[-1].group("host"), found[-1].group("url")
+    if status.is_terminal:
+        say(f"job {args.job_id} has ended ({status.value}): its live page ended with it")
+    print(url)
+    port = url.split(":")[2].split("/")[0]
+    if host != socket.gethostname():
+        say(f"the page is on host {host}, on its loopback only: forward it with  ssh -L {port}:127.0.0.1:{port} {host}")
+    elif args.open:
+        webbrowser.open(url)
     return 0
 
 

@@ -170,6 +170,8 @@ def submit(args: argparse.Namespace, wait: bool) -> int:
     if args.replicas < 1 or args.retries < 0:
         raise CommandError(f"--replicas must be >= 1 and --retries >= 0, got {args.replicas} and {args.retries}", 2)
     env = _env_of(args.env, args.env_file)
+    if args.dashboard:  # (fray.dashboard: its driver starts its live page at fray.init and prints where)
+        env = RuntimeEnv(env={**(env.env if env is not None else {}), "FRAY_DASHBOARD": "1"})
     wait = wait and not getattr(args, "no_wait", False)
     stays = not wait or args.on_interrupt == "leave"  # the job must outlive this command
     what = "--no-wait" if not wait else "--on-interrupt leave"

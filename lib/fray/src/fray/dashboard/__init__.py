@@ -2,10 +2,38 @@
 
 A stdlib HTTP server on loopback (fray.dashboard.server) that reads the job's events (`ctx.events()`) only while
 a page polls it, and keeps its aggregates up to date from a cursor (fray.dashboard.model): see docs/dashboard.md.
+
+`FRAY_DASHBOARD=1` (or a port number) in a driver's environment starts the page at `fray.init()` and prints its
+address on stderr, as Jupyter prints its own: `fray dashboard JOB` finds that line in a job's log.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import socket
+import sys
+from typing import TYPE_CHECKING
+
 from fray.dashboard.server import Dashboard
 
-__all__ = ["Dashboard"]
+if TYPE_CHECKING:
+    from fray.context import JobContext
+
+__all__ = ["ANNOUNCED", "Dashboard", "announce_from_env"]
+
+ENV = "FRAY_DASHBOARD"
+# the line a driver prints; `fray dashboard JOB` takes the last one in the job's log
+ANNOUNCED = re.compile(r"^fray: the live page of this job \(host (?P<host>\S+), pid \d+\): (?P<url>http://\S+)$", re.M)
+
+
+def announce_from_env(ctx: JobContext) -> str | None:
+    """Start ctx's live page if FRAY_DASHBOARD asks for it (1, or the port to serve on), and print its address
+    (with its token: the line goes where the driver's stderr goes, a job's private log for a job)."""
+    wanted = os.environ.get(ENV, "").strip().lower()
+    if wanted in ("", "0", "off", "false", "no"):
+        return None
+    port = int(wanted) if wanted.isdigit() and wanted != "1" else 0
+    url = ctx.dashboard(port=port)
+    print(f"fray: the live page of this job (host {socket.gethostname()}, pid {os.getpid()}): {url}", file=sys.stderr)
+    return url
