@@ -79,3 +79,9 @@ def test_jobs_bench_runs_quick() -> None:
     for backend in backends.split(","):
         assert f"fray-{backend}" in out
     assert out.count("retried / clean (p50)") == len(backends.split(",")) and "logs(tail=100)" in out
+
+
+def test_timeline_bench_runs_quick() -> None:
+    out = run_bench(str(BENCH / "bench_timeline.py"), "--quick")
+    assert "tiny tasks, a page polling" in out and "of a core with no page open" in out
+    assert "-task timeline: written in" in out and "dropped" in out
