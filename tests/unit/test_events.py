@@ -167,3 +167,18 @@ def test_a_10k_task_timeline_stays_under_3_mb(tmp_path: Path) -> None:
     assert summary.tasks == 10_000
     assert (tmp_path / "t.json").stat().st_size < 3_000_000
     assert timeline.validate(json.loads((tmp_path / "t.json").read_text()), tasks=10_000) == []
+
+
+def test_the_store_counts_only_the_drops_of_its_own_context() -> None:
+    recorder = Recorder(capacity=1000)
+    for i in range(5000):  # an earlier context's events, long dropped
+        recorder.record(Kind.TASK_SUBMIT, i, "f")
+    store = EventStore(list, recorder)
+    for i in range(1500):  # 500 of these fall out before the store reads them
+        recorder.record(Kind.TASK_SUBMIT, i, "g")
+    assert len(store.page(0).events) == 0
+    store.refresh()
+    assert store.dropped == 500 and len(store.page(0).events) == 1000
+    recorder.record(Kind.TASK_SUBMIT, 1, "g")
+    store.refresh()
+    assert store.dropped == 500 and len(store.page(0).events) == 1001

@@ -53,6 +53,7 @@ class EventStore:
         self._recorder = recorder
         # Only what happened since the context began: in_memory contexts of one process share its recorder
         self._local_cursor = recorder.last_seq
+        self._local_dropped = 0
         self._lock = threading.Lock()
         self._merged: deque[tuple[int, int, Event]] = deque(maxlen=capacity)
         self._next = 1
@@ -65,6 +66,11 @@ class EventStore:
         local = self._recorder.since(self._local_cursor)
         remote = self._pull()
         with self._lock:
+            # this process's ring is shared by every context of the process since it started: of its drops, only
+            # those after this context's cursor are this context's
+            lost = local.events[0].seq - self._local_cursor - 1 if local.events else 0
+            self._local_dropped += max(0, lost)
+            local.dropped = self._local_dropped
             if local.events:
                 self._local_cursor = local.events[-1].seq
             for batch in (local, *remote):

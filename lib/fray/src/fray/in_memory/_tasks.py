@@ -47,7 +47,7 @@ class _Task:
         self.fn, self.call, self.has_refs = fn, call, has_refs
         self.options, self.request, self.entry = options, request, entry
         self.attempts = 0
-        self.name = str(options.name or getattr(fn, "__qualname__", "task"))  # how its events name it
+        self.name: str = options.name or _name_of(fn)  # how its events name it
         # Guards its state: a lock of its own, not the ledger's, which the workers contend for (issue 21).
         self.lock = threading.Lock()
         # waiting (for its ref arguments) -> queued (for resources) -> dispatched (resources held, on the workers'
@@ -61,6 +61,11 @@ class _Task:
     def label(self) -> str:
         """How its printed lines are prefixed: `(name pid=N)`, as Ray does."""
         return _label(str(self.options.name or getattr(self.fn, "__name__", "task")), _pid[0])
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__qualname__", None)
+    return name if type(name) is str else str(fn)
 
 
 @functools.lru_cache(maxsize=256)
