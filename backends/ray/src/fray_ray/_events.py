@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 from ray.experimental import internal_kv
@@ -47,6 +48,7 @@ CHUNK_EVENTS = 4096  # events per chunk (~0.5 MB of JSON)
 WINDOW = 16  # a worker's chunks waiting unread at most
 DISABLED_KEY = b"disabled"
 _PREFIX = b"w/"
+_SLACK = 64
 
 
 def namespace(job_id: str) -> str:
@@ -109,15 +111,16 @@ class _Flusher:
             self._last = time.monotonic()
             try:
                 self.flush()
-            except Exception:  # Ray going away (the process is being shut down)
-                return
+            except Exception:  # the GCS did not take it: the events stay in the ring for the next flush
+                continue
 
     def flush(self) -> None:
         events = _newer(self._cursor)
         if not events:
             return
-        if events[0].seq > self._cursor + 1:  # fell out of the ring before they were sent
-            self._lost += events[0].seq - self._cursor - 1
+        first = min(e.seq for e in events)
+        if first > self._cursor + 1:  # fell out of the ring before they were sent
+            self._lost += first - self._cursor - 1
         host, pid = socket.gethostname(), os.getpid()
         for start in range(0, len(events), CHUNK_EVENTS):
             if self._chunk >= WINDOW and internal_kv._internal_kv_exists(
@@ -129,20 +132,24 @@ class _Flusher:
             value = json.dumps(batch.to_json(), separators=(",", ":"), default=str).encode()
             internal_kv._internal_kv_put(self._key(self._chunk), value, overwrite=True, namespace=self._ns)
             self._chunk += 1
-            self._cursor = part[-1].seq
+            self._cursor = max(self._cursor, max(e.seq for e in part))
 
     def _key(self, chunk: int) -> bytes:
         return f"{self._prefix}{chunk:09d}".encode()
 
 
 def _newer(cursor: int) -> list[Event]:
-    """The events recorded after `cursor` that the ring holds, found from its end (a flush costs what is new,
-    plus one C-level copy of the ring, not a scan of it in Python)."""
-    events = list(RECORDER._ring)
-    i = len(events)
-    while i and events[i - 1].seq > cursor:
-        i -= 1
-    return events[i:]
+    """The events recorded after `cursor` that the ring still holds, taken from its end: a flush costs what is
+    new, not a copy of the whole ring. (list(islice(reversed(deque))) runs in C without releasing the GIL, so
+    no append lands in the middle of it.)"""
+    ring = RECORDER._ring
+    new = RECORDER.last_seq - cursor
+    if new <= 0:
+        return []
+    # a few more than `new`: two threads may append in the other order than they numbered their events
+    tail = list(islice(reversed(ring), new + _SLACK))
+    tail.reverse()
+    return [e for e in tail if e.seq > cursor]
 
 
 # --------------------------------------------------------------------------------------- in the driver
