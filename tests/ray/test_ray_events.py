@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import fray
 from fray import timeline
 from fray.errors import ActorUnavailableError
 from fray.events import RECORDER
@@ -30,6 +31,11 @@ def echo(x: int) -> int:
 
 def boom() -> None:
     raise ValueError("planned")
+
+
+def nested() -> int:
+    ctx = fray.get_job_context()
+    return int(ctx.get(ctx.create_task(echo, (7,)), timeout=120))
 
 
 def count_to(n: int) -> Any:
@@ -97,6 +103,17 @@ def test_a_generator_task_and_call_are_spans(ctx: RayJobContext, tmp_path: Path)
     assert timeline.validate(trace, tasks=before.tasks + 1, calls=before.calls + 1) == []
     flows = {e["name"] for e in trace["traceEvents"] if e["ph"] == "f"}
     assert {"count_to", "Tally.count"} <= flows  # submit-to-start arrows: the keys agree
+
+
+def test_nested_work_is_drawn_from_the_worker_that_submitted_it(ctx: RayJobContext, tmp_path: Path) -> None:
+    _, before = _trace(ctx, tmp_path / "before.json")
+    assert ctx.get(ctx.create_task(nested), timeout=120) == 7
+    trace, _ = _trace(ctx, tmp_path / "timeline.json")
+    assert timeline.validate(trace, tasks=before.tasks + 2) == []
+    processes = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    arrows = {e["id"]: e for e in trace["traceEvents"] if e["ph"] == "s" and e["name"] == "echo"}
+    # the arrow to the inner task starts in the worker that ran `nested`
+    assert any(processes[e["pid"]].startswith("ray worker ") for e in arrows.values())
 
 
 def test_a_killed_actor_shows_its_death_with_the_reason(ctx: RayJobContext, tmp_path: Path) -> None:

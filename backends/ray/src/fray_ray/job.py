@@ -147,6 +147,7 @@ class RayJobContext(JobContext):
             raise
         if RECORDER.enabled:
             RECORDER.record(Kind.TASK_SUBMIT, ref.task_id().hex(), options.name or _name(fn))
+            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
         result = ObjectRef(ref, BACKEND)
         if ray_args is not args or ray_kwargs is not kwargs:
             self._cancels.note_dependencies(result, args, kwargs)
@@ -186,6 +187,7 @@ class RayJobContext(JobContext):
             raise
         if RECORDER.enabled:
             RECORDER.record(Kind.CALL_SUBMIT, ref.task_id().hex(), f"{handle.class_name}.{method}")
+            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
         result = ObjectRef(ref, BACKEND)
         if self._groups.gangs.is_member(handle.payload):  # an SPMD member: its call may outlive a death unsent
             resend.note(result, handle.payload, method, ray_args, ray_kwargs)
@@ -255,6 +257,7 @@ class RayJobContext(JobContext):
             raise
         if RECORDER.enabled:
             RECORDER.record(Kind.TASK_SUBMIT, _stream_key(generator), options.name or _name(fn))
+            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
         return ObjectRefStream(
             RayStreamSource(generator, self._cancels.pending_args(args, kwargs), self._cancels), BACKEND
         )
@@ -273,6 +276,7 @@ class RayJobContext(JobContext):
             raise
         if RECORDER.enabled:
             RECORDER.record(Kind.CALL_SUBMIT, _stream_key(generator), f"{handle.class_name}.{method}")
+            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
         return ObjectRefStream(
             RayStreamSource(generator, self._cancels.pending_args(args, kwargs), self._cancels), BACKEND
         )
