@@ -79,3 +79,12 @@ def test_jobs_bench_runs_quick() -> None:
     for backend in backends.split(","):
         assert f"fray-{backend}" in out
     assert out.count("retried / clean (p50)") == len(backends.split(",")) and "logs(tail=100)" in out
+
+
+@pytest.mark.parametrize("backend", ("in_memory", "ray"))
+def test_events_bench_runs_quick(backend: str) -> None:
+    if backend not in fray.available_backends():
+        pytest.skip(f"{backend} is not installed")
+    out = run_bench(str(BENCH / "bench_events.py"), "--quick", "--backend", backend)
+    assert "recording off: records in" in out and "recording on: records in" in out
+    assert "task round trip" in out and "actor call round trip" in out

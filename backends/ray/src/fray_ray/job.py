@@ -96,6 +96,7 @@ class RayJobContext(JobContext):
         # Events (fray_ray._events): the workers' come through the GCS KV, under this Ray job's namespace
         self._events_ns = _events.namespace(ray.get_runtime_context().get_job_id())
         self._last_result_at = 0.0  # time.monotonic() when a get or wait last returned (see _pull_events)
+        self._events_lock = threading.Lock()  # one pull at a time (each chunk is read once)
         if self._owns_connection and not RECORDER.enabled:
             _events.disable_workers(self._events_ns)
 
@@ -417,7 +418,8 @@ class RayJobContext(JobContext):
         if not self._owns_connection:
             return []
         _events.settle(self._last_result_at)
-        return _events.pull(self._events_ns)
+        with self._events_lock:
+            return _events.pull(self._events_ns)
 
     # ------------------------------------------------------------------ cancel (fray_ray._cancel)
     def _cancel(self, ref: ObjectRef) -> None:
