@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--ops", type=int, default=200, help="round trips per block")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 20 (a smoke run)")
+    parser.add_argument("--aa", action="store_true", help="both drivers record nothing (the noise floor)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
@@ -122,7 +123,7 @@ def main() -> None:
         return
     if opts.quick:
         opts.rounds, opts.ops = 2, 20
-    drivers = {"off": Driver(opts.backend, False), "on": Driver(opts.backend, True)}
+    drivers = {"off": Driver(opts.backend, False), "on": Driver(opts.backend, not opts.aa)}
     try:
         for label, driver in drivers.items():  # started together, waited for in turn
             print(f"recording {label}: records in {driver.ready()}", flush=True)
