@@ -9,9 +9,11 @@ sequential round trips in one child then the other (which goes first alternates)
 - task round trip: ctx.get(ctx.create_task(noop)),
 - actor call round trip: ctx.get(actor.ping()) on one actor.
 Reported: p50 and p90 of the per-operation times over all steady-state blocks (one warm-up block each first), and
-the on/off ratio of each (issue 31's targets: ray and monarch <= 1.03x, in_memory <= 1.05x). Between blocks
-(untimed) the `on` driver reads the events (ctx.events()), as a timeline or a live page would. Each child also
-says whether its workers record (a task reads fray.events.RECORDER.enabled where it runs).
+the on/off ratio of each (issue 31's targets: ray and monarch <= 1.03x, in_memory <= 1.05x), and the median over
+rounds of the ratio of the two back-to-back blocks' medians. After each block both drivers pause PAUSE seconds
+(untimed), in which the `on` driver reads the events (ctx.events()), as a timeline or a live page would. Each
+child also says whether its workers record (a task reads fray.events.RECORDER.enabled where it runs). --aa: both
+record nothing, which measures the comparison's own noise (two Ray instances are never quite alike).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import percentile, under_socket_guard
 
 CASES = ("task round trip", "actor call round trip")
+PAUSE = 0.4  # seconds between a driver's blocks
 
 
 def noop() -> None:
@@ -75,8 +78,12 @@ def child(backend: str) -> None:
                 ctx.get(actor.ping())
             samples.append(time.perf_counter() - start)
         print(json.dumps(samples), flush=True)
+        # untimed, and as long for both drivers (an idle pause makes the next block's first calls slower): the
+        # recording driver reads the events, as a reader would (waiting up to 0.3 s for the workers' flush)
+        rest = time.monotonic() + PAUSE
         if RECORDER.enabled:
-            ctx.events()  # untimed: as a reader would
+            ctx.events()
+        time.sleep(max(0.0, rest - time.monotonic()))
     ctx.shutdown()
 
 

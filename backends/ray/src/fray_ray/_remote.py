@@ -102,7 +102,7 @@ def task_started() -> tuple[str, str] | None:
 
 def task_ended(started: tuple[str, str] | None, error: BaseException | None = None) -> None:
     if started is not None:
-        RECORDER.record(Kind.TASK_END, started[0], started[1], _end_data(error))
+        RECORDER.record(Kind.TASK_END, started[0], started[1], None if error is None else _end_data(error))
         _events.wake()
 
 
@@ -123,7 +123,7 @@ def call_started(where: str) -> str | None:
 
 def call_ended(key: str | None, where: str, error: BaseException | None = None) -> None:
     if key is not None:
-        RECORDER.record(Kind.CALL_END, key, where, _end_data(error))
+        RECORDER.record(Kind.CALL_END, key, where, None if error is None else _end_data(error))
         _events.wake()
 
 

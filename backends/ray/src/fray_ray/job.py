@@ -357,7 +357,9 @@ class RayJobContext(JobContext):
         with self._gets_lock:
             self._gets = self._gets + PathStats(len(values), nbytes, seconds)
         self._last_result_at = time.monotonic()
-        if self._owns_connection and RECORDER.enabled:  # as _transfer_stats counts: the driver's gets
+        # as _transfer_stats counts (the driver's gets), where bytes were known to move: the bytes by path add up
+        # to transfer_stats(), and a round trip of a small value (0 bytes known) pays nothing for it
+        if nbytes and self._owns_connection and RECORDER.enabled:
             RECORDER.record(Kind.TRANSFER, _STORE_PATH, _STORE_PATH, {"bytes": nbytes, "seconds": seconds})
         return values
 
