@@ -14,6 +14,9 @@ rounds of the ratio of the two back-to-back blocks' medians. After each block bo
 (untimed), in which the `on` driver reads the events (ctx.events()), as a timeline or a live page would. Each
 child also says whether its workers record (a task reads fray.events.RECORDER.enabled where it runs). --aa: both
 record nothing, which measures the comparison's own noise (two Ray instances are never quite alike).
+--toggle: one driver (one Ray instance) with FRAY_EVENTS=1, recording turned off and on at run time
+(fray.events.RECORDER.enabled) in the driver, the actor and the task workers before each block: no difference of
+instance at all; it counts the start events each block brought, to show that the workers did as told.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from _common import percentile, under_socket_guard
 
 CASES = ("task round trip", "actor call round trip")
 PAUSE = 0.4  # seconds between a driver's blocks
+_STARTS = ("task.start", "call.start")
 
 
 def noop() -> None:
@@ -45,6 +49,14 @@ def worker_records() -> bool:
     return RECORDER.enabled
 
 
+def set_recording(on: bool, hold: float) -> bool:
+    from fray.events import RECORDER
+
+    RECORDER.enabled = on
+    time.sleep(hold)  # (held, so that the other calls of the batch reach the other workers)
+    return RECORDER.enabled
+
+
 class Pinger:
     def ping(self) -> None:
         return None
@@ -52,9 +64,14 @@ class Pinger:
     def records(self) -> bool:
         return worker_records()
 
+    def set_recording(self, on: bool) -> bool:
+        return set_recording(on, 0.0)
+
 
 def child(backend: str) -> None:
-    """One driver: reads `<case index> <ops>` lines, answers each with the per-op seconds as a JSON list."""
+    """One driver: reads `<case index> <ops> [<record: 0 or 1>]` lines, answers each with the per-op seconds and
+    the start events read after the block, as JSON. Given `record`, first turns recording on or off here and in
+    the workers (--toggle)."""
     import fray
     from fray.events import RECORDER
 
@@ -67,8 +84,16 @@ def child(backend: str) -> None:
         "actor": ctx.get(actor.records(), timeout=120),
     }
     print(json.dumps(hello), flush=True)
+    cursor = ctx.events().page().cursor if RECORDER.enabled else 0
     for line in sys.stdin:
-        case, ops = (int(x) for x in line.split())
+        case, ops, *record = (int(x) for x in line.split())
+        if record:
+            on = bool(record[0])
+            RECORDER.enabled = on
+            assert ctx.get(actor.set_recording(on), timeout=120) == on
+            # each task worker in reach (Ray starts at most num_cpus for these): a batch held long enough to
+            # spread over all of them
+            ctx.get([ctx.create_task(set_recording, (on, 0.05)) for _ in range(8)], timeout=120)
         samples = []
         for _ in range(ops):
             start = time.perf_counter()
@@ -77,13 +102,16 @@ def child(backend: str) -> None:
             else:
                 ctx.get(actor.ping())
             samples.append(time.perf_counter() - start)
-        print(json.dumps(samples), flush=True)
         # untimed, and as long for both drivers (an idle pause makes the next block's first calls slower): the
         # recording driver reads the events, as a reader would (waiting up to 0.3 s for the workers' flush)
         rest = time.monotonic() + PAUSE
-        if RECORDER.enabled:
-            ctx.events()
+        starts = 0
+        if RECORDER.enabled or record:
+            page = ctx.events().page(cursor)
+            cursor = page.cursor
+            starts = sum(1 for _, _, e in page.events if e.kind in _STARTS and e.name in ("noop", "Pinger.ping"))
         time.sleep(max(0.0, rest - time.monotonic()))
+        print(json.dumps({"samples": samples, "starts": starts}), flush=True)
     ctx.shutdown()
 
 
@@ -104,11 +132,13 @@ class Driver:
         self.hello = json.loads(self.proc.stdout.readline())
         return self.hello
 
-    def block(self, case: int, ops: int) -> list[float]:
+    def block(self, case: int, ops: int, record: bool | None = None) -> tuple[list[float], int]:
+        """The block's per-op seconds, and how many task or call start events were read after it."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"{case} {ops}\n")
+        self.proc.stdin.write(f"{case} {ops}\n" if record is None else f"{case} {ops} {int(record)}\n")
         self.proc.stdin.flush()
-        return [float(x) for x in json.loads(self.proc.stdout.readline())]
+        reply = json.loads(self.proc.stdout.readline())
+        return [float(x) for x in reply["samples"]], int(reply["starts"])
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -123,6 +153,9 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=200, help="round trips per block")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 20 (a smoke run)")
     parser.add_argument("--aa", action="store_true", help="both drivers record nothing (the noise floor)")
+    parser.add_argument(
+        "--toggle", action="store_true", help="one driver, recording turned on and off in it and its workers"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
@@ -130,28 +163,39 @@ def main() -> None:
         return
     if opts.quick:
         opts.rounds, opts.ops = 2, 20
-    drivers = {"off": Driver(opts.backend, False), "on": Driver(opts.backend, not opts.aa)}
-    try:
+    if opts.toggle:
+        one = Driver(opts.backend, True)
+        drivers = {"off": one, "on": one}
+        print(f"one driver, recording toggled: records in {one.ready()}", flush=True)
+    else:
+        drivers = {"off": Driver(opts.backend, False), "on": Driver(opts.backend, not opts.aa)}
         for label, driver in drivers.items():  # started together, waited for in turn
             print(f"recording {label}: records in {driver.ready()}", flush=True)
+    try:
         samples: dict[tuple[str, int], list[float]] = {(label, c): [] for label in drivers for c in range(len(CASES))}
         ratios: dict[int, list[float]] = {c: [] for c in range(len(CASES))}  # per round: on / off block medians
+        starts = {"off": 0, "on": 0}  # start events read after the steady-state blocks
         for r in range(opts.rounds + 1):  # round 0: warm-up, not kept
             order = ["off", "on"] if r % 2 == 0 else ["on", "off"]
             for case in range(len(CASES)):
                 medians = {}
                 for label in order:
-                    times = drivers[label].block(case, opts.ops)
+                    record = (label == "on") if opts.toggle else None
+                    times, seen = drivers[label].block(case, opts.ops, record)
                     medians[label] = statistics.median(times)
                     if r:
                         samples[(label, case)].extend(times)
+                        starts[label] += seen
                 if r:
                     ratios[case].append(medians["on"] / medians["off"])
     finally:
-        for driver in drivers.values():
+        for driver in set(drivers.values()):
             driver.close()
-    print(f"\nevents on vs off, {opts.backend}: {opts.rounds} rounds of {opts.ops} round trips each, interleaved")
+    how = "one driver, toggled" if opts.toggle else "two drivers" + (" (A/A: both off)" if opts.aa else "")
+    print(f"\nevents on vs off, {opts.backend}, {how}: {opts.rounds} rounds of {opts.ops} round trips, interleaved")
     print("(paired: the median over rounds of on/off of the two blocks' medians, run back to back)")
+    ran = opts.rounds * opts.ops * len(CASES)
+    print(f"start events read after the blocks: on {starts['on']} of {ran} round trips, off {starts['off']}")
     header = f"{'case':24} {'off p50':>10} {'on p50':>10} {'ratio':>6} {'off p90':>10} {'on p90':>10} {'ratio':>6}"
     print(f"{header} {'paired':>7}")
     for case, name in enumerate(CASES):
