@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,13 @@ class Tally:
 def _trace(ctx: RayJobContext, path: Path) -> tuple[dict[str, Any], timeline.TimelineSummary]:
     summary = ctx.timeline(path)
     return json.loads(path.read_text()), summary
+
+
+def internal_kv_keys(ctx: RayJobContext) -> list[bytes]:
+    """The workers' chunks waiting unread in the GCS KV."""
+    from ray.experimental import internal_kv
+
+    return list(internal_kv._internal_kv_list(b"w/", namespace=ctx._events_ns))
 
 
 def _instants(trace: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -142,11 +150,38 @@ def test_a_restarted_actor_shows_its_restart(ctx: RayJobContext, tmp_path: Path)
 
 
 def test_the_workers_chunks_are_read_once_and_removed(ctx: RayJobContext) -> None:
-    from ray.experimental import internal_kv
-
     assert ctx.get(ctx.create_task(echo, (1,)), timeout=120) == 1
     events = ctx.events()
-    assert internal_kv._internal_kv_list(b"w/", namespace=ctx._events_ns) == []
+    assert internal_kv_keys(ctx) == []
     seen = events.page().cursor
     assert ctx.events().page(seen).events == []  # nothing read twice
     assert os.getpid() in {p.pid for p in events.processes}
+
+
+def flood() -> tuple[int, int, int]:
+    """Records more events than the ring holds plus what a worker may leave unread (fray_ray._events.WINDOW)."""
+    from fray_ray import _events
+
+    n = 2 * RECORDER.capacity + _events.WINDOW * _events.CHUNK_EVENTS
+    first = RECORDER.last_seq + 1
+    for i in range(n):
+        RECORDER.record("test.flood", i, "flood")
+    return os.getpid(), first, RECORDER.last_seq
+
+
+def test_a_flooded_worker_reports_what_it_dropped_and_sends_the_rest(ctx: RayJobContext) -> None:
+    """Bounded: the worker stops at WINDOW unread chunks, its ring drops the oldest; every event is either
+    received once or counted as dropped, and the rest arrive as the driver reads (the worker tries again)."""
+    pid, first, last = ctx.get(ctx.create_task(flood), timeout=120)
+    deadline = time.monotonic() + 60
+    while True:
+        events = ctx.events()
+        info = next(p for p in events.processes if p.pid == pid)
+        received = [e.seq for _, i, e in events.page().events if i == info.index and first <= e.seq <= last]
+        if len(received) + info.dropped >= last - first + 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(received) == len(set(received))  # none twice
+    assert info.dropped > 0
+    assert len(received) + info.dropped == last - first + 1
+    assert internal_kv_keys(ctx) == []

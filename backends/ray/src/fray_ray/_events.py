@@ -11,14 +11,16 @@ FLUSH_PERIOD since its previous flush (at most 1/FLUSH_PERIOD flushes a second h
 the events recorded since its cursor, at most CHUNK_EVENTS a chunk, under the namespace `fray-events-<Ray job
 id>` (a driver's own: concurrent drivers of a cluster never read each other's) and the key
 `<host>/<pid>/<chunk number>`. At most WINDOW of its chunks wait unread: past that it writes nothing until the
-driver reads; its ring keeps the events meanwhile and, once it overflows, the next chunk says how many were lost.
+driver reads (it tries again every FLUSH_PERIOD, doubling up to MAX_RETRY seconds, one existence check a try);
+its ring keeps the events meanwhile and, once it overflows, the next chunk says how many were lost.
 
-The driver (`pull`): lists the job's keys, reads every chunk (one multi-get), deletes what it read, and gives
-the batches, each worker's in order. A task's end event is in its worker's ring before `get` returns its
-result, and in the KV at most FLUSH_PERIOD (plus a put) after that: so `settle` waits, before a pull, until
-FLUSH_PERIOD + MARGIN has passed since the driver's last get or wait returned (0.3 s at most, and nothing when
-that is past). A worker that dies before its flush loses the events it had not sent (a killed actor's last
-call), which the driver's own events (the kill, with its reason) stand in for.
+The driver (`pull`): lists the job's keys, reads the chunks (MAX_PULL at most, in multi-gets of a few MB),
+deletes what it read, and gives the batches, each worker's in order. A task's end event is in its worker's ring
+before `get` returns its result, and in the KV at most FLUSH_PERIOD (plus a put) after that (unless its worker
+is blocked, above): so `settle` waits, before a pull, until FLUSH_PERIOD + MARGIN has passed since the driver's
+last get or wait returned (0.3 s at most, and nothing when that is past). A worker that dies before its flush
+loses the events it had not sent (a killed actor's last call), which the driver's own events (the kill, with
+its reason) stand in for.
 
 FRAY_EVENTS=0 in the driver also turns recording off in workers that did not inherit its environment (a
 cluster fray joined): the driver puts DISABLED_KEY in its namespace, and a worker's thread, seeing it at start,
@@ -46,6 +48,9 @@ FLUSH_PERIOD = 0.2  # a worker flushes at most this often (seconds)
 MARGIN = 0.1  # the driver's allowance for a put to land after a flush
 CHUNK_EVENTS = 4096  # events per chunk (~0.5 MB of JSON)
 WINDOW = 16  # a worker's chunks waiting unread at most
+MAX_RETRY = 5.0  # seconds between a blocked worker's tries, at most
+MAX_PULL = 256  # chunks the driver reads in one pull, at most (~1M events: twice its store's capacity)
+_READ_BATCH = 8  # chunks in one multi-get
 DISABLED_KEY = b"disabled"
 _PREFIX = b"w/"
 _SLACK = 64
@@ -102,22 +107,26 @@ class _Flusher:
                 return
         except Exception:  # Ray going away
             return
+        retry: float | None = None  # while something is left unsent: when to try again without a wake
         while True:
-            self._woken.wait()
+            self._woken.wait(retry)
             pause = self._last + FLUSH_PERIOD - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
             self._woken.clear()
             self._last = time.monotonic()
             try:
-                self.flush()
+                sent = self.flush()
             except Exception:  # the GCS did not take it: the events stay in the ring for the next flush
-                continue
+                sent = False
+            # the driver is not reading (or the GCS failed): try again, less and less often
+            retry = None if sent else min(MAX_RETRY, 2 * retry if retry else FLUSH_PERIOD)
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """Put what is new; False if something is left (the driver is not reading: WINDOW chunks wait)."""
         events = _newer(self._cursor)
         if not events:
-            return
+            return True
         first = min(e.seq for e in events)
         if first > self._cursor + 1:  # fell out of the ring before they were sent
             self._lost += first - self._cursor - 1
@@ -126,13 +135,14 @@ class _Flusher:
             if self._chunk >= WINDOW and internal_kv._internal_kv_exists(
                 self._key(self._chunk - WINDOW), namespace=self._ns
             ):
-                return  # the driver is not reading: the ring keeps the rest (and counts what it loses)
+                return False  # the ring keeps the rest meanwhile (and counts what falls out of it)
             part = events[start : start + CHUNK_EVENTS]
             batch = ProcessEvents(host, pid, RECORDER.label, dict(RECORDER._threads), part, self._lost)
             value = json.dumps(batch.to_json(), separators=(",", ":"), default=str).encode()
             internal_kv._internal_kv_put(self._key(self._chunk), value, overwrite=True, namespace=self._ns)
             self._chunk += 1
             self._cursor = max(self._cursor, max(e.seq for e in part))
+        return True
 
     def _key(self, chunk: int) -> bytes:
         return f"{self._prefix}{chunk:09d}".encode()
@@ -167,24 +177,36 @@ def settle(last_result_at: float) -> None:
 
 
 def pull(ns: str) -> list[ProcessEvents]:
-    """Every chunk the workers put in `ns`, read and deleted, as batches (each worker's in its order). A chunk
-    that does not parse is dropped."""
-    keys = sorted(internal_kv._internal_kv_list(_PREFIX, namespace=ns))
+    """The chunks the workers put in `ns` (MAX_PULL at most, each worker's oldest first; the rest next time),
+    read and deleted, as batches (each worker's in its order). A chunk that does not parse is dropped."""
+    keys = internal_kv._internal_kv_list(_PREFIX, namespace=ns)
     if not keys:
         return []
+    keys = sorted(keys, key=_chunk_order)[:MAX_PULL]
     client: Any = internal_kv.internal_kv_get_gcs_client()  # type: ignore[no-untyped-call]
-    values = client.internal_kv_multi_get(keys, ns.encode())
     out = []
-    for key in keys:
-        value = values.get(key)
-        internal_kv._internal_kv_del(key, namespace=ns)
-        if value is None:
-            continue
-        try:
-            out.append(ProcessEvents.from_json(json.loads(value)))
-        except ValueError:
-            continue
+    for i in range(0, len(keys), _READ_BATCH):  # one multi-get of a few MB at most
+        batch = keys[i : i + _READ_BATCH]
+        values = client.internal_kv_multi_get(batch, ns.encode())
+        for key in batch:
+            value = values.get(key)
+            internal_kv._internal_kv_del(key, namespace=ns)
+            if value is None:
+                continue
+            try:
+                out.append(ProcessEvents.from_json(json.loads(value)))
+            except ValueError:
+                continue
     return out
+
+
+def _chunk_order(key: bytes) -> tuple[int, bytes]:
+    """(chunk number, worker): each worker's oldest chunks first, its own in order."""
+    worker, _, number = key.rpartition(b"/")
+    try:
+        return int(number), worker
+    except ValueError:
+        return 0, key
 
 
 def forget(ns: str) -> None:
