@@ -85,3 +85,12 @@ def test_timeline_bench_runs_quick() -> None:
     out = run_bench(str(BENCH / "bench_timeline.py"), "--quick")
     assert "tiny tasks, a page polling" in out and "of a core with no page open" in out
     assert "-task timeline: written in" in out and "dropped" in out
+
+
+@pytest.mark.parametrize("backend", ("in_memory", "ray", "monarch"))
+def test_events_bench_runs_quick(backend: str) -> None:
+    if backend not in fray.available_backends():
+        pytest.skip(f"{backend} is not installed")
+    out = run_bench(str(BENCH / "bench_events.py"), "--quick", "--backend", backend)
+    assert "recording off: records in" in out and "recording on: records in" in out
+    assert "task round trip" in out and "actor call round trip" in out

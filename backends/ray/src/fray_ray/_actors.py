@@ -23,6 +23,7 @@ import ray.exceptions as rex
 from fray.context import JobContext
 from fray.current import ActorInfo
 from fray.errors import ActorAlreadyExistsError, ActorNotFoundError
+from fray.events import RECORDER, Kind
 from fray.groups import Member
 from fray.refs import ActorHandle, public_methods
 from fray.serialization import check_function, find_unserializable_argument
@@ -108,6 +109,8 @@ class RayActors:
             # A named actor must stay reachable by name: keep a handle for the life of this process.
             if options.lifetime is not Lifetime.DETACHED:
                 self._named[name] = handle
+        if RECORDER.enabled:
+            RECORDER.record(Kind.ACTOR_CREATE, handle._actor_id.hex(), klass.__name__, {"name": name} if name else None)
         return ActorHandle(handle, _BACKEND, klass.__name__, methods, name, self._ctx)
 
     def _lookup(self, name: str) -> Any:
@@ -145,6 +148,9 @@ class RayActors:
         named: list[tuple[str, Any]] = []
         for handle in handles:
             ray.kill(handle.payload, no_restart=True)
+            if RECORDER.enabled:
+                reason = {"reason": "it was killed (ctx.kill)"}
+                RECORDER.record(Kind.ACTOR_DIED, handle.payload._actor_id.hex(), handle.class_name, reason)
             if handle.name is None:
                 continue
             kept = self._named.get(handle.name)

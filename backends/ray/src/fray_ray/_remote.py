@@ -24,10 +24,12 @@ from fray import current, errors
 from fray.context import set_job_context
 from fray.current import ActorInfo
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
+from fray.events import CANCELLED, RECORDER, Kind, ended
 from fray.remote_errors import portable as make_portable
 from fray.rendezvous import serve_store
 from fray.resources import task_resources
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
+from fray_ray import _events
 from fray_ray._gangs import HEARTBEAT_ENV, start_heartbeat
 from fray_ray._gpus import RENDEZVOUS_ENV, see_group_gpus
 from fray_ray._values import pack
@@ -38,6 +40,11 @@ _worker_lock = threading.Lock()
 # Makes this worker's context (a RayJobContext attached to the worker's Ray connection); installed by
 # fray_ray.job at import, which imports this module (importing job from here would be a circle).
 _make_worker_context: Callable[[], Any] | None = None
+# This worker's Ray core worker (the running task's id and name, for its events), set by enter_worker
+_core_worker: Any = None
+_actor_data: dict[str, Any] | None = None  # what this actor's call.start events say: its key and concurrency
+_actor_name = ""
+_lanes: set[int] = set()  # the threads this actor's calls ran on (each named once, as a lane of the timeline)
 
 
 def install_worker_context(make: Callable[[], Any]) -> None:
@@ -52,13 +59,15 @@ def worker_context() -> Any:
 
 def enter_worker() -> None:
     """Make a RayJobContext attached to this worker's Ray connection the current fray context (once)."""
-    global _worker_ctx
+    global _worker_ctx, _core_worker
     with _worker_lock:
         if _worker_ctx is None:
             # Always installed by now: unpickling anything of fray_ray imports the package, which imports job.
             assert _make_worker_context is not None, "fray_ray.job was not imported"
             _worker_ctx = _make_worker_context()
             current.set_process_gpus(_assigned_gpus)
+            _core_worker = ray._private.worker.global_worker.core_worker  # type: ignore[attr-defined]
+            _events.start_worker(ray.get_runtime_context().get_job_id())
     set_job_context(_worker_ctx)
 
 
@@ -69,47 +78,141 @@ def _assigned_gpus() -> list[int]:
     return [int(i) for i in ray.get_gpu_ids()]
 
 
-def stream_items(items: Any) -> Iterator[Any]:
+# Events (fray.events) of the tasks and actor calls run here, keyed by Ray's task id: the submitter records its
+# submit event under `ref.task_id().hex()`, the same id (for tasks, actor calls and generators alike). A retried
+# task runs its wrapper again under the same id: each attempt is a span, its end `error` (whether Ray will retry
+# it is not known here). Each returns None while recording is off (FRAY_EVENTS=0), and costs ~3 us when on.
+def _end_data(error: BaseException | None) -> dict[str, str] | None:
+    if error is None:
+        return None
+    if not isinstance(error, Exception):  # KeyboardInterrupt (ray.cancel), GeneratorExit (a stream closed)
+        return {"status": CANCELLED}
+    return ended(error)
+
+
+def task_started() -> tuple[str, str] | None:
+    if not RECORDER.enabled:
+        return None
+    worker = _core_worker
+    key, name = worker.get_current_task_id().hex(), worker.get_current_task_name()
+    RECORDER.record(Kind.TASK_START, key, name)
+    _events.wake()
+    return key, name
+
+
+def task_ended(started: tuple[str, str] | None, error: BaseException | None = None) -> None:
+    if started is not None:
+        RECORDER.record(Kind.TASK_END, started[0], started[1], None if error is None else _end_data(error))
+        _events.wake()
+
+
+def call_started(where: str) -> str | None:
+    """In an actor: a call of `where` ("Class.method") starts on this thread (its lane, named once)."""
+    if not RECORDER.enabled:
+        return None
+    key: str = _core_worker.get_current_task_id().hex()
+    thread = threading.get_ident()
+    if thread not in _lanes:
+        _lanes.add(thread)
+        n = len(_lanes)
+        RECORDER.name_thread(f"actor {_actor_name}" if n == 1 else f"actor {_actor_name} ({n})")
+    RECORDER.record(Kind.CALL_START, key, where, _actor_data)
+    _events.wake()
+    return key
+
+
+def call_ended(key: str | None, where: str, error: BaseException | None = None) -> None:
+    if key is not None:
+        RECORDER.record(Kind.CALL_END, key, where, None if error is None else _end_data(error))
+        _events.wake()
+
+
+def _actor_started(class_name: str) -> None:
+    """This process is an actor's: its calls' event data, its label, and actor.restart when Ray restarted it (the
+    GCS counts its restarts; one query at each start)."""
+    global _actor_data, _actor_name
+    worker = _core_worker
+    actor_id = worker.get_actor_id().hex()
+    _actor_name = class_name
+    _actor_data = {"actor": actor_id, "concurrency": worker.current_actor_max_concurrency()}
+    if not RECORDER.enabled:
+        return
+    RECORDER.label = f"ray actor {class_name}"
+    try:
+        from ray._private.state import actors
+
+        restarts = int((actors(actor_id=actor_id) or {}).get("NumRestarts", 0))
+    except Exception:  # the GCS did not answer: say nothing rather than fail the actor's start
+        restarts = 0
+    if restarts:
+        reason = f"its process died; Ray restarted it (restart {restarts})"
+        RECORDER.record(Kind.ACTOR_RESTART, actor_id, class_name, {"reason": reason, "restarts": restarts})
+        _events.wake()
+
+
+def stream_items(items: Any, end: Callable[[BaseException | None], None] | None = None) -> Iterator[Any]:
     """Each item of a generator (or any iterable), packed like a task result; an exception raised by the
-    generator is raised portable (Ray reports it as the stream's next item, then ends the stream)."""
+    generator is raised portable (Ray reports it as the stream's next item, then ends the stream). `end` is
+    called once the stream ends, with its error (its end event)."""
+    error: BaseException | None = None
     try:
         for item in items:
             yield pack(item)
     except Exception as exc:
+        error = exc
         portable = make_portable(exc)
         if portable is exc:
             raise
         raise portable from None
+    except BaseException as exc:  # closed early (GeneratorExit) or cancelled
+        error = exc
+        raise
+    finally:
+        if end is not None:
+            end(error)
 
 
-async def stream_items_async(items: Any) -> AsyncIterator[Any]:
+async def stream_items_async(
+    items: Any, end: Callable[[BaseException | None], None] | None = None
+) -> AsyncIterator[Any]:
+    error: BaseException | None = None
     try:
         async for item in items:
             yield pack(item)
     except Exception as exc:
+        error = exc
         portable = make_portable(exc)
         if portable is exc:
             raise
         raise portable from None
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        if end is not None:
+            end(error)
 
 
 def run_stream_task(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Any]:
     if _worker_ctx is None:
         enter_worker()
+    started = task_started()
     try:
         items = fn(*args, **kwargs)
     except Exception as exc:
+        task_ended(started, exc)
         portable = make_portable(exc)
         if portable is exc:
             raise
         raise portable from None
-    return stream_items(items)
+    return stream_items(items, None if started is None else functools.partial(task_ended, started))
 
 
-def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None) -> None:
+def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None, class_name: str = "") -> None:
     """First thing in an actor's process: fray's worker context, who this actor is (`fray.current_actor()`) and,
     for an SPMD member, its torch.distributed environment (before the user's __init__ reads it)."""
     enter_worker()
+    _actor_started(class_name)
     if member is None:
         current.set_process_actor(ActorInfo())
         return
@@ -143,13 +246,19 @@ def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     def fray_task(*args: Any, **kwargs: Any) -> Any:
         if _worker_ctx is None:
             enter_worker()
+        started = task_started()
         try:
             value = fn(*args, **kwargs)
         except Exception as exc:
+            task_ended(started, exc)
             portable = make_portable(exc)
             if portable is exc:
                 raise
             raise portable from None
+        except BaseException as exc:  # cancelled (KeyboardInterrupt), exiting
+            task_ended(started, exc)
+            raise
+        task_ended(started)
         return pack(value)  # torch tensors in the result travel out of band (see _values)
 
     # Keeps fn's name (Ray's dashboard and task names) and signature (Ray checks arguments at submission).
@@ -167,18 +276,35 @@ def _enter_loop_task() -> None:
         current.push(_worker_ctx)
 
 
-async def call_async(method: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+async def call_async(method: Callable[..., Any], where: str, instance: Any, args: Any, kwargs: Any) -> Any:
     _enter_loop_task()
-    return pack(await method(instance, *args, **kwargs))
+    key = call_started(where)
+    try:
+        value = await method(instance, *args, **kwargs)
+    except BaseException as exc:
+        call_ended(key, where, exc)
+        raise
+    call_ended(key, where)
+    return pack(value)
 
 
-async def iterate_async(method: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> AsyncIterator[Any]:
+async def iterate_async(
+    method: Callable[..., Any], where: str, instance: Any, args: Any, kwargs: Any
+) -> AsyncIterator[Any]:
     _enter_loop_task()
-    async for item in stream_items_async(method(instance, *args, **kwargs)):
+    key = call_started(where)
+    end = None if key is None else functools.partial(call_ended, key, where)
+    async for item in stream_items_async(method(instance, *args, **kwargs), end):
         yield item
 
 
-def _packing_method(method: Callable[..., Any]) -> Callable[..., Any]:
+def iterate_sync(method: Callable[..., Any], where: str, instance: Any, args: Any, kwargs: Any) -> Iterator[Any]:
+    key = call_started(where)
+    end = None if key is None else functools.partial(call_ended, key, where)
+    return stream_items(method(instance, *args, **kwargs), end)
+
+
+def _packing_method(method: Callable[..., Any], where: str) -> Callable[..., Any]:
     """method, returning its result packed (torch tensors out of band); sync stays sync, async stays async,
     generators stay generators (each item packed). An async method runs on the actor's event loop (Ray makes an
     actor with an `async def` method an asyncio actor, at most max_concurrency coroutines at once) with the
@@ -191,26 +317,34 @@ def _packing_method(method: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(method):
 
         async def packing_async_gen(self: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-            async for item in iterate_async(method, self, args, kwargs):
+            async for item in iterate_async(method, where, self, args, kwargs):
                 yield item
 
         packing = packing_async_gen
     elif inspect.isgeneratorfunction(method):
 
         def packing_gen(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            yield from stream_items(method(self, *args, **kwargs))
+            yield from iterate_sync(method, where, self, args, kwargs)
 
         packing = packing_gen
     elif inspect.iscoroutinefunction(method):
 
         async def packing_async(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return await call_async(method, self, args, kwargs)
+            return await call_async(method, where, self, args, kwargs)
 
         packing = packing_async
     else:
 
         def packing_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return pack(method(self, *args, **kwargs))
+            # inline (no frame of fray's more between Ray's and the method's in a remote traceback)
+            key = call_started(where)
+            try:
+                value = method(self, *args, **kwargs)
+            except BaseException as exc:
+                call_ended(key, where, exc)
+                raise
+            call_ended(key, where)
+            return pack(value)
 
         packing = packing_sync
     # Ray reads a method's signature, generator-ness and @ray.method settings through inspect.unwrap, so it
@@ -234,7 +368,7 @@ def _packed_methods(klass: type) -> dict[str, Any]:
             continue
         if getattr(method, "__ray_tensor_transport__", None) is not None:
             continue
-        out[name] = _packing_method(method)
+        out[name] = _packing_method(method, f"{klass.__name__}.{name}")
     return out
 
 
@@ -244,10 +378,11 @@ def _actor_class(klass: type) -> type:
     and Ray-visible settings, so Ray treats the actor exactly as it would klass itself. The hidden creation
     argument MEMBER_KWARG says who the actor is (`fray.current_actor()`) and an SPMD member's environment."""
     base_init = klass.__init__  # type: ignore[misc]
+    class_name = klass.__name__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         # start_actor is referenced by name, so cloudpickle sends it by reference (not _worker_ctx by value)
-        start_actor(kwargs.pop(MEMBER_KWARG, None))
+        start_actor(kwargs.pop(MEMBER_KWARG, None), class_name)
         base_init(self, *args, **kwargs)
 
     # __module__ is ours (so pickling by reference fails and cloudpickle sends the class by value), while the

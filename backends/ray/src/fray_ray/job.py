@@ -22,13 +22,14 @@ import ray
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import ActorUnavailableError, InfeasibleResourcesError, SerializationError, TaskCancelledError
+from fray.events import RECORDER, Kind, ProcessEvents
 from fray.groups import ActorGroup, Member
 from fray.refs import ActorHandle, ObjectRef
 from fray.serialization import check_function, find_unserializable_argument
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
-from fray_ray import _connect, _remote
+from fray_ray import _connect, _events, _remote
 from fray_ray._actors import RayActors
 from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
@@ -92,6 +93,12 @@ class RayJobContext(JobContext):
         self._cancels = CancelTracker(lambda: self.is_shut_down)
         self._actors = RayActors(self, self.namespace, _registry, _checked_functions)
         self._groups = RayGroups(self, self._actors, self._cancels)
+        # Events (fray_ray._events): the workers' come through the GCS KV, under this Ray job's namespace
+        self._events_ns = _events.namespace(ray.get_runtime_context().get_job_id())
+        self._last_result_at = 0.0  # time.monotonic() when a get or wait last returned (see _pull_events)
+        self._events_lock = threading.Lock()  # one pull at a time (each chunk is read once)
+        if self._owns_connection and not RECORDER.enabled:
+            _events.disable_workers(self._events_ns)
 
     def __repr__(self) -> str:
         return f"RayJobContext(namespace={self.namespace!r})"
@@ -139,6 +146,9 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
+        if RECORDER.enabled:
+            RECORDER.record(Kind.TASK_SUBMIT, ref.task_id().hex(), options.name or _name(fn))
+            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
         result = ObjectRef(ref, BACKEND)
         if ray_args is not args or ray_kwargs is not kwargs:
             self._cancels.note_dependencies(result, args, kwargs)
@@ -176,6 +186,9 @@ class RayJobContext(JobContext):
             if is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
+        if RECORDER.enabled:
+            RECORDER.record(Kind.CALL_SUBMIT, ref.task_id().hex(), f"{handle.class_name}.{method}")
+            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
         result = ObjectRef(ref, BACKEND)
         if self._groups.gangs.is_member(handle.payload):  # an SPMD member: its call may outlive a death unsent
             resend.note(result, handle.payload, method, ray_args, ray_kwargs)
@@ -243,6 +256,9 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
+        if RECORDER.enabled:
+            RECORDER.record(Kind.TASK_SUBMIT, _stream_key(generator), options.name or _name(fn))
+            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
         return ObjectRefStream(
             RayStreamSource(generator, self._cancels.pending_args(args, kwargs), self._cancels), BACKEND
         )
@@ -259,6 +275,9 @@ class RayJobContext(JobContext):
             if is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
+        if RECORDER.enabled:
+            RECORDER.record(Kind.CALL_SUBMIT, _stream_key(generator), f"{handle.class_name}.{method}")
+            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
         return ObjectRefStream(
             RayStreamSource(generator, self._cancels.pending_args(args, kwargs), self._cancels), BACKEND
         )
@@ -337,6 +356,11 @@ class RayJobContext(JobContext):
         nbytes = take_unpacked_bytes() + sum(known_nbytes(v) for v in values)
         with self._gets_lock:
             self._gets = self._gets + PathStats(len(values), nbytes, seconds)
+        self._last_result_at = time.monotonic()
+        # as _transfer_stats counts (the driver's gets), where bytes were known to move: the bytes by path add up
+        # to transfer_stats(), and a round trip of a small value (0 bytes known) pays nothing for it
+        if nbytes and self._owns_connection and RECORDER.enabled:
+            RECORDER.record(Kind.TRANSFER, _STORE_PATH, _STORE_PATH, {"bytes": nbytes, "seconds": seconds})
         return values
 
     def _transfer_stats(self) -> dict[str, PathStats]:
@@ -350,6 +374,12 @@ class RayJobContext(JobContext):
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         self._refuse_if_shut_down()
+        try:
+            return self._wait_for(refs, num_returns, timeout)
+        finally:
+            self._last_result_at = time.monotonic()
+
+    def _wait_for(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         payloads = [r.payload for r in refs]
         done: set[int] = set()
         cancelled = self._cancels.cancelled
@@ -382,6 +412,17 @@ class RayJobContext(JobContext):
         self._cancels.puts.add(ref)  # ready at once: never kept as a pending argument
         return ref
 
+    # ------------------------------------------------------------------ events (fray_ray._events)
+    def _pull_events(self) -> list[ProcessEvents]:
+        """The workers' events since the last pull, through the GCS KV (fray_ray._events). First waits (0.3 s
+        at most) until the workers have flushed what they recorded before the last get or wait returned, so a
+        task whose result was got shows its end. A worker's context pulls nothing: the driver reads them all."""
+        if not self._owns_connection:
+            return []
+        _events.settle(self._last_result_at)
+        with self._events_lock:
+            return _events.pull(self._events_ns)
+
     # ------------------------------------------------------------------ cancel (fray_ray._cancel)
     def _cancel(self, ref: ObjectRef) -> None:
         self._refuse_if_shut_down()
@@ -392,7 +433,22 @@ class RayJobContext(JobContext):
         self._groups.gangs.close()
         self._groups.remove_all()  # the non-detached groups created here (removing one kills its members)
         if self._owns_connection:
+            try:
+                _events.forget(self._events_ns)  # nothing of this job's events lingers in a cluster
+            except Exception:  # Ray going away
+                pass
             _connect.release()
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    """A task's name in its events, as Ray names it where it runs (its function's __qualname__)."""
+    return str(getattr(fn, "__qualname__", "task"))
+
+
+def _stream_key(generator: Any) -> str:
+    """The Ray task id of a generator task or call (its events' key)."""
+    ref = getattr(generator, "_generator_ref", None)
+    return ref.task_id().hex() if ref is not None else ""
 
 
 _remote.install_worker_context(functools.partial(RayJobContext, _attach_only=True))
