@@ -35,12 +35,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from itertools import islice
 from typing import Any
 
 from ray.experimental import internal_kv
 
-from fray.events import RECORDER, Event, ProcessEvents
+from fray.events import RECORDER, ProcessEvents
 
 __all__ = ["FLUSH_PERIOD", "namespace", "pull", "settle", "start_worker", "wake"]
 
@@ -53,7 +52,6 @@ MAX_PULL = 256  # chunks the driver reads in one pull, at most (~1M events: twic
 _READ_BATCH = 8  # chunks in one multi-get
 DISABLED_KEY = b"disabled"
 _PREFIX = b"w/"
-_SLACK = 64
 
 
 def namespace(job_id: str) -> str:
@@ -87,9 +85,7 @@ class _Flusher:
         self._ns = ns
         self._woken = threading.Event()
         self._prefix = f"w/{socket.gethostname()}/{os.getpid()}/"
-        self._cursor = 0  # everything this process recorded goes to its driver
         self._chunk = 0
-        self._lost = 0
         self._last = 0.0
 
     def start(self) -> None:
@@ -123,43 +119,31 @@ class _Flusher:
             retry = None if sent else min(MAX_RETRY, 2 * retry if retry else FLUSH_PERIOD)
 
     def flush(self) -> bool:
-        """Put what is new; False if something is left (the driver is not reading: WINDOW chunks wait)."""
-        events = _newer(self._cursor)
-        if not events:
+        """Put what is new; False if the driver is not reading (WINDOW chunks wait): the ring keeps the events
+        meanwhile (and counts what falls out of it before it is taken)."""
+        if not RECORDER.untaken:
             return True
-        first = min(e.seq for e in events)
-        if first > self._cursor + 1:  # fell out of the ring before they were sent
-            self._lost += first - self._cursor - 1
-        host, pid = socket.gethostname(), os.getpid()
-        for start in range(0, len(events), CHUNK_EVENTS):
-            if self._chunk >= WINDOW and internal_kv._internal_kv_exists(
-                self._key(self._chunk - WINDOW), namespace=self._ns
-            ):
-                return False  # the ring keeps the rest meanwhile (and counts what falls out of it)
-            part = events[start : start + CHUNK_EVENTS]
-            batch = ProcessEvents(host, pid, RECORDER.label, dict(RECORDER._threads), part, self._lost)
-            value = json.dumps(batch.to_json(), separators=(",", ":"), default=str).encode()
+        if self._chunk >= WINDOW and internal_kv._internal_kv_exists(
+            self._key(self._chunk - WINDOW), namespace=self._ns
+        ):
+            return False
+        batch = RECORDER.take()  # (each event once, in seq order; a late append waits for the next flush)
+        for start in range(0, len(batch.events), CHUNK_EVENTS):
+            part = ProcessEvents(
+                batch.host,
+                batch.pid,
+                batch.label,
+                batch.threads,
+                batch.events[start : start + CHUNK_EVENTS],
+                batch.dropped,
+            )
+            value = json.dumps(part.to_json(), separators=(",", ":"), default=str).encode()
             internal_kv._internal_kv_put(self._key(self._chunk), value, overwrite=True, namespace=self._ns)
             self._chunk += 1
-            self._cursor = max(self._cursor, max(e.seq for e in part))
-        return True
+        return not RECORDER.untaken
 
     def _key(self, chunk: int) -> bytes:
         return f"{self._prefix}{chunk:09d}".encode()
-
-
-def _newer(cursor: int) -> list[Event]:
-    """The events recorded after `cursor` that the ring still holds, taken from its end: a flush costs what is
-    new, not a copy of the whole ring. (list(islice(reversed(deque))) runs in C without releasing the GIL, so
-    no append lands in the middle of it.)"""
-    ring = RECORDER._ring
-    new = RECORDER.last_seq - cursor
-    if new <= 0:
-        return []
-    # a few more than `new`: two threads may append in the other order than they numbered their events
-    tail = list(islice(reversed(ring), new + _SLACK))
-    tail.reverse()
-    return [e for e in tail if e.seq > cursor]
 
 
 # --------------------------------------------------------------------------------------- in the driver

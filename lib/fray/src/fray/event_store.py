@@ -5,7 +5,9 @@ with a cursor (the live page asks only for what is new: nothing is rescanned).
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +56,10 @@ class EventStore:
         # Only what happened since the context began: in_memory contexts of one process share its recorder
         self._local_cursor = recorder.last_seq
         self._local_dropped = 0
+        # Worker processes can outlive a context and serve the next one (a Ray connection kept by the process):
+        # what they recorded on this host before this context began is not this context's
+        self._began_ns = time.time_ns()
+        self._host = socket.gethostname()
         self._lock = threading.Lock()
         self._merged: deque[tuple[int, int, Event]] = deque(maxlen=capacity)
         self._next = 1
@@ -73,7 +79,10 @@ class EventStore:
             local.dropped = self._local_dropped
             if local.events:
                 self._local_cursor = local.events[-1].seq
-            for batch in (local, *remote):
+            self._add(local)
+            for batch in remote:
+                if batch.host == self._host and batch.events and batch.events[0].t < self._began_ns:
+                    batch.events = [e for e in batch.events if e.t >= self._began_ns]
                 self._add(batch)
 
     def _add(self, batch: ProcessEvents) -> None:  # holds the lock

@@ -150,6 +150,7 @@ class Recorder:
         self._threads: dict[int, str] = {}  # names given with name_thread, and those of threads seen when read
         self._host = socket.gethostname()
         self._taken = 0  # the seq of the last event `take` handed over
+        self._lost_untaken = 0  # events that fell out of the ring before `take` handed them over
         self._take_lock = threading.Lock()
         self.enabled = enabled
 
@@ -227,8 +228,9 @@ class Recorder:
 
     def take(self) -> ProcessEvents:
         """The events not taken yet, each taken once (a process that hands its events over by two ways, with its
-        reports and when asked, never sends one twice). An event whose seq was taken but which another thread
-        has not appended yet stops the batch there: it and those after it come with the next take."""
+        reports and when asked, never sends one twice); `dropped`: those that fell out of the ring untaken. An
+        event whose seq was taken but which another thread has not appended yet stops the batch there: it and
+        those after it come with the next take."""
         with self._take_lock:
             raw = [r for r in self._newest(self._taken) if r[0] > self._taken]
             raw.sort(key=_seq_of)
@@ -243,8 +245,11 @@ class Recorder:
                 complete += 1
             raw = raw[:complete]
             if raw:
+                self._lost_untaken += raw[0][0] - self._taken - 1
                 self._taken = int(raw[-1][0])
-            return self._batch(raw)
+            batch = self._batch(raw)
+            batch.dropped = self._lost_untaken  # (those taken before and dropped since were not lost)
+            return batch
 
     @property
     def untaken(self) -> bool:
@@ -261,6 +266,7 @@ class Recorder:
         self._threads = {}
         self._host = socket.gethostname()
         self._taken = 0
+        self._lost_untaken = 0
         self._take_lock = threading.Lock()
 
 
