@@ -56,16 +56,20 @@ class Coordinator(Actor):
             port.send(Reply(error=portable(exc)))
 
     @endpoint
-    def done(
-        self, credential: str, results: list[Any], holds: list[str], releases: list[str], events: Any = None
-    ) -> None:
-        """A worker's reports, and its new events (fray.events, plain data) since its last."""
+    def done(self, credential: str, results: list[Any], holds: list[str], releases: list[str]) -> None:
         try:
             self._service().report(self._who(credential), results, holds, releases)
-            if events is not None:
-                instances.controller(self.ctl_key).events.deliver(events)
         except Exception:
             _runtime.log.exception("fray coordinator: bad worker report")
+
+    @endpoint
+    def events(self, credential: str, batch: Any) -> None:
+        """A worker's new events (fray.events, plain data), kept as they came until the driver reads them."""
+        try:
+            self._who(credential)  # (only a worker of this context's adds to its events)
+            instances.controller(self.ctl_key).events.deliver(batch)
+        except Exception:
+            _runtime.log.exception("fray coordinator: bad events from a worker")
 
     @endpoint
     def submit(self, credential: str, fn_data: bytes, call: WireValue, deps: list[str], options: Any) -> Reply:

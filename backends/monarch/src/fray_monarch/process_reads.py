@@ -37,20 +37,21 @@ class EventPuller:
 
     def __init__(self, pool: ProcessPool, capacity: int = PUSHED_CAPACITY) -> None:
         self.pool = pool
-        self.pushed: deque[ProcessEvents] = deque(maxlen=capacity)  # batches, until the driver reads them
+        self.pushed: deque[Any] = deque(maxlen=capacity)  # batches as they came, until the driver reads them
 
     def deliver(self, data: Any) -> None:
-        """A batch a worker pushed (plain data, checked here)."""
-        try:
-            self.pushed.append(ProcessEvents.from_json(data))
-        except ValueError:
-            _runtime.log.warning("fray: a worker's events were not a batch of events", exc_info=True)
+        """A batch a worker pushed: kept as it came (read, and checked, only when the driver asks: the
+        coordinator's thread shares the driver's GIL)."""
+        self.pushed.append(data)
 
     def pull(self) -> list[ProcessEvents]:
         futures = [p.worker.events.call_one() for p in self.pool.live()]
         batches = []
         while self.pushed:
-            batches.append(self.pushed.popleft())
+            try:
+                batches.append(ProcessEvents.from_json(self.pushed.popleft()))
+            except ValueError:
+                _runtime.log.warning("fray: a worker's events were not a batch of events", exc_info=True)
         for fut in futures:
             try:
                 batches.append(ProcessEvents.from_json(fut.get(timeout=READ_TIMEOUT)))

@@ -33,7 +33,7 @@ from fray_monarch.store import ObjectStore
 # reply's registration adds. Every other release goes at once (the FIFO orders it after whatever carried the ref).
 RELEASE_DELAY = 0.05
 PUSH_EVENTS = ("events", None)  # an outbox item that only wakes the sender (an actor's call recorded events)
-EVENTS_PUSH = 0.25  # seconds between pushes of a busy process's events
+EVENTS_PUSH = 0.05  # seconds between pushes of a busy process's events
 REPLY_MARGIN = 30.0  # a coordinator reply may take this long past the caller's own timeout before we give up
 
 Report = TaskResult | StreamItem
@@ -113,6 +113,7 @@ class WorkerRuntime:
         self.in_replies: set[str] = set()  # ids that left in an actor's reply (their release waits RELEASE_DELAY)
         self.stopped = False
         self.events_due: float | None = None  # when this process's new events are next pushed (fray.events)
+        self.events_pushed = 0.0  # when they last were
         set_tracker(Tracker(self._first, self._zero))
         threading.Thread(target=self._sender, name="fray-sender", daemon=True).start()
 
@@ -169,18 +170,23 @@ class WorkerRuntime:
             due.append(releases.popleft()[1])
         if self.stopped:  # the process is being stopped: sending now would panic inside Monarch (closed mailbox)
             return True
-        # This process's new events go with its results (a task's end is recorded before its result is sent, so
-        # it arrives with it, even if the process then dies), else at most EVENTS_PUSH seconds after they happened
-        # (an actor's calls, whose replies go another way).
-        events = None
-        if RECORDER.untaken and (results or (self.events_due is not None and now >= self.events_due)):
-            events = RECORDER.take().to_json()
-            self.events_due = None
-        elif RECORDER.untaken and self.events_due is None:
-            self.events_due = now + EVENTS_PUSH
-        if results or holds or due or events is not None:
-            self.coord.done.broadcast(self.credential, results, holds, due, events)
+        if results or holds or due:
+            self.coord.done.broadcast(self.credential, results, holds, due)
+        self._push_events(now)
         return False
+
+    def _push_events(self, now: float) -> None:
+        """This process's new events go to the controller right after the report that follows them (a task's
+        end is recorded before its result is reported), at most every EVENTS_PUSH seconds: a process that then
+        dies loses at most that much. Sent after the results, not with them: they never delay a result."""
+        if not RECORDER.untaken:
+            self.events_due = None
+            return
+        if self.events_due is None:
+            self.events_due = max(now, self.events_pushed + EVENTS_PUSH)
+        if now >= self.events_due:
+            self.events_due, self.events_pushed = None, now
+            self.coord.events.broadcast(self.credential, RECORDER.take().to_json())
 
     def report(self, result: Report) -> None:
         """Send a result or stream item to the controller (in order, with the holds and releases around it)."""
