@@ -56,9 +56,14 @@ class Coordinator(Actor):
             port.send(Reply(error=portable(exc)))
 
     @endpoint
-    def done(self, credential: str, results: list[Any], holds: list[str], releases: list[str]) -> None:
+    def done(
+        self, credential: str, results: list[Any], holds: list[str], releases: list[str], events: Any = None
+    ) -> None:
+        """A worker's reports, with the events its tasks recorded (fray.events, plain data) since its last."""
         try:
             self._service().report(self._who(credential), results, holds, releases)
+            if events is not None:
+                instances.controller(self.ctl_key).events.deliver(events)
         except Exception:
             _runtime.log.exception("fray coordinator: bad worker report")
 

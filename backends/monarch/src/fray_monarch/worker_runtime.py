@@ -170,15 +170,19 @@ class WorkerRuntime:
             due.append(releases.popleft()[1])
         if self.stopped:  # the process is being stopped: sending now would panic inside Monarch (closed mailbox)
             return True
+        if results and RECORDER.untaken:  # a task's end goes with its result: it arrives even if the process dies
+            events = RECORDER.take().to_json()
+            self.events_due, self.events_pushed = None, now
+            self.coord.done.broadcast(self.credential, results, holds, due, events)
+            return False
         if results or holds or due:
             self.coord.done.broadcast(self.credential, results, holds, due)
         self._push_events(now)
         return False
 
     def _push_events(self, now: float) -> None:
-        """This process's new events go to the controller right after the report that follows them (a task's
-        end is recorded before its result is reported), at most every EVENTS_PUSH seconds: a process that then
-        dies loses at most that much. Sent after the results, not with them: they never delay a result."""
+        """The new events of an actor's calls (their replies go another way) go to the controller at most every
+        EVENTS_PUSH seconds: a process that dies loses at most that much of them."""
         if not RECORDER.untaken:
             self.events_due = None
             return
