@@ -120,6 +120,7 @@ class MonarchJobContext(JobContext):
         return self._handle(self.client.get_actor(name))
 
     def _kill(self, handle: ActorHandle) -> None:
+        self._event_store.refresh()  # (its process may go with it: what it recorded is read first)
         self.client.kill(handle.payload)
 
     def _create_actor_group(
@@ -153,6 +154,7 @@ class MonarchJobContext(JobContext):
         return refs
 
     def _kill_group(self, group: ActorGroup) -> None:
+        self._event_store.refresh()
         self.client.kill_group([h.payload for h in group.handles])
 
     # ------------------------------------------------------------ objects

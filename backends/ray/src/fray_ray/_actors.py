@@ -29,7 +29,8 @@ from fray.refs import ActorHandle, public_methods
 from fray.serialization import check_function, find_unserializable_argument
 from fray.types import ActorOptions, Lifetime
 from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
-from fray_ray._remote import MEMBER_KWARG, Registry, actor_options
+from fray_ray._remote import MEMBER_KWARG, Registry
+from fray_ray._translate import actor_options
 
 __all__ = ["RayActors"]
 

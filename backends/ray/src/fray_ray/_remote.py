@@ -1,4 +1,5 @@
-"""What runs inside Ray workers, and the translation between fray and Ray: options, exceptions, registration.
+"""What runs inside Ray workers, and the registration of fray's functions and classes with Ray (the translation of
+options and exceptions: fray_ray._translate; the workers' events: fray_ray._worker_events).
 
 Tasks and actors are wrapped so that the first thing they do in a worker process is install a RayJobContext
 attached to the worker's Ray connection; nested create_task / get / create_actor then go to the same cluster.
@@ -11,28 +12,22 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import re
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import ray
-import ray.exceptions as rex
 
-from fray import current, errors
+from fray import current
 from fray.context import set_job_context
 from fray.current import ActorInfo
-from fray.errors import RemoteExceptionProxy, attach_remote_traceback
-from fray.events import CANCELLED, RECORDER, Kind, ended
 from fray.remote_errors import portable as make_portable
 from fray.rendezvous import serve_store
-from fray.resources import task_resources
-from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
-from fray_ray import _events
 from fray_ray._gangs import HEARTBEAT_ENV, start_heartbeat
 from fray_ray._gpus import RENDEZVOUS_ENV, see_group_gpus
 from fray_ray._values import pack
+from fray_ray._worker_events import actor_started, attach_worker, call_ended, call_started, task_ended, task_started
 
 # --------------------------------------------------------------------------------------- inside a worker
 _worker_ctx: Any = None
@@ -40,11 +35,6 @@ _worker_lock = threading.Lock()
 # Makes this worker's context (a RayJobContext attached to the worker's Ray connection); installed by
 # fray_ray.job at import, which imports this module (importing job from here would be a circle).
 _make_worker_context: Callable[[], Any] | None = None
-# This worker's Ray core worker (the running task's id and name, for its events), set by enter_worker
-_core_worker: Any = None
-_actor_data: dict[str, Any] | None = None  # what this actor's call.start events say: its key and concurrency
-_actor_name = ""
-_lanes: set[int] = set()  # the threads this actor's calls ran on (each named once, as a lane of the timeline)
 
 
 def install_worker_context(make: Callable[[], Any]) -> None:
@@ -59,15 +49,14 @@ def worker_context() -> Any:
 
 def enter_worker() -> None:
     """Make a RayJobContext attached to this worker's Ray connection the current fray context (once)."""
-    global _worker_ctx, _core_worker
+    global _worker_ctx
     with _worker_lock:
         if _worker_ctx is None:
             # Always installed by now: unpickling anything of fray_ray imports the package, which imports job.
             assert _make_worker_context is not None, "fray_ray.job was not imported"
             _worker_ctx = _make_worker_context()
             current.set_process_gpus(_assigned_gpus)
-            _core_worker = ray._private.worker.global_worker.core_worker  # type: ignore[attr-defined]
-            _events.start_worker(ray.get_runtime_context().get_job_id())
+            attach_worker(ray._private.worker.global_worker.core_worker)  # type: ignore[attr-defined]
     set_job_context(_worker_ctx)
 
 
@@ -76,78 +65,6 @@ def _assigned_gpus() -> list[int]:
     import ray
 
     return [int(i) for i in ray.get_gpu_ids()]
-
-
-# Events (fray.events) of the tasks and actor calls run here, keyed by Ray's task id: the submitter records its
-# submit event under `ref.task_id().hex()`, the same id (for tasks, actor calls and generators alike). A retried
-# task runs its wrapper again under the same id: each attempt is a span, its end `error` (whether Ray will retry
-# it is not known here). Each returns None while recording is off (FRAY_EVENTS=0), and costs ~3 us when on.
-def _end_data(error: BaseException | None) -> dict[str, str] | None:
-    if error is None:
-        return None
-    if not isinstance(error, Exception):  # KeyboardInterrupt (ray.cancel), GeneratorExit (a stream closed)
-        return {"status": CANCELLED}
-    return ended(error)
-
-
-def task_started() -> tuple[str, str] | None:
-    if not RECORDER.enabled:
-        return None
-    worker = _core_worker
-    key, name = worker.get_current_task_id().hex(), worker.get_current_task_name()
-    RECORDER.record(Kind.TASK_START, key, name)
-    _events.wake()
-    return key, name
-
-
-def task_ended(started: tuple[str, str] | None, error: BaseException | None = None) -> None:
-    if started is not None:
-        RECORDER.record(Kind.TASK_END, started[0], started[1], None if error is None else _end_data(error))
-        _events.wake()
-
-
-def call_started(where: str) -> str | None:
-    """In an actor: a call of `where` ("Class.method") starts on this thread (its lane, named once)."""
-    if not RECORDER.enabled:
-        return None
-    key: str = _core_worker.get_current_task_id().hex()
-    thread = threading.get_ident()
-    if thread not in _lanes:
-        _lanes.add(thread)
-        n = len(_lanes)
-        RECORDER.name_thread(f"actor {_actor_name}" if n == 1 else f"actor {_actor_name} ({n})")
-    RECORDER.record(Kind.CALL_START, key, where, _actor_data)
-    _events.wake()
-    return key
-
-
-def call_ended(key: str | None, where: str, error: BaseException | None = None) -> None:
-    if key is not None:
-        RECORDER.record(Kind.CALL_END, key, where, None if error is None else _end_data(error))
-        _events.wake()
-
-
-def _actor_started(class_name: str) -> None:
-    """This process is an actor's: its calls' event data, its label, and actor.restart when Ray restarted it (the
-    GCS counts its restarts; one query at each start)."""
-    global _actor_data, _actor_name
-    worker = _core_worker
-    actor_id = worker.get_actor_id().hex()
-    _actor_name = class_name
-    _actor_data = {"actor": actor_id, "concurrency": worker.current_actor_max_concurrency()}
-    if not RECORDER.enabled:
-        return
-    RECORDER.label = f"ray actor {class_name}"
-    try:
-        from ray._private.state import actors
-
-        restarts = int((actors(actor_id=actor_id) or {}).get("NumRestarts", 0))
-    except Exception:  # the GCS did not answer: say nothing rather than fail the actor's start
-        restarts = 0
-    if restarts:
-        reason = f"its process died; Ray restarted it (restart {restarts})"
-        RECORDER.record(Kind.ACTOR_RESTART, actor_id, class_name, {"reason": reason, "restarts": restarts})
-        _events.wake()
 
 
 def stream_items(items: Any, end: Callable[[BaseException | None], None] | None = None) -> Iterator[Any]:
@@ -212,7 +129,7 @@ def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None, class_name: 
     """First thing in an actor's process: fray's worker context, who this actor is (`fray.current_actor()`) and,
     for an SPMD member, its torch.distributed environment (before the user's __init__ reads it)."""
     enter_worker()
-    _actor_started(class_name)
+    actor_started(class_name)
     if member is None:
         current.set_process_actor(ActorInfo())
         return
@@ -451,125 +368,3 @@ class Registry:
             except TypeError:
                 self._by_id[id(key)] = (key, value)
                 return value
-
-
-# --------------------------------------------------------------------------------------- options
-def _resource_options(resources: dict[str, float] | None, default_cpus: float) -> dict[str, Any]:
-    raw = dict(resources or {})
-    out: dict[str, Any] = {"num_cpus": float(raw.pop("CPU", default_cpus))}
-    if "GPU" in raw:
-        out["num_gpus"] = float(raw.pop("GPU"))
-    if "memory" in raw:
-        out["memory"] = int(raw.pop("memory"))
-    custom = {k: float(v) for k, v in raw.items() if v}
-    if custom:
-        out["resources"] = custom
-    return out
-
-
-def entrypoint_options(env: RuntimeEnv) -> dict[str, Any]:
-    """A job's RuntimeEnv.minimum_resources, reserved for its entrypoint by Ray's Job API."""
-    out = _resource_options({r.name: float(r.quantity) for r in env.minimum_resources}, 0.0)
-    mapped = {"entrypoint_num_cpus": out["num_cpus"]}
-    if "num_gpus" in out:
-        mapped["entrypoint_num_gpus"] = out["num_gpus"]
-    if "memory" in out:
-        mapped["entrypoint_memory"] = out["memory"]
-    if "resources" in out:
-        mapped["entrypoint_resources"] = out["resources"]
-    return mapped
-
-
-def runtime_env_dict(env: RuntimeEnv | None) -> dict[str, Any] | None:
-    if env is None:
-        return None
-    out: dict[str, Any] = {}
-    if env.env:
-        out["env_vars"] = dict(env.env)
-    if env.package_requirements:
-        out["pip"] = list(env.package_requirements)
-    return out or None
-
-
-def is_default_task(options: TaskOptions) -> bool:
-    """True when Ray's defaults already say everything (1 CPU, 3 retries, no exception retries)."""
-    return (
-        options.resources is None
-        and options.runtime_env is None
-        and options.name is None
-        and options.max_calls is None
-        and options.max_retries == 3
-        and options.retry_exceptions is False
-    )
-
-
-def task_options(options: TaskOptions) -> dict[str, Any]:
-    out = _resource_options(task_resources(options), 1.0)  # includes the runtime_env's minimum_resources
-    env = runtime_env_dict(options.runtime_env)
-    if env:
-        out["runtime_env"] = env
-    if options.name:
-        out["name"] = options.name
-    out["max_retries"] = options.max_retries
-    retry = options.retry_exceptions
-    out["retry_exceptions"] = retry if isinstance(retry, bool) else list(retry)
-    return out
-
-
-def actor_options(options: ActorOptions) -> dict[str, Any]:
-    # Actors hold only what they ask for (0 CPU by default), as fray's contract and Ray's runtime default say.
-    out = _resource_options(dict(options.resources) if options.resources else None, 0.0)
-    if options.name is not None:
-        out["name"] = options.name  # get_if_exists is done by RayJobContext (Ray's is racy)
-    if options.lifetime is Lifetime.DETACHED:
-        out["lifetime"] = "detached"
-    out["max_restarts"] = options.max_restarts
-    out["max_concurrency"] = options.max_concurrency
-    return out
-
-
-# --------------------------------------------------------------------------------------- exceptions
-_MEMBER_NAME = re.compile(r"^\s*name: (\S+)/(\d+)\s*$", re.MULTILINE)
-
-
-def _member_prefix(message: str) -> str:
-    """'member rank R of actor group G: ' when Ray's message names a group member (Ray names them "G/R")."""
-    found = _MEMBER_NAME.search(message)
-    if found is None:
-        return ""
-    group, rank = found.groups()
-    label = "an unnamed actor group" if group.startswith("fray-group-") else f"actor group {group!r}"
-    return f"member rank {rank} of {label}: "
-
-
-def translate(exc: BaseException) -> BaseException:
-    """The fray exception for a Ray exception (the user's original exception for a failed task)."""
-    if isinstance(exc, rex.RayTaskError):
-        cause = exc.cause
-        if isinstance(cause, rex.RayError) and not isinstance(cause, rex.RayTaskError):
-            # a plain RayError is Ray's stand-in for an exception that did not pickle
-            cause = RemoteExceptionProxy("exception", str(cause)) if type(cause) is rex.RayError else translate(cause)
-        if cause is None:
-            return exc
-        if getattr(cause, "remote_traceback", None) is None:
-            attach_remote_traceback(cause, exc.__dict__.get("traceback_str") or str(exc))
-        return cause  # type: ignore[no-any-return]
-    if isinstance(exc, rex.RaySystemError) and "deserializ" in str(exc):
-        # Ray could not unpickle a value where it landed (a result in the driver, an argument in a worker)
-        text = str(exc)
-        first = text.splitlines()[0] if text else type(exc).__name__
-        error = errors.SerializationError(f"cannot deserialize a value where it arrived: {first}")
-        return attach_remote_traceback(error, text)
-    if isinstance(exc, rex.GetTimeoutError):
-        return errors.GetTimeoutError(str(exc) or "get timed out")
-    if isinstance(exc, rex.TaskCancelledError):
-        return errors.TaskCancelledError(str(exc) or "the task was cancelled")
-    if isinstance(exc, rex.ActorUnavailableError):
-        return errors.ActorUnavailableError(_member_prefix(str(exc)) + str(exc))
-    if isinstance(exc, rex.RayActorError):
-        return errors.ActorDiedError(_member_prefix(str(exc)) + str(exc))
-    if isinstance(exc, rex.WorkerCrashedError):
-        return errors.WorkerCrashedError(str(exc))
-    if isinstance(exc, rex.UnserializableException):
-        return RemoteExceptionProxy("exception", str(exc))
-    return exc

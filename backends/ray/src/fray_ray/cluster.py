@@ -32,7 +32,7 @@ from fray.resources import format_resources, short_of
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 from fray_ray._head import START_TIMEOUT, LocalHead, job_client
 from fray_ray._local import is_loopback_address
-from fray_ray._remote import entrypoint_options, runtime_env_dict
+from fray_ray._translate import entrypoint_options, runtime_env_dict
 
 _STATUS = {s.value: s for s in JobStatus}
 # Whether the create_job call under way named its working directory (the call's or the context's): the core

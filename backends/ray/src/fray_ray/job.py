@@ -35,9 +35,10 @@ from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
 from fray_ray._gangs import raise_refusals
 from fray_ray._groups import RayGroups
-from fray_ray._remote import Registry, is_default_task, task_options, translate
+from fray_ray._remote import Registry
 from fray_ray._resend import remaining
 from fray_ray._streams import RayStreamSource
+from fray_ray._translate import is_default_task, task_options, translate
 from fray_ray._values import known_nbytes, pack, take_unpacked_bytes
 
 BACKEND = "ray"
