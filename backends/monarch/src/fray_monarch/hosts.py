@@ -48,7 +48,6 @@ from fray_monarch.protocol import (
     expand,
 )
 from fray_monarch.worker_process import ensure_worker
-from fray_monarch.worker_runtime import PUSH_EVENTS
 
 __all__ = ["FrayActorHost", "WorkerHost"]
 
@@ -288,8 +287,7 @@ class FrayActorHost(Actor):
             finally:
                 self._leave(tokens)
                 RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
-                if self.rt.events_due is None:
-                    self.rt.outbox.put(PUSH_EVENTS)
+                self.rt.events_recorded()
         port.send(reply)
 
     def _iterate_async(self, agen: Any) -> Any:
@@ -331,8 +329,7 @@ class FrayActorHost(Actor):
         finally:
             self._leave(tokens)
             RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
-            if self.rt.events_due is None:
-                self.rt.outbox.put(PUSH_EVENTS)  # (wakes the reports' sender: it pushes them soon)
+            self.rt.events_recorded()
         return reply
 
     def _ok(self, value: Any, method: str, oid: str) -> ActorReply | PlainReply:

@@ -192,6 +192,12 @@ class WorkerRuntime:
             self.events_due, self.events_pushed = None, now
             self.coord.events.broadcast(self.credential, RECORDER.take().to_json())
 
+    def events_recorded(self) -> None:
+        """Events were recorded outside any report (an actor's call, whose reply goes another way): the sender
+        wakes to push them within EVENTS_PUSH, unless a push is due already."""
+        if self.events_due is None:
+            self.outbox.put(PUSH_EVENTS)
+
     def report(self, result: Report) -> None:
         """Send a result or stream item to the controller (in order, with the holds and releases around it)."""
         self.outbox.put(("result", result))

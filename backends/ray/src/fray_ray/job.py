@@ -147,9 +147,7 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
-        if RECORDER.enabled:
-            RECORDER.record(Kind.TASK_SUBMIT, ref.task_id().hex(), options.name or _name(fn))
-            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
+        _submitted(Kind.TASK_SUBMIT, ref, options.name or _name(fn))
         result = ObjectRef(ref, BACKEND)
         if ray_args is not args or ray_kwargs is not kwargs:
             self._cancels.note_dependencies(result, args, kwargs)
@@ -187,9 +185,7 @@ class RayJobContext(JobContext):
             if is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
-        if RECORDER.enabled:
-            RECORDER.record(Kind.CALL_SUBMIT, ref.task_id().hex(), f"{handle.class_name}.{method}")
-            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
+        _submitted(Kind.CALL_SUBMIT, ref, f"{handle.class_name}.{method}")
         result = ObjectRef(ref, BACKEND)
         if self._groups.gangs.is_member(handle.payload):  # an SPMD member: its call may outlive a death unsent
             resend.note(result, handle.payload, method, ray_args, ray_kwargs)
@@ -257,9 +253,7 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
-        if RECORDER.enabled:
-            RECORDER.record(Kind.TASK_SUBMIT, _stream_key(generator), options.name or _name(fn))
-            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
+        _submitted(Kind.TASK_SUBMIT, _generator_ref(generator), options.name or _name(fn))
         return ObjectRefStream(
             RayStreamSource(generator, self._cancels.pending_args(args, kwargs), self._cancels), BACKEND
         )
@@ -276,9 +270,7 @@ class RayJobContext(JobContext):
             if is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
-        if RECORDER.enabled:
-            RECORDER.record(Kind.CALL_SUBMIT, _stream_key(generator), f"{handle.class_name}.{method}")
-            _events.wake()  # a worker submitting nested work: its flusher (in the driver: a no-op)
+        _submitted(Kind.CALL_SUBMIT, _generator_ref(generator), f"{handle.class_name}.{method}")
         return ObjectRefStream(
             RayStreamSource(generator, self._cancels.pending_args(args, kwargs), self._cancels), BACKEND
         )
@@ -446,10 +438,17 @@ def _name(fn: Callable[..., Any]) -> str:
     return str(getattr(fn, "__qualname__", "task"))
 
 
-def _stream_key(generator: Any) -> str:
-    """The Ray task id of a generator task or call (its events' key)."""
-    ref = getattr(generator, "_generator_ref", None)
-    return ref.task_id().hex() if ref is not None else ""
+def _generator_ref(generator: Any) -> Any:
+    """The Ray ref of a generator task or call (its task id is its events' key)."""
+    return getattr(generator, "_generator_ref", None)
 
 
 _remote.install_worker_context(functools.partial(RayJobContext, _attach_only=True))
+
+
+def _submitted(kind: str, ray_ref: Any, name: str) -> None:
+    """The submit event (fray.events) of the task or call behind `ray_ref`, keyed by its Ray task id (read only
+    while recording); a worker submitting nested work wakes its flusher (in the driver that is a no-op)."""
+    if RECORDER.enabled:
+        RECORDER.record(kind, ray_ref.task_id().hex() if ray_ref is not None else "", name)
+        _events.wake()

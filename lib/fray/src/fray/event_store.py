@@ -117,7 +117,7 @@ class EventStore:
             newest = list(islice(reversed(self._merged), len(self._merged) - start)) if start < stop else []
             events = newest[::-1][: stop - start]
             lost = max(0, first - cursor - 1)
-            next_cursor = events[-1][0] if events else max(cursor, self._next - 1 if start >= stop else cursor)
+            next_cursor = events[-1][0] if events else max(cursor, self._next - 1)
             return EventPage(events, next_cursor, lost)
 
     def by_process(self) -> list[ProcessEvents]:

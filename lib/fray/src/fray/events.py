@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Final, NamedTuple
 
@@ -93,7 +93,6 @@ class ProcessEvents:
     threads: dict[int, str]
     events: list[Event]
     dropped: int = 0
-    clock_ns: int = field(default_factory=time.time_ns)  # the sender's clock when it sent this
 
     @property
     def process(self) -> str:
@@ -107,7 +106,6 @@ class ProcessEvents:
             "threads": {str(k): v for k, v in self.threads.items()},
             "events": [list(e) for e in self.events],
             "dropped": self.dropped,
-            "clock_ns": self.clock_ns,
         }
 
     @classmethod
@@ -125,7 +123,6 @@ class ProcessEvents:
                 {int(k): str(v) for k, v in dict(data["threads"]).items()},
                 events,
                 int(data["dropped"]),
-                int(data["clock_ns"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a fray event batch: {exc}") from None
@@ -146,13 +143,17 @@ class Recorder:
     def __init__(self, capacity: int = DEFAULT_CAPACITY, enabled: bool = True) -> None:
         self.label = "driver"
         self._ring: deque[tuple[Any, ...]] = deque(maxlen=capacity)
+        self._reset()
+        self.enabled = enabled
+
+    def _reset(self) -> None:
+        self._ring.clear()
         self._seq = itertools.count(1)
         self._threads: dict[int, str] = {}  # names given with name_thread, and those of threads seen when read
         self._host = socket.gethostname()
         self._taken = 0  # the seq of the last event `take` handed over
         self._lost_untaken = 0  # events that fell out of the ring before `take` handed them over
         self._take_lock = threading.Lock()
-        self.enabled = enabled
 
     @property
     def enabled(self) -> bool:
@@ -256,18 +257,9 @@ class Recorder:
         """Events were recorded since the last `take`."""
         return self.last_seq > self._taken
 
-    def clear(self) -> None:
-        self._ring.clear()
-
     def after_fork(self) -> None:
         """A forked child starts with an empty ring of its own (its parent's events stay the parent's)."""
-        self._ring.clear()
-        self._seq = itertools.count(1)
-        self._threads = {}
-        self._host = socket.gethostname()
-        self._taken = 0
-        self._lost_untaken = 0
-        self._take_lock = threading.Lock()
+        self._reset()
 
 
 _now = time.time_ns
