@@ -10,7 +10,10 @@ sequential round trips in one child then the other (which goes first alternates)
 - actor call round trip: ctx.get(actor.ping()) on one actor.
 Reported: p50 and p90 of the per-operation times over all steady-state blocks (one warm-up block each first), and
 the on/off ratio of each (issue 31's targets: ray and monarch <= 1.03x, in_memory <= 1.05x), and the median over
-rounds of the ratio of the two back-to-back blocks' medians. After each block both drivers pause PAUSE seconds
+rounds of the ratio of the two back-to-back blocks' medians. Then the arithmetic: what one event costs to record
+(timeit, here) times the events a round trip records, over the off p50. On a small machine an in_memory round trip
+(~20 us, two thread hand-offs) varies by more than 10% between identical blocks (--aa shows it); the arithmetic
+does not. After each block both drivers pause PAUSE seconds
 (untimed), in which the `on` driver reads the events (ctx.events()), as a timeline or a live page would. Each
 child also says whether its workers record (a task reads fray.events.RECORDER.enabled where it runs). --aa: both
 record nothing, which measures the comparison's own noise (two Ray instances are never quite alike).
@@ -68,7 +71,7 @@ class Pinger:
         return set_recording(on, 0.0)
 
 
-def child(backend: str) -> None:
+def child(backend: str, pause: float) -> None:
     """One driver: reads `<case index> <ops> [<record: 0 or 1>]` lines, answers each with the per-op seconds and
     the start events read after the block, as JSON. Given `record`, first turns recording on or off here and in
     the workers (--toggle)."""
@@ -90,6 +93,7 @@ def child(backend: str) -> None:
         if record:
             on = bool(record[0])
             RECORDER.enabled = on
+        if record and backend != "in_memory":  # (in_memory's workers are threads of this process: done)
             assert ctx.get(actor.set_recording(on), timeout=120) == on
             # each task worker in reach (Ray starts at most num_cpus for these): a batch held long enough to
             # spread over all of them
@@ -104,7 +108,7 @@ def child(backend: str) -> None:
             samples.append(time.perf_counter() - start)
         # untimed, and as long for both drivers (an idle pause makes the next block's first calls slower): the
         # recording driver reads the events, as a reader would (waiting up to 0.3 s for the workers' flush)
-        rest = time.monotonic() + PAUSE
+        rest = time.monotonic() + pause
         starts = 0
         if RECORDER.enabled or record:
             page = ctx.events().page(cursor)
@@ -116,10 +120,10 @@ def child(backend: str) -> None:
 
 
 class Driver:
-    def __init__(self, backend: str, events: bool) -> None:
+    def __init__(self, backend: str, events: bool, pause: float) -> None:
         env = {**os.environ, "FRAY_EVENTS": "1" if events else "0"}
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--child", "--backend", backend],
+            [sys.executable, __file__, "--child", "--backend", backend, "--pause", str(pause)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -152,6 +156,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--ops", type=int, default=200, help="round trips per block")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 20 (a smoke run)")
+    parser.add_argument("--pause", type=float, default=PAUSE, help="untimed seconds after each block")
     parser.add_argument("--aa", action="store_true", help="both drivers record nothing (the noise floor)")
     parser.add_argument(
         "--toggle", action="store_true", help="one driver, recording turned on and off in it and its workers"
@@ -159,16 +164,16 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
-        child(opts.backend)
+        child(opts.backend, opts.pause)
         return
     if opts.quick:
         opts.rounds, opts.ops = 2, 20
     if opts.toggle:
-        one = Driver(opts.backend, True)
+        one = Driver(opts.backend, True, opts.pause)
         drivers = {"off": one, "on": one}
         print(f"one driver, recording toggled: records in {one.ready()}", flush=True)
     else:
-        drivers = {"off": Driver(opts.backend, False), "on": Driver(opts.backend, not opts.aa)}
+        drivers = {"off": Driver(opts.backend, False, opts.pause), "on": Driver(opts.backend, not opts.aa, opts.pause)}
         for label, driver in drivers.items():  # started together, waited for in turn
             print(f"recording {label}: records in {driver.ready()}", flush=True)
     try:
@@ -205,6 +210,28 @@ def main() -> None:
             f"{name:24} {row[0]:>8.1f}us {row[1]:>8.1f}us {row[1] / row[0]:>6.3f}"
             f" {row[2]:>8.1f}us {row[3]:>8.1f}us {row[3] / row[2]:>6.3f} {statistics.median(ratios[case]):>7.3f}"
         )
+    cost = event_cost_us()
+    print(f"\none event costs {cost:.3f}us to record here (p50 of 20 x 100k, a fresh ring); each round trip records")
+    print(f"{EVENTS_PER_ROUND_TRIP} (submit, start, end): the arithmetic overhead, unaffected by scheduling noise:")
+    for case, name in enumerate(CASES):
+        off_p50 = percentile(samples[("off", case)], 50) * 1e6
+        print(f"{name:24} {1 + EVENTS_PER_ROUND_TRIP * cost / off_p50:.3f}x of the off p50 ({off_p50:.1f}us)")
+
+
+EVENTS_PER_ROUND_TRIP = 3
+
+
+def event_cost_us() -> float:
+    """What one `record` costs in this process, recording into a ring of the default size."""
+    import timeit
+
+    from fray.events import Kind, Recorder
+
+    record = Recorder().record
+    n = 100_000
+    empty = min(timeit.repeat(lambda: None, number=n, repeat=5))
+    runs = timeit.repeat(lambda: record(Kind.TASK_START, 123456, "noop"), number=n, repeat=20)
+    return max(0.0, statistics.median(runs) - empty) / n * 1e6
 
 
 if __name__ == "__main__":
