@@ -323,6 +323,11 @@ class ClusterContext(ABC):
         """Where this cluster is, for `fray status`: its address, or where its jobs are kept."""
         return {"address": self.address} if self.address else {}
 
+    def engine_links(self) -> dict[str, str]:
+        """The engine's own pages for this cluster (a name -> its URL: Ray's dashboard), for the cluster's live
+        page (`fray dashboard`). Default: none."""
+        return {}
+
     def persistent_jobs_unavailable(self) -> str:
         """Why this context keeps no job beyond its owner's life (the persistent_jobs refusal says it)."""
         return self._no_persistent_jobs()

@@ -418,6 +418,11 @@ class JobContext(ABC):
         process's own are read by the core. Default: none (every event happens in this process)."""
         return []
 
+    def _engine_links(self) -> dict[str, str]:
+        """The engine's own pages for this job (a name -> its URL: Ray's dashboard where the cluster runs one),
+        shown on the live page. Default: none."""
+        return {}
+
     # Hooks with a default: a backend overrides them where it can do better (one broadcast for a group call).
     def _create_actor_group(
         self,
