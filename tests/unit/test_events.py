@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from fray import timeline
+from fray.errors import FrayError
 from fray.event_store import EventStore
 from fray.events import Event, Kind, ProcessEvents, Recorder
 
@@ -123,6 +125,36 @@ def test_a_late_clock_is_moved_so_no_task_starts_before_its_submit(tmp_path: Pat
     assert timeline.validate(trace, tasks=1) == [] and summary.tasks == 1
     span = next(e for e in trace["traceEvents"] if e["ph"] == "X")
     assert span["dur"] == pytest.approx(0.9e6)  # durations are the worker's own
+
+
+def test_a_timeline_file_is_private_and_never_written_through_anything_planted(tmp_path: Path) -> None:
+    driver = _batch("a", 1, [(10, Kind.TASK_SUBMIT, "t1", "f", None)])
+    fresh = tmp_path / "fresh.json"
+    timeline.write(fresh, [driver])
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+    loose = tmp_path / "loose.json"
+    loose.write_text("x" * 100_000)
+    loose.chmod(0o644)
+    timeline.write(loose, [driver])
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o600 and json.loads(loose.read_text())["traceEvents"]
+    link = tmp_path / "link.json"
+    link.symlink_to(fresh)
+    with pytest.raises(FrayError, match="symlink"):
+        timeline.write(link, [driver])
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(FrayError, match="not a regular file"):  # (and no wait for a reader to open it)
+        timeline.write(fifo, [driver])
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a file that belongs to another user takes root")
+def test_a_timeline_is_never_written_into_another_users_file(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.json"  # made first for us to fill, by a user who can read it
+    planted.write_text("")
+    os.chown(planted, 65534, 65534)
+    with pytest.raises(FrayError, match="belongs to user 65534"):
+        timeline.write(planted, [_batch("a", 1, [(10, Kind.TASK_SUBMIT, "t1", "f", None)])])
+    assert planted.read_text() == ""
 
 
 def _trace(*events: dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,10 @@ in the file a task never starts before it was submitted.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from fray.errors import FrayError
 from fray.events import Event, Kind, ProcessEvents
 
 __all__ = ["TimelineSummary", "build", "validate", "write"]
@@ -239,7 +242,7 @@ def build(processes: list[ProcessEvents]) -> tuple[dict[str, Any], dict[str, int
 def write(path: str | os.PathLike[str], processes: list[ProcessEvents]) -> TimelineSummary:
     trace, counts = build(processes)
     target = Path(path)
-    with open(target, "w", encoding="utf-8") as f:
+    with os.fdopen(_open_private(target), "w", encoding="utf-8") as f:
         json.dump(trace, f, separators=(",", ":"))
     return TimelineSummary(
         target,
@@ -249,6 +252,37 @@ def write(path: str | os.PathLike[str], processes: list[ProcessEvents]) -> Timel
         len(processes),
         sum(p.dropped for p in processes),
     )
+
+
+def _open_private(path: Path) -> int:
+    """`path` opened for writing as a file only this user can read (a timeline names the job's functions, actors
+    and errors): created 0600, or, if it exists, a regular file of this user's, set to 0600 and emptied. Never
+    through a symlink (O_NOFOLLOW), never blocking on another user's FIFO (O_NONBLOCK), never into a file that
+    another user made first (/tmp/trace.json planted for us to fill): FrayError naming the problem."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FrayError(f"refusing to write the timeline to {path}: it is a symlink; give the real path") from None
+        if exc.errno == errno.ENXIO:  # a FIFO (or socket, device) no one reads: not a file either
+            raise FrayError(f"refusing to write the timeline to {path}: it is not a regular file") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FrayError(f"refusing to write the timeline to {path}: it is not a regular file")
+        if info.st_uid != os.getuid():
+            raise FrayError(
+                f"refusing to write the timeline to {path}: the file belongs to user {info.st_uid}, who could read "
+                "it; remove it or choose another path"
+            )
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 _PHASES = {"X", "B", "E", "i", "I", "s", "t", "f", "C", "M"}
