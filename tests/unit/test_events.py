@@ -216,3 +216,22 @@ def test_the_store_counts_only_the_drops_of_its_own_context() -> None:
     recorder.record(Kind.TASK_SUBMIT, 1, "g")
     store.refresh()
     assert store.dropped == 500 and len(store.page(0).events) == 1001
+
+
+def test_in_memory_records_the_processes_it_starts_for_tasks_as_workers() -> None:
+    """A runtime_env task runs in a child process: its start and its death (exit code) are worker events."""
+    import fray
+    from fray import RuntimeEnv, TaskOptions, WorkerCrashedError
+    from fray.testing import workloads as h
+
+    options = TaskOptions(runtime_env=RuntimeEnv(env={"FRAY_TEST_X": "1"}), max_retries=0)
+    with fray.init("in_memory") as ctx:
+        cursor = ctx.events().page().cursor
+        with pytest.raises(WorkerCrashedError, match="code 1"):
+            ctx.get(ctx.create_task(h.crash, options=options), timeout=60)
+        events = [e for _, _, e in ctx.events().page(cursor).events]
+    started = [e for e in events if e.kind == Kind.WORKER_START]
+    died = [e for e in events if e.kind == Kind.WORKER_DIED]
+    assert len(started) == 1 and started[0].data == {"pid": started[0].key}
+    assert len(died) == 1 and died[0].key == started[0].key
+    assert died[0].data is not None and died[0].data["exit_code"] == 1 and "code 1" in died[0].data["reason"]

@@ -23,6 +23,7 @@ from monarch.actor import this_proc
 
 from fray import watchdog
 from fray.errors import FrayError
+from fray.events import RECORDER, Kind
 from fray.procfs import end_children
 from fray.transfers import PathStats, merge
 from fray_monarch import _runtime, instances, process_reads, tempdirs
@@ -122,6 +123,7 @@ class Controller:
             if self.pool.closed or not self.pool.forget(proc):
                 return
             reason = f"worker process {proc.key} died ({str(exc).splitlines()[0] if exc else 'stopped'})"
+            RECORDER.record(Kind.WORKER_DIED, proc.key, proc.role, {"reason": reason, "host": proc.host})
             self.directory.forget_holder(proc.key)
             self.directory.mark_lost(proc.key, f"it was stored by {reason}")
             if proc.pid:

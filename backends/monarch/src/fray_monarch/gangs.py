@@ -119,7 +119,7 @@ class GangKeeper:
             return
         group.restarts += 1
         group.generation += 1
-        RECORDER.record(Kind.GROUP_RESTART, group.label, group.label, {"reason": reason})
+        RECORDER.record(Kind.GROUP_RESTART, group.label, group.label, {"reason": f"rank {rank}: {reason}"})
         group.error = restarting_error(group.label, rank, reason, group.restarts, group.max_restarts)
         self._stop_all(group)
         threading.Thread(

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from fray.errors import FrayError
+from fray.events import RECORDER, Kind
 from fray.gpus import DevicePool, HostGpus, held_from_env, host_gpus, process_env
 from fray.procfs import Identity
 from fray.resources import EPS, add, fits, subtract
@@ -57,6 +58,11 @@ class Proc:
     dedicated: str = ""  # non-empty: the process of one actor (an SPMD member, a group member): no tasks, no others
     taking_back: bool = False  # an unqueue request is in flight
     gpus: tuple[int, ...] = ()  # the GPUs it sees (its CUDA_VISIBLE_DEVICES); work there holds some of them
+
+    @property
+    def role(self) -> str:
+        """What it is for, in words (how the timeline and the live page name it)."""
+        return f"process of actor {self.dedicated}" if self.dedicated else "task process" if self.env_key else "worker"
 
     @property
     def general(self) -> bool:
@@ -188,6 +194,7 @@ class ProcessPool:
     def adopt(self, proc: Proc) -> None:
         """Under the lock: a process spawned for this pool (by spawn, or in a group's mesh), watched from now on."""
         self.procs.append(proc)
+        RECORDER.record(Kind.WORKER_START, proc.key, proc.role, {"host": proc.host})
         _runtime.on_done(proc.worker.watch.call_one(), partial(self._died, proc))
         _runtime.on_done(proc.worker.ping.call_one(), partial(self._watch_pid, proc))
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fray.errors import ActorUnavailableError, FrayError
+from fray.events import RECORDER, Kind
 from fray.gang import died_error, hung_reason, restarting_error
 from fray.net import free_port
 
@@ -74,7 +75,7 @@ class Gang:
 
         def await_exit() -> None:
             code = proc.wait()
-            self.died(rank, generation, f"its process exited with code {code}")
+            self.died(rank, generation, f"its process exited with code {code}", exited=(proc.pid, code))
 
         def await_silence() -> None:
             try:
@@ -126,16 +127,24 @@ class Gang:
             return None if failure is None else _copy(failure)
 
     # ------------------------------------------------------------ deaths and restarts
-    def died(self, rank: int, generation: int, why: str, restart: bool = True) -> None:
-        """A member's process of life `generation` ended (or it was killed: restart=False): end that life."""
+    def died(
+        self, rank: int, generation: int, why: str, restart: bool = True, exited: tuple[int, int] | None = None
+    ) -> None:
+        """A member's process of life `generation` ended (or it was killed: restart=False): end that life.
+        exited: (pid, exit code) of a process that ended by itself, recorded as a worker's death."""
         with self.cond:
             if generation != self.generation or self.dead:
                 return  # a process fray stopped itself, or of a life already ended
+            if exited is not None:
+                pid, code = exited
+                data = {"reason": f"rank {rank}: {why}", "exit_code": code}
+                RECORDER.record(Kind.WORKER_DIED, pid, f"process of rank {rank} of {self.label}", data)
             self.generation += 1
             can_restart = self.max_restarts == -1 or self.restarts < self.max_restarts
             if restart and self.started and can_restart:
                 self.restarts += 1
                 self.error = restarting_error(self.label, rank, why, self.restarts, self.max_restarts)
+                RECORDER.record(Kind.GROUP_RESTART, self.label, self.label, {"reason": f"rank {rank}: {why}"})
             else:
                 self.dead = True
                 self.error = died_error(self.label, rank, why)

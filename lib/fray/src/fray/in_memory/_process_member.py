@@ -25,6 +25,7 @@ from typing import Any
 from fray import watchdog
 from fray.current import ActorInfo, set_process_actor
 from fray.errors import ActorDiedError, ActorUnavailableError
+from fray.events import RECORDER, Kind
 from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
 from fray.gpus import use_held_device
 from fray.in_memory._channel import Channel, Serialized
@@ -85,6 +86,7 @@ class ProcessMember:
             child_sock.close()
             os.close(beat_out)
         watchdog.watch_group(proc.pid)
+        RECORDER.record(Kind.WORKER_START, proc.pid, f"process of {self._label}", {"pid": proc.pid})
         self._proc, self._channel, self._generation = proc, Channel(parent_sock), generation
         if self._gang is not None:
             self._gang.watch(info.rank, proc, generation, beats)
@@ -125,6 +127,10 @@ class ProcessMember:
                 raise failure from None
             assert self._proc is not None
             code = self._proc.wait(timeout=10)
+            if gang is None:  # (a group member's death is recorded by its group's watcher)
+                why = f"it exited with code {code} during {what}"
+                data = {"reason": why, "exit_code": code}
+                RECORDER.record(Kind.WORKER_DIED, self._proc.pid, f"process of {self._label}", data)
             raise ActorDiedError(f"actor {self._label} died: its process exited with code {code} during {what}")
         ok, blob = reply
         if ok:

@@ -14,6 +14,7 @@ from typing import Any
 
 from fray import watchdog
 from fray.errors import WorkerCrashedError
+from fray.events import RECORDER, Kind
 from fray.in_memory._channel import Channel, Serialized
 from fray.remote_errors import RemoteError, capture_exception
 from fray.serialization import loads
@@ -31,12 +32,15 @@ def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
             start_new_session=True,  # a group of its own, which fray's watchdog kills if this process ends first
         )
     watchdog.watch_group(proc.pid)
+    RECORDER.record(Kind.WORKER_START, proc.pid, _NAME, {"pid": proc.pid})
     try:
         channel.send(driver_import_path(), "sys.path")
         channel.send((fn, args, kwargs), "the task and its arguments")
         ok, blob = channel.recv_outcome("the task's result")
     except (EOFError, OSError):
         code = proc.wait()
+        why = f"it exited with code {code} while running its task"
+        RECORDER.record(Kind.WORKER_DIED, proc.pid, _NAME, {"reason": why, "exit_code": code})
         raise WorkerCrashedError(f"the child process running this task exited with code {code}") from None
     finally:
         channel.close()
@@ -49,6 +53,9 @@ def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     error = loads(blob, "the task's error")
     assert isinstance(error, RemoteError)
     raise error.rebuild()
+
+
+_NAME = "task process (runtime_env)"  # how the timeline and the page name such a process
 
 
 def _exits(proc: subprocess.Popen[bytes]) -> bool:

@@ -50,10 +50,13 @@ def test_cancel_running_task(fray_ctx: JobContext, tmp_path: Path) -> None:
 
 @requires_capability("process_isolation")
 def test_crashed_task_raises_worker_crashed(fray_ctx: JobContext) -> None:
+    cursor = fray_ctx.events().page().cursor
     ref = fray_ctx.create_task(h.crash, options=TaskOptions(max_retries=0))
     with pytest.raises(WorkerCrashedError):
         fray_ctx.get(ref, timeout=60)
     assert fray_ctx.get(fray_ctx.create_task(h.add, args=(1, 1)), timeout=60) == 2  # the context still works
+    died = _recorded(fray_ctx, cursor, "worker.died")
+    assert died is not None and died.get("reason"), "the worker's death is an event (fray.events), with its reason"
 
 
 @requires_capability("process_isolation")
@@ -64,12 +67,28 @@ def test_crashed_task_is_retried(fray_ctx: JobContext, tmp_path: Path) -> None:
 
 @requires_capability("process_isolation")
 def test_crashed_actor_raises_actor_died(fray_ctx: JobContext) -> None:
+    cursor = fray_ctx.events().page().cursor
     actor = fray_ctx.create_actor(h.Counter)
     assert fray_ctx.get(actor.incr(), timeout=60) == 1
     with pytest.raises(ActorDiedError):
         fray_ctx.get(actor.crash(), timeout=60)
     with pytest.raises(ActorDiedError):
         fray_ctx.get(actor.incr(), timeout=60)
+    died = _recorded(fray_ctx, cursor, "actor.died", "Counter")
+    assert died is not None and died.get("reason"), "the actor's death is an event (fray.events), with its reason"
+
+
+def _recorded(ctx: JobContext, cursor: int, kind: str, name: str = "") -> dict[str, object] | None:
+    """The data of the first `kind` event after `cursor` (whose name holds `name`), asked again for a while: a
+    backend may bring its workers' events a little later (ray flushes them every 0.2 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        for _, _, e in ctx.events().page(cursor).events:
+            if e.kind == kind and name in e.name:
+                return dict(e.data or {})
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
 
 
 @requires_capability("process_isolation")

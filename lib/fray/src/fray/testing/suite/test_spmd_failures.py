@@ -96,6 +96,7 @@ def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path, na
         before = fray_ctx.get(group.facts(), timeout=180)
         assert [f["restarts"] for f in before] == [0, 0]
         blocked, queued = _rank0_inside_all_reduce(fray_ctx, group, tmp_path / "in")
+        cursor = fray_ctx.events().page().cursor
         start = time.monotonic()
         crash = group[1].crash_now()
         ends = [_fails_with(fray_ctx, r, ActorUnavailableError, "rank 1") for r in (crash, blocked, queued)]
@@ -110,6 +111,7 @@ def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path, na
         assert not {f["pid"] for f in after} & {f["pid"] for f in before}, "every member on a fresh process"
         assert after[0]["port"] != before[0]["port"], "a new MASTER_PORT for the new rendezvous"
         assert _wait_gone([f["pid"] for f in before]) == [], "the old processes are gone"
+        assert _restart_recorded(fray_ctx, cursor), "the restart is an event (fray.events), with its reason"
         if name is not None:  # a named group's members are found by name again, restarted
             assert fray_ctx.get(fray_ctx.get_actor(f"{name}/1").facts(), timeout=60)["restarts"] == 1
         # The last restart is spent: the next death is the group's end.
@@ -119,6 +121,19 @@ def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path, na
             _fails_with(fray_ctx, ref, ActorDiedError, "rank 0")
     finally:
         fray_ctx.kill(group)
+
+
+def _restart_recorded(ctx: JobContext, cursor: int) -> bool:
+    """A group.restart naming rank 1 came after `cursor` (a backend's events may reach the driver a little later:
+    asked again for a while)."""
+    deadline = time.monotonic() + 20
+    while True:
+        page = ctx.events().page(cursor)
+        if any(e.kind == "group.restart" and "rank 1" in str((e.data or {}).get("reason")) for _, _, e in page.events):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 @requires_capability("spmd_groups")
