@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -131,6 +132,27 @@ def checks(ctx: fray.JobContext, big: int, out: dict[str, Any]) -> None:
     out["all_reduce"] = ctx.get(spmd.all_reduce(1.5), timeout=300)
     out["spmd_world"] = ctx.get(spmd.world(), timeout=60)
     ctx.kill(spmd)
+    out["timeline"] = timeline_of(ctx)
+
+
+def timeline_of(ctx: fray.JobContext) -> dict[str, Any]:
+    """The job's timeline so far, from every host: what fray.timeline.validate says of it (asked again for a while,
+    as the conformance suite does: an actor's last events may arrive a moment after its call's result), and the
+    hosts where tasks started."""
+    from fray.timeline import validate
+
+    moved = {path: stats.bytes for path, stats in ctx.transfer_stats().items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        deadline = time.monotonic() + 20
+        while True:
+            summary = ctx.timeline(os.path.join(tmp, "trace.json"))
+            with open(os.path.join(tmp, "trace.json")) as f:
+                problems = validate(json.load(f), transfers=moved)
+            if not problems or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    started = {p.host for p in ctx.events().by_process() if any(e.kind == "task.start" for e in p.events)}
+    return {"problems": problems, "tasks": summary.tasks, "task_hosts": sorted(started)}
 
 
 def main() -> None:

@@ -147,6 +147,9 @@ def check_cross_host(result: dict[str, Any], hosts: list[Host]) -> None:
     assert {r[0] for r in ranks} == set(others) and [r[1:3] for r in ranks] == [["0", "2"], ["1", "2"]]
     master = next(h.address for h in hosts if h.name == ranks[0][0])
     assert {r[3] for r in ranks} == {master}  # MASTER_ADDR: rank 0's host address
+    drawn = result["timeline"]  # every host's events in one valid timeline (clocks aligned: no flow goes back)
+    assert drawn["problems"] == [] and drawn["tasks"] >= 12 + 6 + 1 + 5, drawn
+    assert drawn["task_hosts"] == others, drawn
 
 
 @contextlib.contextmanager

@@ -120,8 +120,13 @@ class MonarchJobContext(JobContext):
         return self._handle(self.client.get_actor(name))
 
     def _kill(self, handle: ActorHandle) -> None:
-        self._event_store.refresh()  # (its process may go with it: what it recorded is read first)
+        self._read_before_stopping()
         self.client.kill(handle.payload)
+
+    def _read_before_stopping(self) -> None:
+        """An actor's process may go with it: what it recorded and what it moved are read first."""
+        self._event_store.refresh()
+        self.client.transfer_stats()
 
     def _create_actor_group(
         self,
@@ -154,7 +159,7 @@ class MonarchJobContext(JobContext):
         return refs
 
     def _kill_group(self, group: ActorGroup) -> None:
-        self._event_store.refresh()
+        self._read_before_stopping()
         self.client.kill_group([h.payload for h in group.handles])
 
     # ------------------------------------------------------------ objects

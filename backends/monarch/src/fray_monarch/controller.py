@@ -104,6 +104,7 @@ class Controller:
         self.directory = ObjectDirectory(key, lock, TRACKER, self._free_stored)
         self.streams = StreamRegistry(lock, ids, self.directory, self.pool)
         self.events = process_reads.EventPuller(self.pool)
+        self.transfers = process_reads.TransferTally(self.pool)
         self.scheduler = TaskScheduler(lock, ids, self.directory, self.pool, self.streams)
         self.actors = ActorRegistry(lock, ids, self.directory, self.pool, self.streams, self.scheduler.pump)
         self.groups = GroupRegistry(lock, ids, self.directory, self.pool, self.actors)
@@ -181,7 +182,7 @@ class Controller:
                 self.pool.free(owner, allocs)
 
     def transfer_stats(self) -> dict[str, PathStats]:
-        return merge(self.store.stats.snapshot(), *process_reads.transfer_stats(self.pool))
+        return merge(self.store.stats.snapshot(), *self.transfers.read())
 
     def node_resources(self) -> list[dict[str, float]]:
         return self.pool.node_resources()

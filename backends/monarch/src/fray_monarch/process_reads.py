@@ -4,30 +4,47 @@ any is awaited; a process that does not answer in time is left out (and logged),
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from typing import Any
 
 from fray.events import ProcessEvents
-from fray.transfers import PathStats
+from fray.transfers import PathStats, merge
 from fray_monarch import _runtime
 from fray_monarch.processes import ProcessPool
 
-__all__ = ["EventPuller", "transfer_stats"]
+__all__ = ["EventPuller", "TransferTally"]
 
 READ_TIMEOUT = 30.0
 PUSHED_CAPACITY = 10_000  # batches pushed and not read yet (each up to a process's ring)
 
 
-def transfer_stats(pool: ProcessPool) -> list[dict[str, PathStats]]:
-    """Each live process's own transfers."""
-    futures = [p.worker.transfer_stats.call_one() for p in pool.live()]
-    parts = []
-    for fut in futures:
-        try:
-            parts.append(fut.get(timeout=READ_TIMEOUT))
-        except Exception:
-            _runtime.log.debug("fray: transfer stats of a worker not read", exc_info=True)
-    return parts
+class TransferTally:
+    """The worker processes' transfer counts, which only grow: each live process's as read now, and what was last
+    read from each process that is gone since (one killed by `ctx.kill` is read just before; one that crashed
+    keeps its last reading), so that `ctx.transfer_stats()` never forgets what a stopped process moved."""
+
+    def __init__(self, pool: ProcessPool) -> None:
+        self.pool = pool
+        self._lock = threading.Lock()
+        self._last: dict[str, dict[str, PathStats]] = {}  # process key -> its counts as last read
+        self._gone: dict[str, PathStats] = {}  # the last readings of processes no longer live, summed
+
+    def read(self) -> list[dict[str, PathStats]]:
+        live = self.pool.live()
+        futures = [(p.key, p.worker.transfer_stats.call_one()) for p in live]
+        fresh: dict[str, dict[str, PathStats]] = {}
+        for key, fut in futures:
+            try:
+                fresh[key] = fut.get(timeout=READ_TIMEOUT)
+            except Exception:
+                _runtime.log.debug("fray: transfer stats of a worker not read", exc_info=True)
+        alive = {p.key for p in self.pool.live()}
+        with self._lock:
+            self._last.update(fresh)
+            for key in [k for k in self._last if k not in alive]:
+                self._gone = merge(self._gone, self._last.pop(key))
+            return [self._gone, *self._last.values()]
 
 
 class EventPuller:
