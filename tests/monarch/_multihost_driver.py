@@ -151,8 +151,11 @@ def timeline_of(ctx: fray.JobContext) -> dict[str, Any]:
             if not problems or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-    started = {p.host for p in ctx.events().by_process() if any(e.kind == "task.start" for e in p.events)}
-    return {"problems": problems, "tasks": summary.tasks, "task_hosts": sorted(started)}
+    by_process = ctx.events().by_process()
+    started = {p.host for p in by_process if any(e.kind == "task.start" for e in p.events)}
+    # a value read from another host: its transfer event says where it came from
+    sources = {str((e.data or {}).get("from")) for p in by_process for e in p.events if e.name == "tcp-direct"}
+    return {"problems": problems, "tasks": summary.tasks, "task_hosts": sorted(started), "tcp_sources": len(sources)}
 
 
 def main() -> None:

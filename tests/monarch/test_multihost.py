@@ -150,6 +150,7 @@ def check_cross_host(result: dict[str, Any], hosts: list[Host]) -> None:
     drawn = result["timeline"]  # every host's events in one valid timeline (clocks aligned: no flow goes back)
     assert drawn["problems"] == [] and drawn["tasks"] >= 12 + 6 + 1 + 5, drawn
     assert drawn["task_hosts"] == others, drawn
+    assert drawn["tcp_sources"] >= 2 or "tcp-direct" not in result["paths"], drawn  # each names its source process
 
 
 @contextlib.contextmanager

@@ -159,7 +159,7 @@ class ObjectStore:
             self.decided.add(value.host)
             log.info("fray: host %s reads values of host %s by %s (%s)", self.host, value.host, path, why(path))
         result = loads(blob, what)
-        self.stats.record(path, value.nbytes, time.perf_counter() - start)
+        self.stats.record(path, value.nbytes, time.perf_counter() - start, f"{value.host}/{value.owner}")
         return result
 
     def _map(self, value: Stored) -> Blob:

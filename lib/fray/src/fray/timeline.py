@@ -149,7 +149,7 @@ class _Builder:
                         "tid": self.tid(index, e.thread),
                         "ts": self.us(begin),
                         "dur": max(0.0, round(seconds * 1e6, 3)),
-                        "args": {"bytes": nbytes},
+                        "args": {"bytes": nbytes, **_ends_of(data, self.processes[index])},
                     }
                 )
                 self.counts["transfer"] += 1
@@ -230,6 +230,14 @@ class _Builder:
             for thread, tid in self.tids[index].items():
                 lane = proc.threads.get(thread, f"thread {thread}")
                 yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
+
+
+def _ends_of(data: Mapping[str, Any], reader: ProcessEvents) -> dict[str, str]:
+    """A transfer's from (where the backend knows it) and to (the process that read it)."""
+    ends = {"to": f"{reader.label} {reader.process}"}
+    if data.get("from") is not None:
+        ends["from"] = str(data["from"])
+    return ends
 
 
 def build(processes: list[ProcessEvents]) -> tuple[dict[str, Any], dict[str, int]]:

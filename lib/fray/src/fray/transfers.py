@@ -85,8 +85,13 @@ class TransferStats:
         self._lock = threading.Lock()
         self._paths: dict[str, list[float]] = {}  # path -> [count, bytes, seconds]: every value read pays this
 
-    def record(self, path: str, nbytes: int, seconds: float) -> None:
-        RECORDER.record(Kind.TRANSFER, path, path, {"bytes": nbytes, "seconds": seconds})
+    def record(self, path: str, nbytes: int, seconds: float, source: str | None = None) -> None:
+        """A read of `nbytes` by `path` that took `seconds`, into this process, from `source` where the backend
+        knows it (the process that held the value: its host and key)."""
+        data: dict[str, object] = {"bytes": nbytes, "seconds": seconds}
+        if source is not None:
+            data["from"] = source
+        RECORDER.record(Kind.TRANSFER, path, path, data)
         with self._lock:
             counts = self._paths.get(path)
             if counts is None:

@@ -57,6 +57,8 @@ def test_a_workload_draws_a_valid_timeline(fray_own_ctx: JobContext, tmp_path: P
     assert all(c["name"] == "Counter.incr" for c in calls)
     flows = _events(trace, "s")
     assert len(flows) == 21 + 6  # every task and call: an arrow from where it was submitted to where it started
+    transfers = _events(trace, "X", "transfer")
+    assert transfers and all(t["args"]["to"] for t in transfers), transfers[:3]  # (and "from" where it is known)
     deaths = [e for e in _events(trace, "i") if e["name"].startswith("actor.died")]
     assert len(deaths) == 1 and deaths[0]["args"]["reason"], deaths
     names = {e["args"]["name"] for e in _events(trace, "M") if e["name"] == "process_name"}
