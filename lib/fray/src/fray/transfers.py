@@ -12,11 +12,15 @@ path the bytes took to reach the reader:
   process, or carried through pinned host memory and copied onto the reader's device (fray.cuda_values; its
   host bytes are also counted under the path they took).
 
-Counters are per process; a backend with several processes sums them (see `JobContext.transfer_stats`).
+Those are the names fray's own backends use (`KNOWN_PATHS`); the set is open: a backend names its own paths
+with any short lowercase name (`PATH_NAME`: `my-engine-store`), and should reuse one of these where its bytes
+take that way. Counters are per process; a backend with several processes sums them (see
+`JobContext.transfer_stats`).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -25,9 +29,10 @@ from dataclasses import dataclass
 
 from fray.events import RECORDER, Kind
 
-__all__ = ["PATHS", "PathStats", "TransferReport", "TransferStats", "merge"]
+__all__ = ["KNOWN_PATHS", "PATH_NAME", "PathStats", "TransferReport", "TransferStats", "merge"]
 
-PATHS = (
+PATH_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")  # what a path's name looks like (the suite checks it)
+KNOWN_PATHS = (
     "inline",
     "shm",
     "rdma-ibverbs",
