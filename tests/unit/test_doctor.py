@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fray import doctor
-from fray.registry import Backend
+from fray.backend import Backend
 
 
 def _fray_command() -> list[str]:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from fray.backend import Backend
 from fray.capabilities import Capability
 from fray.options import parse_options
-from fray.registry import Backend
 from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
 from fray_monarch.topology import SCHEMA, topology
 

@@ -1,28 +1,15 @@
 """What an actor host (hosts.FrayActorHost) sends its replies through, and what it says of them: a group
 member's answers tagged with their object id, a call's reply sent plain when it can be, the end event of a call
-from its reply (fray.events), and which of a class's methods make it an async actor."""
+from its reply (fray.events)."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from fray.events import ERROR, ended
 from fray_monarch.protocol import ActorReply, PlainReply, compact, group_answer, plain_data
 
-__all__ = ["CompactingPort", "TaggedPort", "async_methods", "end_data"]
-
-
-def async_methods(klass: type) -> frozenset[str]:
-    """The public `async def` methods (and async generators) of an actor class: it then runs on an event loop."""
-    names = set()
-    for name in dir(klass):
-        if name.startswith("_"):
-            continue
-        attr = getattr(klass, name, None)
-        if inspect.iscoroutinefunction(attr) or inspect.isasyncgenfunction(attr):
-            names.add(name)
-    return frozenset(names)
+__all__ = ["CompactingPort", "TaggedPort", "end_data"]
 
 
 def end_data(reply: Any) -> dict[str, str] | None:

@@ -26,14 +26,14 @@ from fray.current import ActorInfo
 from fray.errors import ActorDiedError
 from fray.events import RECORDER, Kind
 from fray.gpus import ENV_HELD, held_from_env, use_held_device
-from fray.refs import ObjectRef
+from fray.refs import ObjectRef, async_methods
 from fray.remote_errors import capture_exception
 from fray.rendezvous import serve_store
 from fray.serialization import Blob, dumps, loads, plain_pickle
 from fray.worker_env import worker_env_defaults
 from fray_monarch import _runtime, environ
 from fray_monarch._monarch import Actor, endpoint
-from fray_monarch.actor_ports import CompactingPort, TaggedPort, async_methods, end_data
+from fray_monarch.actor_ports import CompactingPort, TaggedPort, end_data
 from fray_monarch.calls import fill_deps
 from fray_monarch.objects import RefPayload
 from fray_monarch.protocol import (

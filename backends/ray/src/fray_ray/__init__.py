@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
+from fray.backend import Backend
 from fray.capabilities import Capability
 from fray.options import byte_count, count, directory, flag, non_empty_text, parse_options, parse_resources
-from fray.registry import Backend
 from fray_ray.job import RayJobContext
 
 __all__ = ["RayBackend", "RayClusterContext", "RayJobContext"]

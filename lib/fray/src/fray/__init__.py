@@ -32,7 +32,7 @@ from fray.errors import (
 from fray.groups import ActorGroup
 from fray.job_handle import JobHandle, wait_jobs
 from fray.refs import ActorHandle, ObjectRef
-from fray.registry import available_backends, cluster, init, shutdown
+from fray.registry import available_backends, cluster, init, register_backend, shutdown
 from fray.streams import ObjectRefStream
 from fray.transfers import PathStats
 from fray.types import (
@@ -94,6 +94,7 @@ __all__ = [
     "current_gpus",
     "get_job_context",
     "init",
+    "register_backend",
     "set_job_context",
     "shutdown",
     "using",

@@ -38,7 +38,7 @@ from fray.interrupts import refs as count_refs
 from fray.outcome import Outcome
 from fray.progress import ProgressMode, check_mode
 from fray.receive import receive_into
-from fray.refs import ActorHandle, ObjectRef
+from fray.refs import ActorHandle, ObjectRef, async_methods
 from fray.resources import actor_resources, task_resources
 from fray.streams import ObjectRefStream
 from fray.timeline import TimelineSummary
@@ -124,6 +124,7 @@ class JobContext(ABC):
         opts = check_options(options, ActorOptions)
         if opts.lifetime is Lifetime.DETACHED:
             self.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
+        self._require_async_actors(klass)
         self.check_feasible(actor_resources(opts), f"actor {opts.name or klass.__name__}")
         return self._create_actor(klass, call_args, call_kwargs, opts)
 
@@ -149,6 +150,7 @@ class JobContext(ABC):
         check_group_args(klass, count, placement, PLACEMENTS)
         call_args, call_kwargs = check_call(args, kwargs)
         opts = check_options(options, ActorOptions)
+        self._require_async_actors(klass)
         existing = admit_group(self, klass, count, opts, placement, bool(strict_placement), bool(distributed))
         if existing is not None:
             return existing
@@ -245,11 +247,12 @@ class JobContext(ABC):
 
     def cancel(self, ref: ObjectRef) -> None:
         """Cancel the task behind ref: a queued task never runs; `get` then raises TaskCancelledError.
-        A running task is interrupted where the backend can (capability cancel_running); a finished task is
-        left alone."""
+        A running task is interrupted where the backend can (capability cancel_running; elsewhere
+        UnsupportedFeatureError, and the task runs on); a finished task is left alone."""
         self._refuse_if_shut_down()
         self._check_ref(ref)
-        self._cancel(ref)
+        if self._cancel(ref) is False:
+            self.require(Capability.CANCEL_RUNNING, "cancel of a running task")
 
     def transfer_stats(self) -> TransferReport:
         """How the values read so far reached their readers, by path (see fray.transfers): how many transfers,
@@ -319,6 +322,14 @@ class JobContext(ABC):
         if capability not in self.capabilities:
             detail = f"{used} needs it" if used else ""
             raise UnsupportedFeatureError(capability, self.backend, detail)
+
+    def _require_async_actors(self, klass: type) -> None:
+        if Capability.ASYNC_ACTORS not in self.capabilities:
+            methods = async_methods(klass)
+            if methods:
+                self.require(
+                    Capability.ASYNC_ACTORS, f"the async def methods of {klass.__name__} ({', '.join(sorted(methods))})"
+                )
 
     def check_feasible(self, request: Mapping[str, float], what: str) -> None:
         """Refuse at submission a request that no node could ever satisfy (engines would wait forever)."""
@@ -405,7 +416,10 @@ class JobContext(ABC):
     def _kill(self, handle: ActorHandle) -> None: ...
 
     @abstractmethod
-    def _cancel(self, ref: ObjectRef) -> None: ...
+    def _cancel(self, ref: ObjectRef) -> bool | None:
+        """Cancel the task behind ref (a ref of this backend): queued, it never runs and its get raises
+        TaskCancelledError; running, interrupt it (capability cancel_running) or, lacking that, leave it running
+        and return False (the core then raises UnsupportedFeatureError); finished, leave it alone."""
 
     @abstractmethod
     def _shutdown(self) -> None: ...

@@ -23,8 +23,9 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
 
+from fray.backend import Backend
 from fray.errors import BackendNotAvailableError
-from fray.registry import FIRST_PARTY, Backend, available_backends, get_backend
+from fray.registry import FIRST_PARTY, available_backends, get_backend
 
 __all__ = ["DISTRIBUTIONS", "Report", "format_report", "main", "report"]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Generator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -141,5 +142,18 @@ def public_methods(klass: type) -> frozenset[str]:
         if name.startswith("_"):
             continue
         if callable(getattr(klass, name, None)):
+            names.add(name)
+    return frozenset(names)
+
+
+def async_methods(klass: type) -> frozenset[str]:
+    """The public `async def` methods (and async generators) of an actor class: it is then an async actor
+    (capability async_actors: they run on an event loop inside the actor)."""
+    names = set()
+    for name in dir(klass):
+        if name.startswith("_"):
+            continue
+        attr = getattr(klass, name, None)
+        if inspect.iscoroutinefunction(attr) or inspect.isasyncgenfunction(attr):
             names.add(name)
     return frozenset(names)

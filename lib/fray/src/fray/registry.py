@@ -8,6 +8,7 @@ missing one says how to install it.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Mapping
 from importlib import import_module
@@ -21,7 +22,7 @@ from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
 from fray.options import did_you_mean
 
-__all__ = ["Backend", "available_backends", "cluster", "get_backend", "init", "parse_spec", "shutdown"]
+__all__ = ["available_backends", "cluster", "get_backend", "init", "parse_spec", "register_backend", "shutdown"]
 
 ENV_VAR = "FRAY_BACKEND"
 DEFAULT_BACKEND = "in_memory"
@@ -58,15 +59,38 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def available_backends() -> dict[str, str]:
-    """Every backend name known here -> where it comes from (entry point value or first-party path)."""
+    """Every backend name known here -> where it comes from (entry point value, first-party path, or a
+    registration in this process)."""
     names = {name: path for name, (path, _) in FIRST_PARTY.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         names[ep.name] = ep.value
+    with _lock:
+        for name, backend in _registered.items():
+            names[name] = f"registered in this process: {type(backend).__module__}.{type(backend).__qualname__}"
     return names
 
 
 _backends: dict[str, Backend] = {}
-_lock = threading.Lock()
+_registered: dict[str, Backend] = {}
+_lock = threading.RLock()  # (get_backend lists the known names under it)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def register_backend(name: str, backend: type[Backend] | Backend, replace: bool = False) -> None:
+    """Make `backend` (a `fray.backend.Backend` subclass or instance) the backend called `name` in this process,
+    as an installed distribution's "fray.backends" entry point would: for tests and notebooks (fsspec's
+    `register_implementation`). `fray.init(name)` then uses it here; processes fray starts elsewhere do not see
+    it. A name that is taken (installed, first-party or registered) is refused unless `replace=True`."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"a backend name is letters, digits, '_', '.' and '-' (a spec's 'name?k=v'), got {name!r}")
+    instance = backend() if isinstance(backend, type) and issubclass(backend, Backend) else backend
+    if not isinstance(instance, Backend):
+        raise TypeError(f"register_backend needs a fray.backend.Backend subclass or instance, got {backend!r}")
+    with _lock:
+        if not replace and name in available_backends():
+            raise ValueError(f"a fray backend named {name!r} exists already; pass replace=True to replace it here")
+        _registered[name] = instance
+        _backends[name] = instance
 
 
 def get_backend(name: str) -> Backend:
@@ -94,7 +118,7 @@ def get_backend(name: str) -> Backend:
             ) from exc
         backend = obj() if isinstance(obj, type) else obj
         if not isinstance(backend, Backend):
-            raise BackendNotAvailableError(f"entry point {name!r} did not give a fray.registry.Backend: {obj!r}")
+            raise BackendNotAvailableError(f"entry point {name!r} did not give a fray.backend.Backend: {obj!r}")
         _backends[name] = backend
         return backend
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from fray.backend import Backend
 from fray.capabilities import Capability
 from fray.gpus import host_gpus
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.in_memory.job import InMemoryJobContext
 from fray.jobs import host_resources
 from fray.options import flag, non_negative, parse_options, parse_resources
-from fray.registry import Backend
 from fray.worker_env import huge_pages_in_this_process
 
 __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
