@@ -122,4 +122,4 @@ def test_the_job_page_gives_the_engines_links_and_its_note() -> None:
     with fray.init("in_memory") as ctx:
         state = JobPage(ctx).state(0)
         assert (state["links"], state["note"]) == ({}, "")
-    assert "without authentication" in ENGINE_NOTES["monarch"]
+    assert "asks for no credentials" in ENGINE_NOTES["monarch"]

@@ -104,6 +104,10 @@ def _check_page(browser: Any, url: str, backend: str, expected: dict[str, Any]) 
         page.goto(url)
         assert page.url == f"http://{origin.hostname}:{origin.port}/", "the token stays in the address bar"
         expect(page.locator("#backend")).to_have_text(backend, timeout=SHOWN_WITHIN_MS)
+        if backend == "monarch":  # (why no link to Monarch's own dashboard)
+            expect(page.locator("#engine-note")).to_contain_text("Monarch's own dashboard is not started")
+        else:
+            expect(page.locator("#engine-note")).to_be_hidden()
         rows = page.locator("#functions tbody tr")
         expect(rows.filter(has_text="sleep_then").locator("td.done")).to_have_text(str(TASKS), timeout=SHOWN_WITHIN_MS)
         failing = rows.filter(has_text="raise_value_error")

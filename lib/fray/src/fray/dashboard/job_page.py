@@ -22,7 +22,8 @@ PAGE = 20_000  # events taken from the store per read
 # Why an engine's own page is not linked, by backend: said on the page, so that nobody looks for it. (Monarch's
 # dashboard server binds "::" by default and asks for no credentials: monarch/monarch_dashboard/server/app.py.)
 ENGINE_NOTES = {
-    "monarch": "Monarch's own dashboard is not started: it would listen on every interface without authentication.",
+    "monarch": "Monarch's own dashboard is not started: it listens on every interface by default and asks for no "
+    "credentials.",
 }
 
 
