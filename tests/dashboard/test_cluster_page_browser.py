@@ -38,9 +38,16 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
+class EngineCluster(InMemoryClusterContext):
+    """The in_memory cluster as a backend whose engine has a page of its own (Ray's dashboard) would be."""
+
+    def engine_links(self) -> dict[str, str]:
+        return {"engine": "http://127.0.0.1:9/engine"}  # (a link: the browser does not follow it)
+
+
 def test_the_cluster_page_shows_its_jobs(browser: Any, tmp_path: Path) -> None:
     expect = sync_api.expect
-    cluster = InMemoryClusterContext(state_dir=str(tmp_path / "state"))
+    cluster = EngineCluster(state_dir=str(tmp_path / "state"))
     try:
         jobs = submit_jobs(cluster, tmp_path)
         url = cluster.dashboard()
@@ -52,6 +59,8 @@ def test_the_cluster_page_shows_its_jobs(browser: Any, tmp_path: Path) -> None:
             page.goto(url)
             assert page.url == f"http://{origin.hostname}:{origin.port}/", "the token stays in the address bar"
             expect(page.locator("#backend")).to_have_text("in_memory", timeout=SHOWN_WITHIN_MS)
+            expect(page.locator("#links a")).to_have_attribute("href", "http://127.0.0.1:9/engine")
+            expect(page.locator("#where")).to_contain_text(str(tmp_path / "state"))
             rows = page.locator("#jobs tbody tr")
             expect(rows).to_have_count(3, timeout=SHOWN_WITHIN_MS)
             expect(rows.nth(0)).to_have_attribute("data-job", jobs.running)  # newest first

@@ -95,7 +95,9 @@ function renderJobs() {
     who.append(el("div", "mono job-id", j.id));
     if (j.name) who.append(el("div", "kind", j.name));
     const st = el("td"); st.append(el("span", `state st-${j.state}`, j.state.toLowerCase()));
-    const entry = td(j.entrypoint.length > 60 ? `${j.entrypoint.slice(0, 59)}…` : j.entrypoint, "mono entry");
+    // the program by its name (/long/venv/bin/python -> python); the whole command is in the tip
+    const short = j.entrypoint.replace(/^\S*\/(\S+)/, "$1");
+    const entry = td(short.length > 60 ? `${short.slice(0, 59)}…` : short, "mono entry");
     entry.title = j.entrypoint;
     const end = j.ended ?? (j.started !== null ? S.now : null);
     const took = j.started !== null ? duration(end - j.started) : "–";
@@ -122,14 +124,14 @@ function renderChart() {
     for (const t of [j.submitted, j.started, j.ended]) if (t !== null) { x0 = Math.min(x0, t); x1 = Math.max(x1, t); }
     if (!j.ended) x1 = Math.max(x1, now);
   }
-  if (x1 - x0 < 1000) x1 = x0 + 1000;
+  if (x1 - x0 < 100) x1 = x0 + 100;  // (a running job is drawn to the right edge: now)
   const width = Math.max(400, box.clientWidth), left = 200, right = 10, top = 20, laneH = 20, gap = 4;
   const height = top + jobs.length * (laneH + gap) + 2;
   const scale = (width - left - right) / (x1 - x0);
   const x = (t) => left + (t - x0) * scale;
   const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, height: String(height), role: "img" });
   const title = svg("title", {}); title.textContent = "jobs over time"; root.append(title);
-  const span = x1 - x0, steps = [100, 200, 500, 1000, 2000, 5000, 10000, 15000, 30000, 60000, 120000, 300000, 600000, 900000,
+  const span = x1 - x0, steps = [10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 15000, 30000, 60000, 120000, 300000, 600000, 900000,
     1800000, 3600000, 7200000, 21600000, 43200000, 86400000];
   const step = steps.find((s) => span / s <= 8) || 86400000;
   for (let t = Math.ceil(x0 / step) * step; t <= x1; t += step) {
@@ -137,7 +139,7 @@ function renderChart() {
     if (x(t) + 60 > width) continue;
     const lbl = svg("text", { x: x(t) + 3, y: top - 7 }, "tick-label");
     const d = new Date(t);
-    lbl.textContent = d.toLocaleTimeString([], { hour12: false }) + (step < 1000 ? `.${String(d.getMilliseconds()).padStart(3, "0").slice(0, 1)}` : "");
+    lbl.textContent = d.toLocaleTimeString([], { hour12: false }) + (step < 1000 ? `.${String(d.getMilliseconds()).padStart(3, "0").slice(0, step < 100 ? 2 : 1)}` : "");
     root.append(lbl);
   }
   jobs.forEach((j, i) => {
@@ -206,6 +208,7 @@ async function poll() {
       setStatus("lost", "not signed in: open the URL that `fray dashboard` printed");
       return;
     }
+    if (r.status === 503) throw new Error("the cluster could not be read");
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
     S = await r.json();
     render();
@@ -213,7 +216,8 @@ async function poll() {
     setStatus("live", `live · updated ${new Date().toLocaleTimeString([], { hour12: false })}`);
   } catch (e) {
     failures++;
-    setStatus("lost", "disconnected: the page's server may have stopped");
+    setStatus("lost", e.message === "the cluster could not be read" ? `${e.message}: trying again` :
+      "disconnected: the page's server may have stopped");
   }
   schedule(Math.min(POLL_MS * 2 ** failures, 10000));
 }
