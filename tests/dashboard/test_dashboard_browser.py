@@ -1,5 +1,6 @@
 """The live page in a real browser: Debian's Chromium (apt, `make system-packages`) driven by Playwright, against a
-real workload on each backend. Playwright never downloads a browser here: it launches /usr/bin/chromium.
+real workload on each backend. Playwright never downloads a browser here: it launches /usr/bin/chromium
+(tests/_browser.py).
 
 The workload (issue 31): 20 tasks, an actor with a few calls, one task that raises ValueError, a 1 MiB numpy
 put/get, an actor killed with ctx.kill; on ray and monarch also an actor restart (max_restarts=1, a call that
@@ -17,24 +18,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from _browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, watch
 
 import fray
 from fray import ActorOptions, timeline
 from fray.context import JobContext
 from fray.testing import workloads as h
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",  # the tests may run as root, where Chromium's sandbox refuses to start
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-SCREENSHOTS = Path(__file__).resolve().parents[2] / ".tmp"
 TASKS = 20
 MIB = 1 << 20
 SHOWN_WITHIN_MS = 20_000
@@ -109,21 +99,15 @@ def _check_page(browser: Any, url: str, backend: str, expected: dict[str, Any]) 
     origin = urlsplit(url)
     page_context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
     page = page_context.new_page()
-    problems: list[str] = []
-    elsewhere: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-
-    def on_request(request: Any) -> None:
-        where = urlsplit(request.url)
-        if (where.scheme, where.hostname, where.port) != ("http", origin.hostname, origin.port):
-            elsewhere.append(request.url)
-
-    page.on("request", on_request)
+    seen = watch(page, url)
     try:
         page.goto(url)
         assert page.url == f"http://{origin.hostname}:{origin.port}/", "the token stays in the address bar"
         expect(page.locator("#backend")).to_have_text(backend, timeout=SHOWN_WITHIN_MS)
+        if backend == "monarch":  # (why no link to Monarch's own dashboard)
+            expect(page.locator("#engine-note")).to_contain_text("Monarch's own dashboard is not started")
+        else:
+            expect(page.locator("#engine-note")).to_be_hidden()
         rows = page.locator("#functions tbody tr")
         expect(rows.filter(has_text="sleep_then").locator("td.done")).to_have_text(str(TASKS), timeout=SHOWN_WITHIN_MS)
         failing = rows.filter(has_text="raise_value_error")
@@ -166,5 +150,5 @@ def _check_page(browser: Any, url: str, backend: str, expected: dict[str, Any]) 
         assert all(drawn.get(path, 0) >= nbytes for path, nbytes in expected["transfers"].items()), drawn
     finally:
         page_context.close()
-    assert problems == []
-    assert elsewhere == []
+    assert seen.problems == []
+    assert seen.elsewhere == []

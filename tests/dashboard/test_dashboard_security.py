@@ -1,28 +1,33 @@
-"""The live page's protections, asked of a real in_memory context's server with http.client (docs/security.md):
-a token exchanged for an HttpOnly SameSite=Strict cookie, 401 without it and 403 with a wrong one (and no data
-either way), a Host header that is not this server's refused (DNS rebinding), no CORS, a strict CSP."""
+"""The live pages' protections, asked of real in_memory servers with http.client (docs/security.md), a job's page
+(`ctx.dashboard()`) and a cluster's (`cluster.dashboard()`) alike: a token exchanged for an HttpOnly SameSite=Strict
+cookie, 401 without it and 403 with a wrong one (and no data either way), a Host header that is not this server's
+refused (DNS rebinding), no CORS, a strict CSP."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 import fray
 from fray import timeline
-from fray.context import JobContext
+from fray.context import ClusterContext, JobContext
+from fray.in_memory.cluster import InMemoryClusterContext
 from fray.testing import workloads as h
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
-PATHS = ["/", "/api/state?since=0", "/api/timeline", "/static/app.js", "/static/app.css"]
+PATHS = ["/", "/api/state?since=0", "/api/timeline", "/static/app.css"]
+SCRIPTS = {"job": "/static/app.js", "cluster": "/static/cluster.js"}
 
 
 @dataclass
@@ -34,7 +39,8 @@ class Answer:
 
 @dataclass
 class Page:
-    ctx: JobContext
+    kind: str  # "job" | "cluster"
+    ctx: JobContext | ClusterContext
     url: str
     port: int
     token: str
@@ -55,20 +61,42 @@ class Page:
             conn.close()
 
 
+def _signed_in(kind: str, ctx: JobContext | ClusterContext) -> Page:
+    url = ctx.dashboard()
+    where = urlsplit(url)
+    assert where.port is not None
+    token = parse_qs(where.query)["token"][0]
+    first = Page(kind, ctx, url, where.port, token, "").get(f"/?token={token}")
+    set_cookie = first.headers["Set-Cookie"]
+    return Page(kind, ctx, url, where.port, token, set_cookie.split(";")[0])
+
+
 @pytest.fixture(scope="module")
-def page() -> Iterator[Page]:
+def job_page() -> Iterator[Page]:
     ctx = fray.init("in_memory?cpus=2")
     try:
         assert ctx.get([ctx.create_task(h.add, args=(i, i)) for i in range(5)], timeout=30) == [0, 2, 4, 6, 8]
-        url = ctx.dashboard()
-        where = urlsplit(url)
-        assert where.port is not None
-        token = parse_qs(where.query)["token"][0]
-        first = Page(ctx, url, where.port, token, "").get(f"/?token={token}")
-        set_cookie = first.headers["Set-Cookie"]
-        yield Page(ctx, url, where.port, token, set_cookie.split(";")[0])
+        yield _signed_in("job", ctx)
     finally:
         ctx.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
+    cluster = InMemoryClusterContext(state_dir=str(tmp_path_factory.mktemp("state")))
+    try:
+        job = cluster.create_job([sys.executable, "-c", "print('hello')"], working_dir=Path.cwd())
+        assert cluster.wait_job(job, timeout=60).status == "SUCCEEDED"
+        yield _signed_in("cluster", cluster)
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module", params=["job", "cluster"])
+def page(request: pytest.FixtureRequest) -> Page:
+    """Each test that takes it runs against both pages: one implementation of the protections serves both."""
+    found: Page = request.getfixturevalue(f"{request.param}_page")
+    return found
 
 
 def _no_data(answer: Answer) -> None:
@@ -86,6 +114,7 @@ def test_the_url_is_loopback_with_a_long_random_token_and_the_same_each_call(pag
         pass
     server = page.ctx._dashboard
     assert server is not None and server._server.server_address[0] == "127.0.0.1"
+    assert page.get(SCRIPTS[page.kind], cookie=page.cookie).status == 200
 
 
 def test_the_token_is_exchanged_for_a_strict_httponly_cookie_and_a_redirect_without_it(page: Page) -> None:
@@ -100,18 +129,18 @@ def test_the_token_is_exchanged_for_a_strict_httponly_cookie_and_a_redirect_with
     _no_data(answer)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", [*PATHS, "script"])
 def test_without_the_cookie_every_path_is_401_with_no_data(page: Page, path: str) -> None:
-    answer = page.get(path)
+    answer = page.get(SCRIPTS[page.kind] if path == "script" else path)
     assert answer.status == 401
     assert "Set-Cookie" not in answer.headers
     _no_data(answer)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", [*PATHS, "script"])
 def test_a_wrong_cookie_is_403_with_no_data(page: Page, path: str) -> None:
     name = page.cookie.partition("=")[0]
-    answer = page.get(path, cookie=f"{name}=not-the-session")
+    answer = page.get(SCRIPTS[page.kind] if path == "script" else path, cookie=f"{name}=not-the-session")
     assert answer.status == 403
     _no_data(answer)
 
@@ -139,7 +168,7 @@ def test_loopback_names_of_this_server_are_served(page: Page, host: str) -> None
 
 
 def test_with_the_cookie_the_page_and_the_api_answer_with_strict_headers_and_no_cors(page: Page) -> None:
-    for path in PATHS:
+    for path in [*PATHS, SCRIPTS[page.kind]]:
         answer = page.get(path, cookie=page.cookie)
         assert answer.status == 200, path
         headers = answer.headers
@@ -152,7 +181,13 @@ def test_with_the_cookie_the_page_and_the_api_answer_with_strict_headers_and_no_
     assert "<script>" not in html and "<style" not in html and " style=" not in html  # nothing inline
     state = json.loads(page.get("/api/state?since=0", cookie=page.cookie).body)
     assert state["backend"] == "in_memory"
-    assert [f[1] for f in state["functions"]] == ["add"] and state["functions"][0][5] == 5  # done
+    assert state["links"] == {} and state["note"] == ""  # (in_memory is its own engine: no page of its own)
+    if page.kind == "job":
+        assert [f[1] for f in state["functions"]] == ["add"] and state["functions"][0][5] == 5  # done
+    else:
+        assert [(j["state"], j["exit_code"]) for j in state["jobs"]] == [("SUCCEEDED", 0)]
+    other = SCRIPTS["cluster" if page.kind == "job" else "job"]
+    assert page.get(other, cookie=page.cookie).status == 404  # each page serves its own script only
 
 
 def test_refusals_carry_the_same_headers_and_no_cors(page: Page) -> None:
@@ -169,14 +204,16 @@ def test_other_methods_are_refused_without_cors(page: Page, method: str) -> None
     assert answer.headers["Content-Security-Policy"] == CSP
 
 
-def test_a_poll_sends_only_what_changed(page: Page) -> None:
+def test_a_poll_sends_only_what_changed(job_page: Page) -> None:
+    page, ctx = job_page, job_page.ctx
+    assert isinstance(ctx, JobContext)
     first = json.loads(page.get("/api/state?since=0", cookie=page.cookie).body)
     again = json.loads(page.get(f"/api/state?since={first['cursor']}", cookie=page.cookie).body)
     assert again["cursor"] == first["cursor"] and not again["full"]
     assert again["functions"] == again["spans"] == again["errors"] == [] and again["processes"] is None
     assert again["totals"] == first["totals"]  # totals come with every answer
-    page.ctx.get(page.ctx.create_task(h.add, args=(1, 2)), timeout=30)
-    page.ctx._dashboard._read_at = 0.0  # type: ignore[union-attr]  # (reads at most every 0.25 s)
+    ctx.get(ctx.create_task(h.add, args=(1, 2)), timeout=30)
+    ctx._dashboard.source._read_at = 0.0  # (reads at most every 0.25 s)
     later = json.loads(page.get(f"/api/state?since={first['cursor']}", cookie=page.cookie).body)
     assert [f[1] for f in later["functions"]] == ["add"] and len(later["spans"]) == 1
     assert later["totals"]["done"] == first["totals"]["done"] + 1
@@ -187,7 +224,12 @@ def test_the_timeline_download_is_an_attachment_that_validates(page: Page) -> No
     answer = page.get("/api/timeline", cookie=page.cookie)
     assert answer.status == 200
     assert answer.headers["Content-Disposition"].startswith('attachment; filename="fray-timeline-')
-    assert timeline.validate(json.loads(answer.body)) == []
+    trace = json.loads(answer.body)
+    assert timeline.validate(trace) == []
+    if page.kind == "cluster":  # the jobs' timeline: the job's one attempt
+        assert [(e["cat"], e["args"]["exit_code"]) for e in trace["traceEvents"] if e["ph"] == "X"] == [
+            ("job,SUCCEEDED", 0)
+        ]
 
 
 def test_the_server_stops_with_the_context() -> None:
@@ -202,6 +244,19 @@ def test_the_server_stops_with_the_context() -> None:
         ctx.dashboard()
 
 
+def test_the_cluster_pages_server_stops_with_the_cluster_context(tmp_path: Path) -> None:
+    cluster = InMemoryClusterContext(state_dir=str(tmp_path / "state"))
+    url = cluster.dashboard()
+    assert cluster.dashboard() == url  # one server per context
+    port = urlsplit(url).port
+    assert port is not None
+    cluster.shutdown()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with pytest.raises(fray.FrayError):
+        cluster.dashboard()
+
+
 def test_bound_to_every_interface_it_takes_ip_literals_and_its_name_but_still_no_other_name() -> None:
     ctx = fray.init("in_memory")
     try:
@@ -209,7 +264,7 @@ def test_bound_to_every_interface_it_takes_ip_literals_and_its_name_but_still_no
         where = urlsplit(url)
         assert where.hostname == socket.gethostname().lower() and where.port is not None
         token = parse_qs(where.query)["token"][0]
-        page = Page(ctx, url, where.port, token, "")
+        page = Page("job", ctx, url, where.port, token, "")
         for host in ("10.1.2.3:{port}", "[fe80::1]:{port}", f"{socket.gethostname()}:{{port}}"):
             assert page.get(f"/?token={token}", host=host.format(port=where.port)).status == 303, host
         for host in ("evil.example:{port}", "10.1.2.3:1", "10.1.2.3"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,7 +19,7 @@ from typing import Any, ClassVar
 
 from fray._validation import check_timeout
 from fray.capabilities import Capability
-from fray.errors import JobExistsError, JobNotFoundError, UnsupportedFeatureError
+from fray.errors import FrayError, JobExistsError, JobNotFoundError, UnsupportedFeatureError
 from fray.interrupts import interrupted
 from fray.job_handle import JobHandle
 from fray.job_records import last_record
@@ -44,6 +45,7 @@ BACKEND_VAR = "FRAY_BACKEND"
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _NAME_TRIES = 20
 _RECORD_LINES = 20  # a supervised job's record is among its log's last lines (only stragglers write after it)
+_DASHBOARD_LOCK = threading.Lock()  # (one for every context: a page is started once in a context's life)
 
 
 def _checked_command(entrypoint: object) -> str | list[str]:
@@ -88,6 +90,7 @@ class ClusterContext(ABC):
     # its jobs live in this process only.
     address: str | None = None
     _shut_down: bool = False  # set by the first shutdown(); later ones do nothing
+    _dashboard: Any = None  # its live page's server, once asked for (fray.dashboard)
 
     def create_job(
         self,
@@ -328,6 +331,21 @@ class ClusterContext(ABC):
         page (`fray dashboard`). Default: none."""
         return {}
 
+    def dashboard(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Start this cluster's live page (docs/dashboard.md: its jobs, their states and attempts, its nodes) if it
+        is not running, and return its URL, which holds the page's access token: keep it private. Loopback only
+        unless `host` says otherwise; stops at shutdown."""
+        with _DASHBOARD_LOCK:
+            if self._shut_down:
+                raise FrayError(f"this {self.backend} cluster context is shut down")
+            if self._dashboard is None:
+                from fray.dashboard import Dashboard
+                from fray.dashboard.cluster import ClusterPage
+
+                self._dashboard = Dashboard(ClusterPage(self), host, port)
+            url: str = self._dashboard.url
+            return url
+
     def persistent_jobs_unavailable(self) -> str:
         """Why this context keeps no job beyond its owner's life (the persistent_jobs refusal says it)."""
         return self._no_persistent_jobs()
@@ -344,9 +362,12 @@ class ClusterContext(ABC):
     def shutdown(self) -> None:
         """Release what this context started: its jobs that are not detached end; detached ones go on.
         Idempotent."""
-        if self._shut_down:
-            return
-        self._shut_down = True
+        with _DASHBOARD_LOCK:
+            if self._shut_down:
+                return
+            self._shut_down = True
+        if self._dashboard is not None:
+            self._dashboard.stop()
         self._shutdown()
 
     def __enter__(self) -> ClusterContext:

@@ -281,8 +281,9 @@ class JobContext(ABC):
             self._refuse_if_shut_down()
             if self._dashboard is None:
                 from fray.dashboard import Dashboard
+                from fray.dashboard.job_page import JobPage
 
-                self._dashboard = Dashboard(self, host, port)
+                self._dashboard = Dashboard(JobPage(self), host, port)
             url: str = self._dashboard.url
             return url
 

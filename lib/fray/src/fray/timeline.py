@@ -8,7 +8,10 @@ Open the file in https://ui.perfetto.dev or chrome://tracing. What it holds:
   arrow from where it was submitted to where it started (its queue wait);
 - transfers as spans (category `transfer`, named by their path, args: bytes);
 - counters: tasks in flight, bytes moved by path;
-- deaths and restarts of actors, groups and workers as instants, with their reason.
+- deaths and restarts of actors, groups and workers as instants, with their reason;
+- a cluster's jobs (fray.job_events: `Kind.JOB_STATE` events, a lane per job): a span per attempt (category
+  `job,STATUS`, args: attempt, status, exit code, message; one still running is drawn to the file's writing),
+  and instants for its submission and its final state.
 
 Clocks: each process stamps its events with its own wall clock. Hosts' clocks differ by a little (NTP) or a lot
 (none), so a process whose tasks would start before they were submitted is moved later by the largest such gap:
@@ -21,6 +24,7 @@ import errno
 import json
 import os
 import stat
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +42,9 @@ _ENDS = {Kind.TASK_END: "task", Kind.CALL_END: "actor call"}
 _SUBMITS = {Kind.TASK_SUBMIT: "task", Kind.CALL_SUBMIT: "actor call"}
 _INSTANTS = {Kind.ACTOR_DIED, Kind.ACTOR_RESTART, Kind.GROUP_RESTART, Kind.WORKER_DIED, Kind.WORKER_START}
 _COUNTER_STEP_US = 1000.0  # a counter gets at most one sample a millisecond (the file stays small)
+JOB_CATEGORY = "job"  # a job attempt's span is in it, and in its status's category (`job,FAILED`)
+# trace viewers' reserved colour names (chrome://tracing; Perfetto colours by name)
+_JOB_COLOURS = {"SUCCEEDED": "good", "FAILED": "terrible", "STOPPED": "grey", "RUNNING": "thread_state_running"}
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,8 @@ class _Builder:
         self.t0 = self.events[0][2] if self.events else 0
         self.counts = {"task": 0, "actor call": 0, "transfer": 0}
         self._pending_samples: dict[str, dict[str, Any]] = {}  # counter name -> its newest unwritten sample
+        # a job's attempt that started and has not ended: (process index, job key, attempt) -> (start event, t)
+        self._attempts: dict[tuple[int, str | int, Any], tuple[Event, int]] = {}
 
     def us(self, t_ns: int) -> float:
         return round((t_ns - self.t0) / 1000, 3)
@@ -155,6 +164,8 @@ class _Builder:
                 self.counts["transfer"] += 1
                 moved[e.name] += nbytes
                 self._counter("bytes moved", dict(moved), t, last_sample)
+            elif kind == Kind.JOB_STATE and self._job_attempt(index, e, t):
+                continue
             elif kind in _INSTANTS or kind == Kind.JOB_STATE:
                 self.out.append(
                     {
@@ -168,6 +179,9 @@ class _Builder:
                         "args": {"key": str(e.key), **(e.data or {})},
                     }
                 )
+        now = time.time_ns()
+        for (index, _, attempt), (start, t) in self._attempts.items():  # still running: drawn to now
+            self._attempt_span(index, start, t, max(now, t), {"state": "RUNNING", "attempt": attempt})
         self.out.extend(self._pending_samples.values())
         self.out.extend(self._names())
         return {"traceEvents": self.out, "displayTimeUnit": "ms", "otherData": {"producer": "fray"}}
@@ -221,6 +235,39 @@ class _Builder:
             }
         )
         self.counts[family] += 1
+
+    def _job_attempt(self, index: int, e: Event, t: int) -> bool:
+        """Takes a job state event that starts or ends an attempt (its span is drawn at the end); False for the
+        others (submitted, ended: instants)."""
+        data = e.data or {}
+        attempt = data.get("attempt")
+        if attempt is None:
+            return False
+        where = (index, e.key, attempt)
+        if data.get("state") == "RUNNING":
+            self._attempts[where] = (e, t)
+        else:
+            started = self._attempts.pop(where, None)
+            if started is not None:
+                self._attempt_span(index, started[0], started[1], t, data)
+        return True
+
+    def _attempt_span(self, index: int, start: Event, t_start: int, t_end: int, data: Mapping[str, Any]) -> None:
+        status = str(data.get("state", "RUNNING"))
+        args = {field: data[field] for field in ("attempt", "exit_code", "message") if field in data}
+        self.out.append(
+            {
+                "ph": "X",
+                "cat": f"{JOB_CATEGORY},{status}",
+                "name": start.name,
+                "pid": index + 1,
+                "tid": self.tid(index, start.thread),
+                "ts": self.us(t_start),
+                "dur": max(0.0, self.us(t_end) - self.us(t_start)),
+                "cname": _JOB_COLOURS.get(status, "generic_work"),
+                "args": {"key": str(start.key), "status": status, **args},
+            }
+        )
 
     def _names(self) -> Iterable[dict[str, Any]]:
         for index, proc in enumerate(self.processes):
@@ -302,9 +349,9 @@ def validate(
     """What is wrong with a trace (an empty list: nothing): it must be a Chrome trace (integer pid and tid, a
     known phase, a time on every event but metadata, no negative duration); every flow starts and ends once, and
     never ends before it starts (a task never starts before it was submitted); the calls of an actor that runs
-    one call at a time never overlap on its lane. Given `tasks` / `calls`, the task / actor call spans must
-    number exactly that; given `transfers` (path -> bytes, as `ctx.transfer_stats()` reports), the transfer
-    spans' bytes by path must add up to it."""
+    one call at a time never overlap on its lane, nor the attempts of a job (fray.job_events) on its. Given
+    `tasks` / `calls`, the task / actor call spans must number exactly that; given `transfers` (path -> bytes, as
+    `ctx.transfer_stats()` reports), the transfer spans' bytes by path must add up to it."""
     problems: list[str] = []
     events = trace.get("traceEvents") if isinstance(trace, dict) else trace
     if not isinstance(events, list):
@@ -339,7 +386,7 @@ def validate(
             spans[str(e.get("cat"))] += 1
             if e.get("cat") == "transfer":
                 moved[str(e.get("name"))] += int(args.get("bytes", 0))
-            if args.get("concurrency") == 1:
+            if args.get("concurrency") == 1 or str(e.get("cat", "")).split(",")[0] == JOB_CATEGORY:
                 lanes[(e["pid"], e.get("tid", 0))].append((float(ts), float(ts) + float(dur), str(e.get("name"))))
         elif ph in ("s", "f"):
             if ph in flows[e.get("id")]:

@@ -10,6 +10,7 @@ fray run ... -- CMD ...                   an attached `fray job submit`
 fray cluster start|stop [--backend SPEC] [--listen ADDRESS]
 fray status [--backend SPEC] [--address A] [--json]
 fray dashboard JOB [--open]               the live page a job's driver announced (fray job submit --dashboard)
+fray dashboard [--open]                   serve the cluster's live page (its jobs) until Ctrl-C
 
 Each command is a process of its own, so a job must have a home that outlives the command that submitted it:
 in_memory keeps jobs in the state directory (fray.state, fray.detached); ray talks to a Ray cluster by address
@@ -153,8 +154,12 @@ def add_commands(sub: Any) -> None:
     launch.add_argument("--partition", default=None, help="the Slurm partition")
     launch.add_argument("--time", default=None, help="the Slurm time limit, e.g. 00:30:00")
     _cluster_options(actions.add_parser("stop", help="stop the recorded cluster and its jobs"), address=False)
-    page = sub.add_parser("dashboard", help="the address of a job's live page (its driver ran with --dashboard)")
-    page.add_argument("job_id")
+    page = sub.add_parser(
+        "dashboard",
+        help="the address of a job's live page (its driver ran with --dashboard); without JOB, serve the "
+        "cluster's page until Ctrl-C",
+    )
+    page.add_argument("job_id", nargs="?", default=None, metavar="JOB", help="a job (id or name); none: the cluster")
     _cluster_options(page)
     page.add_argument("--open", action="store_true", help="open it in a web browser on this machine")
     overview = sub.add_parser("status", help="nodes with their total and free resources, and jobs")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import sys
 import webbrowser
+from types import FrameType
 
 from fray.cli.common import CommandError, as_dict, format_exit_code, format_time, open_cluster, say
 from fray.plain_text import last_lines
@@ -94,8 +96,11 @@ def _delete(args: argparse.Namespace) -> int:
 
 def dashboard(args: argparse.Namespace) -> int:
     """`fray dashboard JOB [--open]`: the address of the live page a job's driver announced in its log (it runs
-    with FRAY_DASHBOARD=1: `fray job submit --dashboard`)."""
+    with FRAY_DASHBOARD=1: `fray job submit --dashboard`). Without JOB: the cluster's page (cluster_page)."""
     from fray.dashboard import ANNOUNCED
+
+    if args.job_id is None:
+        return cluster_page(args)
 
     with open_cluster(args, "fray dashboard") as ctx:
         found = list(ANNOUNCED.finditer(ctx.get_job_logs(args.job_id)))
@@ -115,6 +120,29 @@ def dashboard(args: argparse.Namespace) -> int:
     elif args.open:
         webbrowser.open(url)
     return 0
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends the page as Ctrl-C does
+
+
+def cluster_page(args: argparse.Namespace) -> int:
+    """`fray dashboard [--open]`: serves the cluster's live page from this process (its URL, with its token, on
+    stdout) until Ctrl-C or SIGTERM, then closes it and exits 0."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with open_cluster(args, "fray dashboard") as ctx:
+            url = ctx.dashboard()
+            print(url, flush=True)
+            say("the cluster's live page: serving until Ctrl-C (the URL holds its access token: keep it private)")
+            if args.open:
+                webbrowser.open(url)
+            while True:
+                signal.pause()  # (the page's server runs on its own thread; a signal's handler ends this)
+    except KeyboardInterrupt:
+        return 0  # (leaving the with: the context's shutdown closed the server)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 JOB_VERBS = {

@@ -1,7 +1,10 @@
-"""The live page of a job (`ctx.dashboard()`): progress per function, a task stream, actors, transfers, errors.
+"""The live pages: a job's (`ctx.dashboard()`: progress per function, a task stream, actors, transfers, errors)
+and a cluster's (`cluster.dashboard()`, `fray dashboard`: its jobs, their states and attempts, its nodes).
 
-A stdlib HTTP server on loopback (fray.dashboard.server) that reads the job's events (`ctx.events()`) only while
-a page polls it, and keeps its aggregates up to date from a cursor (fray.dashboard.model): see docs/dashboard.md.
+One stdlib HTTP server on loopback (fray.dashboard.server) with its protections serves either page's source: a
+job's (fray.dashboard.job_page) reads the job's events (`ctx.events()`) only while a page polls it, and keeps its
+aggregates up to date from a cursor (fray.dashboard.model); a cluster's (fray.dashboard.cluster) reads the
+cluster's jobs only while a page polls it. See docs/dashboard.md.
 
 `FRAY_DASHBOARD=1` (or a port number) in a driver's environment starts the page at `fray.init()` and prints its
 address on stderr, as Jupyter prints its own: `fray dashboard JOB` finds that line in a job's log.
@@ -13,12 +16,9 @@ import os
 import re
 import socket
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fray.dashboard.server import Dashboard
-
-if TYPE_CHECKING:
-    from fray.context import JobContext
 
 __all__ = ["ANNOUNCED", "Dashboard", "announce_from_env"]
 
@@ -27,7 +27,11 @@ ENV = "FRAY_DASHBOARD"
 ANNOUNCED = re.compile(r"^fray: the live page of this job \(host (?P<host>\S+), pid \d+\): (?P<url>http://\S+)$", re.M)
 
 
-def announce_from_env(ctx: JobContext) -> str | None:
+class _Serves(Protocol):
+    def dashboard(self, host: str = ..., port: int = ...) -> str: ...
+
+
+def announce_from_env(ctx: _Serves) -> str | None:
     """Start ctx's live page if FRAY_DASHBOARD asks for it (1, or the port to serve on), and print its address
     (with its token: the line goes where the driver's stderr goes, a job's private log for a job)."""
     wanted = os.environ.get(ENV, "").strip().lower()

@@ -1,8 +1,10 @@
-"""The live page's HTTP server: the standard library's ThreadingHTTPServer, one page and a JSON API.
+"""The live pages' HTTP server: the standard library's ThreadingHTTPServer, one page and a JSON API, for any
+`PageSource` (a job's page, fray.dashboard.job_page; a cluster's, fray.dashboard.cluster): one implementation of
+the protections serves both.
 
 Nothing of it runs while no page is open: its one thread sleeps in `select` on the listening socket and a
-wake-up pipe (no timeout, no polling); a request is served on a thread of its own. A poll reads what is new in
-the job's event store from the last cursor on (`Aggregates`), at most every `REFRESH_S` whichever tabs ask.
+wake-up pipe (no timeout, no polling); a request is served on a thread of its own. What a poll reads, and how
+often, is the source's business (each reads at most every so often, whichever tabs ask).
 
 Security (docs/security.md): loopback only unless a host is given; a random token in the first URL is exchanged
 for an HttpOnly SameSite=Strict cookie (and removed from the address bar by a redirect); every other request
@@ -22,25 +24,18 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from fray.dashboard.model import Aggregates
-
-if TYPE_CHECKING:
-    from fray.context import JobContext
-    from fray.event_store import EventStore
-
-__all__ = ["Dashboard"]
+__all__ = ["Dashboard", "PageSource", "static_files"]
 
 LOOPBACK = "127.0.0.1"
-REFRESH_S = 0.25  # the event store is read at most this often, however many pages poll
-PAGE = 20_000  # events taken from the store per read
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
@@ -54,26 +49,45 @@ SECURITY_HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-STATIC = {
-    "/": ("index.html", "text/html; charset=utf-8"),
-    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
-    "/static/app.css": ("app.css", "text/css; charset=utf-8"),
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
 }
 
 
-class Dashboard:
-    """One job context's live page. `url` carries the token; `stop()` ends the server (the context's shutdown
-    calls it)."""
+class PageSource(Protocol):
+    """What a page shows, for the server: its files, what changed after a cursor, and its Chrome trace."""
 
-    def __init__(self, ctx: JobContext, host: str = LOOPBACK, port: int = 0) -> None:
-        self._ctx = ctx
+    @property
+    def files(self) -> Mapping[str, tuple[bytes, str]]:
+        """URL path -> (body, content type): the page ("/") and its static files."""
+
+    def state(self, since: int) -> dict[str, Any]:
+        """The JSON answer to `/api/state?since=CURSOR` (raising: the server answers 503, with no data)."""
+
+    def write_timeline(self, directory: str) -> Path:
+        """Writes the timeline into `directory` (private, deleted after it is sent) and returns its path."""
+
+
+def static_files(page: str, script: str) -> dict[str, tuple[bytes, str]]:
+    """A page's files from fray/dashboard/static: its HTML at "/", its script and the shared style sheet."""
+    files = {}
+    for path, name in (("/", page), (f"/static/{script}", script), ("/static/app.css", "app.css")):
+        body = resources.files("fray.dashboard").joinpath("static", name).read_bytes()
+        files[path] = (body, _TYPES[Path(name).suffix])
+    return files
+
+
+class Dashboard:
+    """One live page's server, showing `source`. `url` carries the token; `stop()` ends the server (the context
+    that started it calls it at its shutdown)."""
+
+    def __init__(self, source: PageSource, host: str = LOOPBACK, port: int = 0) -> None:
+        self.source = source
         self.token = secrets.token_urlsafe(32)
         self._session = secrets.token_urlsafe(32)  # the cookie's value: not the token itself
-        self._lock = threading.Lock()
-        self._model = Aggregates()
-        self._read_at = 0.0
-        self._store: EventStore | None = None
-        self._files = {path: (_read_static(name), ctype) for path, (name, ctype) in STATIC.items()}
+        self._files = dict(source.files)
         server_class = _Server6 if ":" in host else _Server
         self._server = server_class((host, port), _Handler)
         self._server.dashboard = self
@@ -115,40 +129,8 @@ class Dashboard:
         self._wake_w.close()
         self._wake_r.close()
 
-    # ----------------------------------------------------------------- what the handlers ask for
-    def state(self, since: int) -> dict[str, Any]:
-        """What changed after cursor `since`, read from the job's events as far as they go now."""
-        with self._lock:
-            now = time.monotonic()
-            if self._store is None or now - self._read_at >= REFRESH_S:
-                self._store, self._read_at = self._ctx.events(), now
-            store = self._store
-            model = self._model
-            while True:
-                page = store.page(model.cursor, PAGE)
-                model.totals.lost += page.dropped
-                if not page.events:
-                    break
-                model.add(page.events, store.processes)
-            if not model.process_rows and store.processes:
-                model.add([], store.processes)
-            answer = model.delta(since)
-            answer["backend"] = self._ctx.backend
-            answer["dropped"] = store.dropped + model.totals.lost
-            answer["now"] = time.time_ns() / 1e6
-            return answer
-
-    def write_timeline(self, directory: str) -> Path:
-        path = Path(directory) / "timeline.json"
-        self._ctx.timeline(path)
-        return path
-
     def file(self, path: str) -> tuple[bytes, str] | None:
         return self._files.get(path)
-
-
-def _read_static(name: str) -> bytes:
-    return resources.files("fray.dashboard").joinpath("static", name).read_bytes()
 
 
 def _ip_literal(host: str, port: int) -> bool:
@@ -178,7 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""
 
     def log_message(self, format: str, *args: Any) -> None:
-        pass  # a page polls every second: nothing on the job's stderr
+        pass  # a page polls every second: nothing on the job's (or the command's) stderr
 
     # ----------------------------------------------------------------- responses
     def _send(self, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8", **headers: str) -> None:
@@ -245,8 +227,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             return self._refuse(HTTPStatus.BAD_REQUEST)
         try:
-            answer = self.server.dashboard.state(since)
-        except Exception:  # the context is shutting down, or its backend could not be read
+            answer = self.server.dashboard.source.state(since)
+        except Exception:  # the context is shutting down, or its backend or cluster could not be read
             return self._refuse(HTTPStatus.SERVICE_UNAVAILABLE)
         body = json.dumps(answer, separators=(",", ":")).encode()
         self._send(HTTPStatus.OK, body, "application/json")
@@ -255,7 +237,7 @@ class _Handler(BaseHTTPRequestHandler):
         directory = tempfile.mkdtemp(prefix="fray-dashboard-")  # mode 0700: private to this user
         try:
             try:
-                path = self.server.dashboard.write_timeline(directory)
+                path = self.server.dashboard.source.write_timeline(directory)
             except Exception:
                 return self._refuse(HTTPStatus.SERVICE_UNAVAILABLE)
             stamp = time.strftime("%Y%m%d-%H%M%S")

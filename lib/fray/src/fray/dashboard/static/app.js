@@ -9,7 +9,7 @@ const MAX_LANES = 60;
 const SVG = "http://www.w3.org/2000/svg";
 
 const S = {
-  cursor: 0, t0: 0, now: 0, backend: "", dropped: 0, totals: {},
+  cursor: 0, t0: 0, now: 0, backend: "", dropped: 0, totals: {}, links: {}, note: "",
   fns: new Map(), actors: new Map(), transfers: new Map(), lanes: new Map(), processes: [],
   spans: [], errors: [], running: [], range: 0,
 };
@@ -56,7 +56,7 @@ function merge(a) {
     S.spans = []; S.errors = [];
   }
   S.cursor = a.cursor; S.t0 = a.t0; S.now = a.now; S.backend = a.backend; S.dropped = a.dropped;
-  S.totals = a.totals;
+  S.totals = a.totals; S.links = a.links || {}; S.note = a.note || "";
   // times come in us after the first event (integers: cheap to make and to send); the page works in ms
   S.running = a.running.map((r) => [r[0], r[1], r[2] / 1000]);
   for (const s of a.spans) { s[3] /= 1000; s[4] /= 1000; }
@@ -92,6 +92,19 @@ function renderTotals() {
     notice.textContent = `${count(S.dropped)} events were dropped before they could be read (a process's ` +
       "ring was full): counts below miss them. FRAY_EVENTS_CAPACITY sets the ring's size.";
   }
+}
+
+function renderEngine() {
+  // the engine's own pages (Ray's dashboard), or why there is none (a backend's note)
+  const links = document.getElementById("links");
+  links.replaceChildren(...Object.entries(S.links).map(([name, url]) => {
+    const a = el("a", "engine-link", name);
+    a.href = url; a.target = "_blank"; a.rel = "noopener noreferrer";
+    return a;
+  }));
+  const note = document.getElementById("engine-note");
+  note.hidden = !S.note;
+  note.textContent = S.note;
 }
 
 function renderFunctions() {
@@ -267,7 +280,7 @@ function renderProcesses() {
 }
 
 function render() {
-  renderTotals(); renderFunctions(); renderStream(); renderActors(); renderTransfers(); renderErrors();
+  renderTotals(); renderEngine(); renderFunctions(); renderStream(); renderActors(); renderTransfers(); renderErrors();
   renderProcesses();
 }
 
