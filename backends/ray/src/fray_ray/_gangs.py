@@ -33,6 +33,7 @@ import ray.exceptions as rex
 from ray.experimental import internal_kv
 
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, GetTimeoutError
+from fray.events import RECORDER, Kind
 from fray.gang import LOST_PEER_GRACE, died_error, hung_reason, lost_peer, restarting_error
 from fray.procfs import exiting
 
@@ -197,6 +198,7 @@ class GangWatch:
             can_restart = gang.max_restarts == -1 or gang.restarts < gang.max_restarts
             if restart and gang.respawn is not None and can_restart:
                 gang.restarts += 1
+                RECORDER.record(Kind.GROUP_RESTART, gang.label, gang.label, {"reason": why, "rank": rank})
                 gang.error = restarting_error(gang.label, rank, why, gang.restarts, gang.max_restarts)
             else:
                 self._live.remove(gang)
