@@ -28,6 +28,7 @@ from fray.testing import group_workloads as g
 from fray.testing import workloads as h
 from fray.types import ActorOptions, TaskOptions
 from fray_ray import RayJobContext
+from fray_ray._connect import http_link
 
 pytestmark = pytest.mark.skipif(not RECORDER.enabled, reason="recording is off (FRAY_EVENTS=0)")
 
@@ -334,6 +335,7 @@ def test_an_spmd_group_restart_is_recorded_with_its_reason(ctx: RayJobContext, t
     label = group_label("Member", 2, name)  # the group's key and name in its events, as in its errors
     try:
         assert len(ctx.get(group.whoami(), timeout=180)) == 2
+        first = [h.payload._actor_id.hex() for h in group.handles]  # its members' first life
         with pytest.raises((ActorUnavailableError, ActorDiedError)):
             ctx.get(group[1].crash(), timeout=120)
         restarts = _recorded(ctx, Kind.GROUP_RESTART, label)
@@ -341,12 +343,27 @@ def test_an_spmd_group_restart_is_recorded_with_its_reason(ctx: RayJobContext, t
         process, event = restarts[0]
         assert process.pid == os.getpid() and event.name == label
         assert event.data is not None and event.data["rank"] == 1 and "died" in event.data["reason"]
+        # each first-life member's death, once: rank 1's as Ray reports it, rank 0's as fray stopped it
+        deaths = [_recorded(ctx, Kind.ACTOR_DIED, key) for key in first]
+        assert [len(d) for d in deaths] == [1, 1]
+        reasons = [d[0][1].data["reason"] for d in deaths]  # type: ignore[index]
+        assert reasons[0].startswith(f"fray stopped it: its {label} lost rank 1") and "process has died" in reasons[1]
+        assert ctx.get(group.whoami(), timeout=180)[1]["rank"] == 1  # back
         trace, _ = _trace(ctx, tmp_path / "timeline.json")
         assert [e["args"]["key"] for e in _instants(trace, "group.restart")][-1:] == [label]
         assert timeline.validate(trace) == []
     finally:
         ctx.kill(group)
+    assert [len(_recorded(ctx, Kind.ACTOR_DIED, key, timeout=0)) for key in first] == [1, 1]  # not again at the kill
 
 
 def test_fray_s_private_ray_has_no_engine_link(ctx: RayJobContext) -> None:
+    """(A cluster with a dashboard: test_ray_lifecycle.py, on its private head.)"""
     assert ctx._engine_links() == {}  # include_dashboard=False: Ray's KV holds no dashboard address
+
+
+def test_an_engine_link_is_plain_http_with_no_credentials() -> None:
+    assert http_link("127.0.0.1:8265") == "http://127.0.0.1:8265"
+    assert http_link("https://user:secret@ray.example:443/x?token=abc#f") == "https://ray.example:443/x"
+    assert http_link("http://[::1]:8265") == "http://[::1]:8265"
+    assert http_link("ray://head:10001") is None and http_link("") is None and http_link(None) is None

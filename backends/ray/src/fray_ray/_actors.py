@@ -154,9 +154,9 @@ class RayActors:
         handles = list(handles)
         named: list[tuple[str, Any]] = []
         for handle in handles:
-            self.deaths.killed(handle.payload._actor_id.hex())  # (its death is recorded here, not by the watch)
+            record = self.deaths.killed(handle.payload._actor_id.hex())  # (not also by the watch; not twice)
             ray.kill(handle.payload, no_restart=True)
-            if RECORDER.enabled:
+            if record and RECORDER.enabled:
                 reason = {"reason": "it was killed (ctx.kill)"}
                 RECORDER.record(Kind.ACTOR_DIED, handle.payload._actor_id.hex(), handle.class_name, reason)
             if handle.name is None:

@@ -111,6 +111,7 @@ class DeathWatch:
         self._on = on
         self._lock = threading.Lock()
         self._alive: dict[str, str] = {}  # actor id (hex) -> class name: made here, no death recorded yet
+        self._ended: set[str] = set()  # the actors whose death was recorded
         self._workers: set[str] = set()  # keys of the worker processes whose death was recorded
         self._since_ms = int(time.time() * 1000) - _CLOCK_MARGIN_MS
         self._crashes = 0  # WorkerCrashedErrors no worker death was found for yet
@@ -121,11 +122,28 @@ class DeathWatch:
             with self._lock:
                 self._alive[actor_id] = class_name
 
-    def killed(self, actor_id: str) -> None:
-        """fray kills the actor and records its death itself (called before the kill: never two deaths)."""
-        if self._on:
+    def killed(self, actor_id: str) -> bool:
+        """fray kills the actor (called before the kill): whether to record its death there, False if it was
+        recorded already (a dead member of a restarted SPMD group, killed with its group; a second kill)."""
+        if not self._on:
+            return True
+        with self._lock:
+            self._alive.pop(actor_id, None)
+            if actor_id in self._ended:
+                return False
+            self._ended.add(actor_id)
+            return True
+
+    def stopped(self, actor_ids: list[str], reason: str) -> None:
+        """fray stops these actors (the survivors of an SPMD group that lost a member): their deaths, with `reason`
+        rather than Ray's (which would say ray.kill)."""
+        for actor_id in actor_ids:
             with self._lock:
-                self._alive.pop(actor_id, None)
+                name = self._alive.pop(actor_id, None)
+                if name is None:
+                    continue
+                self._ended.add(actor_id)
+            RECORDER.record(Kind.ACTOR_DIED, actor_id, name, {"reason": reason})
 
     def failed(self, exc: BaseException) -> None:
         """A get failed with Ray's exception `exc`: the death of an actor made here, or a task's worker process."""
@@ -171,8 +189,9 @@ class DeathWatch:
     def _dead(self, actor_id: str, info: dict[str, Any]) -> None:
         with self._lock:
             name = self._alive.pop(actor_id, None)
-        if name is None:  # recorded already
-            return
+            if name is None:  # recorded already (or killed by fray)
+                return
+            self._ended.add(actor_id)
         cause = info.get("DeathCause")
         data: dict[str, Any] = {"reason": death_reason(cause)}
         restarts = int(info.get("NumRestarts") or 0)

@@ -69,7 +69,8 @@ class RayGang:
 class GangWatch:
     """The SPMD groups of one context and the thread watching them."""
 
-    def __init__(self) -> None:
+    def __init__(self, stopping: Callable[[list[str], str], None] | None = None) -> None:
+        self._stopping = stopping  # told of the survivors of a failed life stopped here (actor ids, why)
         self._lock = threading.Condition()
         self._by_actor: dict[str, tuple[RayGang, int]] = {}  # Ray actor id (hex) -> its group and life
         self._ranks: dict[int, tuple[RayGang, int]] = {}  # id() of a member's Ray handle -> its group and rank
@@ -208,6 +209,9 @@ class GangWatch:
             gang.generation += 1
             members = list(gang.actors)
             self._lock.notify_all()
+        if self._stopping is not None:
+            survivors = [a._actor_id.hex() for r, a in enumerate(members) if r != rank]
+            self._stopping(survivors, f"fray stopped it: its {gang.label} lost rank {rank} ({why})")
         for actor in members:
             try:
                 ray.kill(actor, no_restart=True)
