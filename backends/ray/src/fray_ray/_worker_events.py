@@ -28,12 +28,11 @@ def attach_worker(core_worker: Any) -> None:
     worker.start, keyed "node ip/pid" as the driver keys the process's worker.died (fray_ray._driver_events)."""
     global _core_worker
     _core_worker = core_worker
-    _events.start_worker(ray.get_runtime_context().get_job_id())
-    if RECORDER.enabled:
+    if RECORDER.enabled:  # (before the flusher starts: its first flush sends it)
         node, pid = ray._private.worker.global_worker.node_ip_address, os.getpid()
         key = worker_key(node, pid)
         RECORDER.record(Kind.WORKER_START, key, worker_name(key), {"pid": pid, "node": node})
-        _events.wake()
+    _events.start_worker(ray.get_runtime_context().get_job_id())
 
 
 # Events (fray.events) of the tasks and actor calls run here, keyed by Ray's task id: the submitter records its
