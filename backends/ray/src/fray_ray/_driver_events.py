@@ -5,9 +5,10 @@ learns of from Ray (`DeathWatch`).
 Ray tells a driver of a death only when it waits on what died, so a driver context's `DeathWatch` records:
 - actor.died (reason: the GCS's death cause, as Ray words it) for an actor the context created that Ray reports
   DEAD, once per actor: when a get of a call to it fails with Ray's ActorDiedError (one GCS query, for that
-  actor), and at each pull of the events (`poll`: one query, for this Ray job's DEAD actors, only while actors made
-  here are thought alive). A restart is no death (Ray reports RESTARTING; the actor's new process records
-  actor.restart, fray_ray._worker_events); `ctx.kill` records its own death (`killed` comes before the kill).
+  actor), and at the pulls of the events (`poll`: one query, for this Ray job's DEAD actors, only while actors
+  made here are thought alive, and at most 5% of the time: its cost grows with the job's dead actors). A restart
+  is no death (Ray reports RESTARTING; the actor's new process records actor.restart, fray_ray._worker_events);
+  `ctx.kill` records its own death (`killed` comes before the kill).
 - worker.died (reason, pid, node) for a worker process Ray reports dead: an actor's, with its actor's death (the
   death cause names its pid and node), and a task's, when a get fails with Ray's WorkerCrashedError (which names
   no process: the GCS's worker table does, looked at then and at the pulls that follow until it shows the death,
@@ -29,6 +30,7 @@ from fray_ray import _events
 
 __all__ = ["DeathWatch", "generator_ref", "submitted", "task_name", "worker_key", "worker_name"]
 
+POLL_SHARE_INVERSE = 20  # poll's query waits 20 times its own last duration before the next (<= 5% of the time)
 CRASH_LOOK = 30.0  # seconds the worker table is looked at again after a WorkerCrashedError, at most
 _ADVICE = (" Some common causes include", " There are some potential root causes")  # where Ray's own words end
 _MAX_REASON = 400
@@ -116,6 +118,8 @@ class DeathWatch:
         self._since_ms = int(time.time() * 1000) - _CLOCK_MARGIN_MS
         self._crashes = 0  # WorkerCrashedErrors no worker death was found for yet
         self._look_until = 0.0
+        self._next_poll = 0.0  # (time.monotonic()) when poll may ask for the DEAD actors again
+        self._next_look = 0.0  # ... and read the worker table again
 
     def created(self, actor_id: str, class_name: str) -> None:
         if self._on and RECORDER.enabled:
@@ -168,10 +172,13 @@ class DeathWatch:
 
     def poll(self) -> None:
         """At a pull of the events: the deaths Ray reports that no failed get showed (one query for the actors,
-        only while actors made here are thought alive; the worker table while a task's crash is unexplained)."""
+        only while actors made here are thought alive; the worker table while a task's crash is unexplained). The
+        actors' query costs ~70 us per dead actor of the job (measured: 7 ms for 100): it is made again only once
+        POLL_SHARE_INVERSE times its last duration has passed (<= 5% of the time in queries, however many)."""
         if not self._on:
             return
-        if self._alive:
+        if self._alive and time.monotonic() >= self._next_poll:
+            began = time.monotonic()
             try:
                 from ray import JobID
                 from ray._private import state
@@ -179,12 +186,15 @@ class DeathWatch:
                 dead = state.state.actor_table(None, job_id=JobID.from_hex(self._job), actor_state_name="DEAD")
             except Exception:  # the GCS did not answer (or Ray is going away): the next pull looks again
                 dead = {}
+            self._next_poll = time.monotonic() + POLL_SHARE_INVERSE * (time.monotonic() - began)
             with self._lock:
                 found = [actor_id for actor_id in dead if actor_id in self._alive]
             for actor_id in found:
                 self._dead(actor_id, dead[actor_id])
-        if self._crashes and time.monotonic() < self._look_until:
+        if self._crashes and self._next_look <= time.monotonic() < self._look_until:
+            began = time.monotonic()
             self._look_at_workers()
+            self._next_look = time.monotonic() + POLL_SHARE_INVERSE * (time.monotonic() - began)
 
     def _dead(self, actor_id: str, info: dict[str, Any]) -> None:
         with self._lock:
