@@ -1,5 +1,7 @@
 """Events on Ray (fray_ray._events): tasks, actor calls, transfers, kills and restarts recorded where they happen,
-the workers' brought to the driver through the GCS KV, and `ctx.timeline()` drawing them right after `get`.
+the workers' brought to the driver through the GCS KV, and `ctx.timeline()` drawing them right after `get`; the
+deaths Ray reports (actors', worker processes', SPMD groups' restarts) recorded by the driver
+(fray_ray._driver_events), and the engine links (Ray's dashboard: none for fray's private Ray).
 
 One Ray context for the module (the `ctx` fixture); the first test counts spans, so it runs first (as written).
 """
@@ -8,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +21,14 @@ import pytest
 
 import fray
 from fray import timeline
-from fray.errors import ActorUnavailableError
-from fray.events import RECORDER
+from fray.errors import ActorDiedError, ActorUnavailableError, WorkerCrashedError
+from fray.events import RECORDER, Event, Kind, ProcessEvents
+from fray.gang import group_label
+from fray.testing import group_workloads as g
 from fray.testing import workloads as h
 from fray.types import ActorOptions, TaskOptions
 from fray_ray import RayJobContext
+from fray_ray._connect import http_link
 
 pytestmark = pytest.mark.skipif(not RECORDER.enabled, reason="recording is off (FRAY_EVENTS=0)")
 
@@ -32,6 +39,20 @@ def echo(x: int) -> int:
 
 def boom() -> None:
     raise ValueError("planned")
+
+
+def my_pid() -> int:
+    return os.getpid()
+
+
+def pid_then_exit(path: str) -> None:
+    """Writes its process's pid, then ends that process at once (no exception), once the process's flusher has
+    sent what it recorded so far (its worker.start: a fresh process's events would go with it)."""
+    deadline = time.monotonic() + 20
+    while RECORDER.untaken and time.monotonic() < deadline:
+        time.sleep(0.05)
+    Path(path).write_text(str(os.getpid()))
+    os._exit(1)
 
 
 def nested() -> int:
@@ -54,6 +75,12 @@ class Tally:
     def count(self, n: int) -> Any:
         yield from range(n)
 
+    def pid(self) -> int:
+        return os.getpid()
+
+    def exit(self) -> None:
+        os._exit(1)
+
 
 def _trace(ctx: RayJobContext, path: Path) -> tuple[dict[str, Any], timeline.TimelineSummary]:
     summary = ctx.timeline(path)
@@ -65,6 +92,19 @@ def internal_kv_keys(ctx: RayJobContext) -> list[bytes]:
     from ray.experimental import internal_kv
 
     return list(internal_kv._internal_kv_list(b"w/", namespace=ctx._events_ns))
+
+
+def _recorded(
+    ctx: RayJobContext, kind: str, key: str, until: int = 1, timeout: float = 30.0
+) -> list[tuple[ProcessEvents, Event]]:
+    """The events of `kind` about `key` in ctx.events() (with the process that recorded each), asked again until
+    `until` of them are in (Ray reports a death, and a worker flushes, a little later on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [(p, e) for p in ctx.events().by_process() for e in p.events if e.kind == kind and e.key == key]
+        if len(found) >= until or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def _instants(trace: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -153,8 +193,10 @@ def test_the_workers_chunks_are_read_once_and_removed(ctx: RayJobContext) -> Non
     assert ctx.get(ctx.create_task(echo, (1,)), timeout=120) == 1
     events = ctx.events()
     assert internal_kv_keys(ctx) == []
-    seen = events.page().cursor
-    assert ctx.events().page(seen).events == []  # nothing read twice
+    first = events.page()
+    read = {(process, e.seq) for _, process, e in first.events}
+    # nothing read twice (what comes now is new: the driver may have learnt of an earlier test's actor's end)
+    assert not {(process, e.seq) for _, process, e in ctx.events().page(first.cursor).events} & read
     assert os.getpid() in {p.pid for p in events.processes}
 
 
@@ -185,3 +227,143 @@ def test_a_flooded_worker_reports_what_it_dropped_and_sends_the_rest(ctx: RayJob
     assert info.dropped > 0
     assert len(received) + info.dropped == last - first + 1
     assert internal_kv_keys(ctx) == []
+
+
+# ------------------------------------------------------------------------ deaths Ray reports (fray_ray._driver_events)
+def test_an_actor_sigkilled_from_outside_shows_its_death_once_with_rays_reason(
+    ctx: RayJobContext, tmp_path: Path
+) -> None:
+    tally = ctx.create_actor(Tally)
+    pid = ctx.get(tally.pid(), timeout=120)
+    key = tally.payload._actor_id.hex()
+    os.kill(pid, signal.SIGKILL)  # no call waits on it: the driver learns of it when it pulls the events
+    died = _recorded(ctx, Kind.ACTOR_DIED, key)
+    assert len(died) == 1
+    process, event = died[0]
+    assert process.pid == os.getpid() and event.name == "Tally"  # recorded by the driver
+    assert event.data is not None and "worker process has died" in event.data["reason"]
+    assert "Some common causes" not in event.data["reason"]  # Ray's words, without its advice
+    with pytest.raises(ActorDiedError):  # a call now fails with the death: no second event
+        ctx.get(tally.inc(), timeout=120)
+    workers = [e for p in ctx.events().by_process() for e in p.events if e.kind == Kind.WORKER_DIED]
+    mine = [e.data for e in workers if e.data is not None and e.data.get("pid") == pid]
+    assert len(mine) == 1 and mine[0]["reason"]  # the actor's process, keyed as its worker.start
+    assert [e.key for e in workers if e.data is mine[0]] == [f"{mine[0]['node']}/{pid}"]
+    trace, _ = _trace(ctx, tmp_path / "timeline.json")
+    assert len([e for e in _instants(trace, "actor.died") if e["args"]["key"] == key]) == 1
+    assert [e["args"]["pid"] for e in _instants(trace, "worker.died") if e["args"]["key"].endswith(f"/{pid}")] == [pid]
+    assert timeline.validate(trace) == []
+
+
+def test_an_actor_whose_process_exits_in_a_call_shows_its_death_when_the_call_fails(ctx: RayJobContext) -> None:
+    tally = ctx.create_actor(Tally)
+    assert ctx.get(tally.inc(), timeout=120) == 1
+    with pytest.raises(ActorDiedError):
+        ctx.get(tally.exit(), timeout=120)
+    key = tally.payload._actor_id.hex()
+    # recorded when the get failed (a GCS query then), before any pull
+    died = [e for e in RECORDER.since().events if e.kind == Kind.ACTOR_DIED and e.key == key]
+    assert len(died) == 1 and died[0].data is not None and "worker process has died" in died[0].data["reason"]
+    assert len(_recorded(ctx, Kind.ACTOR_DIED, key, until=2, timeout=1.0)) == 1  # a pull finds it dead: not again
+
+
+def test_a_restartable_actor_restarts_then_dies_for_good_once(ctx: RayJobContext, tmp_path: Path) -> None:
+    actor = ctx.create_actor(Tally, options=ActorOptions(max_restarts=1))
+    assert ctx.get(actor.inc(), timeout=120) == 1
+    key = actor.payload._actor_id.hex()
+    with pytest.raises(ActorUnavailableError):
+        ctx.get(actor.exit(), timeout=120)
+    assert ctx.get(actor.inc(), timeout=120) == 1  # restarted: its __init__ ran again
+    assert len(_recorded(ctx, Kind.ACTOR_RESTART, key)) == 1
+    assert _recorded(ctx, Kind.ACTOR_DIED, key, timeout=1.0) == []  # a restart is no death
+    with pytest.raises(ActorDiedError):  # no restart left
+        ctx.get(actor.exit(), timeout=120)
+    died = _recorded(ctx, Kind.ACTOR_DIED, key)
+    assert len(died) == 1
+    data = died[0][1].data
+    assert data is not None and data["restarts"] == 1 and "after 1 restart" in data["reason"]
+    trace, _ = _trace(ctx, tmp_path / "timeline.json")
+    assert [
+        len([e for e in _instants(trace, k) if e["args"]["key"] == key]) for k in ("actor.restart", "actor.died")
+    ] == [
+        1,
+        1,
+    ]
+    assert timeline.validate(trace) == []
+
+
+def test_a_task_whose_process_exits_shows_the_workers_start_and_death(ctx: RayJobContext, tmp_path: Path) -> None:
+    path = tmp_path / "pid"
+    with pytest.raises(WorkerCrashedError):
+        ctx.get(ctx.create_task(pid_then_exit, (str(path),), options=TaskOptions(max_retries=0)), timeout=120)
+    pid = int(path.read_text())
+    deadline = time.monotonic() + 30
+    while True:
+        events = [e for p in ctx.events().by_process() for e in p.events]
+        started = [e for e in events if e.kind == Kind.WORKER_START and e.data and e.data["pid"] == pid]
+        died = [e for e in events if e.kind == Kind.WORKER_DIED and e.data and e.data["pid"] == pid]
+        if (started and died) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(died) == 1 and died[0].data is not None and "Worker exit type" in died[0].data["reason"]
+    assert "exit_code" not in died[0].data  # Ray does not report one
+    # the same key on both sides: the worker's start (sent before the task ran) and the driver's record of its death
+    assert len(started) == 1 and started[0].key == died[0].key == f"{died[0].data['node']}/{pid}"
+    trace, _ = _trace(ctx, tmp_path / "timeline.json")
+    assert [e["args"]["key"] for e in _instants(trace, "worker.start") if e["args"]["pid"] == pid] == [died[0].key]
+    assert timeline.validate(trace) == []
+
+
+def test_a_worker_start_is_recorded_in_the_process_that_ran_a_task(ctx: RayJobContext) -> None:
+    pid = ctx.get(ctx.create_task(my_pid), timeout=120)
+    deadline = time.monotonic() + 30
+    while True:
+        mine = [p for p in ctx.events().by_process() if p.pid == pid]
+        starts = [e for p in mine for e in p.events if e.kind == Kind.WORKER_START]
+        if starts or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(starts) == 1
+    assert starts[0].data == {"pid": pid, "node": starts[0].key.rsplit("/", 1)[0]}  # type: ignore[union-attr]
+    assert starts[0].name == f"ray worker {starts[0].key}"
+
+
+def test_an_spmd_group_restart_is_recorded_with_its_reason(ctx: RayJobContext, tmp_path: Path) -> None:
+    name = f"events-{uuid.uuid4().hex[:8]}"
+    options = ActorOptions(max_restarts=1, name=name)
+    group = ctx.create_actor_group(g.Member, 2, distributed=True, options=options)
+    label = group_label("Member", 2, name)  # the group's key and name in its events, as in its errors
+    try:
+        assert len(ctx.get(group.whoami(), timeout=180)) == 2
+        first = [h.payload._actor_id.hex() for h in group.handles]  # its members' first life
+        with pytest.raises((ActorUnavailableError, ActorDiedError)):
+            ctx.get(group[1].crash(), timeout=120)
+        restarts = _recorded(ctx, Kind.GROUP_RESTART, label)
+        assert len(restarts) == 1
+        process, event = restarts[0]
+        assert process.pid == os.getpid() and event.name == label
+        assert event.data is not None and event.data["rank"] == 1 and "died" in event.data["reason"]
+        # each first-life member's death, once: rank 1's as Ray reports it, rank 0's as fray stopped it
+        deaths = [_recorded(ctx, Kind.ACTOR_DIED, key) for key in first]
+        assert [len(d) for d in deaths] == [1, 1]
+        reasons = [d[0][1].data["reason"] for d in deaths]  # type: ignore[index]
+        assert reasons[0].startswith(f"fray stopped it: its {label} lost rank 1") and "process has died" in reasons[1]
+        assert ctx.get(group.whoami(), timeout=180)[1]["rank"] == 1  # back
+        trace, _ = _trace(ctx, tmp_path / "timeline.json")
+        assert [e["args"]["key"] for e in _instants(trace, "group.restart")][-1:] == [label]
+        assert timeline.validate(trace) == []
+    finally:
+        ctx.kill(group)
+    assert [len(_recorded(ctx, Kind.ACTOR_DIED, key, timeout=0)) for key in first] == [1, 1]  # not again at the kill
+
+
+def test_fray_s_private_ray_has_no_engine_link(ctx: RayJobContext) -> None:
+    """(A cluster with a dashboard: test_ray_lifecycle.py, on its private head.)"""
+    assert ctx._engine_links() == {}  # include_dashboard=False: Ray's KV holds no dashboard address
+
+
+def test_an_engine_link_is_plain_http_with_no_credentials() -> None:
+    assert http_link("127.0.0.1:8265") == "http://127.0.0.1:8265"
+    assert http_link("https://user:secret@ray.example:443/x?token=abc#f") == "https://ray.example:443/x"
+    assert http_link("http://[::1]:8265") == "http://[::1]:8265"
+    assert http_link("ray://head:10001") is None and http_link("") is None and http_link(None) is None

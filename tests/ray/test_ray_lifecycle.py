@@ -4,7 +4,9 @@ its logs. Real Ray, no mocks."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -300,3 +302,15 @@ def test_a_record_ray_writes_back_after_a_delete_is_no_job(cluster: RayClusterCo
         time.sleep(0.05)
     _never_seen_again(cluster, job, 1.0)
     assert job not in [d.submission_id for d in cluster._client.list_jobs()]  # fray's listing deleted it
+
+
+# ---------------------------------------------------------------------------------------- engine links
+def test_the_engine_link_is_rays_dashboard_where_the_cluster_runs_one(cluster: RayClusterContext) -> None:
+    """The cluster context's address is its dashboard's; a job's driver on that cluster (RAY_ADDRESS, set by Ray)
+    finds the same address in the GCS. fray's private Ray runs none (test_ray_events.py)."""
+    assert cluster.address.startswith("http://127.0.0.1:")
+    assert cluster.engine_links() == {"Ray dashboard": cluster.address}
+    probe = "import json, fray; print('LINKS=' + json.dumps(fray.init()._engine_links())); fray.shutdown()"
+    logs = _logs(cluster, f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)}")
+    found = [line[len("LINKS=") :] for line in logs.splitlines() if line.startswith("LINKS=")]
+    assert [json.loads(line) for line in found] == [{"Ray dashboard": cluster.address}], logs[-3000:]

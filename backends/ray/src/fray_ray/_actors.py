@@ -29,6 +29,7 @@ from fray.refs import ActorHandle, public_methods
 from fray.serialization import check_function, find_unserializable_argument
 from fray.types import ActorOptions, Lifetime
 from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
+from fray_ray._driver_events import DeathWatch
 from fray_ray._remote import MEMBER_KWARG, Registry
 from fray_ray._translate import actor_options
 
@@ -44,8 +45,12 @@ class RayActors:
     """The actors of one context (`ctx`, which their handles call through) in one Ray namespace. `registry`
     and `checked` are the process's registration cache and its record of functions checked for pickling."""
 
-    def __init__(self, ctx: JobContext, namespace: str, registry: Registry, checked: dict[int, Any]) -> None:
+    def __init__(
+        self, ctx: JobContext, namespace: str, registry: Registry, checked: dict[int, Any], driver: bool = False
+    ) -> None:
         self._ctx = ctx
+        # the deaths of the actors made here that Ray reports (a driver's context only: fray_ray._driver_events)
+        self.deaths = DeathWatch(ray.get_runtime_context().get_job_id(), driver)
         self.namespace = namespace
         self._registry = registry
         self._checked = checked
@@ -112,6 +117,7 @@ class RayActors:
                 self._named[name] = handle
         if RECORDER.enabled:
             RECORDER.record(Kind.ACTOR_CREATE, handle._actor_id.hex(), klass.__name__, {"name": name} if name else None)
+            self.deaths.created(handle._actor_id.hex(), klass.__name__)
         return ActorHandle(handle, _BACKEND, klass.__name__, methods, name, self._ctx)
 
     def _lookup(self, name: str) -> Any:
@@ -148,8 +154,9 @@ class RayActors:
         handles = list(handles)
         named: list[tuple[str, Any]] = []
         for handle in handles:
+            record = self.deaths.killed(handle.payload._actor_id.hex())  # (not also by the watch; not twice)
             ray.kill(handle.payload, no_restart=True)
-            if RECORDER.enabled:
+            if record and RECORDER.enabled:
                 reason = {"reason": "it was killed (ctx.kill)"}
                 RECORDER.record(Kind.ACTOR_DIED, handle.payload._actor_id.hex(), handle.class_name, reason)
             if handle.name is None:

@@ -19,6 +19,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import ray
 
@@ -35,7 +36,7 @@ from fray_ray._local import (
     stop_private,
 )
 
-__all__ = ["acquire", "release"]
+__all__ = ["acquire", "dashboard_url", "http_link", "release"]
 
 log = logging.getLogger("fray_ray")
 
@@ -154,3 +155,32 @@ def release() -> None:
             stop_private(conn.leader, conn.temp_dir)
         if conn.auth is not None:
             restore_auth(conn.auth)
+
+
+def http_link(url: str | None) -> str | None:
+    """`url` as a link to show: http(s) only (a bare host:port is http), with no credentials, query or fragment
+    (a token never goes on a page); None otherwise."""
+    if not url:
+        return None
+    parsed = urlsplit(url if "://" in url else f"http://{url}")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return None
+    host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
+    netloc = f"{host}:{parsed.port}" if parsed.port else host
+    return urlunsplit((parsed.scheme, netloc, parsed.path, "", ""))
+
+
+def dashboard_url() -> str | None:
+    """The URL of the dashboard of the Ray cluster this process is connected to, None if it runs none (fray's
+    private Ray: include_dashboard=False): Ray's RAY_OVERRIDE_DASHBOARD_URL where set (as ray.init shows it),
+    else the address the dashboard put in the GCS KV (Ray's own source for it; empty without a dashboard)."""
+    override = os.environ.get("RAY_OVERRIDE_DASHBOARD_URL")
+    if override:
+        return http_link(override)
+    try:
+        from ray.experimental import internal_kv
+
+        value = internal_kv._internal_kv_get("webui:url", namespace="dashboard")
+    except Exception:  # not connected, or the GCS did not answer
+        return None
+    return http_link(value.decode() if value else None)

@@ -6,7 +6,9 @@ or port of fray's own, and reading it never unpickles anything: a chunk is the J
 
 A worker process (`start_worker`, when its fray context is made): a daemon thread sleeps on a threading.Event
 until a task or actor call starts or ends there (`wake`: one attribute read once it is awake, so nothing is paid
-per task beyond that and nothing at all while the worker is idle). Woken, it waits out what is left of
+per task beyond that and nothing at all while the worker is idle); first it sends what the process recorded
+before it ran (its worker.start), a flush not counted in the rate below, so that the process's first task or call
+goes at once too (a killed actor's events are lost unless sent before the kill). Woken, it waits out what is left of
 FLUSH_PERIOD since its previous flush (at most 1/FLUSH_PERIOD flushes a second however many tasks run) and puts
 the events recorded since its cursor, at most CHUNK_EVENTS a chunk, under the namespace `fray-events-<Ray job
 id>` (a driver's own: concurrent drivers of a cluster never read each other's) and the key
@@ -103,6 +105,10 @@ class _Flusher:
                 return
         except Exception:  # Ray going away
             return
+        try:  # what the process recorded before this thread ran (its worker.start): at once, and not counted as a
+            self.flush()  # flush (the first task's or call's events then go at once too, as a killed actor's must)
+        except Exception:
+            pass
         retry: float | None = None  # while something is left unsent: when to try again without a wake
         while True:
             self._woken.wait(retry)

@@ -33,6 +33,7 @@ import ray.exceptions as rex
 from ray.experimental import internal_kv
 
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, GetTimeoutError
+from fray.events import RECORDER, Kind
 from fray.gang import LOST_PEER_GRACE, died_error, hung_reason, lost_peer, restarting_error
 from fray.procfs import exiting
 
@@ -68,7 +69,8 @@ class RayGang:
 class GangWatch:
     """The SPMD groups of one context and the thread watching them."""
 
-    def __init__(self) -> None:
+    def __init__(self, stopping: Callable[[list[str], str], None] | None = None) -> None:
+        self._stopping = stopping  # told of the survivors of a failed life stopped here (actor ids, why)
         self._lock = threading.Condition()
         self._by_actor: dict[str, tuple[RayGang, int]] = {}  # Ray actor id (hex) -> its group and life
         self._ranks: dict[int, tuple[RayGang, int]] = {}  # id() of a member's Ray handle -> its group and rank
@@ -197,6 +199,7 @@ class GangWatch:
             can_restart = gang.max_restarts == -1 or gang.restarts < gang.max_restarts
             if restart and gang.respawn is not None and can_restart:
                 gang.restarts += 1
+                RECORDER.record(Kind.GROUP_RESTART, gang.label, gang.label, {"reason": why, "rank": rank})
                 gang.error = restarting_error(gang.label, rank, why, gang.restarts, gang.max_restarts)
             else:
                 self._live.remove(gang)
@@ -206,6 +209,9 @@ class GangWatch:
             gang.generation += 1
             members = list(gang.actors)
             self._lock.notify_all()
+        if self._stopping is not None:
+            survivors = [a._actor_id.hex() for r, a in enumerate(members) if r != rank]
+            self._stopping(survivors, f"fray stopped it: its {gang.label} lost rank {rank} ({why})")
         for actor in members:
             try:
                 ray.kill(actor, no_restart=True)

@@ -219,7 +219,7 @@ class RayGroups:
         self._actors = actors
         self._cancels = cancels
         self._placement_groups: dict[Any, Any] = {}  # placement group id -> placement group
-        self.gangs = GangWatch()  # the SPMD groups made here fail as one (fray_ray._gangs)
+        self.gangs = GangWatch(actors.deaths.stopped)  # the SPMD groups made here fail as one (fray_ray._gangs)
         # calls made while an actor or a group restarts are sent again once it is back (fray_ray._resend)
         self.resend = Resender(self.gangs.member_now, self.gangs.await_back, self.gangs.sent_after_death)
 

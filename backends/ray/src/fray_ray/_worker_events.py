@@ -1,9 +1,10 @@
-"""Events (fray.events) of what runs in a Ray worker: the starts and ends of its tasks and actor calls, an actor's
-restart, keyed by Ray's task id (fray_ray._remote's wrappers call these); fray_ray._events moves them to the
-driver."""
+"""Events (fray.events) of what runs in a Ray worker: the process's start, the starts and ends of its tasks and
+actor calls (keyed by Ray's task id), an actor's restart (fray_ray._remote's wrappers call these);
+fray_ray._events moves them to the driver."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -11,6 +12,7 @@ import ray
 
 from fray.events import CANCELLED, RECORDER, Kind, ended
 from fray_ray import _events
+from fray_ray._driver_events import worker_key, worker_name
 
 __all__ = ["actor_started", "attach_worker", "call_ended", "call_started", "task_ended", "task_started"]
 
@@ -22,9 +24,14 @@ _lanes: set[int] = set()  # the threads this actor's calls ran on (each named on
 
 
 def attach_worker(core_worker: Any) -> None:
-    """This process is a Ray worker of fray's: its events go to its driver (fray_ray._events)."""
+    """This process is a Ray worker of fray's: its events go to its driver (fray_ray._events), the first being
+    worker.start, keyed "node ip/pid" as the driver keys the process's worker.died (fray_ray._driver_events)."""
     global _core_worker
     _core_worker = core_worker
+    if RECORDER.enabled:  # (before the flusher starts: its first flush sends it)
+        node, pid = ray._private.worker.global_worker.node_ip_address, os.getpid()
+        key = worker_key(node, pid)
+        RECORDER.record(Kind.WORKER_START, key, worker_name(key), {"pid": pid, "node": node})
     _events.start_worker(ray.get_runtime_context().get_job_id())
 
 

@@ -30,6 +30,7 @@ from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobExistsErro
 from fray.job_handle import JobHandle
 from fray.resources import format_resources, short_of
 from fray.types import JobInfo, JobStatus, RuntimeEnv
+from fray_ray._connect import http_link
 from fray_ray._head import START_TIMEOUT, LocalHead, job_client
 from fray_ray._local import is_loopback_address
 from fray_ray._translate import entrypoint_options, runtime_env_dict
@@ -151,6 +152,11 @@ class RayClusterContext(ClusterContext):
 
     def describe(self) -> dict[str, str]:
         return {"address": self.address or "", "dashboard": self.address or ""}
+
+    def engine_links(self) -> dict[str, str]:
+        """Ray's dashboard: this context's address is one (the Job API goes through it)."""
+        url = http_link(self.address)
+        return {"Ray dashboard": url} if url else {}
 
     def _no_persistent_jobs(self) -> str:
         return (

@@ -33,6 +33,7 @@ from fray_ray import _connect, _events, _remote
 from fray_ray._actors import RayActors
 from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
+from fray_ray._driver_events import generator_ref, submitted, task_name
 from fray_ray._gangs import raise_refusals
 from fray_ray._groups import RayGroups
 from fray_ray._remote import Registry
@@ -92,7 +93,7 @@ class RayJobContext(JobContext):
         self._gets = PathStats()  # this process's reads of stored values (ctx.get)
         self._gets_lock = threading.Lock()
         self._cancels = CancelTracker(lambda: self.is_shut_down)
-        self._actors = RayActors(self, self.namespace, _registry, _checked_functions)
+        self._actors = RayActors(self, self.namespace, _registry, _checked_functions, self._owns_connection)
         self._groups = RayGroups(self, self._actors, self._cancels)
         # Events (fray_ray._events): the workers' come through the GCS KV, under this Ray job's namespace
         self._events_ns = _events.namespace(ray.get_runtime_context().get_job_id())
@@ -147,7 +148,7 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
-        _submitted(Kind.TASK_SUBMIT, ref, options.name or _name(fn))
+        submitted(Kind.TASK_SUBMIT, ref, options.name or task_name(fn))
         result = ObjectRef(ref, BACKEND)
         if ray_args is not args or ray_kwargs is not kwargs:
             self._cancels.note_dependencies(result, args, kwargs)
@@ -185,7 +186,7 @@ class RayJobContext(JobContext):
             if is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
-        _submitted(Kind.CALL_SUBMIT, ref, f"{handle.class_name}.{method}")
+        submitted(Kind.CALL_SUBMIT, ref, f"{handle.class_name}.{method}")
         result = ObjectRef(ref, BACKEND)
         if self._groups.gangs.is_member(handle.payload):  # an SPMD member: its call may outlive a death unsent
             resend.note(result, handle.payload, method, ray_args, ray_kwargs)
@@ -253,7 +254,7 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
-        _submitted(Kind.TASK_SUBMIT, _generator_ref(generator), options.name or _name(fn))
+        submitted(Kind.TASK_SUBMIT, generator_ref(generator), options.name or task_name(fn))
         return ObjectRefStream(
             RayStreamSource(generator, self._cancels.pending_args(args, kwargs), self._cancels), BACKEND
         )
@@ -270,7 +271,7 @@ class RayJobContext(JobContext):
             if is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
-        _submitted(Kind.CALL_SUBMIT, _generator_ref(generator), f"{handle.class_name}.{method}")
+        submitted(Kind.CALL_SUBMIT, generator_ref(generator), f"{handle.class_name}.{method}")
         return ObjectRefStream(
             RayStreamSource(generator, self._cancels.pending_args(args, kwargs), self._cancels), BACKEND
         )
@@ -332,6 +333,7 @@ class RayJobContext(JobContext):
                         payloads, timeout = resend.current(refs), remaining(deadline)
                         continue
                     raise group_death from None
+                self._actors.deaths.failed(exc)  # an actor's or a worker's death (fray_ray._driver_events)
                 new = translate(exc)
                 if new is exc:
                     raise
@@ -414,7 +416,12 @@ class RayJobContext(JobContext):
             return []
         _events.settle(self._last_result_at)
         with self._events_lock:
+            self._actors.deaths.poll()  # the deaths Ray reports that no failed get showed
             return _events.pull(self._events_ns)
+
+    def _engine_links(self) -> dict[str, str]:
+        url = _connect.dashboard_url()  # (fray's private Ray runs none)
+        return {"Ray dashboard": url} if url else {}
 
     # ------------------------------------------------------------------ cancel (fray_ray._cancel)
     def _cancel(self, ref: ObjectRef) -> None:
@@ -433,22 +440,4 @@ class RayJobContext(JobContext):
             _connect.release()
 
 
-def _name(fn: Callable[..., Any]) -> str:
-    """A task's name in its events, as Ray names it where it runs (its function's __qualname__)."""
-    return str(getattr(fn, "__qualname__", "task"))
-
-
-def _generator_ref(generator: Any) -> Any:
-    """The Ray ref of a generator task or call (its task id is its events' key)."""
-    return getattr(generator, "_generator_ref", None)
-
-
 _remote.install_worker_context(functools.partial(RayJobContext, _attach_only=True))
-
-
-def _submitted(kind: str, ray_ref: Any, name: str) -> None:
-    """The submit event (fray.events) of the task or call behind `ray_ref`, keyed by its Ray task id (read only
-    while recording); a worker submitting nested work wakes its flusher (in the driver that is a no-op)."""
-    if RECORDER.enabled:
-        RECORDER.record(kind, ray_ref.task_id().hex() if ray_ref is not None else "", name)
-        _events.wake()

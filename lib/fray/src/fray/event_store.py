@@ -68,9 +68,10 @@ class EventStore:
         self._by_process: dict[str, ProcessInfo] = {}
 
     def refresh(self) -> None:
-        """Reads what is new: this process's ring and whatever the backend brings from the others."""
-        local = self._recorder.since(self._local_cursor)
+        """Reads what is new: whatever the backend brings from the other processes, then this process's ring (last:
+        with what the backend recorded here while it pulled, a death it learnt of from its engine, say)."""
         remote = self._pull()
+        local = self._recorder.since(self._local_cursor)
         with self._lock:
             # this process's ring is shared by every context of the process since it started: of its drops, only
             # those after this context's cursor are this context's
