@@ -199,7 +199,9 @@ class GangWatch:
             can_restart = gang.max_restarts == -1 or gang.restarts < gang.max_restarts
             if restart and gang.respawn is not None and can_restart:
                 gang.restarts += 1
-                RECORDER.record(Kind.GROUP_RESTART, gang.label, gang.label, {"reason": why, "rank": rank})
+                RECORDER.record(
+                    Kind.GROUP_RESTART, gang.label, gang.label, {"reason": f"rank {rank}: {why}", "rank": rank}
+                )
                 gang.error = restarting_error(gang.label, rank, why, gang.restarts, gang.max_restarts)
             else:
                 self._live.remove(gang)
