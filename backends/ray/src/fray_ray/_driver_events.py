@@ -23,9 +23,10 @@ import threading
 import time
 from typing import Any
 
+import ray
 import ray.exceptions as rex
 
-from fray.events import RECORDER, Kind
+from fray.events import RECORDER, Kind, ended
 from fray_ray import _events
 
 __all__ = ["DeathWatch", "generator_ref", "submitted", "task_name", "worker_key", "worker_name"]
@@ -34,6 +35,8 @@ POLL_SHARE_INVERSE = 20  # poll's query waits 20 times its own last duration bef
 CRASH_LOOK = 30.0  # seconds the worker table is looked at again after a WorkerCrashedError, at most
 _ADVICE = (" Some common causes include", " There are some potential root causes")  # where Ray's own words end
 _MAX_REASON = 400
+_CLOSED_MEMORY = 10_000  # ends recorded by the driver that it remembers (not to record one twice)
+_FIRST_FAILED_SCAN = 100  # refs of a failed get looked at for the one that failed
 _CLOCK_MARGIN_MS = 5000  # a worker that ended this long before the watch began may still be its own (clocks)
 
 
@@ -104,6 +107,20 @@ def _process_death(cause: Any) -> tuple[str, int, str] | None:
     return died.node_ip_address, int(died.pid), _words(text[at:] if at >= 0 else text)
 
 
+def _first_failed(payloads: list[Any]) -> Any:
+    """The first ref of a get, in order, that is done and failed (ray.get of the done ones, one by one: only on a
+    get that failed)."""
+    done, _ = ray.wait(payloads[:_FIRST_FAILED_SCAN], num_returns=min(len(payloads), _FIRST_FAILED_SCAN), timeout=0)
+    finished = set(done)
+    for ref in payloads[:_FIRST_FAILED_SCAN]:
+        if ref in finished:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception:
+                return ref
+    return None
+
+
 class DeathWatch:
     """The deaths a driver context records (see the module's docstring); `on`: this is a driver's context (a
     worker's records none). Only actors made while recording is on are watched."""
@@ -114,6 +131,7 @@ class DeathWatch:
         self._lock = threading.Lock()
         self._alive: dict[str, str] = {}  # actor id (hex) -> class name: made here, no death recorded yet
         self._ended: set[str] = set()  # the actors whose death was recorded
+        self._closed: dict[str, None] = {}  # calls and tasks whose end the driver recorded (oldest first)
         self._workers: set[str] = set()  # keys of the worker processes whose death was recorded
         self._since_ms = int(time.time() * 1000) - _CLOCK_MARGIN_MS
         self._crashes = 0  # WorkerCrashedErrors no worker death was found for yet
@@ -148,6 +166,30 @@ class DeathWatch:
                     continue
                 self._ended.add(actor_id)
             RECORDER.record(Kind.ACTOR_DIED, actor_id, name, {"reason": reason})
+
+    def ended_with_its_process(self, exc: BaseException, payloads: list[Any]) -> None:
+        """A get failed because the process that ran a call or a task died in it (Ray's RayActorError,
+        WorkerCrashedError): its end event died with that process, so the driver records it, once, for the first
+        ref of the get that failed so (the page would show that work queued for ever)."""
+        if isinstance(exc, rex.WorkerCrashedError):
+            kind = Kind.TASK_END
+        elif isinstance(exc, rex.RayActorError):
+            kind = Kind.CALL_END
+        else:
+            return
+        if not self._on or not RECORDER.enabled:
+            return
+        ref = payloads[0] if len(payloads) == 1 else _first_failed(payloads)
+        if ref is None:
+            return
+        key = ref.task_id().hex()
+        with self._lock:
+            if key in self._closed:
+                return
+            self._closed[key] = None
+            if len(self._closed) > _CLOSED_MEMORY:
+                self._closed.pop(next(iter(self._closed)))
+        RECORDER.record(kind, key, "", ended(exc))  # (Ray names these errors as fray does)
 
     def failed(self, exc: BaseException) -> None:
         """A get failed with Ray's exception `exc`: the death of an actor made here, or a task's worker process."""

@@ -334,6 +334,7 @@ class RayJobContext(JobContext):
                         continue
                     raise group_death from None
                 self._actors.deaths.failed(exc)  # an actor's or a worker's death (fray_ray._driver_events)
+                self._actors.deaths.ended_with_its_process(exc, payloads)
                 new = translate(exc)
                 if new is exc:
                     raise

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,15 +78,20 @@ def test_crashed_actor_raises_actor_died(fray_ctx: JobContext) -> None:
         fray_ctx.get(actor.incr(), timeout=60)
     died = _recorded(fray_ctx, cursor, "actor.died", "Counter")
     assert died is not None and died.get("reason"), "the actor's death is an event (fray.events), with its reason"
+    # the call its process died in has ended too, failed (else a timeline or the live page shows it queued)
+    ended = _recorded(fray_ctx, cursor, "call.end", where=lambda data: data.get("status") == "error")
+    assert ended is not None and ended.get("error") in ("ActorDiedError", "ActorUnavailableError"), ended
 
 
-def _recorded(ctx: JobContext, cursor: int, kind: str, name: str = "") -> dict[str, object] | None:
-    """The data of the first `kind` event after `cursor` (whose name holds `name`), asked again for a while: a
-    backend may bring its workers' events a little later (ray flushes them every 0.2 s)."""
+def _recorded(
+    ctx: JobContext, cursor: int, kind: str, name: str = "", where: Callable[[dict[str, Any]], bool] | None = None
+) -> dict[str, Any] | None:
+    """The data of the first `kind` event after `cursor` (whose name holds `name`, whose data is `where`), asked
+    again for a while: a backend may bring its workers' events a little later (ray flushes them every 0.2 s)."""
     deadline = time.monotonic() + 20
     while True:
         for _, _, e in ctx.events().page(cursor).events:
-            if e.kind == kind and name in e.name:
+            if e.kind == kind and name in e.name and (where is None or where(dict(e.data or {}))):
                 return dict(e.data or {})
         if time.monotonic() > deadline:
             return None
