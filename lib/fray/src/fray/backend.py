@@ -2,17 +2,20 @@
 
 A backend is a `Backend` (found through the "fray.backends" entry-point group) that makes contexts:
 
-- a `JobContext` (fray.context) implementing its `_hooks`: `node_resources`, `_create_task`, `_create_actor`
-  (with `member` for group members), `_call_actor`, `_get`, `_wait`, `_put`, `_get_actor`, `_kill`, `_cancel`,
-  `_shutdown`; optionally `_future`, `_transfer_stats`, the group hooks (`_create_actor_group`, `_call_group`,
-  `_kill_group`) and the streaming hooks. Its `__init__` calls `JobContext.__init__` first (the shared lifecycle:
-  shut-down flag, feasibility cache, `owns_resources`). The public methods check every argument and enforce the
-  shared semantics before a hook runs, so a hook never sees bad input;
+- a `JobContext` (fray.context) implementing the hooks of `fray.hooks.JobContextHooks`, each documented with the
+  rule it keeps: `node_resources`, `_create_task`, `_create_actor` (with `member` for group members),
+  `_call_actor`, `_get`, `_wait`, `_put`, `_get_actor`, `_kill`, `_cancel`, `_shutdown`; optionally `_outcomes`,
+  `_future`, `_transfer_stats`, `_pull_events`, `_engine_links`, the group hooks (`_create_actor_group`,
+  `_call_group`, `_kill_group`) and the streaming hooks. Its `__init__` calls `JobContext.__init__` first (the
+  shared lifecycle: shut-down flag, feasibility cache, `owns_resources`). The public methods check every argument
+  and enforce the shared semantics before a hook runs, so a hook never sees bad input;
 - a `ClusterContext` (fray.cluster_context) implementing `_create_job`, `_list_jobs`, `_get_job`, `_stop_job`,
   `_delete_job`, `_get_job_logs`, `_wait_job`, `_shutdown`;
 - what it can and cannot do, as `capabilities` (fray.capabilities): a missing one with an API is refused by name.
 
-A backend whose clusters outlive one process (`fray cluster start`) is also a `PersistentClusters`.
+A backend whose clusters outlive one process (`fray cluster start`) is also a `PersistentClusters`. A distribution
+declares its Backend under the "fray.backends" entry point; `fray.register_backend(name, cls)` registers one in
+this process (tests, notebooks).
 """
 
 from __future__ import annotations

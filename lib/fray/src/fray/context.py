@@ -1,7 +1,7 @@
 """The interface: JobContext (tasks, actors, objects). ClusterContext (whole jobs) is in fray.cluster_context.
 
-The public methods here validate input and enforce the shared semantics; backends implement the `_hooks` (the
-whole contract: docs/testing.md, "Writing a backend").
+The public methods here validate input and enforce the shared semantics; backends implement the hooks of
+fray.hooks.JobContextHooks (each with its rule; docs/testing.md, "Writing a backend").
 """
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from __future__ import annotations
 import contextvars
 import os
 import threading
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, ClassVar
+from typing import Any
 
 from fray import current, timeline
 from fray._validation import (
@@ -31,18 +30,17 @@ from fray.cuda_values import device_stats
 from fray.current import clear_job_context, get_job_context
 from fray.errors import FrayError, UnsupportedFeatureError
 from fray.event_store import EventStore
-from fray.events import ProcessEvents
-from fray.groups import PLACEMENTS, ActorGroup, Member, admit_group, create_one_by_one
+from fray.groups import PLACEMENTS, ActorGroup, admit_group, create_one_by_one
+from fray.hooks import JobContextHooks
 from fray.interrupts import interrupted
 from fray.interrupts import refs as count_refs
-from fray.outcome import Outcome
 from fray.progress import ProgressMode, check_mode
 from fray.receive import receive_into
 from fray.refs import ActorHandle, ObjectRef, async_methods
 from fray.resources import actor_resources, task_resources
 from fray.streams import ObjectRefStream
 from fray.timeline import TimelineSummary
-from fray.transfers import PathStats, TransferReport, merge
+from fray.transfers import TransferReport, merge
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
 __all__ = [
@@ -54,15 +52,12 @@ __all__ = [
 ]
 
 
-class JobContext(ABC):
+class JobContext(JobContextHooks):
     """Submit tasks, create actors, put and get objects. One per backend connection.
 
     Every blocking call takes a timeout; a task or actor method that raises makes `get` raise the original
     exception type. Use as a context manager to shut down on exit.
     """
-
-    backend: ClassVar[str] = "?"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset()
 
     def __init__(self, *, owns_resources: bool = True) -> None:
         """Backends call this first. owns_resources=False for a context a worker process has from its driver:
@@ -373,72 +368,7 @@ class JobContext(ABC):
         self._check_ref(ref)
         return self._future(ref)
 
-    # ----------------------------------------------------------------- backend hooks
-    @abstractmethod
-    def node_resources(self) -> list[dict[str, float]]:
-        """The total resources of each node (for feasibility checks)."""
-
-    @abstractmethod
-    def _create_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
-    ) -> ObjectRef: ...
-
-    @abstractmethod
-    def _create_actor(
-        self,
-        klass: type,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: ActorOptions,
-        member: Member | None = None,
-    ) -> ActorHandle:
-        """member: the actor is a member of a group being created (its rank, group, SPMD environment)."""
-
-    @abstractmethod
-    def _call_actor(
-        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> ObjectRef: ...
-
-    @abstractmethod
-    def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
-        """Values in order; raise the first failed ref's exception, GetTimeoutError after timeout (total)."""
-
-    @abstractmethod
-    def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
-        """Indices of refs that are complete: at least num_returns of them unless the timeout passed."""
-
-    @abstractmethod
-    def _put(self, obj: Any) -> ObjectRef: ...
-
-    @abstractmethod
-    def _get_actor(self, name: str) -> ActorHandle: ...
-
-    @abstractmethod
-    def _kill(self, handle: ActorHandle) -> None: ...
-
-    @abstractmethod
-    def _cancel(self, ref: ObjectRef) -> bool | None:
-        """Cancel the task behind ref (a ref of this backend): queued, it never runs and its get raises
-        TaskCancelledError; running, interrupt it (capability cancel_running) or, lacking that, leave it running
-        and return False (the core then raises UnsupportedFeatureError); finished, leave it alone."""
-
-    @abstractmethod
-    def _shutdown(self) -> None: ...
-
-    def _transfer_stats(self) -> dict[str, PathStats]:
-        return {}
-
-    def _pull_events(self) -> list[ProcessEvents]:
-        """The events the other processes of this context recorded since the last pull (fray.events); this
-        process's own are read by the core. Default: none (every event happens in this process)."""
-        return []
-
-    def _engine_links(self) -> dict[str, str]:
-        """The engine's own pages for this job (a name -> its URL: Ray's dashboard where the cluster runs one),
-        shown on the live page. Default: none."""
-        return {}
-
-    # Hooks with a default: a backend overrides them where it can do better (one broadcast for a group call).
+    # ----------------------------------------------------------------- hooks whose default needs the context
     def _create_actor_group(
         self,
         klass: type,
@@ -450,35 +380,14 @@ class JobContext(ABC):
         strict: bool,
         distributed: bool,
     ) -> ActorGroup:
-        """Default: members one by one through `_create_actor(..., member=...)`, all or nothing."""
+        """Create `count` members together, all or nothing, placed as asked (best effort unless strict); for
+        distributed=True each in a process of its own with the torch.distributed environment set before __init__.
+        Default: members one by one through `_create_actor(..., member=...)`."""
         return create_one_by_one(self, klass, count, args, kwargs, options, distributed)
 
-    def _call_group(
-        self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[ObjectRef]:
-        return [self._call_actor(handle, method, args, kwargs) for handle in group.handles]
-
-    def _kill_group(self, group: ActorGroup) -> None:
-        for handle in group.handles:
-            self._kill(handle)
-
-    def _create_stream_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
-    ) -> ObjectRefStream:
-        raise UnsupportedFeatureError(Capability.STREAMING, self.backend, "TaskOptions(streaming=True)")
-
-    def _call_actor_stream(
-        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> ObjectRefStream:
-        raise UnsupportedFeatureError(Capability.STREAMING, self.backend, f"{handle.class_name}.{method}.stream()")
-
-    def _outcomes(self, refs: list[ObjectRef]) -> list[Outcome] | None:
-        """The backend's own completion of each ref (fray.outcome), if it has one: as_completed, progress bars
-        and the default `_future` read it. None (default): one watcher thread per context polls `_wait`."""
-        return None
-
     def _future(self, ref: ObjectRef) -> Future[Any]:
-        """A Future of ref's value, settled when its outcome is (no thread of its own)."""
+        """A concurrent.futures.Future of ref's value. Default: settled when its outcome is (no thread of its
+        own)."""
         return outcomes(self, [ref])[0].to_future(lambda _: self._get([ref], None)[0])
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -157,3 +157,22 @@ def async_methods(klass: type) -> frozenset[str]:
         if inspect.iscoroutinefunction(attr) or inspect.isasyncgenfunction(attr):
             names.add(name)
     return frozenset(names)
+
+
+def top_level_refs(args: Sequence[Any], kwargs: Mapping[str, Any], backend: str) -> list[ObjectRef]:
+    """The ObjectRefs of `backend` among a call's top-level arguments: the ones a task waits for and receives as
+    values (the rule every backend keeps; refs nested in containers arrive as refs)."""
+    refs = [a for a in args if isinstance(a, ObjectRef) and a.backend == backend]
+    refs += [v for v in kwargs.values() if isinstance(v, ObjectRef) and v.backend == backend]
+    return refs
+
+
+def with_values(
+    args: Sequence[Any], kwargs: Mapping[str, Any], value_of: Callable[[ObjectRef], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments with each top-level ObjectRef replaced by value_of(ref) (which raises the ref's own
+    error if its task failed: the task then fails with it); refs nested in containers stay refs."""
+    return (
+        tuple(value_of(a) if isinstance(a, ObjectRef) else a for a in args),
+        {k: value_of(v) if isinstance(v, ObjectRef) else v for k, v in kwargs.items()},
+    )

@@ -35,7 +35,7 @@ from fray.in_memory._scheduler import Ledger, Signature, Work, lendable, signatu
 from fray.in_memory._tasks import _async_raise, _Interrupt, _mark_dispatched, _Task, _tls
 from fray.in_memory.actors import ActorTable, _call_owner, end_stream_with_failure
 from fray.outcome import Outcome, first_failure, wait_for, when
-from fray.refs import ActorHandle, ObjectRef
+from fray.refs import ActorHandle, ObjectRef, top_level_refs, with_values
 from fray.remote_errors import RemoteError, capture_exception, format_exception
 from fray.resources import task_resources
 from fray.serialization import Blob, check_function, dumps, dumps_call, loads
@@ -278,7 +278,7 @@ class InMemoryJobContext(JobContext):
                     task.call, f"the arguments of task {getattr(task.fn, '__qualname__', task.fn)}"
                 )
                 if task.has_refs:
-                    args, kwargs = self._resolve_refs(args, kwargs, self._value_of)
+                    args, kwargs = with_values(args, kwargs, self._value_of)
                 env = task.options.runtime_env
                 if env is not None and env.env:
                     from fray.in_memory._subprocess import run_in_child
@@ -341,16 +341,7 @@ class InMemoryJobContext(JobContext):
         """The call's arguments, its top-level refs by their values; stored=True: by their objects as stored (for a
         member process: a Serialized blob's buffers go there as they are, lent from this process's pool)."""
         args, kwargs = self._decode(call, what)
-        return self._resolve_refs(args, kwargs, self._stored_value_of if stored else self._value_of)
-
-    @staticmethod
-    def _resolve_refs(
-        args: Any, kwargs: Any, value_of: Callable[[ObjectRef], Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Top-level ObjectRef arguments by value_of(ref) (refs nested in containers stay refs)."""
-        args = tuple(value_of(a) if isinstance(a, ObjectRef) else a for a in args)
-        kwargs = {k: value_of(v) if isinstance(v, ObjectRef) else v for k, v in kwargs.items()}
-        return args, kwargs
+        return with_values(args, kwargs, self._stored_value_of if stored else self._value_of)
 
     def _stored_value_of(self, ref: ObjectRef) -> Any:
         """A ref's object as stored: a Serialized blob, or the value itself; raises _Failure if its task failed."""
@@ -473,6 +464,4 @@ class InMemoryJobContext(JobContext):
 
 
 def _top_level_entries(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[_Entry]:
-    deps = [a.payload for a in args if isinstance(a, ObjectRef) and a.backend == BACKEND]
-    deps += [v.payload for v in kwargs.values() if isinstance(v, ObjectRef) and v.backend == BACKEND]
-    return deps
+    return [ref.payload for ref in top_level_refs(args, kwargs, BACKEND)]
