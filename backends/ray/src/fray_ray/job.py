@@ -117,7 +117,6 @@ class RayJobContext(JobContext):
     def check_feasible(self, request: Mapping[str, float], what: str) -> None:
         # Hot path: most submissions repeat the previous request ({"CPU": 1.0}); skip the scan while the
         # node view it was checked against is current.
-        self._refuse_if_shut_down()
         if request == self._last_feasible and time.monotonic() - self._nodes_at <= _NODES_TTL:
             return
         try:
@@ -131,7 +130,6 @@ class RayJobContext(JobContext):
     def _create_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRef:
-        self._refuse_if_shut_down()
         remote = _registry.lookup(fn)
         if remote is None:
             check_function(fn, _checked_functions)
@@ -163,14 +161,12 @@ class RayJobContext(JobContext):
         options: ActorOptions,
         member: Member | None = None,
     ) -> ActorHandle:
-        self._refuse_if_shut_down()
         created = self._actors.create(klass, args, kwargs, options, member)
         if options.max_restarts != 0 and (member is None or not member.distributed):
             self._groups.resend.actors.add(created.payload._actor_id.binary())  # (Ray restarts it: _resend)
         return created
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
-        self._refuse_if_shut_down()
         resend = self._groups.resend
         actor, refused = self._groups.gangs.route(handle.payload)  # an SPMD group restarted, restarting or dead
         ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
@@ -197,11 +193,9 @@ class RayJobContext(JobContext):
         return result
 
     def _get_actor(self, name: str) -> ActorHandle:
-        self._refuse_if_shut_down()
         return self._actors.get(name)
 
     def _kill(self, handle: ActorHandle) -> None:
-        self._refuse_if_shut_down()
         self._groups.gangs.killed([handle.payload])  # a member of an SPMD group: the group goes with it
         self._actors.kill([handle])
 
@@ -217,17 +211,14 @@ class RayJobContext(JobContext):
         strict: bool,
         distributed: bool,
     ) -> ActorGroup:
-        self._refuse_if_shut_down()
         return self._groups.create(klass, count, args, kwargs, options, placement, strict, distributed)
 
     def _call_group(
         self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> list[ObjectRef]:
-        self._refuse_if_shut_down()
         return self._groups.call(group, method, args, kwargs)
 
     def _kill_group(self, group: ActorGroup) -> None:
-        self._refuse_if_shut_down()
         self._groups.kill(group)
 
     # ------------------------------------------------------------------ streaming
@@ -236,7 +227,6 @@ class RayJobContext(JobContext):
     ) -> ObjectRefStream:
         """A Ray generator task. Never retried (max_retries=0): a retry would run the generator's side effects
         again after items were delivered; Ray cannot retry only before the first item."""
-        self._refuse_if_shut_down()
         remote = _stream_registry.lookup(fn)
         if remote is None:
             check_function(fn, _checked_functions)
@@ -262,7 +252,6 @@ class RayJobContext(JobContext):
     def _call_actor_stream(
         self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> ObjectRefStream:
-        self._refuse_if_shut_down()
         ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
         try:
             remote_method = getattr(handle.payload, method).options(num_returns="streaming")
@@ -280,7 +269,7 @@ class RayJobContext(JobContext):
     def _future(self, ref: ObjectRef) -> Future[Any]:
         """From Ray's own ObjectRef.future() (a callback, no thread per ref), with the value as get gives it and
         the exceptions get raises."""
-        self._refuse_if_shut_down()
+        self._refuse_if_shut_down()  # (fray.completion and progress bars poll this outside the public checks)
         payload = ref.payload
         out: Future[Any] = Future()
         if self._cancels.cancelled and payload.binary() in self._cancels.cancelled:
@@ -311,7 +300,7 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ objects
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
-        self._refuse_if_shut_down()
+        self._refuse_if_shut_down()  # (fray.completion and progress bars poll this outside the public checks)
         resend = self._groups.resend
         payloads = resend.current(refs) if resend.active else [r.payload for r in refs]
         if self._cancels.cancelled:
@@ -363,13 +352,12 @@ class RayJobContext(JobContext):
         """This process's gets, all by Ray's object store: count of values, bytes where known without a walk
         (out-of-band buffers of packed values, numpy arrays, bytes; 0 for other values) and seconds in
         ray.get. Task and actor arguments resolved inside workers are not counted (Ray resolves them)."""
-        self._refuse_if_shut_down()
         with self._gets_lock:
             stats = self._gets
         return {_STORE_PATH: stats} if stats.count else {}
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
-        self._refuse_if_shut_down()
+        self._refuse_if_shut_down()  # (fray.completion and progress bars poll this outside the public checks)
         try:
             return self._wait_for(refs, num_returns, timeout)
         finally:
@@ -398,7 +386,6 @@ class RayJobContext(JobContext):
         return done | {i for i, p in zip(rest, payloads, strict=True) if p in ready_set}
 
     def _put(self, obj: Any) -> ObjectRef:
-        self._refuse_if_shut_down()
         try:
             ref = ObjectRef(ray.put(pack(obj)), BACKEND)
         except TypeError as exc:
@@ -426,7 +413,6 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ cancel (fray_ray._cancel)
     def _cancel(self, ref: ObjectRef) -> None:
-        self._refuse_if_shut_down()
         self._cancels.cancel(ref)
 
     def _shutdown(self) -> None:
