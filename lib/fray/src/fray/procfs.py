@@ -24,10 +24,14 @@ __all__ = [
     "alive",
     "boot_id",
     "children_of",
+    "cmdline",
     "end_children",
     "exiting",
+    "gone",
     "group_members",
+    "pids",
     "stat",
+    "state",
     "stop_group",
 ]
 
@@ -69,6 +73,29 @@ def stat(pid: int) -> ProcStat | None:
         return None
 
 
+def state(pid: int) -> str | None:
+    """The state letter of process `pid` (R, S, D, Z, X, T...), or None if there is no such process."""
+    fields = _stat_fields(pid)
+    return fields[0].decode() if fields else None
+
+
+def cmdline(pid: int) -> list[str] | None:
+    """The argv of process `pid` (undecodable bytes replaced; empty for a zombie or a kernel thread), or None if
+    it cannot be read (no such process, or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # Each argument ends in NUL, but a process that rewrote its title (Ray's workers) may end without one.
+    return raw.removesuffix(b"\0").decode(errors="replace").split("\0") if raw else []
+
+
+def pids() -> list[int]:
+    """The pids of every process of this machine (as this process's pid namespace sees them) now."""
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
 _PF_EXITING = 0x4  # (linux/sched.h) the process has begun to exit
 
 
@@ -90,13 +117,17 @@ def alive(pid: int) -> bool:
     return found is not None and found.live
 
 
+def gone(pid: int) -> bool:
+    """Process `pid` has exited: there is none, or it is a zombie (its code no longer runs)."""
+    return not alive(pid)
+
+
 def _live() -> list[ProcStat]:
     found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            seen = stat(int(entry))
-            if seen is not None and seen.live:
-                found.append(seen)
+    for pid in pids():
+        seen = stat(pid)
+        if seen is not None and seen.live:
+            found.append(seen)
     return found
 
 
