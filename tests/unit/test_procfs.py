@@ -47,3 +47,17 @@ def test_a_zombie_is_gone_and_an_ended_process_has_no_state() -> None:
     assert procfs.state(proc.pid) is None
     assert procfs.cmdline(proc.pid) is None
     assert procfs.gone(proc.pid)
+
+
+def test_stop_groups_ends_several_groups_within_one_grace() -> None:
+    # One group ends on SIGTERM; the other ignores it and is SIGKILLed: both within one grace, not two.
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    stubborn = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE)
+    polite = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    assert stubborn.stdout is not None and stubborn.stdout.readline()  # its SIGTERM handler is set
+    leaders = [procfs.Identity.of(p.pid) for p in (stubborn, polite)]
+    assert None not in leaders
+    started = time.monotonic()
+    assert procfs.stop_groups([leader for leader in leaders if leader is not None], grace=2.0)
+    assert time.monotonic() - started < 3.5  # (two graces would be 4 s)
+    assert stubborn.wait(5) == -9 and polite.wait(5) == -15

@@ -33,6 +33,7 @@ __all__ = [
     "stat",
     "state",
     "stop_group",
+    "stop_groups",
 ]
 
 
@@ -206,17 +207,32 @@ def stop_group(leader: Identity, grace: float = 3.0) -> bool:
     """SIGTERM the process group `leader` leads, SIGKILL what is left after `grace` seconds; True once none of
     it runs. Nothing is signalled unless the group is proven to be the recorded leader's (Identity.group_is_ours):
     a group that is not is left alone, and counts as stopped."""
+    return stop_groups([leader], grace)
+
+
+def stop_groups(leaders: list[Identity], grace: float = 3.0) -> bool:
+    """stop_group for several groups at once: each signal goes to all of them before the wait, so the grace is
+    spent once, not once per group. True once none of the groups proven ours runs."""
+    left: list[Identity] = list(leaders)
+    refused: list[Identity] = []  # not ours to signal after all (another user's): not waited for
     for signum in (signal.SIGTERM, signal.SIGKILL):
-        if not leader.group_is_ours():
-            return True
-        try:
-            os.killpg(leader.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            return not group_members(leader.pid)
+        signalled = []
+        for leader in left:
+            if not leader.group_is_ours():
+                continue  # ended (or never ours): left alone, stopped
+            try:
+                os.killpg(leader.pid, signum)
+            except ProcessLookupError:
+                continue  # its last member ended since the check
+            except PermissionError:
+                refused.append(leader)
+                continue
+            signalled.append(leader)
         deadline = time.monotonic() + grace
-        while group_members(leader.pid) and time.monotonic() < deadline:
+        while any(group_members(g.pid) for g in signalled) and time.monotonic() < deadline:
             time.sleep(0.05)
-    return not group_members(leader.pid)
+        left = signalled
+    return not any(group_members(g.pid) for g in left + refused)
 
 
 def end_children(children: list[Identity], grace: float = 5.0) -> list[int]:
