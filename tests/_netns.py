@@ -154,14 +154,13 @@ def _netns_id(netns: str) -> tuple[int, int] | None:
 
 def _pids_in(namespaces: set[tuple[int, int]]) -> list[int]:
     found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                st = os.stat(f"/proc/{entry}/ns/net")
-            except OSError:  # gone, or a zombie (it has no namespaces left)
-                continue
-            if (st.st_dev, st.st_ino) in namespaces:
-                found.append(int(entry))
+    for pid in procfs.pids():
+        try:
+            st = os.stat(f"/proc/{pid}/ns/net")
+        except OSError:  # gone, or a zombie (it has no namespaces left)
+            continue
+        if (st.st_dev, st.st_ino) in namespaces:
+            found.append(pid)
     return found
 
 

@@ -23,6 +23,7 @@ from _fray_cli import cli_env as _env
 from _fray_cli import run_fray as _fray
 
 import fray
+from fray import procfs
 from fray.procfs import group_members
 
 _running: list[subprocess.Popen[str]] = []  # `fray` commands a test started: ended after it, whatever happened
@@ -58,32 +59,22 @@ def _json(done: subprocess.CompletedProcess[str]) -> object:
 def _marked(marker: str) -> list[int]:
     """Live processes whose command line holds `marker` (unique to one test)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid in procfs.pids():
+        if pid == os.getpid():
             continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if marker.encode() in cmd and state != "Z":
-            found.append(int(entry.name))
+        argv = procfs.cmdline(pid)
+        if argv is not None and marker in " ".join(argv) and procfs.state(pid) not in (None, "Z"):
+            found.append(pid)
     return found
 
 
 def _sleeping(marker: str) -> list[int]:
     """Live `sleep MARKER` processes (a job's: the duration is unique to one test)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if argv[:2] == [b"sleep", marker.encode()] and state != "Z":
-            found.append(int(entry.name))
+    for pid in procfs.pids():
+        argv = procfs.cmdline(pid)
+        if argv is not None and argv[:2] == ["sleep", marker] and procfs.state(pid) not in (None, "Z"):
+            found.append(pid)
     return found
 
 

@@ -16,10 +16,13 @@ import time
 
 import pytest
 
+from fray import procfs
+
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time
     import fray
+    from fray.procfs import alive  # (a zombie is dead)
     from monarch.job import ProcessJob
 
     how = sys.argv[1]
@@ -36,13 +39,6 @@ SCRIPT = textwrap.dedent(
         time.sleep(600)
     fray.shutdown()
 
-    def alive(pid):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # a zombie is dead
-        except OSError:
-            return False
-
     print(json.dumps({"after": [alive(w) for w in workers]}), flush=True)
     if how == "running":
         job.kill()
@@ -53,14 +49,6 @@ SCRIPT = textwrap.dedent(
 def _job_dirs() -> set[str]:
     """Monarch's ProcessJob makes its socket directory with tempfile.mkdtemp(prefix="monarch_process_job_")."""
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "monarch_process_job_*")))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("how", ["spec", "object", "running"])
@@ -80,12 +68,12 @@ def test_hosts_a_killed_driver_launched_end_with_it() -> None:
     try:
         assert proc.stdout is not None
         workers = json.loads(proc.stdout.readline())["workers"]
-        assert all(_alive(w) for w in workers)
+        assert all(procfs.alive(w) for w in workers)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 15
-        while any(_alive(w) for w in workers):  # the watchdog ends the host workers, their processes with them
-            assert time.monotonic() < deadline, [w for w in workers if _alive(w)]
+        while any(procfs.alive(w) for w in workers):  # the watchdog ends the host workers, their processes with them
+            assert time.monotonic() < deadline, [w for w in workers if procfs.alive(w)]
             time.sleep(0.2)
         while not _job_dirs() <= before:  # and removes the job's socket directory
             assert time.monotonic() < deadline, _job_dirs() - before

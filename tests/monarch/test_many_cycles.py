@@ -20,16 +20,17 @@ CHILDREN = textwrap.dedent(
     """
     import json, os, signal, sys, time
     import fray
+    from fray import procfs
     from fray.procfs import children_of
     from fray.testing import workloads as h
 
     def children():
         out, watchdogs = [], 0
         for pid in children_of(os.getpid()):
-            try:
-                cmd = open(f"/proc/{pid}/cmdline").read().replace("\\0", " ").strip()
-            except OSError:
+            argv = procfs.cmdline(pid)
+            if argv is None:
                 continue  # (gone meanwhile)
+            cmd = " ".join(argv).strip()
             if cmd.endswith(f"-m fray.watchdog {os.getpid()}") and not watchdogs:
                 watchdogs += 1  # (fray's one watchdog stays for the life of the process)
             else:

@@ -28,6 +28,8 @@ from typing import Any
 import pytest
 from _netns import Host, namespaced_hosts, require_namespaced_hosts
 
+from fray import procfs
+
 HERE = Path(__file__).parent
 DRIVER = HERE / "_multihost_driver.py"
 PY = sys.executable
@@ -49,11 +51,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
+    return " ".join(procfs.cmdline(pid) or []).strip()
 
 
 def _fray_processes(host: Host, spare: Callable[[str], bool]) -> list[str]:

@@ -22,6 +22,7 @@ DRIVER = textwrap.dedent(
     """
     import glob, json, os, socket, sys, time
     import fray
+    from fray import procfs
     from fray.procfs import children_of
 
     def private(path):
@@ -29,7 +30,7 @@ DRIVER = textwrap.dedent(
         return os.path.isdir(path) and not os.path.islink(path) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
     def left():
-        kids = [open(f"/proc/{p}/cmdline").read().replace("\\0", " ").strip() for p in children_of(os.getpid())]
+        kids = [" ".join(procfs.cmdline(p) or []).strip() for p in children_of(os.getpid())]
         kids = ["the watchdog" if k.endswith(f"-m fray.watchdog {os.getpid()}") else k for k in kids]
         tag = f"{os.getpid()}-"
         dirs = [d for d in glob.glob("/tmp/fray-m*") if open(os.path.join(d, "owner")).read().startswith(tag)]

@@ -25,7 +25,7 @@ import numpy as np
 import ray
 
 import fray
-from fray import ActorOptions, Lifetime, TaskOptions
+from fray import ActorOptions, Lifetime, TaskOptions, procfs
 
 NAMESPACE = "fray-mh"
 PUT_BYTES = 32 * 2**20
@@ -50,11 +50,10 @@ fray.shutdown()
 def where() -> dict[str, Any]:
     """Where this runs: host name, Ray node, and process (pid and start time: which process, even if its pid is
     reused later) for the test's check that each such process is gone with the job."""
-    with open("/proc/self/stat") as f:
-        stat = f.read()
-    start = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22: start time, in clock ticks since boot
+    me = procfs.stat(os.getpid())
+    assert me is not None  # (this process runs)
     node = ray.get_runtime_context().get_node_id()
-    return {"host": socket.gethostname(), "node": node, "pid": os.getpid(), "start": start}
+    return {"host": socket.gethostname(), "node": node, "pid": os.getpid(), "start": me.start}
 
 
 def summed(x: Any) -> dict[str, Any]:

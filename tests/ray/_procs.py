@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from fray import procfs
+
 
 def _listening_inodes() -> dict[str, tuple[str, int]]:
     """socket inode -> (address, port) of every listening TCP socket (IPv4 and IPv6)."""
@@ -58,16 +60,10 @@ def listening(pids: list[int]) -> dict[int, list[tuple[str, int]]]:
 def processes() -> dict[int, tuple[int, int, str]]:
     """pid -> (parent pid, process group, state) of every process."""
     table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    for pid in procfs.pids():
+        found = procfs.stat(pid)
+        if found is not None:
+            table[pid] = (found.ppid, found.pgid, found.state)
     return table
 
 
@@ -84,11 +80,8 @@ def group_and_descendants(pgid: int) -> list[int]:
 
 
 def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:100]
-    except OSError:
-        return "?"
+    argv = procfs.cmdline(pid)
+    return "?" if argv is None else " ".join(argv).strip()[:100]
 
 
 def run_driver(script: Path, what: str, timeout: float, env: dict[str, str]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from typing import Any
 
 from _netns import Host
 
+from fray import procfs
+
 PORT = 6379  # each host has a network stack of its own: Ray's default port collides with nobody's
 RAY = str(Path(sys.executable).with_name("ray"))  # absolute: nsenter enters the host's mount namespace
 STOP_GRACE = 15.0  # seconds between SIGTERM and SIGKILL of a node's process group
@@ -167,16 +169,7 @@ def stop_nodes(nodes: list[RayNode]) -> None:
 
 def _group_alive(pgid: int) -> bool:
     """Does process group pgid have a member that is not a zombie?"""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                return True
-    return False
+    return bool(procfs.group_members(pgid))
 
 
 def log_tails(nodes: list[RayNode], lines: int = 12) -> str:

@@ -38,6 +38,8 @@ pytest.importorskip("fray_ray")
 from _netns import Host, namespaced_hosts, require_namespaced_hosts, start_time
 from _ray_hosts import PORT, RayNode, cluster_env, log_tails, running_cluster
 
+from fray import procfs
+
 DRIVER = Path(__file__).resolve().with_name("_multihost_driver.py")
 PUT_BYTES = 32 * 2**20  # as in the driver
 MADE_BYTES = 16 * 2**20
@@ -76,19 +78,12 @@ def _poll(check: Any, timeout: float) -> Any:
 
 
 def _argv(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a for a in raw.decode(errors="replace").split("\0") if a.strip()]
+    return [a for a in procfs.cmdline(pid) or [] if a.strip()]
 
 
 def _pgid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[2])
+    found = procfs.stat(pid)
+    return None if found is None else found.pgid
 
 
 def _is_fray(argv: list[str]) -> bool:

@@ -43,15 +43,10 @@ DRIVER = textwrap.dedent(
 def _descendants_sleeping(marker: str) -> list[int]:
     """pids of `sleep MARKER` processes (the job's: the marker is unique to one test) still alive anywhere."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd[:2] == [b"sleep", marker.encode()] and procfs.alive(int(entry.name)):
-            found.append(int(entry.name))
+    for pid in procfs.pids():
+        argv = procfs.cmdline(pid)
+        if argv is not None and argv[:2] == ["sleep", marker] and procfs.alive(pid):
+            found.append(pid)
     return found
 
 
@@ -167,12 +162,11 @@ def _tree(root: int) -> dict[int, str]:
     process: a reused pid is never mistaken for it)."""
     parents: dict[int, list[int]] = {}
     starts: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            found = _stat(int(entry.name))
-            if found is not None:
-                parents.setdefault(found[0], []).append(int(entry.name))
-                starts[int(entry.name)] = found[1]
+    for pid in procfs.pids():
+        found = _stat(pid)
+        if found is not None:
+            parents.setdefault(found[0], []).append(pid)
+            starts[pid] = found[1]
     tree, todo = {}, [root]
     while todo:
         pid = todo.pop()
@@ -187,11 +181,9 @@ def _alive(tree: dict[int, str]) -> dict[int, str]:
     alive = {}
     for pid, start in tree.items():
         found = _stat(pid)
-        if found is not None and found[1] == start and found[2] != "Z":
-            try:
-                alive[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-            except OSError:
-                pass
+        argv = procfs.cmdline(pid) if found is not None and found[1] == start and found[2] != "Z" else None
+        if argv is not None:
+            alive[pid] = " ".join(argv)[:200]
     return alive
 
 

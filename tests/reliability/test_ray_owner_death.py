@@ -64,8 +64,8 @@ CLUSTER_DRIVER = textwrap.dedent(
 def _proc_table() -> dict[int, tuple[int, str, str]]:
     """pid -> (parent pid, state, start time) of every process."""
     table = {}
-    for entry in os.listdir("/proc"):
-        found = procfs.stat(int(entry)) if entry.isdigit() else None
+    for pid in procfs.pids():
+        found = procfs.stat(pid)
         if found is not None:
             table[found.pid] = (found.ppid, found.state, str(found.start))
     return table
@@ -97,11 +97,8 @@ def _still_alive(procs: dict[int, str]) -> dict[int, str]:
 
 
 def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
-    except OSError:
-        return "?"
+    argv = procfs.cmdline(pid)
+    return "?" if argv is None else " ".join(argv)[:80]
 
 
 def _sleepers(marker: str) -> int:

@@ -26,6 +26,24 @@ def test_settled_once_first_writer_wins_and_callbacks_run_once() -> None:
     assert seen == [1, "at once"]
 
 
+def test_a_raising_callback_does_not_keep_the_outcome_from_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    told: list[str] = []
+
+    def fails(_: Outcome) -> None:
+        told.append("fails")
+        raise RuntimeError("a broken callback")
+
+    outcome = Outcome()
+    outcome.add_callback(lambda _: told.append("first"))
+    outcome.add_callback(fails)
+    outcome.add_callback(lambda _: told.append("last"))
+    with caplog.at_level("ERROR", logger="fray.outcome"):
+        assert outcome.set_value(1)
+    assert told == ["first", "fails", "last"]
+    assert outcome.state is State.VALUE
+    assert any("a broken callback" in (r.exc_text or str(r.exc_info)) for r in caplog.records)
+
+
 def test_lose_turns_a_value_into_a_failure_without_telling_again() -> None:
     outcome, seen = Outcome(), []
     outcome.add_callback(lambda o: seen.append(o.state))

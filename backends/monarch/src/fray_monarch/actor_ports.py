@@ -7,16 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 from fray.events import ERROR, ended
-from fray_monarch.protocol import ActorReply, PlainReply, compact, group_answer, plain_data
+from fray_monarch.protocol import ActorReply, PlainReply, ReplyStatus, compact, group_answer, plain_data
+
+_OK = ReplyStatus.OK  # (bound once: compared per reply, and a member's lookup on its class costs ~0.13 us)
 
 __all__ = ["CompactingPort", "TaggedPort", "end_data"]
 
 
 def end_data(reply: Any) -> dict[str, str] | None:
     """A call's end event's data from its reply (fray.events.ended): None unless it failed."""
-    if type(reply) is not ActorReply or reply.status == "ok":
+    if type(reply) is not ActorReply or reply.status == _OK:
         return None
-    if reply.status == "dead":
+    if reply.status == ReplyStatus.DEAD:
         return {"status": ERROR, "error": "ActorDiedError"}
     return ended(reply.error)
 
@@ -52,7 +54,7 @@ class CompactingPort:
             self.port.send(reply)
             return
         assert isinstance(reply, ActorReply)
-        data = plain_data(reply.value) if reply.status == "ok" else None
+        data = plain_data(reply.value) if reply.status == _OK else None
         if data is not None:
             self.port.send((data,))
         else:

@@ -33,7 +33,7 @@ from fray_monarch.hosts import FrayActorHost
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
 from fray_monarch.processes import Proc, ProcessPool, ignore, local_part
-from fray_monarch.protocol import ActorCall, ActorDesc, Inline, WireValue, compact, expand, plain_call
+from fray_monarch.protocol import ActorCall, ActorDesc, Inline, ReplyStatus, WireValue, compact, expand, plain_call
 from fray_monarch.streaming import StreamRec, StreamRegistry
 
 
@@ -91,7 +91,7 @@ class ActorRegistry:
                 self.directory.complete(entry, None, failure)
                 # (its process, and the call's own events with it, are gone: its end is recorded here)
                 RECORDER.record(Kind.CALL_END, entry.id, rec.class_name if rec else "?", ended(failure))
-            elif reply.status == "ok" and reply.value is not None:
+            elif reply.status == ReplyStatus.OK and reply.value is not None:
                 try:  # the reply came from the actor's process: a value it stored must be in that process's store
                     if rec is not None and rec.proc is not None:
                         check_owner(entry.id, reply.value.value, rec.proc.key)
@@ -100,7 +100,7 @@ class ActorRegistry:
                     self.directory.complete(entry, None, exc)
                     return
                 self.directory.complete(entry, reply.value.value, None, reply.value.contained)
-            elif reply.status == "dead":
+            elif reply.status == ReplyStatus.DEAD:
                 name = rec.label if rec else ""
                 self.directory.complete(entry, None, ActorDiedError(f"actor {name} is dead: {reply.reason}"))
             elif rec is None or not self.hold(rec, entry, reply.error):

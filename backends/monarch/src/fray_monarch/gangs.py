@@ -32,6 +32,7 @@ from fray_monarch.actor_registry import ActorRegistry
 from fray_monarch.directory import Entry, ObjectDirectory
 from fray_monarch.meshgroups import GroupRec, GroupRegistry
 from fray_monarch.processes import ProcessPool, ignore
+from fray_monarch.protocol import ReplyStatus
 
 __all__ = ["GangKeeper"]
 
@@ -225,7 +226,7 @@ class GangKeeper:
             if group.dead or group.generation != generation:
                 return
             error = exc if exc is not None else getattr(reply, "error", None)
-            if error is not None or getattr(reply, "status", "ok") != "ok":
+            if error is not None or getattr(reply, "status", ReplyStatus.OK) != ReplyStatus.OK:
                 detail = getattr(error, "message", None) or str(error)
                 self._die(group, member.info.rank, f"its __init__ failed in restart {group.restarts}: {detail}")
                 return

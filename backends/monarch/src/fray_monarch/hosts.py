@@ -43,6 +43,7 @@ from fray_monarch.protocol import (
     Inline,
     PlainReply,
     ProcInfo,
+    ReplyStatus,
     WireValue,
     WorkerSetup,
     expand,
@@ -236,11 +237,11 @@ class FrayActorHost(Actor):
             self.async_methods = async_methods(klass)
             if self.async_methods:
                 self._start_loop()
-            return ActorReply("ok")
+            return ActorReply(ReplyStatus.OK)
         except BaseException as exc:
             err = capture_exception(exc)
             self.init_error = f"{err.type_name}: {err.message}"
-            return ActorReply("err", error=err)
+            return ActorReply(ReplyStatus.ERR, error=err)
         finally:
             if label_token is not None:
                 fray_output.pop_label(label_token)
@@ -283,7 +284,7 @@ class FrayActorHost(Actor):
                     value = await asyncio.to_thread(fn, *args, **kwargs)
                 reply = self._ok(value, method, oid)
             except BaseException as exc:
-                reply = ActorReply("err", error=capture_exception(exc))
+                reply = ActorReply(ReplyStatus.ERR, error=capture_exception(exc))
             finally:
                 self._leave(tokens)
                 RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
@@ -316,7 +317,7 @@ class FrayActorHost(Actor):
 
     def _invoke(self, oid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply | PlainReply:
         if self.obj is None:
-            return ActorReply("dead", reason=f"the actor's __init__ raised {self.init_error}")
+            return ActorReply(ReplyStatus.DEAD, reason=f"the actor's __init__ raised {self.init_error}")
         tokens = self._enter()
         name = f"{type(self.obj).__name__}.{method}"
         RECORDER.record(Kind.CALL_START, oid, name, self.call_data)
@@ -325,7 +326,7 @@ class FrayActorHost(Actor):
             args, kwargs = self._args(call, deps, f"the arguments of {name}")
             reply = self._ok(getattr(self.obj, method)(*args, **kwargs), method, oid)
         except BaseException as exc:
-            reply = ActorReply("err", error=capture_exception(exc))
+            reply = ActorReply(ReplyStatus.ERR, error=capture_exception(exc))
         finally:
             self._leave(tokens)
             RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
@@ -338,7 +339,9 @@ class FrayActorHost(Actor):
         data = plain_pickle(value)
         if data is not None and len(data) < self.rt.store.inline_limit:
             return (data,)
-        return ActorReply("ok", self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid))
+        return ActorReply(
+            ReplyStatus.OK, self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid)
+        )
 
     def _stream(self, sid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
         """Run a generator method, reporting its items as they come (WorkerRuntime.produce); the reply only says
@@ -359,14 +362,14 @@ class FrayActorHost(Actor):
             self.rt.produce(sid, make, what)
         finally:
             self._leave(tokens)
-        return ActorReply("ok")
+        return ActorReply(ReplyStatus.OK)
 
     @staticmethod
     def _reply(port: Any, fn: Any, args: tuple[Any, ...]) -> None:
         try:
             reply = fn(*args)
         except BaseException as exc:
-            reply = ActorReply("err", error=capture_exception(exc))
+            reply = ActorReply(ReplyStatus.ERR, error=capture_exception(exc))
         port.send(reply)
 
     def _submit(self, port: Any, fn: Any, *args: Any) -> None:

@@ -41,7 +41,7 @@ from fray_monarch.hosts import FrayActorHost, WorkerHost
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
 from fray_monarch.processes import Proc, ProcessPool, ignore
-from fray_monarch.protocol import ActorReply, WireValue, compact, plain_data, read_group_answer
+from fray_monarch.protocol import ActorReply, ReplyStatus, WireValue, compact, plain_data, read_group_answer
 
 
 @dataclass
@@ -394,7 +394,7 @@ class GroupRegistry:
                     entry.remote[proc_key] = 1
                 out.append(payload)
                 if rec.state == ActorState.DEAD:
-                    self.actors.reply(entry, ActorReply("dead", reason=rec.reason), None)
+                    self.actors.reply(entry, ActorReply(ReplyStatus.DEAD, reason=rec.reason), None)
                     continue
                 entry.keep = keep
                 group = rec.group

@@ -6,6 +6,7 @@ the control plane; the bytes stay in the owner's shared-memory store and go stra
 
 from __future__ import annotations
 
+import enum
 import logging
 import operator
 import pickle
@@ -54,6 +55,12 @@ def _positional(cls: type[_T]) -> type[_T]:
         reduce = lambda self: (cls, get(self))  # noqa: E731
     cls.__reduce__ = reduce  # type: ignore[assignment,method-assign]
     return cls
+
+
+# A message's status (a StrEnum member) is pickled as the plain str it equals: a member pickles as a call of its
+# class, ~2 us more to pack a reply and ~3 us more to unpack it (measured), where a str is a few bytes. The
+# receiver's plain str compares equal to the member. (str.__str__ of a member is its value, an exact str.)
+_plain_str = str.__str__
 
 
 # Smaller values ride in control messages; larger ones stay in their owner's store. Measured (actor round trip
@@ -177,15 +184,25 @@ class StreamItem:
     end: bool = False
 
 
-@_positional
+class TaskStatus(enum.StrEnum):
+    """How a task ended, as its worker reports it (TaskResult.status)."""
+
+    OK = "ok"  # its value
+    ERR = "err"  # its RemoteError
+    CANCELLED = "cancelled"
+
+
 @dataclass(frozen=True)
 class TaskResult:
     """A worker's report of one task: ok (value), err (RemoteError) or cancelled."""
 
     id: str
-    status: str
+    status: str  # a TaskStatus; the plain str equal to it once it has crossed the wire (see _plain_str)
     value: WireValue | None = None
     error: RemoteError | None = None
+
+    def __reduce__(self) -> Any:  # as _positional's, with the status as a plain str
+        return (TaskResult, (self.id, _plain_str(self.status), self.value, self.error))
 
 
 @_positional
@@ -201,15 +218,29 @@ class ActorCall:
     deps: list[str]
 
 
-@_positional
+class ReplyStatus(enum.StrEnum):
+    """How an actor's init or method call went, as its host answers (ActorReply.status)."""
+
+    OK = "ok"  # its value
+    ERR = "err"  # its RemoteError
+    DEAD = "dead"  # the actor is dead (the reason says why)
+
+
+# Bound once: looking a member up on its class costs ~0.13 us on Python 3.11, and calls compare per reply.
+_OK = ReplyStatus.OK
+
+
 @dataclass(frozen=True)
 class ActorReply:
     """An actor host's answer to init or a method call: ok (value), err (RemoteError) or dead (reason)."""
 
-    status: str
+    status: str  # a ReplyStatus; the plain str equal to it once it has crossed the wire (see _plain_str)
     value: WireValue | None = None
     error: Any = None
     reason: str = ""
+
+    def __reduce__(self) -> Any:  # as _positional's, with the status as a plain str
+        return (ActorReply, (_plain_str(self.status), self.value, self.error, self.reason))
 
 
 @_positional
@@ -277,7 +308,7 @@ def plain_call(oid: str, method: str, call: WireValue, deps: list[str]) -> Plain
 def group_answer(oid: str, reply: ActorReply) -> tuple[str, bytes | None, Any]:
     """A member's answer to a group broadcast: (object id, the value's pickle, None) for an ok reply with a
     plain value; (object id, None, the whole reply compacted) otherwise."""
-    data = plain_data(reply.value) if reply.status == "ok" else None
+    data = plain_data(reply.value) if reply.status == _OK else None
     if data is not None:
         return (oid, data, None)
     return (oid, None, compact(reply, reply.value.value if reply.value is not None else None))
@@ -286,7 +317,7 @@ def group_answer(oid: str, reply: ActorReply) -> tuple[str, bytes | None, Any]:
 def read_group_answer(message: tuple[str, bytes | None, Any]) -> tuple[str, ActorReply]:
     oid, data, rest = message
     if data is not None:
-        return oid, ActorReply("ok", WireValue(Inline(data)))
+        return oid, ActorReply(_OK, WireValue(Inline(data)))
     return oid, expand(rest)
 
 

@@ -22,7 +22,7 @@ from fray_monarch.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.ids import Ids
 from fray_monarch.objects import RefPayload
 from fray_monarch.processes import EnvKey, Proc, ProcessPool, local_part
-from fray_monarch.protocol import TaskItem, TaskResult, Value, WireValue
+from fray_monarch.protocol import TaskItem, TaskResult, TaskStatus, Value, WireValue
 from fray_monarch.streaming import StreamRegistry
 
 PREFETCH = 4  # tasks sent to a process beyond its slots, queued there, to hide the round trip
@@ -324,7 +324,7 @@ class TaskScheduler:
             return  # a late report from a process we already gave up on
         task.proc.outstanding.discard(tid)
         self._release_holds(task)
-        if result.status == "ok" and result.value is not None:
+        if result.status == TaskStatus.OK and result.value is not None:
             try:
                 check_owner(tid, result.value.value, proc_key)
             except FrayError as refused:
@@ -332,7 +332,7 @@ class TaskScheduler:
                 self.finish(task, None, refused)
                 return
             self.finish(task, result.value.value, None, result.value.contained)
-        elif result.status == "cancelled":
+        elif result.status == TaskStatus.CANCELLED:
             self.finish(task, None, TaskCancelledError(f"task {tid} was cancelled"))
         else:
             payload = result.error

@@ -22,7 +22,7 @@ from fray.remote_errors import capture_exception
 from fray.resources import add, fits, subtract
 from fray.serialization import Blob, dumps, loads
 from fray_monarch.calls import fill_deps
-from fray_monarch.protocol import TaskItem, TaskResult
+from fray_monarch.protocol import TaskItem, TaskResult, TaskStatus
 from fray_monarch.worker_runtime import WorkerRuntime
 
 __all__ = ["TaskRunner", "lending"]
@@ -89,7 +89,7 @@ class TaskRunner:
             for item in self.queue:
                 if item.id == tid:
                     self.queue.remove(item)
-                    self.rt.report(TaskResult(tid, "cancelled"))
+                    self.rt.report(TaskResult(tid, TaskStatus.CANCELLED))
                     return "dropped"
             thread = self.threads.get(tid)
             if thread is None:
@@ -191,9 +191,9 @@ class TaskRunner:
                 result = None  # its items and its end were reported as they came
             else:
                 blob = dumps(value, f"the return value of {name}", copy=False)
-                result = TaskResult(tid, "ok", self.rt.encode(blob, tid))
+                result = TaskResult(tid, TaskStatus.OK, self.rt.encode(blob, tid))
         except BaseException as exc:
-            result = TaskResult(tid, "err", error=capture_exception(exc))
+            result = TaskResult(tid, TaskStatus.ERR, error=capture_exception(exc))
         finally:
             if started:
                 RECORDER.record(Kind.TASK_END, tid, started, None if result is None else ended(result.error))

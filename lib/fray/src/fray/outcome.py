@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -20,6 +21,8 @@ from concurrent.futures import Future
 from typing import Any
 
 __all__ = ["Outcome", "State", "completed", "first_failure", "wait_for", "when"]
+
+logger = logging.getLogger(__name__)
 
 
 class State(enum.Enum):
@@ -74,7 +77,10 @@ class Outcome:
         if event is not None:
             event.set()
         for callback in (callbacks or {}).values():
-            callback(self)
+            try:
+                callback(self)
+            except Exception:  # one failing callback must not keep the outcome from the others (as futures do)
+                logger.exception("exception calling callback for %r", self)
         return True
 
     # ------------------------------------------------------------------ reading

@@ -24,11 +24,16 @@ __all__ = [
     "alive",
     "boot_id",
     "children_of",
+    "cmdline",
     "end_children",
     "exiting",
+    "gone",
     "group_members",
+    "pids",
     "stat",
+    "state",
     "stop_group",
+    "stop_groups",
 ]
 
 
@@ -69,6 +74,29 @@ def stat(pid: int) -> ProcStat | None:
         return None
 
 
+def state(pid: int) -> str | None:
+    """The state letter of process `pid` (R, S, D, Z, X, T...), or None if there is no such process."""
+    fields = _stat_fields(pid)
+    return fields[0].decode() if fields else None
+
+
+def cmdline(pid: int) -> list[str] | None:
+    """The argv of process `pid` (undecodable bytes replaced; empty for a zombie or a kernel thread), or None if
+    it cannot be read (no such process, or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # Each argument ends in NUL, but a process that rewrote its title (Ray's workers) may end without one.
+    return raw.removesuffix(b"\0").decode(errors="replace").split("\0") if raw else []
+
+
+def pids() -> list[int]:
+    """The pids of every process of this machine (as this process's pid namespace sees them) now."""
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
 _PF_EXITING = 0x4  # (linux/sched.h) the process has begun to exit
 
 
@@ -90,13 +118,17 @@ def alive(pid: int) -> bool:
     return found is not None and found.live
 
 
+def gone(pid: int) -> bool:
+    """Process `pid` has exited: there is none, or it is a zombie (its code no longer runs)."""
+    return not alive(pid)
+
+
 def _live() -> list[ProcStat]:
     found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            seen = stat(int(entry))
-            if seen is not None and seen.live:
-                found.append(seen)
+    for pid in pids():
+        seen = stat(pid)
+        if seen is not None and seen.live:
+            found.append(seen)
     return found
 
 
@@ -175,17 +207,32 @@ def stop_group(leader: Identity, grace: float = 3.0) -> bool:
     """SIGTERM the process group `leader` leads, SIGKILL what is left after `grace` seconds; True once none of
     it runs. Nothing is signalled unless the group is proven to be the recorded leader's (Identity.group_is_ours):
     a group that is not is left alone, and counts as stopped."""
+    return stop_groups([leader], grace)
+
+
+def stop_groups(leaders: list[Identity], grace: float = 3.0) -> bool:
+    """stop_group for several groups at once: each signal goes to all of them before the wait, so the grace is
+    spent once, not once per group. True once none of the groups proven ours runs."""
+    left: list[Identity] = list(leaders)
+    refused: list[Identity] = []  # not ours to signal after all (another user's): not waited for
     for signum in (signal.SIGTERM, signal.SIGKILL):
-        if not leader.group_is_ours():
-            return True
-        try:
-            os.killpg(leader.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            return not group_members(leader.pid)
+        signalled = []
+        for leader in left:
+            if not leader.group_is_ours():
+                continue  # ended (or never ours): left alone, stopped
+            try:
+                os.killpg(leader.pid, signum)
+            except ProcessLookupError:
+                continue  # its last member ended since the check
+            except PermissionError:
+                refused.append(leader)
+                continue
+            signalled.append(leader)
         deadline = time.monotonic() + grace
-        while group_members(leader.pid) and time.monotonic() < deadline:
+        while any(group_members(g.pid) for g in signalled) and time.monotonic() < deadline:
             time.sleep(0.05)
-    return not group_members(leader.pid)
+        left = signalled
+    return not any(group_members(g.pid) for g in left + refused)
 
 
 def end_children(children: list[Identity], grace: float = 5.0) -> list[int]:

@@ -22,9 +22,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
-from fray.procfs import Identity, group_members
+from fray.procfs import Identity, stop_groups
 
 __all__ = [
     "forget_command",
@@ -178,7 +177,7 @@ def main(argv: list[str]) -> int:
             commands.remove(value)
     for command in commands:  # first: an allocation cancelled ends its processes on every host
         _run_command(command)
-    _stop_groups(list({leader.pid: leader for leader in groups}.values()))
+    stop_groups(list({leader.pid: leader for leader in groups}.values()), GRACE)
     for prefix in prefixes:
         folder, start = os.path.split(prefix)
         try:
@@ -189,20 +188,6 @@ def main(argv: list[str]) -> int:
     for path in paths:
         _remove(path)
     return 0
-
-
-def _stop_groups(leaders: list[Identity]) -> None:
-    """SIGTERM every group proven ours, SIGKILL what is left of them after GRACE seconds (all in parallel)."""
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        ours = [leader for leader in leaders if leader.group_is_ours()]
-        for leader in ours:
-            try:
-                os.killpg(leader.pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + GRACE
-        while signum == signal.SIGTERM and any(group_members(g.pid) for g in ours) and time.monotonic() < deadline:
-            time.sleep(0.1)
 
 
 def _remove(path: str) -> None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fray import procfs
 from fray.context import get_job_context
 from fray.refs import ObjectRef
 
@@ -296,8 +297,10 @@ class GpuMember:
 
 
 def _parent_of(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    found = procfs.stat(pid)
+    if found is None:
+        raise ProcessLookupError(f"no process {pid}")
+    return found.ppid
 
 
 def kill_descendant(pid: int) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fray import ActorDiedError, ActorOptions, ActorUnavailableError, ObjectRef, UnsupportedFeatureError
+from fray import ActorDiedError, ActorOptions, ActorUnavailableError, ObjectRef, UnsupportedFeatureError, procfs
 from fray.context import JobContext
 from fray.testing import group_workloads as g
 from fray.testing import requires_capability
@@ -24,23 +24,14 @@ from fray.testing.workloads import wait_for_file
 FAIL_BOUND = 20.0
 
 
-def _gone(pid: int) -> bool:
-    """The process has exited (a zombie counts as exited: its code no longer runs)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-
-
 def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        alive = [p for p in pids if not _gone(p)]
+        alive = [p for p in pids if not procfs.gone(p)]
         if not alive:
             return []
         time.sleep(0.1)
-    return [p for p in pids if not _gone(p)]
+    return [p for p in pids if not procfs.gone(p)]
 
 
 def _fails_with(ctx: JobContext, ref: ObjectRef, error: type[Exception], match: str) -> float:
@@ -190,6 +181,6 @@ def test_a_stopped_rank_is_detected_and_its_group_restarts(
         assert [f["restarts"] for f in after] == [1, 1]
         assert _wait_gone([f["pid"] for f in before]) == [], "the stopped process is killed, the others too"
     finally:
-        if stopped and not _gone(stopped):  # (a failed test must not leave a stopped process behind)
+        if stopped and not procfs.gone(stopped):  # (a failed test must not leave a stopped process behind)
             os.kill(stopped, signal.SIGKILL)
         fray_ctx.kill(group)
