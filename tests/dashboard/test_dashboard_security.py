@@ -26,7 +26,7 @@ CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
-PATHS = ["/", "/api/state?since=0", "/api/timeline", "/static/app.css"]
+PATHS = ["/", "/api/state?since=0", "/api/timeline", "/static/common.js", "/static/app.css"]
 SCRIPTS = {"job": "/static/app.js", "cluster": "/static/cluster.js"}
 
 

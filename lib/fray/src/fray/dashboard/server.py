@@ -71,9 +71,11 @@ class PageSource(Protocol):
 
 
 def static_files(page: str, script: str) -> dict[str, tuple[bytes, str]]:
-    """A page's files from fray/dashboard/static: its HTML at "/", its script and the shared style sheet."""
+    """A page's files from fray/dashboard/static: its HTML at "/", its script, and the shared script and style
+    sheet."""
     files = {}
-    for path, name in (("/", page), (f"/static/{script}", script), ("/static/app.css", "app.css")):
+    shared = (("/static/common.js", "common.js"), ("/static/app.css", "app.css"))
+    for path, name in (("/", page), (f"/static/{script}", script), *shared):
         body = resources.files("fray.dashboard").joinpath("static", name).read_bytes()
         files[path] = (body, _TYPES[Path(name).suffix])
     return files

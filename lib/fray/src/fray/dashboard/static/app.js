@@ -1,12 +1,10 @@
-// The live page: polls /api/state?since=CURSOR about once a second (not while the tab is hidden) and merges
-// what changed. Row layouts are fray/dashboard/model.py's.
+// The live page: polls /api/state?since=CURSOR about once a second (not while the tab is hidden: common.js) and
+// merges what changed. Row layouts are fray/dashboard/model.py's.
 "use strict";
 
-const POLL_MS = 1000;
 const MAX_SPANS = 2000;
 const MAX_ERRORS = 500;
 const MAX_LANES = 60;
-const SVG = "http://www.w3.org/2000/svg";
 
 const S = {
   cursor: 0, t0: 0, now: 0, backend: "", dropped: 0, totals: {}, links: {}, note: "",
@@ -15,8 +13,6 @@ const S = {
 };
 
 // ------------------------------------------------------------------ formatting
-const nf = new Intl.NumberFormat();
-const count = (n) => nf.format(n);
 function bytes(n) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
@@ -33,21 +29,7 @@ function duration(ms) {
 }
 const clock = (relMs) => new Date(S.t0 + relMs).toLocaleTimeString([], { hour12: false });
 
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
-function svg(tag, attrs, cls) {
-  const e = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
-  if (cls) e.setAttribute("class", cls);
-  return e;
-}
 const colour = (fnIndex) => `c${fnIndex % 10}`;
-function td(text, cls) { return el("td", cls, text); }
-function show(id, on) { document.getElementById(id).hidden = !on; }
 
 // ------------------------------------------------------------------ merging an answer
 function merge(a) {
@@ -92,19 +74,6 @@ function renderTotals() {
     notice.textContent = `${count(S.dropped)} events were dropped before they could be read (a process's ` +
       "ring was full): counts below miss them. FRAY_EVENTS_CAPACITY sets the ring's size.";
   }
-}
-
-function renderEngine() {
-  // the engine's own pages (Ray's dashboard), or why there is none (a backend's note)
-  const links = document.getElementById("links");
-  links.replaceChildren(...Object.entries(S.links).map(([name, url]) => {
-    const a = el("a", "engine-link", name);
-    a.href = url; a.target = "_blank"; a.rel = "noopener noreferrer";
-    return a;
-  }));
-  const note = document.getElementById("engine-note");
-  note.hidden = !S.note;
-  note.textContent = S.note;
 }
 
 function renderFunctions() {
@@ -280,44 +249,10 @@ function renderProcesses() {
 }
 
 function render() {
-  renderTotals(); renderEngine(); renderFunctions(); renderStream(); renderActors(); renderTransfers(); renderErrors();
-  renderProcesses();
+  renderTotals(); renderEngineLinks(S.links, S.note); renderFunctions(); renderStream(); renderActors();
+  renderTransfers(); renderErrors(); renderProcesses();
 }
 
-// ------------------------------------------------------------------ polling
-let timer = 0, failures = 0, stopped = false;
-function setStatus(cls, text) {
-  const st = document.getElementById("status");
-  st.className = `status ${cls}`;
-  document.getElementById("status-text").textContent = text;
-}
-async function poll() {
-  timer = 0;
-  if (stopped) return;
-  try {
-    const r = await fetch(`/api/state?since=${S.cursor}`, { cache: "no-store", credentials: "same-origin" });
-    if (r.status === 401 || r.status === 403) {
-      stopped = true;
-      setStatus("lost", "not signed in: open the URL that ctx.dashboard() returned");
-      return;
-    }
-    if (!r.ok) throw new Error(`HTTP ${r.status}`);
-    merge(await r.json());
-    render();
-    failures = 0;
-    setStatus("live", `live · updated ${new Date().toLocaleTimeString([], { hour12: false })}`);
-  } catch (e) {
-    failures++;
-    setStatus("lost", "disconnected: the job may have ended");
-  }
-  schedule(Math.min(POLL_MS * 2 ** failures, 10000));
-}
-function schedule(ms) {
-  if (!timer && !document.hidden && !stopped) timer = setTimeout(poll, ms);
-}
-document.addEventListener("visibilitychange", () => {
-  if (document.hidden) { clearTimeout(timer); timer = 0; } else schedule(0);
-});
 document.addEventListener("DOMContentLoaded", () => {
   for (const b of document.querySelectorAll("#range button")) {
     b.addEventListener("click", () => {
@@ -327,5 +262,11 @@ document.addEventListener("DOMContentLoaded", () => {
     });
   }
   window.addEventListener("resize", () => renderStream());
-  schedule(0);
+  startPolling({
+    url: () => `/api/state?since=${S.cursor}`,
+    take: merge,
+    render,
+    signIn: "not signed in: open the URL that ctx.dashboard() returned",
+    lost: () => "disconnected: the job may have ended",
+  });
 });

@@ -1,17 +1,13 @@
-// The cluster's live page: polls /api/state about once a second (not while the tab is hidden); each answer is the
-// whole picture (fray/dashboard/cluster.py: JobRow, AttemptRow, LivePage).
+// The cluster's live page: polls /api/state about once a second (not while the tab is hidden: common.js); each
+// answer is the whole picture (fray/dashboard/cluster.py: JobRow, AttemptRow, LivePage).
 "use strict";
 
-const POLL_MS = 1000;
 const MAX_LANES = 40;
-const SVG = "http://www.w3.org/2000/svg";
 const STATES = ["RUNNING", "PENDING", "SUCCEEDED", "FAILED", "STOPPED"];
 
 let S = { jobs: [], nodes: [], counts: {}, total: 0, now: 0, backend: "", where: {}, links: {}, note: "" };
 
 // ------------------------------------------------------------------ formatting
-const nf = new Intl.NumberFormat();
-const count = (n) => nf.format(n);
 function duration(ms) {
   if (!isFinite(ms) || ms < 0) return "–";
   if (ms < 1000) return `${Math.round(ms)} ms`;
@@ -25,20 +21,6 @@ function when(ms) {
   const time = d.toLocaleTimeString([], { hour12: false });
   return d.toDateString() === today.toDateString() ? time : `${d.toLocaleDateString()} ${time}`;
 }
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined && text !== null) e.textContent = text;
-  return e;
-}
-function svg(tag, attrs, cls) {
-  const e = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
-  if (cls) e.setAttribute("class", cls);
-  return e;
-}
-function td(text, cls) { return el("td", cls, text); }
-function show(id, on) { document.getElementById(id).hidden = !on; }
 function quantities(q) {
   return Object.entries(q || {}).map(([k, v]) => k === "memory" ? `memory ${(v / 2 ** 30).toFixed(1)} GiB` : `${k} ${Number(v.toFixed(2))}`).join(", ") || "–";
 }
@@ -48,15 +30,7 @@ const label = (j) => j.name ? `${j.name}` : j.entrypoint || j.id;
 function renderHeader() {
   document.getElementById("backend").textContent = S.backend;
   document.getElementById("where").textContent = Object.entries(S.where).map(([k, v]) => `${k} ${v}`).join(" · ");
-  const links = document.getElementById("links");
-  links.replaceChildren(...Object.entries(S.links).map(([name, url]) => {
-    const a = el("a", "engine-link", name);
-    a.href = url; a.target = "_blank"; a.rel = "noopener noreferrer";
-    return a;
-  }));
-  const note = document.getElementById("engine-note");
-  note.hidden = !S.note;
-  note.textContent = S.note;
+  renderEngineLinks(S.links, S.note);
 }
 
 function renderCounts() {
@@ -192,42 +166,15 @@ function renderNodes() {
 
 function render() { renderHeader(); renderCounts(); renderChart(); renderJobs(); renderNodes(); }
 
-// ------------------------------------------------------------------ polling
-let timer = 0, failures = 0, stopped = false;
-function setStatus(cls, text) {
-  document.getElementById("status").className = `status ${cls}`;
-  document.getElementById("status-text").textContent = text;
-}
-async function poll() {
-  timer = 0;
-  if (stopped) return;
-  try {
-    const r = await fetch("/api/state?since=0", { cache: "no-store", credentials: "same-origin" });
-    if (r.status === 401 || r.status === 403) {
-      stopped = true;
-      setStatus("lost", "not signed in: open the URL that `fray dashboard` printed");
-      return;
-    }
-    if (r.status === 503) throw new Error("the cluster could not be read");
-    if (!r.ok) throw new Error(`HTTP ${r.status}`);
-    S = await r.json();
-    render();
-    failures = 0;
-    setStatus("live", `live · updated ${new Date().toLocaleTimeString([], { hour12: false })}`);
-  } catch (e) {
-    failures++;
-    setStatus("lost", e.message === "the cluster could not be read" ? `${e.message}: trying again` :
-      "disconnected: the page's server may have stopped");
-  }
-  schedule(Math.min(POLL_MS * 2 ** failures, 10000));
-}
-function schedule(ms) {
-  if (!timer && !document.hidden && !stopped) timer = setTimeout(poll, ms);
-}
-document.addEventListener("visibilitychange", () => {
-  if (document.hidden) { clearTimeout(timer); timer = 0; } else schedule(0);
-});
 document.addEventListener("DOMContentLoaded", () => {
   window.addEventListener("resize", () => renderChart());
-  schedule(0);
+  const unreadable = 503;  // the server could not read the cluster: it says so, and the page asks again
+  startPolling({
+    url: () => "/api/state?since=0",
+    take: (answer) => { S = answer; },
+    render,
+    signIn: "not signed in: open the URL that `fray dashboard` printed",
+    lost: (e) => e.message === `HTTP ${unreadable}` ? "the cluster could not be read: trying again" :
+      "disconnected: the page's server may have stopped",
+  });
 });
