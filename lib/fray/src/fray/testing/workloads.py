@@ -7,11 +7,12 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fray import procfs
-from fray.context import get_job_context
+from fray.context import JobContext, get_job_context
 from fray.refs import ObjectRef
 
 
@@ -234,6 +235,21 @@ def wait_for_file(path: str, timeout: float = 30.0) -> None:
         if time.time() > end:
             raise TimeoutError(f"{path} did not appear within {timeout} s")
         time.sleep(0.02)
+
+
+def recorded_after(
+    ctx: JobContext, cursor: int, kind: str, name: str = "", where: Callable[[dict[str, Any]], bool] | None = None
+) -> dict[str, Any] | None:
+    """The data of the first `kind` event after `cursor` (whose name holds `name`, whose data is `where`), asked
+    again for a while: a backend may bring its workers' events a little later (ray flushes them every 0.2 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        for _, _, e in ctx.events().page(cursor).events:
+            if e.kind == kind and name in e.name and (where is None or where(dict(e.data or {}))):
+                return dict(e.data or {})
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
 
 
 def progress_stopped(progress: Path, timeout: float = 30.0) -> bool:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -57,7 +55,7 @@ def test_crashed_task_raises_worker_crashed(fray_ctx: JobContext) -> None:
     with pytest.raises(WorkerCrashedError):
         fray_ctx.get(ref, timeout=60)
     assert fray_ctx.get(fray_ctx.create_task(h.add, args=(1, 1)), timeout=60) == 2  # the context still works
-    died = _recorded(fray_ctx, cursor, "worker.died")
+    died = h.recorded_after(fray_ctx, cursor, "worker.died")
     assert died is not None and died.get("reason"), "the worker's death is an event (fray.events), with its reason"
 
 
@@ -76,26 +74,11 @@ def test_crashed_actor_raises_actor_died(fray_ctx: JobContext) -> None:
         fray_ctx.get(actor.crash(), timeout=60)
     with pytest.raises(ActorDiedError):
         fray_ctx.get(actor.incr(), timeout=60)
-    died = _recorded(fray_ctx, cursor, "actor.died", "Counter")
+    died = h.recorded_after(fray_ctx, cursor, "actor.died", "Counter")
     assert died is not None and died.get("reason"), "the actor's death is an event (fray.events), with its reason"
     # the call its process died in has ended too, failed (else a timeline or the live page shows it queued)
-    ended = _recorded(fray_ctx, cursor, "call.end", where=lambda data: data.get("status") == "error")
+    ended = h.recorded_after(fray_ctx, cursor, "call.end", where=lambda data: data.get("status") == "error")
     assert ended is not None and ended.get("error") in ("ActorDiedError", "ActorUnavailableError"), ended
-
-
-def _recorded(
-    ctx: JobContext, cursor: int, kind: str, name: str = "", where: Callable[[dict[str, Any]], bool] | None = None
-) -> dict[str, Any] | None:
-    """The data of the first `kind` event after `cursor` (whose name holds `name`, whose data is `where`), asked
-    again for a while: a backend may bring its workers' events a little later (ray flushes them every 0.2 s)."""
-    deadline = time.monotonic() + 20
-    while True:
-        for _, _, e in ctx.events().page(cursor).events:
-            if e.kind == kind and name in e.name and (where is None or where(dict(e.data or {}))):
-                return dict(e.data or {})
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.2)
 
 
 @requires_capability("process_isolation")

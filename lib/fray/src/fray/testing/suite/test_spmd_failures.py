@@ -18,7 +18,7 @@ from fray import ActorDiedError, ActorOptions, ActorUnavailableError, ObjectRef,
 from fray.context import JobContext
 from fray.testing import group_workloads as g
 from fray.testing import requires_capability
-from fray.testing.workloads import wait_for_file
+from fray.testing.workloads import recorded_after, wait_for_file
 
 # The issue's goal is 5 s; the bound asserted leaves room for a loaded machine.
 FAIL_BOUND = 20.0
@@ -102,7 +102,8 @@ def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path, na
         assert not {f["pid"] for f in after} & {f["pid"] for f in before}, "every member on a fresh process"
         assert after[0]["port"] != before[0]["port"], "a new MASTER_PORT for the new rendezvous"
         assert _wait_gone([f["pid"] for f in before]) == [], "the old processes are gone"
-        assert _restart_recorded(fray_ctx, cursor), "the restart is an event (fray.events), with its reason"
+        restart = recorded_after(fray_ctx, cursor, "group.restart", where=lambda d: "rank 1" in str(d.get("reason")))
+        assert restart is not None, "the restart is an event (fray.events), with its reason naming the rank"
         if name is not None:  # a named group's members are found by name again, restarted
             assert fray_ctx.get(fray_ctx.get_actor(f"{name}/1").facts(), timeout=60)["restarts"] == 1
         # The last restart is spent: the next death is the group's end.
@@ -112,19 +113,6 @@ def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path, na
             _fails_with(fray_ctx, ref, ActorDiedError, "rank 0")
     finally:
         fray_ctx.kill(group)
-
-
-def _restart_recorded(ctx: JobContext, cursor: int) -> bool:
-    """A group.restart naming rank 1 came after `cursor` (a backend's events may reach the driver a little later:
-    asked again for a while)."""
-    deadline = time.monotonic() + 20
-    while True:
-        page = ctx.events().page(cursor)
-        if any(e.kind == "group.restart" and "rank 1" in str((e.data or {}).get("reason")) for _, _, e in page.events):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
 
 
 @requires_capability("spmd_groups")
