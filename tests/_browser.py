@@ -4,6 +4,7 @@ server but its own."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,15 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[1] / ".tmp"  # kept as the tests' artifacts
+
+
+def launched_chromium(sync_api: Any) -> Iterator[Any]:
+    """Debian's Chromium, headless, driven through Playwright's `sync_api` (a module's `browser` fixture yields
+    from this), closed after."""
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from _browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, watch
+from _browser import CHROMIUM, SCREENSHOTS, launched_chromium, watch
 from _cluster_jobs import submit_jobs
 
 from fray import timeline
@@ -32,10 +32,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield chromium
-        chromium.close()
+    yield from launched_chromium(sync_api)
 
 
 class EngineCluster(InMemoryClusterContext):

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from _browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, watch
+from _browser import CHROMIUM, SCREENSHOTS, launched_chromium, watch
 
 import fray
 from fray import ActorOptions, timeline
@@ -38,10 +38,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield chromium
-        chromium.close()
+    yield from launched_chromium(sync_api)
 
 
 def _context(backend: str) -> JobContext:
