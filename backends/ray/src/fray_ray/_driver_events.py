@@ -167,17 +167,11 @@ class DeathWatch:
                 self._ended.add(actor_id)
             RECORDER.record(Kind.ACTOR_DIED, actor_id, name, {"reason": reason})
 
-    def ended_with_its_process(self, exc: BaseException, payloads: list[Any]) -> None:
-        """A get failed because the process that ran a call or a task died in it (Ray's RayActorError,
-        WorkerCrashedError): its end event died with that process, so the driver records it, once, for the first
-        ref of the get that failed so (the page would show that work queued for ever)."""
-        if isinstance(exc, rex.WorkerCrashedError):
-            kind = Kind.TASK_END
-        elif isinstance(exc, rex.RayActorError):
-            kind = Kind.CALL_END
-        else:
-            return
-        if not self._on or not RECORDER.enabled:
+    def _ended_with_its_process(self, kind: str, exc: BaseException, payloads: list[Any]) -> None:
+        """The call or task (`kind`: its end event's) that a get failed on died with its process: its own end
+        event died with it, so the driver records it, once, for the first ref of the get that failed so (the page
+        would show that work queued for ever)."""
+        if not RECORDER.enabled:
             return
         ref = payloads[0] if len(payloads) == 1 else _first_failed(payloads)
         if ref is None:
@@ -191,10 +185,15 @@ class DeathWatch:
                 self._closed.pop(next(iter(self._closed)))
         RECORDER.record(kind, key, "", ended(exc))  # (Ray names these errors as fray does)
 
-    def failed(self, exc: BaseException) -> None:
-        """A get failed with Ray's exception `exc`: the death of an actor made here, or a task's worker process."""
+    def failed(self, exc: BaseException, payloads: list[Any]) -> None:
+        """A get of `payloads` failed with Ray's exception `exc`: the death of an actor made here, or of a task's
+        worker process, and the end of the call or task that died with it."""
         if not self._on:
             return
+        if isinstance(exc, rex.RayActorError):
+            self._ended_with_its_process(Kind.CALL_END, exc, payloads)
+        elif isinstance(exc, rex.WorkerCrashedError):
+            self._ended_with_its_process(Kind.TASK_END, exc, payloads)
         if isinstance(exc, rex.RayActorError) and not isinstance(exc, rex.ActorUnavailableError):
             actor_id = getattr(exc, "actor_id", None)
             if actor_id and actor_id in self._alive:

@@ -322,8 +322,7 @@ class RayJobContext(JobContext):
                         payloads, timeout = resend.current(refs), remaining(deadline)
                         continue
                     raise group_death from None
-                self._actors.deaths.failed(exc)  # an actor's or a worker's death (fray_ray._driver_events)
-                self._actors.deaths.ended_with_its_process(exc, payloads)
+                self._actors.deaths.failed(exc, payloads)  # deaths, and the work that died (_driver_events)
                 new = translate(exc)
                 if new is exc:
                     raise
