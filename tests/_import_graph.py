@@ -1,0 +1,88 @@
+"""The import graph of a package, read from its source (every import: module level, under TYPE_CHECKING, and
+inside functions), and the circles in it: issue 32 asks for none, type-only imports included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+__all__ = ["import_circles", "import_graph"]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(src: Path, package: str) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports (src: the directory that holds the package)."""
+    modules = {_module_name(p, src): p for p in (src / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = name.split(".") if is_package else name.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in node.names:  # `from pkg import module` imports the module
+                    candidate = f"{base}.{alias.name}"
+                    targets.add(candidate if candidate in modules else base)
+        graph[name] = {_owner(t, modules) for t in targets if _owner(t, modules)} - {name}
+    return graph
+
+
+def _owner(target: str, modules: dict[str, Path]) -> str:
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def import_circles(src: Path, package: str, ignore_packages: bool = True) -> list[list[str]]:
+    """The strongly connected components (more than one module) of the package's import graph. ignore_packages:
+    leave out a package's `__init__` (which re-exports its modules: a circle through it is a name, not a
+    dependency)."""
+    graph = import_graph(src, package)
+    if ignore_packages:
+        inits = {_module_name(p, src) for p in (src / package).rglob("__init__.py")}
+        graph = {m: {t for t in ts if t not in inits} for m, ts in graph.items() if m not in inits}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
