@@ -107,7 +107,7 @@ def test_work_staged_just_after_the_last_release_still_starts() -> None:
     """The race a staged submission must survive, made to happen: submit looks, its CPU is taken; the only work
     holding it releases it (draining nothing: the new work is not staged yet); then the work is staged. Nothing
     would release again, so submit itself must start it."""
-    from fray.in_memory._scheduler import Ledger, signature
+    from fray.kit.ledger import Ledger, signature
 
     ledger = Ledger({"CPU": 1.0})
     request = signature({"CPU": 1.0})

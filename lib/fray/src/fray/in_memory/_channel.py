@@ -33,23 +33,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from fray.errors import FrayError, SerializationError
+from fray.kit.objects import Serialized
 from fray.pool import PAGE, POOL_MIN, Piece, align, buffer_address, live_chunks, locate, pool_piece
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps, loads
 
-__all__ = ["Channel", "Serialized"]
+__all__ = ["Channel"]
 
 _HEADER = struct.Struct("!Q")  # the length of the frame that follows
 _HAS_MEMFD = hasattr(os, "memfd_create")  # elsewhere than Linux every buffer goes through the socket
 MAX_FDS = 253  # Linux's SCM_MAX_FD: the most chunk fds one frame carries
-
-
-@dataclass(frozen=True)
-class Serialized:
-    """A method's result that arrived serialized from a child process: the store keeps its blob as it is (its
-    buffers are already this process's own memory), instead of rebuilding the value to serialize it again."""
-
-    blob: Blob
 
 
 @dataclass(frozen=True)

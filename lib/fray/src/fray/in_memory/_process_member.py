@@ -28,8 +28,9 @@ from fray.errors import ActorDiedError, ActorUnavailableError
 from fray.events import RECORDER, Kind
 from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
 from fray.gpus import use_held_device
-from fray.in_memory._channel import Channel, Serialized
+from fray.in_memory._channel import Channel
 from fray.in_memory._gang import Gang
+from fray.kit.objects import Serialized
 from fray.procfs import exiting
 from fray.remote_errors import RemoteError, capture_exception
 from fray.rendezvous import serve_store

@@ -15,7 +15,8 @@ from typing import Any
 from fray import watchdog
 from fray.errors import WorkerCrashedError
 from fray.events import RECORDER, Kind
-from fray.in_memory._channel import Channel, Serialized
+from fray.in_memory._channel import Channel
+from fray.kit.objects import Serialized
 from fray.remote_errors import RemoteError, capture_exception
 from fray.serialization import loads
 from fray.worker_env import driver_import_path, keep_driver_view, worker_env_defaults

@@ -1,54 +1,36 @@
-"""The in_memory JobContext: tasks and actors on threads of this process.
+"""The in_memory JobContext: tasks and actors on threads of this process (the kit's thread engine, fray.kit).
 
 It behaves like the distributed backends: arguments, results and put values are serialized by default (so an
 unpicklable value or hidden shared state fails here, not on the cluster), resources are accounted, a failed
-task raises its original exception type, refs passed as top-level arguments arrive as values.
+task raises its original exception type, refs passed as top-level arguments arrive as values. What it adds to
+the kit: tasks with environment variables in a child process of their own (in_memory/_subprocess.py), and SPMD
+members in processes that fail and restart together (in_memory/_process_member.py, _gang.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import Future
-from functools import partial
 from typing import Any
 
-from fray import current, output
 from fray.capabilities import Capability
-from fray.context import JobContext
-from fray.cuda_values import KEPT, KeptToken
-from fray.errors import (
-    GetTimeoutError,
-    TaskCancelledError,
-    attach_remote_traceback,
-)
-from fray.events import RECORDER, Kind, ended
+from fray.cuda_values import KeptToken
 from fray.gang import group_label, hang_timeout
-from fray.gpus import DevicePool, HostGpus, process_env, using_gpus
-from fray.groups import ActorGroup, Member, create_one_by_one
-from fray.in_memory._channel import Serialized
+from fray.gpus import process_env
+from fray.groups import ActorGroup, create_one_by_one
 from fray.in_memory._gang import Gang
-from fray.in_memory._objects import _IMMUTABLE, _Entry, _Failure, _immutable_call
-from fray.in_memory._scheduler import Ledger, Signature, Work, lendable, signature
-from fray.in_memory._tasks import _async_raise, _Interrupt, _mark_dispatched, _Task, _tls
-from fray.in_memory.actors import ActorTable, _call_owner, end_stream_with_failure
-from fray.outcome import Outcome, first_failure, wait_for, when
-from fray.refs import ActorHandle, ObjectRef, top_level_refs, with_values
-from fray.remote_errors import RemoteError, capture_exception, format_exception
-from fray.resources import task_resources
-from fray.serialization import Blob, check_function, dumps, dumps_call, loads
-from fray.states import TaskState
-from fray.streams import ItemQueue, ObjectRefStream
-from fray.transfers import PathStats, TransferStats
-from fray.types import ActorOptions, TaskOptions
+from fray.kit.actors import Actor
+from fray.kit.calls import Task
+from fray.kit.context import KitJobContext
+from fray.kit.objects import Serialized
+from fray.refs import ObjectRef, with_values
+from fray.resources import actor_resources
+from fray.serialization import Blob, dumps, loads
+from fray.types import ActorOptions
 
-BACKEND = "in_memory"
+__all__ = ["InMemoryJobContext"]
 
 
-class InMemoryJobContext(JobContext):
-    backend = BACKEND
+class InMemoryJobContext(KitJobContext):
+    backend = "in_memory"
     capabilities = frozenset(
         {
             Capability.DETACHED_ACTORS,  # detached actors outlive their context, within this process
@@ -63,69 +45,13 @@ class InMemoryJobContext(JobContext):
         }
     )
 
-    def __init__(
-        self,
-        resources: dict[str, float],
-        serialize: bool = True,
-        namespace: str = "default",
-        log_to_driver: bool = True,
-        gpus: HostGpus | None = None,
-    ) -> None:
-        super().__init__()
-        self.serialize = serialize
-        self.log_to_driver = log_to_driver
-        self.namespace = namespace
-        # The devices behind resources["GPU"] (without a HostGpus: that many, numbered from 0)
-        self.gpus = gpus if gpus is not None else HostGpus.numbered(round(resources.get("GPU", 0.0)), "declared")
-        self._ledger = Ledger(resources, DevicePool(self.gpus.ids))
-        self._lock = self._ledger.lock  # (actors.py: the actor table changes together with the resources)
-        self._actors = ActorTable(self)
-        self._tasks: dict[int, _Task] = {}  # entry id -> task, while not finished (for shutdown)
-        self._requests: dict[int, tuple[TaskOptions, Signature]] = {}  # id(options) -> its resource request
-        self._checked_fns: dict[int, Any] = {}
-        self._transfers = TransferStats()
+    def _run_task(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        env = task.options.runtime_env
+        if env is not None and env.env:
+            from fray.in_memory._subprocess import run_in_child
 
-    def __repr__(self) -> str:
-        return f"InMemoryJobContext({self._ledger.totals})"
-
-    def node_resources(self) -> list[dict[str, float]]:
-        return [self._ledger.totals]
-
-    # ------------------------------------------------------------------ values
-    def _encode(self, value: Any, what: str) -> Any:
-        if isinstance(value, Serialized):  # a child process's result, already serialized into this process's memory
-            return value.blob if self.serialize else loads(value.blob, what)
-        if self.serialize and type(value) not in _IMMUTABLE:  # (CUDA tensors: device copies, fray.cuda_values)
-            return dumps(value, what, device_mode=KEPT)
-        return value
-
-    def _decode(self, stored: Any, what: str = "a value") -> Any:
-        if not isinstance(stored, Blob):
-            return stored
-        start = time.perf_counter()
-        value = loads(stored, what)
-        self._transfers.record("in-process", stored.nbytes, time.perf_counter() - start)
-        return value
-
-    def _transfer_stats(self) -> dict[str, PathStats]:
-        return self._transfers.snapshot()
-
-    def _put(self, obj: Any) -> ObjectRef:
-        self._refuse_if_shut_down()
-        entry = _Entry()
-        entry.settle(self._encode(obj, "the value passed to put"))
-        return ObjectRef(entry, BACKEND)
-
-    # ------------------------------------------------------------------ actors (ActorTable)
-    def _create_actor(
-        self,
-        klass: type,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: ActorOptions,
-        member: Member | None = None,
-    ) -> ActorHandle:
-        return self._actors.create(klass, args, kwargs, options, member)
+            return run_in_child(task.fn, args, kwargs, {**process_env(task.gpus, self.gpus), **env.env})
+        return super()._run_task(task, args, kwargs)
 
     def _create_actor_group(
         self,
@@ -143,325 +69,43 @@ class InMemoryJobContext(JobContext):
         gang = Gang(label, count, options.max_restarts, hang_timeout()) if distributed else None
         return create_one_by_one(self, klass, count, args, kwargs, options, distributed, gang)
 
-    def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
-        return self._actors.call(handle, method, args, kwargs)
+    # ------------------------------------------------------------------ SPMD members: a process each
+    def _new_instance(self, actor: Actor, call: Any) -> Any:
+        member = actor.member
+        if member is None or not member.distributed:
+            return super()._new_instance(actor, call)
+        from fray.in_memory._process_member import ProcessMember
 
-    def _call_actor_stream(
-        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> ObjectRefStream:
-        return self._actors.call_stream(handle, method, args, kwargs)
+        args, kwargs = self._stored_call(call, f"the arguments of {actor.klass.__name__}()")
+        cpus = actor_resources(actor.options).get("CPU")
+        env = {**self._member_gpu_env(actor), **member.env}
+        return ProcessMember(actor.klass, args, kwargs, actor.info, env, member.gang, cpus)
 
-    def _get_actor(self, name: str) -> ActorHandle:
-        return self._actors.get(name)
+    def _run_method(self, actor: Actor, method: str, call: Any, life: int) -> Any:
+        if actor.member is None or not actor.member.distributed:
+            return super()._run_method(actor, method, call, life)
+        # its process's call waits for, or fails with, its group's restart (a ProcessMember)
+        args, kwargs = self._stored_call(call, f"the arguments of {actor.klass.__name__}.{method}")
+        return actor.instance._fray_call(life, method, args, kwargs)
 
-    def _kill(self, handle: ActorHandle) -> None:
-        self._actors.kill(handle.payload, "it was killed")
-
-    # ------------------------------------------------------------------ tasks
-    def _create_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
-    ) -> ObjectRef:
-        self._refuse_if_shut_down()
-        if self.serialize:
-            check_function(fn, self._checked_fns)
-        return self._submit_task(fn, args, kwargs, options)
-
-    def _create_stream_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
-    ) -> ObjectRefStream:
-        if self.serialize:
-            check_function(fn, self._checked_fns)
-        queue = ItemQueue()
-        where = f"task {options.name or getattr(fn, '__qualname__', fn)}"
-
-        def produce(*args: Any, **kwargs: Any) -> None:
-            items = fn(*args, **kwargs)
-            self._actors.stream_items(items, queue, where)
-
-        produce.__name__ = getattr(fn, "__name__", "stream")  # its printed lines are labelled with fn's name
-        ref = self._submit_task(produce, args, kwargs, options)
-        end_stream_with_failure(ref.payload, queue)
-        return ObjectRefStream(queue, BACKEND)
-
-    def _future(self, ref: ObjectRef) -> Future[Any]:
-        outcome: Outcome = ref.payload.outcome
-        return outcome.to_future(lambda _: self._value_of(ref, raise_original=True))
-
-    def _outcomes(self, refs: list[ObjectRef]) -> list[Outcome]:
-        return [ref.payload.outcome for ref in refs]
-
-    def _submit_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
-    ) -> ObjectRef:
-        deps = _top_level_entries(args, kwargs)
-        if self.serialize and not _immutable_call(args, kwargs):
-            name = str(options.name or getattr(fn, "__qualname__", None) or fn)
-            call: Any = dumps_call(name, args, kwargs, device_mode=KEPT)
-        else:
-            call = (args, kwargs)
-        entry = _Entry()
-        request = self._requests.get(id(options))
-        if request is None or request[0] is not options:
-            request = self._remember_request(options)
-        task = _Task(fn, call, bool(deps), options, request[1], entry)
-        entry.task = task
-        self._tasks[entry.id] = task
-        RECORDER.record(Kind.TASK_SUBMIT, entry.id, task.name)
-        if deps:
-            self._when_ready(deps, partial(self._enqueue, task))
-        else:
-            self._enqueue(task, fresh=True)
-        return ObjectRef(entry, BACKEND)
-
-    def _remember_request(self, options: TaskOptions) -> tuple[TaskOptions, Signature]:
-        if len(self._requests) > 256:
-            self._requests.clear()
-        request = self._requests[id(options)] = (options, signature(task_resources(options)))
-        return request
-
-    @staticmethod
-    def _when_ready(deps: list[_Entry], then: Callable[[], None]) -> None:
-        """Call `then` once every dependency is complete (so a waiting task holds no resources)."""
-        when([dep.outcome for dep in deps], len(deps), then)
-
-    def _enqueue(self, task: _Task, fresh: bool = False) -> None:
-        """Queue a task for resources. `fresh`: called from create_task, before anyone holds its ref, so nothing
-        can race with this state change (later calls, from dependencies or retries, can race with cancel)."""
-        if fresh:
-            task.state = TaskState.QUEUED
-        else:
-            with task.lock:
-                if task.state != TaskState.WAITING:
-                    return
-                task.state = TaskState.QUEUED
-        try:
-            self._ledger.submit(task.request, partial(self._run_task, task), partial(_mark_dispatched, task))
-        except RuntimeError:
-            self._finish_task(task, error=TaskCancelledError("the context was shut down before the task ran"))
-
-    def _run_task(self, task: _Task) -> Work | None:
-        """A worker runs one task; returns the next work its freed resources let start, for this thread to run."""
-        with task.lock:
-            state = task.state
-            if state == TaskState.DISPATCHED:
-                task.state = TaskState.RUNNING
-                task.thread_id = threading.get_ident()
-        if state != TaskState.DISPATCHED:  # cancelled: give its resources back; stolen: the thread that runs it will
-            return None if task.stolen else self._ledger.release(task.request, devices=task.gpus)
-        return self._execute(task, on_worker=True)
-
-    def _run_inline(self, task: _Task) -> None:
-        """Run a dispatched task on this thread, which would otherwise just block in get waiting for it (saves
-        two thread switches; the worker that dequeues it later skips it)."""
-        with task.lock:
-            if task.state != TaskState.DISPATCHED:
-                return
-            task.state = TaskState.RUNNING
-            task.stolen = True
-            task.thread_id = threading.get_ident()
-        next_work = self._execute(task, on_worker=False)
-        if next_work is not None:
-            self._ledger.workers.submit(next_work)
-
-    def _execute(self, task: _Task, on_worker: bool) -> Work | None:
-        RECORDER.record(Kind.TASK_START, task.entry.id, task.name)
-        outer_task = getattr(_tls, "task", None)
-        _tls.task = task
-        token = current.push(self, lent=True)
-        said = output.push_label(task.label) if self.log_to_driver else None
-        retry = False
-        error: Any = None
-        value: Any = None
-        try:
-            try:
-                args, kwargs = self._decode(
-                    task.call, f"the arguments of task {getattr(task.fn, '__qualname__', task.fn)}"
-                )
-                if task.has_refs:
-                    args, kwargs = with_values(args, kwargs, self._value_of)
-                env = task.options.runtime_env
-                if env is not None and env.env:
-                    from fray.in_memory._subprocess import run_in_child
-
-                    value = run_in_child(task.fn, args, kwargs, {**process_env(task.gpus, self.gpus), **env.env})
-                elif task.gpus:
-                    with using_gpus(task.gpus, self.gpus):
-                        value = task.fn(*args, **kwargs)
-                else:
-                    value = task.fn(*args, **kwargs)
-                value = self._encode(value, "the return value")
-            finally:
-                with task.lock:
-                    interrupted = task.state == TaskState.CANCELLING
-                    task.state = TaskState.FINISHING
-                if interrupted:
-                    _async_raise(threading.get_ident(), None)  # drop an interrupt that arrived too late
-            if interrupted:
-                value, error = None, TaskCancelledError("the task was cancelled while running")
-        except _Interrupt:
-            error = TaskCancelledError("the task was cancelled while running")
-        except _Failure as failure:  # a top-level ref argument failed: the task fails with that error
-            error = failure.error
-        except BaseException as exc:
-            task.attempts += 1
-            budget = task.options.max_retries
-            retry = task.options.should_retry(exc) and (budget < 0 or task.attempts <= budget)
-            error = self._remote_error(exc)
-        finally:
-            if said is not None:
-                output.pop_label(said)
-            current.pop(token)
-            _tls.task = outer_task
-            next_work = self._ledger.release(task.request, finishing=on_worker and not retry, devices=task.gpus)
-            task.gpus = ()
-        RECORDER.record(Kind.TASK_END, task.entry.id, task.name, None if error is None else ended(error, retry))
-        if retry:
-            task.state = TaskState.WAITING
-            task.stolen = False
-            self._enqueue(task)
-        else:
-            self._finish_task(task, value, error)
-        return next_work
-
-    def _finish_task(self, task: _Task, value: Any = None, error: Any = None) -> None:
-        task.state = TaskState.DONE
-        self._tasks.pop(task.entry.id, None)
-        task.entry.task = None
-        task.call = None
-        task.entry.settle(value, error)
-
-    def _remote_error(self, exc: BaseException) -> BaseException | RemoteError:
-        if self.serialize:
-            return capture_exception(exc)
-        return attach_remote_traceback(exc, format_exception(exc))
-
-    def _resolve_call(
-        self, call: Any, what: str = "the call's arguments", stored: bool = False
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The call's arguments, its top-level refs by their values; stored=True: by their objects as stored (for a
-        member process: a Serialized blob's buffers go there as they are, lent from this process's pool)."""
+    def _stored_call(self, call: Any, what: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A call for a member process: its top-level refs by their objects as stored (a Serialized blob's buffers
+        go there as they are, lent from this process's pool)."""
         args, kwargs = self._decode(call, what)
-        return with_values(args, kwargs, self._stored_value_of if stored else self._value_of)
+        return with_values(args, kwargs, self._stored_value_of)
 
     def _stored_value_of(self, ref: ObjectRef) -> Any:
-        """A ref's object as stored: a Serialized blob, or the value itself; raises _Failure if its task failed."""
+        """A ref's object as stored: a Serialized blob, or the value itself; raises Failure if its task failed."""
         stored = self._entry_of(ref).result()
         if isinstance(stored, Blob) and any(type(k) is KeptToken for k in stored.keep):  # CUDA copies kept here:
             stored = dumps(loads(stored, "a stored value"), "a stored value")  # staged for the other process
         return Serialized(stored) if isinstance(stored, Blob) else stored
 
-    def _value_of(self, ref: ObjectRef, raise_original: bool = False) -> Any:
-        """The value of a ref (waiting for it); raises _Failure if its task failed (the original exception with
-        raise_original)."""
-        try:
-            return self._decode(self._entry_of(ref).result(), f"the value of {ref!r}")
-        except _Failure as failure:
-            if raise_original:
-                failure.raise_it()
-            raise
-
-    @staticmethod
-    def _entry_of(ref: ObjectRef) -> _Entry:
-        if ref.backend != BACKEND:
-            raise ValueError(f"{ref!r} belongs to the {ref.backend!r} backend")
-        return ref.payload  # type: ignore[no-any-return]
-
-    def _cancel(self, ref: ObjectRef) -> None:
-        entry: _Entry = ref.payload
-        task = entry.task
-        with task.lock if task is not None else contextlib.nullcontext():
-            if task is None:
-                state = TaskState.DONE
-            else:
-                state = task.state
-                if state in (TaskState.WAITING, TaskState.QUEUED, TaskState.DISPATCHED):
-                    task.state = TaskState.CANCELLED
-                elif state == TaskState.RUNNING and task.thread_id is not None:
-                    task.state = TaskState.CANCELLING
-                    _async_raise(task.thread_id, _Interrupt)
-        if state in (TaskState.WAITING, TaskState.QUEUED, TaskState.DISPATCHED):
-            self._finish_task(task, error=TaskCancelledError("the task was cancelled before it ran"))  # type: ignore[arg-type]
-            return
-        actor = _call_owner.get(entry)
-        if state == TaskState.DONE and actor is not None:  # an actor call: drop it if it has not started
-            with actor.lock:
-                queued = entry in actor.pending
-                actor.pending.discard(entry)
-            if queued:
-                entry.settle(error=TaskCancelledError("the actor call was cancelled before it ran"))
-
-    # ------------------------------------------------------------------ get / wait
-    def _blocking(self) -> Signature | None:
-        """If this thread runs a task, hand its resources back while it blocks (returns what to take back)."""
-        task: _Task | None = getattr(_tls, "task", None)
-        if task is None or not task.request or self._tasks.get(task.entry.id) is not task:
-            return None
-        lent = lendable(task.request)  # (its GPUs stay held)
-        self._ledger.give_back(lent)
-        return lent
-
-    def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
-        outcomes = [ref.payload.outcome for ref in refs]
-        if not all(o.done() for o in outcomes):
-            held = self._blocking()
-            try:
-                if len(outcomes) == 1:
-                    self._wait_one(refs[0], timeout)
-                else:  # all done, or the first failure (as Ray's get: a failed pipeline does not wait on the rest)
-                    wait_for(outcomes, len(outcomes), timeout, stop_on_failure=True)
-                if not all(o.done() for o in outcomes) and first_failure(outcomes) is None:
-                    missing = sum(not o.done() for o in outcomes)
-                    raise GetTimeoutError(
-                        f"get timed out after {timeout} s: {missing} of {len(outcomes)} refs not ready"
-                    )
-            finally:
-                if held:
-                    self._ledger.reacquire(held)
-        failed = first_failure(outcomes)  # the first failure in ref order, even where an earlier ref is not done
-        if failed is not None:
-            _Failure(outcomes[failed].error).raise_it()
-        values = [o.value for o in outcomes]
-        for i, value in enumerate(values):  # (what each is called is built only for a stored blob to load)
-            if isinstance(value, Blob):
-                values[i] = self._decode(value, f"the value of {refs[i]!r}")
-        return values
-
-    def _wait_one(self, ref: ObjectRef, timeout: float | None) -> None:
-        """Without a deadline, a task not started yet runs here, on the waiting thread (a lone ref only:
-        inlining a list's tasks makes this thread compete with the workers for the GIL and costs more than it
-        saves)."""
-        outcome = ref.payload.outcome
-        task: _Task | None = ref.payload.task
-        if timeout is None and task is not None and task.state == TaskState.DISPATCHED:
-            if self._tasks.get(task.entry.id) is task:
-                self._run_inline(task)
-            if outcome.done():
-                return
-        outcome.wait(timeout)
-
-    def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
-        outcomes = [ref.payload.outcome for ref in refs]
-        held = None if sum(o.done() for o in outcomes) >= num_returns or timeout == 0 else self._blocking()
-        try:
-            return wait_for(outcomes, num_returns, timeout)
-        finally:
-            if held:
-                self._ledger.reacquire(held)
-
-    # ------------------------------------------------------------------ lifecycle
-    def _shutdown(self) -> None:
-        for actor in list(self._actors.own.values()):
-            self._actors.kill(actor, "its context was shut down")
-        tasks = []
-        for task in list(self._tasks.values()):
-            with task.lock:
-                if task.state in (TaskState.WAITING, TaskState.QUEUED, TaskState.DISPATCHED):
-                    task.state = TaskState.CANCELLED
-                    tasks.append(task)
-        for task in tasks:
-            self._finish_task(task, error=TaskCancelledError("the context was shut down before the task ran"))
-        self._ledger.close()
-
-
-def _top_level_entries(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[_Entry]:
-    return [ref.payload for ref in top_level_refs(args, kwargs, BACKEND)]
+    def _member_gpu_env(self, actor: Actor) -> dict[str, str]:
+        """An SPMD member's GPU variables: it sees its whole group's devices, in rank order, so that
+        `torch.cuda.set_device(LOCAL_RANK)` picks its own (as torchrun's members see the host's)."""
+        gang = actor.member.gang if actor.member is not None else None
+        if not actor.gpus or gang is None:
+            return process_env(actor.gpus, self.gpus)
+        group = gang.devices_of_all(actor.info.rank, actor.gpus, lambda: actor.death is not None)
+        return process_env(actor.gpus, self.gpus, visible=group)

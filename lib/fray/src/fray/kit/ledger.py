@@ -1,4 +1,4 @@
-"""Resource accounting and threads for the in_memory backend.
+"""Resource accounting and threads for the kit's backends (fray.kit; in_memory's figures below).
 
 Work waits until its resources are free, then runs on a worker thread. A worker that finishes a task and frees
 resources runs the next ready work itself (no queue hop, no thread wake-up), which is most of in_memory's
@@ -122,7 +122,7 @@ class Ledger:
         self._queues: dict[Signature, deque[tuple[Work, OnDispatch | None]]] = {}
         self.lock = threading.Lock()  # also guards the state of the tasks it schedules (see InMemoryJobContext)
         self._lock = self.lock
-        self.workers = Workers("fray-in-memory", self._lock)
+        self.workers = Workers("fray-kit-worker", self._lock)
         self._closed = False
         # Work submitted while its resources were all taken, not yet in a queue: appended without the lock (see
         # submit), moved into the queues by the next release (or by submit itself, if they freed meanwhile).
@@ -150,7 +150,7 @@ class Ledger:
         `on_dispatch(devices)` runs under the ledger's lock at the moment the resources are taken for it, with
         the GPUs it holds (() without any)."""
         if self._closed:
-            raise RuntimeError("in_memory context is shut down")
+            raise RuntimeError("the context is shut down")
         if not self._fits(request):
             # Its resources are all taken, so a worker will release some: leave the work for that release
             # instead of taking the lock, which the workers take several times a task. A thread submitting
@@ -163,7 +163,7 @@ class Ledger:
             return
         with self._lock:
             if self._closed:
-                raise RuntimeError("in_memory context is shut down")
+                raise RuntimeError("the context is shut down")
             self._unstage()
             if self._queues.get(request) or not self._fits(request):
                 self._queues.setdefault(request, deque()).append((work, on_dispatch))

@@ -1,4 +1,4 @@
-"""The threads of one in_memory actor: up to max_concurrency daemon threads running its calls in the order sent.
+"""The threads of one kit actor: up to max_concurrency daemon threads running its calls in the order sent.
 
 Not a concurrent.futures.ThreadPoolExecutor: Python joins every executor thread at exit (an atexit hook), so a
 script that ended, or was interrupted with Ctrl-C, while an actor method ran waited for that method to return

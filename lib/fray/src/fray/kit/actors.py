@@ -1,4 +1,6 @@
-"""in_memory actors: each instance lives on threads of its own (_actor_threads) that run its calls in order."""
+"""The kit's actors: each instance lives on threads of its own (fray.kit.actor_threads) that run its calls in order;
+what makes the instance and runs a method is its context's (`ActorHost`: in this process by default, a process
+of its own where a backend says so)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ import inspect
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fray import current, output
 from fray.cuda_values import KEPT
+from fray.context import JobContext
 from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,
@@ -19,10 +22,10 @@ from fray.errors import (
     attach_remote_traceback,
 )
 from fray.events import RECORDER, Kind, ended
-from fray.gpus import process_env, using_gpus
-from fray.in_memory._actor_threads import ActorThreads
-from fray.in_memory._objects import _Entry, _Failure, _ids, _immutable_call
-from fray.in_memory._scheduler import signature
+from fray.gpus import HostGpus
+from fray.kit.actor_threads import ActorThreads
+from fray.kit.ledger import Ledger, signature
+from fray.kit.objects import OWNER, Entry, Failure, Remote, immutable_call, new_id, register_lookup
 from fray.outcome import Outcome
 from fray.refs import ActorHandle, ObjectRef, public_methods
 from fray.remote_errors import RemoteError, format_exception
@@ -33,23 +36,20 @@ from fray.types import ActorOptions, Lifetime
 
 if TYPE_CHECKING:
     from fray.groups import Member
-    from fray.in_memory.job import InMemoryJobContext
 
-BACKEND = "in_memory"
-
-_actors: dict[int, _Actor] = {}  # live actors by id (pickled handles are looked up here)
-_detached: dict[tuple[str, str], _Actor] = {}  # (namespace, name) -> actor; outlives the creating context
+_actors: dict[int, Actor] = {}  # live actors by id (pickled handles are looked up here)
+_detached: dict[tuple[str, str, str], Actor] = {}  # (backend, namespace, name) -> actor; outlives its creator
 _detached_lock = threading.Lock()
-_call_owner: weakref.WeakKeyDictionary[_Entry, _Actor] = weakref.WeakKeyDictionary()  # call entry -> its actor
+call_owner: weakref.WeakKeyDictionary[Entry, Actor] = weakref.WeakKeyDictionary()  # call entry -> its actor
 
 
-class _Actor:
+class Actor:
     """One actor: its instance lives on a private executor (max_concurrency threads) that runs calls in order."""
 
     def __init__(
         self, table: ActorTable, klass: type, options: ActorOptions, namespace: str, member: Member | None = None
     ) -> None:
-        self.id = next(_ids)
+        self.id = new_id()
         self.member = member
         self.info = member.info if member is not None else ActorInfo(name=options.name)
         self.loop: asyncio.AbstractEventLoop | None = None  # runs its async methods, started at the first one
@@ -59,8 +59,8 @@ class _Actor:
         self.namespace = namespace
         self.instance: Any = None
         self.death: BaseException | None = None
-        self.pending: set[_Entry] = set()  # calls submitted, not started (cancel can still drop them)
-        self.running: set[_Entry] = set()
+        self.pending: set[Entry] = set()  # calls submitted, not started (cancel can still drop them)
+        self.running: set[Entry] = set()
         self.lock = threading.Lock()
         self.executor = ActorThreads(options.max_concurrency, f"fray-actor-{klass.__name__}")
         self.request = signature(actor_resources(options))
@@ -71,7 +71,7 @@ class _Actor:
         _actors[self.id] = self
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_lookup_actor, (self.id,))
+        return Remote("actor", OWNER[0], self.id).__reduce__()  # (itself again in this process)
 
     def __repr__(self) -> str:
         return f"{self.klass.__name__}#{self.id}"
@@ -106,21 +106,46 @@ class _Actor:
             close_process()
 
 
-def _lookup_actor(actor_id: int) -> _Actor:
+def _lookup_actor(actor_id: int) -> Actor:
     actor = _actors.get(actor_id)
     if actor is None:
         raise ActorDiedError(f"actor #{actor_id} is dead")
     return actor
 
 
+register_lookup("actor", _lookup_actor)
+
+
+class ActorHost(Protocol):
+    """What an actor table needs of its context (fray.kit.context.KitJobContext keeps it)."""
+
+    @property
+    def backend(self) -> str: ...
+
+    namespace: str
+    serialize: bool
+    log_to_driver: bool
+    gpus: HostGpus
+    _ledger: Ledger
+    _lock: Any
+    _checked_fns: dict[int, Any]
+
+    def _encode(self, value: Any, what: str) -> Any: ...
+    def _remote_error(self, exc: BaseException) -> BaseException | RemoteError: ...
+    def _new_instance(self, actor: Actor, call: Any) -> Any: ...
+    def _run_method(self, actor: Actor, method: str, call: Any, life: int) -> Any: ...
+
+
 class ActorTable:
-    """The actors of one InMemoryJobContext (its collaborator: values are encoded, arguments resolved and
+    """The actors of one kit context (its collaborator: values are encoded, arguments resolved and
     failures captured by the context, resources held in its ledger, under its lock)."""
 
-    def __init__(self, ctx: InMemoryJobContext) -> None:
+    def __init__(self, ctx: ActorHost) -> None:
+        assert isinstance(ctx, JobContext)
         self.ctx = ctx
-        self.names: dict[str, _Actor] = {}
-        self.own: dict[int, _Actor] = {}  # the actors this context created (killed at its shutdown)
+        self.job: JobContext = ctx  # (current while its calls run)
+        self.names: dict[str, Actor] = {}
+        self.own: dict[int, Actor] = {}  # the actors this context created (killed at its shutdown)
 
     def create(
         self,
@@ -147,10 +172,10 @@ class ActorTable:
                         f"an actor named {options.name!r} exists already; pass ActorOptions(get_if_exists=True) "
                         "to reuse it, or pick another name"
                     )
-            actor = _Actor(self, klass, options, ctx.namespace, member)
+            actor = Actor(self, klass, options, ctx.namespace, member)
             if options.name is not None:
                 if detached:
-                    _detached[(ctx.namespace, options.name)] = actor
+                    _detached[(ctx.backend, ctx.namespace, options.name)] = actor
                 else:
                     self.names[options.name] = actor
             if not detached:
@@ -170,18 +195,18 @@ class ActorTable:
         actor.executor.submit(self._start_actor, actor, call, granted)
         return self._handle(actor)
 
-    def find_named(self, name: str) -> _Actor | None:
-        actor = self.names.get(name) or _detached.get((self.ctx.namespace, name))
+    def find_named(self, name: str) -> Actor | None:
+        actor = self.names.get(name) or _detached.get((self.ctx.backend, self.ctx.namespace, name))
         return actor if actor is not None and actor.death is None else None
 
-    def _handle(self, actor: _Actor) -> ActorHandle:
+    def _handle(self, actor: Actor) -> ActorHandle:
         # A detached actor outlives this context: its handle follows the context current where it is used.
         owner: Any = None if actor.options.lifetime is Lifetime.DETACHED else self.ctx
         return ActorHandle(
-            actor, BACKEND, actor.klass.__name__, public_methods(actor.klass), actor.options.name, ctx=owner
+            actor, self.ctx.backend, actor.klass.__name__, public_methods(actor.klass), actor.options.name, ctx=owner
         )
 
-    def _start_actor(self, actor: _Actor, call: Any, granted: threading.Event) -> None:
+    def _start_actor(self, actor: Actor, call: Any, granted: threading.Event) -> None:
         while not granted.wait(0.5):
             if actor.death is not None:
                 return
@@ -191,23 +216,13 @@ class ActorTable:
                 self._release_actor(actor)
                 return
         RECORDER.name_thread(f"actor {actor.label} #{actor.id}")
-        token = current.push(self.ctx, lent=True)
+        token = current.push(self.job, lent=True)
         me = current.push_actor(actor.info)
         said = output.push_label(output.label_for(actor.klass.__name__)) if self.ctx.log_to_driver else None
         try:
-            args, kwargs = self.ctx._resolve_call(call, f"the arguments of {actor.klass.__name__}()")
-            if actor.member is not None and actor.member.distributed:
-                from fray.in_memory._process_member import ProcessMember
-
-                member = actor.member
-                cpus = actor_resources(actor.options).get("CPU")
-                env = {**self._member_gpu_env(actor), **member.env}
-                actor.instance = ProcessMember(actor.klass, args, kwargs, actor.info, env, member.gang, cpus)
-            else:
-                with using_gpus(actor.gpus, self.ctx.gpus):
-                    actor.instance = actor.klass(*args, **kwargs)
+            actor.instance = self.ctx._new_instance(actor, call)
         except BaseException as exc:
-            error = exc.error.rebuild() if isinstance(exc, _Failure) and isinstance(exc.error, RemoteError) else exc
+            error = exc.error.rebuild() if isinstance(exc, Failure) and isinstance(exc.error, RemoteError) else exc
             actor.death = ActorDiedError(
                 f"actor {actor.label} died: its __init__ raised {type(error).__name__}: {error}"
             )
@@ -220,16 +235,7 @@ class ActorTable:
             current.pop_actor(me)
             current.pop(token)
 
-    def _member_gpu_env(self, actor: _Actor) -> dict[str, str]:
-        """An SPMD member's GPU variables: it sees its whole group's devices, in rank order, so that
-        `torch.cuda.set_device(LOCAL_RANK)` picks its own (as torchrun's members see the host's)."""
-        gang = actor.member.gang if actor.member is not None else None
-        if not actor.gpus or gang is None:
-            return process_env(actor.gpus, self.ctx.gpus)
-        group = gang.devices_of_all(actor.info.rank, actor.gpus, lambda: actor.death is not None)
-        return process_env(actor.gpus, self.ctx.gpus, visible=group)
-
-    def _release_actor(self, actor: _Actor) -> None:
+    def _release_actor(self, actor: Actor) -> None:
         if actor.holding:
             actor.holding = False
             gpus, actor.gpus = actor.gpus, ()
@@ -243,34 +249,34 @@ class ActorTable:
         kwargs: dict[str, Any],
         stream: ItemQueue | None = None,
     ) -> ObjectRef:
-        actor: _Actor = handle.payload
+        actor: Actor = handle.payload
         where = f"{actor.klass.__name__}.{method}"
-        serialize = self.ctx.serialize and not _immutable_call(args, kwargs)
+        serialize = self.ctx.serialize and not immutable_call(args, kwargs)
         call = dumps_call(where, args, kwargs, device_mode=KEPT) if serialize else (args, kwargs)
-        entry = _Entry()
+        entry = Entry()
         gang = actor.member.gang if actor.member is not None else None
         life = gang.life() if gang is not None else 0  # (an SPMD group's life this call belongs to: _gang.Gang)
         with actor.lock:
             if actor.death is not None:
                 entry.settle(error=_died(actor))
-                return ObjectRef(entry, BACKEND)
+                return ObjectRef(entry, self.ctx.backend)
             actor.pending.add(entry)
-            _call_owner[entry] = actor
+            call_owner[entry] = actor
             RECORDER.record(Kind.CALL_SUBMIT, entry.id, where)
             try:
                 actor.executor.submit(self._run_method, actor, method, call, entry, stream, life)
             except RuntimeError:  # executor shut down: the actor was killed just now
                 actor.pending.discard(entry)
                 entry.settle(error=_died(actor))
-        return ObjectRef(entry, BACKEND)
+        return ObjectRef(entry, self.ctx.backend)
 
     def call_stream(
         self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> ObjectRefStream:
         queue = ItemQueue()
         ref = self.call(handle, method, args, kwargs, stream=queue)
-        end_stream_with_failure(ref.payload, queue)
-        return ObjectRefStream(queue, BACKEND)
+        end_stream_with_failure(ref.payload, queue, self.ctx.backend)
+        return ObjectRefStream(queue, self.ctx.backend)
 
     def stream_items(self, items: Any, queue: ItemQueue, where: str) -> None:
         """Store each item the generator yields as its own object and hand its ref to the consumer, until the
@@ -279,23 +285,23 @@ class ActorTable:
             if not inspect.isgenerator(items) and not hasattr(items, "__next__"):
                 raise TypeError(f"{where} was called as a stream but returned {type(items).__name__}, not a generator")
             for index, item in enumerate(items):
-                entry = _Entry()
+                entry = Entry()
                 entry.settle(self.ctx._encode(item, f"item {index} of {where}"))
-                queue.append(ObjectRef(entry, BACKEND))
+                queue.append(ObjectRef(entry, self.ctx.backend))
                 if queue.stopped.is_set():
                     break
                 time.sleep(0)  # let a waiting consumer take the GIL now, not after the 5 ms switch interval
             if inspect.isgenerator(items):
                 items.close()
         except BaseException as exc:
-            failed = _Entry()
+            failed = Entry()
             failed.settle(error=self.ctx._remote_error(exc))
-            queue.append(ObjectRef(failed, BACKEND))
+            queue.append(ObjectRef(failed, self.ctx.backend))
         finally:
             queue.end()
 
     def _run_method(
-        self, actor: _Actor, method: str, call: Any, entry: _Entry, stream: ItemQueue | None = None, life: int = 0
+        self, actor: Actor, method: str, call: Any, entry: Entry, stream: ItemQueue | None = None, life: int = 0
     ) -> None:
         with actor.lock:
             if entry not in actor.pending:  # cancelled or the actor was killed
@@ -307,18 +313,11 @@ class ActorTable:
         if actor.death is not None:
             error: Any = _died(actor)
         else:
-            token = current.push(self.ctx, lent=True)
+            token = current.push(self.job, lent=True)
             me = current.push_actor(actor.info)
             said = output.push_label(output.label_for(actor.klass.__name__)) if self.ctx.log_to_driver else None
             try:
-                member_process = actor.member is not None and actor.member.distributed  # (a ProcessMember)
-                what = f"the arguments of {actor.klass.__name__}.{method}"
-                args, kwargs = self.ctx._resolve_call(call, what, stored=member_process)
-                if member_process:  # (its process's call waits for, or fails with, its group's restart)
-                    result = actor.instance._fray_call(life, method, args, kwargs)
-                else:
-                    with using_gpus(actor.gpus, self.ctx.gpus):
-                        result = getattr(actor.instance, method)(*args, **kwargs)
+                result = self.ctx._run_method(actor, method, call, life)
                 if inspect.iscoroutine(result):
                     result = actor.run_coroutine(result)
                 if stream is not None:
@@ -326,7 +325,7 @@ class ActorTable:
                     result = None
                 value = self.ctx._encode(result, f"the return value of {method}")
                 error = None
-            except _Failure as failure:
+            except Failure as failure:
                 error = failure.error
             except BaseException as exc:
                 error = self.ctx._remote_error(exc)
@@ -347,7 +346,7 @@ class ActorTable:
             raise ActorNotFoundError(f"no live actor named {name!r} in namespace {self.ctx.namespace!r}")
         return self._handle(actor)
 
-    def kill(self, actor: _Actor, why: str) -> None:
+    def kill(self, actor: Actor, why: str) -> None:
         with actor.lock:
             if actor.death is not None and actor.id not in _actors:
                 return
@@ -365,26 +364,26 @@ class ActorTable:
             name = actor.options.name
             if name is not None and self.names.get(name) is actor:
                 del self.names[name]
-            if name is not None and _detached.get((actor.namespace, name)) is actor:
-                del _detached[(actor.namespace, name)]
+            if name is not None and _detached.get((self.ctx.backend, actor.namespace, name)) is actor:
+                del _detached[(self.ctx.backend, actor.namespace, name)]
             self.own.pop(actor.id, None)
         with actor.lock:
             self._release_actor(actor)
 
 
-def end_stream_with_failure(entry: _Entry, queue: ItemQueue) -> None:
+def end_stream_with_failure(entry: Entry, queue: ItemQueue, backend: str) -> None:
     """If the call or task behind a stream fails before its generator runs (killed actor, cancelled task, shut
     down context), that failure is the stream's last item, so its consumer never waits forever."""
 
     def settled(outcome: Outcome) -> None:
         if outcome.failed():
-            queue.append(ObjectRef(entry, BACKEND))
+            queue.append(ObjectRef(entry, backend))
             queue.end()
 
     entry.outcome.add_callback(settled)
 
 
-def _died(actor: _Actor) -> ActorDiedError:
+def _died(actor: Actor) -> ActorDiedError:
     assert actor.death is not None
     error = ActorDiedError(str(actor.death))
     if hasattr(actor.death, "remote_traceback"):

@@ -1,4 +1,4 @@
-"""in_memory tasks: their record (state, resources, attempts) and what interrupts one (cancel)."""
+"""The kit's tasks: their record (state, resources, attempts) and what interrupts one (cancel)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ from collections.abc import Callable
 from typing import Any
 
 from fray import output
-from fray.in_memory._objects import _Entry
-from fray.in_memory._scheduler import Signature
+from fray.kit.ledger import Signature
+from fray.kit.objects import Entry
 from fray.states import TaskState
 from fray.types import TaskOptions
 
-__all__ = ["_Interrupt", "_Task", "_async_raise", "_mark_dispatched", "_tls"]
+__all__ = ["Interrupt", "Task", "async_raise", "mark_dispatched", "this_thread"]
 
-_tls = threading.local()  # .task: the _Task running on this thread (to hand its resources back while blocked)
+this_thread = threading.local()  # .task: the Task running on this thread (to hand its resources back while blocked)
 
 
-class _Interrupt(BaseException):
+class Interrupt(BaseException):
     """Injected into a running task's thread by cancel()."""
 
 
-class _Task:
+class Task:
     __slots__ = (
         "attempts",
         "call",
@@ -42,7 +42,7 @@ class _Task:
     )
 
     def __init__(
-        self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions, request: Signature, entry: _Entry
+        self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions, request: Signature, entry: Entry
     ) -> None:
         self.fn, self.call, self.has_refs = fn, call, has_refs
         self.options, self.request, self.entry = options, request, entry
@@ -77,14 +77,14 @@ _pid = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 
-def _mark_dispatched(task: _Task, gpus: tuple[int, ...]) -> None:  # under the ledger's lock: resources taken
+def mark_dispatched(task: Task, gpus: tuple[int, ...]) -> None:  # under the ledger's lock: resources taken
     task.gpus = gpus
     with task.lock:
         if task.state == TaskState.QUEUED:
             task.state = TaskState.DISPATCHED
 
 
-def _async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
+def async_raise(thread_id: int, exc_type: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type else None
     )
