@@ -7,12 +7,15 @@ missing one says how to install it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Mapping
 from importlib import import_module
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -27,6 +30,9 @@ __all__ = ["available_backends", "cluster", "get_backend", "init", "parse_spec",
 ENV_VAR = "FRAY_BACKEND"
 DEFAULT_BACKEND = "in_memory"
 ENTRY_POINT_GROUP = "fray.backends"
+# Backends registered in a process, as {name: [module:attr, its import root]}: inherited by the processes fray
+# starts (jobs, workers), which import them by name there (register_backend).
+REGISTERED_ENV = "FRAY_REGISTERED_BACKENDS"
 
 # name -> (object path, how to install it). Entry points override these paths.
 FIRST_PARTY: dict[str, tuple[str, str]] = {
@@ -58,12 +64,14 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name.strip(), options
 
 
-def available_backends() -> dict[str, str]:
-    """Every backend name known here -> where it comes from (entry point value, first-party path, or a
-    registration in this process)."""
+def available_backends(registered: bool = True) -> dict[str, str]:
+    """Every backend name known here -> where it comes from (entry point value, first-party path, or, unless
+    registered=False, a registration in this process)."""
     names = {name: path for name, (path, _) in FIRST_PARTY.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         names[ep.name] = ep.value
+    if not registered:
+        return names
     with _lock:
         for name, backend in _registered.items():
             names[name] = f"registered in this process: {type(backend).__module__}.{type(backend).__qualname__}"
@@ -79,8 +87,9 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 def register_backend(name: str, backend: type[Backend] | Backend, replace: bool = False) -> None:
     """Make `backend` (a `fray.backend.Backend` subclass or instance) the backend called `name` in this process,
     as an installed distribution's "fray.backends" entry point would: for tests and notebooks (fsspec's
-    `register_implementation`). `fray.init(name)` then uses it here; processes fray starts elsewhere do not see
-    it. A name that is taken (installed, first-party or registered) is refused unless `replace=True`."""
+    `register_implementation`). `fray.init(name)` then uses it here, and in the processes this one starts (a job's
+    bare `fray.init()`), where its class is imported by name (REGISTERED_ENV) unless it was defined in __main__.
+    A name that is taken (installed, first-party or registered) is refused unless `replace=True`."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"a backend name is letters, digits, '_', '.' and '-' (a spec's 'name?k=v'), got {name!r}")
     instance = backend() if isinstance(backend, type) and issubclass(backend, Backend) else backend
@@ -91,6 +100,37 @@ def register_backend(name: str, backend: type[Backend] | Backend, replace: bool 
             raise ValueError(f"a fray backend named {name!r} exists already; pass replace=True to replace it here")
         _registered[name] = instance
         _backends[name] = instance
+        _export(name, type(instance))
+
+
+def _export(name: str, klass: type) -> None:
+    """Name the registered class in this process's environment, for the processes it starts."""
+    module = sys.modules.get(klass.__module__)
+    path = getattr(module, "__file__", None)
+    if klass.__module__ == "__main__" or path is None:  # nothing another process could import
+        return
+    depth = klass.__module__.count(".") + (Path(path).name == "__init__.py")
+    exported = json.loads(os.environ.get(REGISTERED_ENV) or "{}")
+    exported[name] = [f"{klass.__module__}:{klass.__qualname__}", str(Path(path).resolve().parents[depth])]
+    os.environ[REGISTERED_ENV] = json.dumps(exported)
+
+
+def _import_exported(name: str) -> Any:
+    """The class a parent process registered as `name` (REGISTERED_ENV), or None."""
+    try:
+        where = json.loads(os.environ.get(REGISTERED_ENV) or "{}").get(name)
+    except ValueError:
+        return None
+    if not where:
+        return None
+    target, root = where
+    if root not in sys.path:
+        sys.path.append(root)
+    module, _, attr = target.partition(":")
+    obj: Any = import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def get_backend(name: str) -> Backend:
@@ -104,6 +144,8 @@ def get_backend(name: str) -> Backend:
             elif name in FIRST_PARTY:
                 module, _, attr = FIRST_PARTY[name][0].partition(":")
                 obj = getattr(import_module(module), attr)
+            elif (exported := _import_exported(name)) is not None:
+                obj = exported
             else:
                 names = available_backends()
                 known = ", ".join(sorted(names))

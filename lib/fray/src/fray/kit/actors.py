@@ -12,8 +12,8 @@ import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fray import current, output
-from fray.cuda_values import KEPT
 from fray.context import JobContext
+from fray.cuda_values import KEPT
 from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,

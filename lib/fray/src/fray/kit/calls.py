@@ -32,6 +32,7 @@ class Task:
         "fn",
         "gpus",
         "has_refs",
+        "held",
         "lock",
         "name",
         "options",
@@ -56,6 +57,7 @@ class Task:
         self.stolen = False  # run by a thread blocked in get on it, rather than by the worker it was queued for
         self.thread_id = 0
         self.gpus: tuple[int, ...] = ()  # the devices it holds while dispatched or running (fray.gpus)
+        self.held: list[Any] | None = None  # what its process was handed by name (fray.kit.remote), kept with it
 
     @property
     def label(self) -> str:

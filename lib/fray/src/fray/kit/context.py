@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -32,10 +31,11 @@ from fray.context import JobContext
 from fray.cuda_values import KEPT
 from fray.errors import GetTimeoutError, TaskCancelledError, attach_remote_traceback
 from fray.events import RECORDER, Kind, ended
-from fray.gpus import DevicePool, HostGpus, using_gpus
+from fray.gpus import DevicePool, HostGpus
 from fray.groups import Member
-from fray.kit.actors import Actor, ActorTable, call_owner, end_stream_with_failure
+from fray.kit.actors import ActorTable, call_owner, end_stream_with_failure
 from fray.kit.calls import Interrupt, Task, async_raise, mark_dispatched, this_thread
+from fray.kit.engine import EngineHooks
 from fray.kit.ledger import Ledger, Signature, Work, lendable, signature
 from fray.kit.objects import IMMUTABLE, Entry, Failure, Serialized, immutable_call
 from fray.outcome import Outcome, first_failure, wait_for, when
@@ -51,7 +51,7 @@ from fray.types import ActorOptions, TaskOptions
 __all__ = ["KitJobContext"]
 
 
-class KitJobContext(JobContext):
+class KitJobContext(EngineHooks, JobContext):
     """A JobContext over an engine that only runs calls: subclass it, set `backend` and `capabilities`, override
     `_run_task` (and where needed `_load`, `_new_instance`, `_run_method`); see this module's docstring."""
 
@@ -84,38 +84,6 @@ class KitJobContext(JobContext):
 
     def node_resources(self) -> list[dict[str, float]]:
         return [self._ledger.totals]
-
-    # ------------------------------------------------------------------ what an engine overrides
-    def _run_task(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Start this call there: run task.fn(*args, **kwargs) where the engine runs work, wait for it, and return
-        its result (the value, or `Serialized` for one that arrived serialized) or raise its exception. task.gpus
-        are the device indices it holds (fray.gpus). Runs on a ledger worker thread, with this context current.
-        Default: on this thread, its GPUs as the current device."""
-        if task.gpus:
-            with using_gpus(task.gpus, self.gpus):
-                return task.fn(*args, **kwargs)
-        return task.fn(*args, **kwargs)
-
-    def _load(self, stored: Blob, what: str) -> Any:
-        """Load this value: a stored Blob as a value here (default: unpickled in this process, counted as an
-        in-process transfer)."""
-        start = time.perf_counter()
-        value = loads(stored, what)
-        self._transfers.record("in-process", stored.nbytes, time.perf_counter() - start)
-        return value
-
-    def _new_instance(self, actor: Actor, call: Any) -> Any:
-        """Make an actor's instance from its stored call (default: here, its GPUs as the current device)."""
-        args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}()")
-        with using_gpus(actor.gpus, self.gpus):
-            return actor.klass(*args, **kwargs)
-
-    def _run_method(self, actor: Actor, method: str, call: Any, life: int) -> Any:
-        """Run one method of an actor's instance with a stored call (`life`: the SPMD group life it belongs to,
-        for a backend whose members restart together). Default: here, on the actor's thread."""
-        args, kwargs = self._resolve_call(call, f"the arguments of {actor.klass.__name__}.{method}")
-        with using_gpus(actor.gpus, self.gpus):
-            return getattr(actor.instance, method)(*args, **kwargs)
 
     # ------------------------------------------------------------------ values
     def _encode(self, value: Any, what: str) -> Any:
@@ -285,6 +253,8 @@ class KitJobContext(JobContext):
                 if task.has_refs:
                     args, kwargs = with_values(args, kwargs, self._value_of)
                 value = self._run_task(task, args, kwargs)
+                if isinstance(value, Serialized):  # from another process: it may name what the task was handed
+                    value.blob.contained.extend([*(task.held or ()), *getattr(task.call, "contained", ())])
                 value = self._encode(value, "the return value")
             finally:
                 with task.lock:
@@ -379,6 +349,17 @@ class KitJobContext(JobContext):
         return None
 
     # ------------------------------------------------------------------ get / wait
+    @contextlib.contextmanager
+    def acting_for(self, task_id: int) -> Iterator[Task | None]:
+        """Serve, on this thread, a request of task `task_id` running in another process (fray.kit.remote): a get
+        or wait in it lends that task's resources, as the task's own would here."""
+        task, outer = self._tasks.get(task_id), getattr(this_thread, "task", None)
+        this_thread.task = task
+        try:
+            yield task
+        finally:
+            this_thread.task = outer
+
     def _blocking(self) -> Signature | None:
         """If this thread runs a task, hand its resources back while it blocks (returns what to take back)."""
         task: Task | None = getattr(this_thread, "task", None)

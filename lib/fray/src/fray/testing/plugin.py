@@ -1,7 +1,9 @@
 """The `fray` pytest plugin: a backend-parametrized fixture, as anyio's backend fixture.
 
-Which backends run: `--fray-backend=a,b`, else FRAY_BACKEND, else every installed backend. Each backend gets one
-session-wide JobContext and ClusterContext built from its `test_spec` (`cluster_test_spec`) attribute.
+Which backends run: `--fray-backend=a,b`, else FRAY_BACKEND, else every installed backend. A test module may pin
+its own with a module attribute `fray_backends = ["name"]` (a backend it registers itself: `register_backend`).
+Each backend gets one session-wide JobContext and ClusterContext built from its `test_spec` (`cluster_test_spec`)
+attribute.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def selected_backends(config: pytest.Config) -> list[str]:
     if raw:
         return [parse_spec(name)[0] for name in raw.split(",") if name.strip()]
     installed = []
-    for name in sorted(available_backends()):
+    for name in sorted(available_backends(registered=False)):
         try:
             get_backend(name)
         except BackendNotAvailableError:
@@ -53,7 +55,9 @@ def selected_backends(config: pytest.Config) -> list[str]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fray_backend_name" in metafunc.fixturenames:
-        metafunc.parametrize("fray_backend_name", selected_backends(metafunc.config), scope="session")
+        pinned = getattr(metafunc.module, "fray_backends", None)
+        names = list(pinned) if pinned is not None else selected_backends(metafunc.config)
+        metafunc.parametrize("fray_backend_name", names, scope="session")
 
 
 def spec_options(name: str, attr: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from fray import procfs
 from fray.context import JobContext, get_job_context
+from fray.errors import UnsupportedFeatureError
 from fray.refs import ObjectRef
 
 
@@ -27,6 +28,15 @@ def identity(x: Any) -> Any:
 def sleep_then(seconds: float, value: Any = None) -> Any:
     time.sleep(seconds)
     return value
+
+
+def drop(ctx: JobContext, ref: ObjectRef) -> None:
+    """Let go of a task a test no longer needs: cancelled, where the backend can cancel it even if it runs; else
+    left to end by itself (the suite's slow tasks sleep a few seconds)."""
+    try:
+        ctx.cancel(ref)
+    except UnsupportedFeatureError:  # running, and the backend lacks cancel_running
+        pass
 
 
 def spin(marker: str, seconds: float = 60.0) -> str:

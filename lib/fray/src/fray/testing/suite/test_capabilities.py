@@ -35,7 +35,7 @@ def _use(capability: Capability, ctx: JobContext, cluster: ClusterContext, tmp_p
         cluster.create_job("true", detached=True)
     elif capability is Capability.CANCEL_RUNNING:
         marker = str(tmp_path / "started")
-        ref = ctx.create_task(h.spin, args=(marker, 30))
+        ref = ctx.create_task(h.spin, args=(marker, 5))  # (ends by itself where the cancel is refused)
         h.wait_for_file(marker, 60)
         try:
             ctx.cancel(ref)

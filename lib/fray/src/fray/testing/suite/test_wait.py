@@ -18,7 +18,7 @@ def test_wait_returns_first_completed_not_input_order(fray_ctx: JobContext) -> N
     assert time.monotonic() - start < 6.0  # well before the slow one ends, with room for a loaded machine
     assert done == [fast] and done[0] is fast
     assert not_done == [slow] and not_done[0] is slow
-    fray_ctx.cancel(slow)
+    h.drop(fray_ctx, slow)
 
 
 def test_wait_returns_same_objects_done_in_input_order(fray_ctx: JobContext) -> None:
@@ -45,7 +45,7 @@ def test_wait_timeout_returns_partial_result(fray_ctx: JobContext) -> None:
     elapsed = time.monotonic() - start
     assert done == [fast] and not_done == [slow]
     assert 0.8 <= elapsed < 4.5, elapsed  # the timeout, not the slow task's 5 s
-    fray_ctx.cancel(slow)
+    h.drop(fray_ctx, slow)
 
 
 def test_wait_timeout_zero_polls(fray_ctx: JobContext) -> None:
@@ -54,7 +54,7 @@ def test_wait_timeout_zero_polls(fray_ctx: JobContext) -> None:
     done, not_done = fray_ctx.wait([slow], timeout=0)
     assert time.monotonic() - start < 2.0  # a poll, not a wait for the 5 s task
     assert done == [] and not_done == [slow]
-    fray_ctx.cancel(slow)
+    h.drop(fray_ctx, slow)
 
 
 def test_failed_task_counts_as_done(fray_ctx: JobContext) -> None:

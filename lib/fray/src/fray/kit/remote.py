@@ -1,0 +1,243 @@
+"""Nested work from the worker processes of a kit backend: a task running in another process calls
+`fray.get_job_context()` and gets a `WorkerContext`, whose hooks are answered by the driver's own.
+
+- The driver runs a `RemoteService`: a `multiprocessing.connection.Listener` on a Unix socket in a private (0700)
+  directory, with an `authkey` that only the driver's own worker processes are given (through the engine's pipe to
+  them). The listener runs multiprocessing's HMAC challenge before it reads anything, so nothing is unpickled from
+  a peer that has not proven it holds the key (docs/security.md).
+- A worker connects once per thread; each request names the task it runs for (`running_task`), so a request that
+  blocks (a get, a wait) lends that task's resources as a get on the driver would.
+- Refs and actor handles reach a worker as `fray.kit.objects.Remote` payloads and go back to the driver by name;
+  the driver keeps what it handed to a task (`Task.held`) until the task's result is stored, which then keeps it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection, Listener
+from typing import TYPE_CHECKING, Any
+
+from fray import current
+from fray.capabilities import Capability
+from fray.context import JobContext
+from fray.errors import FrayError
+from fray.gpus import HostGpus, using_gpus
+from fray.kit.objects import Serialized
+from fray.remote_errors import RemoteError, capture_exception
+from fray.serialization import Blob, dumps, loads_data
+
+if TYPE_CHECKING:
+    from fray.kit.calls import Task
+    from fray.kit.context import KitJobContext
+
+# A call on its way to a worker (`RemoteService.request`, then `run_call` there): task id, its GPUs, the host's GPUs,
+# the pickled (fn, args, kwargs) and its buffers. Its reply: ok, the pickled value (or RemoteError) and buffers.
+Request = tuple[int, tuple[int, ...], HostGpus, bytes, list[bytes]]
+Reply = tuple[bool, bytes, list[bytes]]
+
+__all__ = ["RemoteService", "WorkerSetup", "run_call", "running_task", "start_worker", "worker_context"]
+
+# The hooks a worker may call, each answered by the driver's hook of the same name.
+HOOKS = frozenset(
+    {
+        "node_resources",
+        "_create_task",
+        "_create_actor",
+        "_call_actor",
+        "_get",
+        "_wait",
+        "_put",
+        "_get_actor",
+        "_kill",
+        "_cancel",
+    }
+)
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker process needs to reach its driver (the authkey is a secret: give it only to your workers)."""
+
+    address: str
+    authkey: bytes
+    backend: str
+    capabilities: frozenset[Capability]
+
+
+def _send(conn: Connection, value: Any, what: str) -> None:
+    blob = dumps(value, what)
+    conn.send((blob.data, [bytes(memoryview(b)) for b in blob.buffers]))
+
+
+def _receive(conn: Connection, what: str) -> Any:
+    data, buffers = conn.recv()
+    return loads_data(data, buffers, what)
+
+
+class RemoteService:
+    """The driver's side: answers its worker processes' requests with `ctx`'s hooks."""
+
+    def __init__(self, ctx: KitJobContext) -> None:
+        self._ctx = ctx
+        self._dir = tempfile.mkdtemp(prefix="fray-kit-")  # 0700: no other user reaches the socket
+        authkey = secrets.token_bytes(32)
+        self._listener = Listener(os.path.join(self._dir, "driver"), "AF_UNIX", authkey=authkey)
+        self.setup = WorkerSetup(self._listener.address, authkey, ctx.backend, ctx.capabilities)
+        self._closed = False
+        threading.Thread(target=self._accept, name="fray-kit-service", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn = self._listener.accept()  # (the HMAC challenge runs here: a wrong key never gets in)
+            except OSError:  # closed
+                return
+            except Exception:
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="fray-kit-request", daemon=True).start()
+
+    def _serve(self, conn: Connection) -> None:
+        with conn:
+            while True:
+                try:
+                    task_id, hook, args = _receive(conn, "a worker's request")
+                except (EOFError, OSError):
+                    return
+                try:
+                    if hook not in HOOKS:
+                        raise FrayError(f"a worker asked for {hook!r}, which is no hook a worker may call")
+                    with self._ctx.acting_for(task_id) as task:
+                        result = getattr(self._ctx, hook)(*args)
+                    reply: tuple[bool, Any] = (True, result)
+                except BaseException as exc:
+                    task, reply = None, (False, capture_exception(exc))
+                blob = dumps(reply, f"the reply to {hook}")
+                if task is not None:
+                    task.held = [*(task.held or ()), *blob.contained]  # what the worker now names: kept for its task
+                try:
+                    conn.send((blob.data, [bytes(memoryview(b)) for b in blob.buffers]))
+                except OSError:
+                    return
+
+    def request(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Request:
+        """The arguments of `run_call` for this task's call, to submit to a worker process."""
+        blob = dumps((task.fn, args, kwargs), f"the call of task {task.name}")
+        return task.entry.id, task.gpus, self._ctx.gpus, blob.data, [bytes(memoryview(b)) for b in blob.buffers]
+
+    @staticmethod
+    def result(reply: Reply) -> Serialized:
+        """A worker's reply as the task's result (stored as it arrived), or its exception raised."""
+        ok, data, buffers = reply
+        if ok:
+            return Serialized(Blob(data, buffers))
+        error = loads_data(data, buffers, "a task's error")
+        raise error.rebuild() if isinstance(error, RemoteError) else error
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- the worker's side
+_task = [0]  # the task this worker process runs now (the kit's entry id of its result)
+
+
+@contextmanager
+def running_task(task_id: int) -> Iterator[None]:
+    """Run a block as the task `task_id` (set by the engine around the user's code in a worker process)."""
+    outer, _task[0] = _task[0], task_id
+    try:
+        yield
+    finally:
+        _task[0] = outer
+
+
+class _Client:
+    def __init__(self, setup: WorkerSetup) -> None:
+        self._setup = setup
+        self._local = threading.local()
+
+    def call(self, hook: str, *args: Any) -> Any:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = Client(self._setup.address, "AF_UNIX", authkey=self._setup.authkey)
+        _send(conn, (_task[0], hook, args), f"the arguments of {hook.lstrip('_')}")
+        ok, value = _receive(conn, f"the reply to {hook}")
+        if ok:
+            return value
+        raise value.rebuild() if isinstance(value, RemoteError) else value
+
+
+def _forward(hook: str) -> Callable[..., Any]:
+    def forward(self: WorkerContext, *args: Any) -> Any:
+        return self._client.call(hook, *args)
+
+    forward.__name__ = hook
+    return forward
+
+
+class WorkerContext(JobContext):
+    """The JobContext of a worker process: every hook is its driver's (created by `worker_context`)."""
+
+    def __init__(self, setup: WorkerSetup) -> None:
+        super().__init__()
+        self._client = _Client(setup)
+
+    node_resources = _forward("node_resources")
+    _create_task = _forward("_create_task")
+    _create_actor = _forward("_create_actor")
+    _call_actor = _forward("_call_actor")
+    _get = _forward("_get")
+    _wait = _forward("_wait")
+    _put = _forward("_put")
+    _get_actor = _forward("_get_actor")
+    _kill = _forward("_kill")
+    _cancel = _forward("_cancel")
+
+    def _shutdown(self) -> None:  # (never called: a worker's context is lent to the task it runs)
+        pass
+
+
+def worker_context(setup: WorkerSetup) -> WorkerContext:
+    """The context for user code in a worker process, under its driver's backend name and capabilities."""
+    kind = type(
+        f"{setup.backend}WorkerContext",
+        (WorkerContext,),
+        {"backend": setup.backend, "capabilities": setup.capabilities},
+    )
+    return kind(setup)  # type: ignore[no-any-return]
+
+
+_context: list[WorkerContext | None] = [None]
+
+
+def start_worker(setup: WorkerSetup) -> None:
+    """A worker process's initializer (`ProcessPoolExecutor(initializer=start_worker, initargs=(setup,))`)."""
+    _context[0] = worker_context(setup)
+
+
+def run_call(task_id: int, gpus: tuple[int, ...], host: HostGpus, data: bytes, buffers: list[bytes]) -> Reply:
+    """Run one task's call in this worker process (the function a process engine submits), with the worker's
+    context current and lent, as the task `task_id`, holding `gpus`; its result or exception, pickled."""
+    ctx = _context[0]
+    if ctx is None:
+        raise FrayError("fray.kit.remote.run_call ran in a process that start_worker did not set up")
+    token = current.push(ctx, lent=True)
+    try:
+        fn, args, kwargs = loads_data(data, buffers, "a task's call")
+        with running_task(task_id), using_gpus(gpus, host):
+            value, ok = fn(*args, **kwargs), True
+        blob = dumps(value, "the return value")
+    except BaseException as exc:
+        ok, blob = False, dumps(capture_exception(exc), "an error")
+    finally:
+        current.pop(token)
+    return ok, blob.data, [bytes(memoryview(b)) for b in blob.buffers]
