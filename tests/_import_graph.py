@@ -1,12 +1,14 @@
 """The import graph of a package, read from its source (every import: module level, under TYPE_CHECKING, and
-inside functions), and the circles in it: issue 32 asks for none, type-only imports included."""
+inside functions), and the circles in it: issue 32 asks for none, type-only imports included. Also the imports
+that break the rule for leading underscores (.agents/architecture.md, "Leading underscores")."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["import_circles", "import_graph"]
+__all__ = ["import_circles", "import_graph", "private_imports"]
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -16,27 +18,62 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> Iterator[tuple[str, str | None, int]]:
+    """Each import of the module `name` (at `path`): (the module it names, the name imported from it or None
+    for the module itself, its line). `from pkg import module` imports the module."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, None, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                yield (candidate, None, node.lineno) if candidate in modules else (base, alias.name, node.lineno)
+
+
 def import_graph(src: Path, package: str) -> dict[str, set[str]]:
     """module -> the modules of `package` it imports (src: the directory that holds the package)."""
     modules = {_module_name(p, src): p for p in (src / package).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        is_package = path.name == "__init__.py"
-        targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = name.split(".") if is_package else name.split(".")[:-1]
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join([*anchor, base] if base else anchor)
-                for alias in node.names:  # `from pkg import module` imports the module
-                    candidate = f"{base}.{alias.name}"
-                    targets.add(candidate if candidate in modules else base)
+        targets = {target for target, _, _ in _imports(name, path, modules)}
         graph[name] = {_owner(t, modules) for t in targets if _owner(t, modules)} - {name}
     return graph
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def private_imports(src: Path, package: str, others: Sequence[tuple[Path, str]] = ()) -> list[str]:
+    """The imports in `package` that break the rule for leading underscores, as "importer:line: what": a module
+    whose name starts with `_` imported from outside its package (subpackages are inside it), or a `_name`
+    imported from another module. Imports of the packages in `others` ((src, package) pairs) are checked too;
+    other imports (the standard library's, an engine's) are not."""
+    modules = {_module_name(p, src): p for p in (src / package).rglob("*.py")}
+    known = dict(modules)
+    for other_src, other in others:
+        known.update({_module_name(p, other_src): p for p in (other_src / other).rglob("*.py")})
+    found: list[str] = []
+    for name, path in sorted(modules.items()):
+        home = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for target, imported, line in _imports(name, path, known):
+            owner = _owner(target, known)
+            if not owner or owner == name:
+                continue
+            parts = owner.split(".")
+            for i, part in enumerate(parts):
+                parent = ".".join(parts[:i])
+                if _private(part) and not (home == parent or home.startswith(f"{parent}.")):
+                    found.append(f"{name}:{line}: the module {'.'.join(parts[: i + 1])} of another package")
+                    break
+            if imported is not None and _private(imported):
+                found.append(f"{name}:{line}: the name {imported} of {owner}")
+    return found
 
 
 def _owner(target: str, modules: dict[str, Path]) -> str:

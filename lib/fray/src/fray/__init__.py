@@ -8,8 +8,8 @@ assert ctx.get(ref) == 1024
 
 from fray.capabilities import Capability
 from fray.completion import as_completed
-from fray.context import ClusterContext, JobContext, set_job_context
-from fray.current import ActorInfo, clear_job_context, current_actor, current_gpus, get_job_context, using
+from fray.context import ClusterContext, JobContext, get_job_context, set_job_context
+from fray.current import ActorInfo, clear_job_context, current_actor, current_gpus, using
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 
 from fray import current
 from fray.errors import FrayError, GetTimeoutError
@@ -20,19 +20,38 @@ from fray.outcome import Outcome, completed
 from fray.progress import Progress, ProgressMode, check_mode
 from fray.refs import ObjectRef
 
-if TYPE_CHECKING:
-    from fray.context import JobContext
-
-__all__ = ["RefWatcher", "as_completed", "get_with_progress", "outcomes"]
+__all__ = ["RefWatcher", "WatchedContext", "as_completed", "get_with_progress", "outcomes"]
 
 POLL = 0.2  # seconds one _wait of the watcher may take before it looks for refs added meanwhile
+
+
+class WatchedContext(Protocol):
+    """What completion needs of a job context (a fray.context.JobContext, which this module does not import: the
+    context is built on it); `_watcher` is its RefWatcher, made on first need under `_shutdown_lock`."""
+
+    _watcher: RefWatcher | None
+    _shutdown_lock: threading.Lock
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def is_shut_down(self) -> bool: ...
+
+    def get(self, refs: ObjectRef, timeout: float | None = None) -> Any: ...
+
+    def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]: ...
+
+    def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]: ...
+
+    def _outcomes(self, refs: list[ObjectRef]) -> list[Outcome] | None: ...
 
 
 class RefWatcher:
     """One thread for a context: settles the outcome of each ref given to `outcomes()` when the backend's `_wait`
     says it is done (value None: readers ask `_get`). Ends when nothing is pending, or with its context."""
 
-    def __init__(self, ctx: JobContext) -> None:
+    def __init__(self, ctx: WatchedContext) -> None:
         self.ctx = ctx
         self.lock = threading.Lock()
         self.pending: dict[ObjectRef, Outcome] = {}
@@ -72,7 +91,7 @@ class RefWatcher:
             outcome.set_failure(FrayError(f"this {self.ctx.backend} context is shut down"))
 
 
-def outcomes(ctx: JobContext, refs: list[ObjectRef]) -> list[Outcome]:
+def outcomes(ctx: WatchedContext, refs: list[ObjectRef]) -> list[Outcome]:
     """One outcome per ref: the backend's own, else its context's watcher's."""
     native = ctx._outcomes(refs)
     if native is not None:
@@ -103,7 +122,7 @@ def as_completed(
             raise ValueError(f"as_completed needs ObjectRefs, got {type(ref).__name__}")
     if timeout is not None and timeout < 0:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
-    ctx = current.context_for(pending[0].backend)
+    ctx = cast(WatchedContext, current.context_for(pending[0].backend))
     watched = outcomes(ctx, pending)
     with Progress(len(pending), mode, "fray.as_completed") as bar:
         try:
@@ -117,7 +136,7 @@ def as_completed(
             raise interrupted(exc, f"fray.as_completed of {refs_text(len(pending))}") from None
 
 
-def _failed(ctx: JobContext, ref: ObjectRef, outcome: Outcome) -> bool:
+def _failed(ctx: WatchedContext, ref: ObjectRef, outcome: Outcome) -> bool:
     if outcome.failed():
         return True
     if ctx._outcomes([ref]) is not None:
@@ -131,7 +150,9 @@ def _failed(ctx: JobContext, ref: ObjectRef, outcome: Outcome) -> bool:
     return False
 
 
-def get_with_progress(ctx: JobContext, refs: list[ObjectRef], timeout: float | None, mode: ProgressMode) -> list[Any]:
+def get_with_progress(
+    ctx: WatchedContext, refs: list[ObjectRef], timeout: float | None, mode: ProgressMode
+) -> list[Any]:
     """get, reading each ref once as it completes to count it (and its failure) on the bar; a failure is raised
     when it is seen (the first in input order among those seen together), as get does."""
     values: dict[int, Any] = {}

@@ -11,7 +11,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 from fray import current, timeline
 from fray._validation import (
@@ -27,7 +27,7 @@ from fray.capabilities import Capability
 from fray.cluster_context import ClusterContext
 from fray.completion import RefWatcher, get_with_progress, outcomes
 from fray.cuda_values import device_stats
-from fray.current import clear_job_context, get_job_context
+from fray.current import clear_job_context
 from fray.errors import FrayError, UnsupportedFeatureError
 from fray.event_store import EventStore
 from fray.groups import PLACEMENTS, ActorGroup, admit_group, create_one_by_one
@@ -391,8 +391,16 @@ class JobContext(JobContextHooks):
         return outcomes(self, [ref])[0].to_future(lambda _: self._get([ref], None)[0])
 
 
+def get_job_context() -> JobContext:
+    """The job context of this task, actor, or thread; else the process default (set by fray.init).
+
+    With neither, the default is created from FRAY_BACKEND (in_memory when unset), as Ray auto-initializes.
+    """
+    return cast(JobContext, current.get_job_context())  # fray.current holds JobContexts, typed as it needs them
+
+
 def set_job_context(ctx: JobContext) -> contextvars.Token[JobContext | None]:
     """Make ctx current for this thread/task (and the process default if there is none yet)."""
     if not isinstance(ctx, JobContext):
         raise TypeError(f"set_job_context needs a JobContext, got {type(ctx).__name__}")
-    return current.set_current(ctx)
+    return cast("contextvars.Token[JobContext | None]", current.set_current(ctx))

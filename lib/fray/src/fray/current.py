@@ -2,7 +2,10 @@
 
 A leaf module (it imports only fray.errors, itself a leaf), so contexts, refs, the registry and the
 backends can all depend on it without import circles: what it needs of the registry (making the default
-context, a backend's context in a worker) the registry installs here when it is imported (`install`).
+context, a backend's context in a worker) the registry installs here when it is imported (`install`). It holds
+fray.context.JobContext objects, typed as `CurrentContext`, the little of one that needs no other module: a
+module needing more of the context found here says what in a Protocol of its own (fray.refs.RefContext), and
+`fray.get_job_context` (fray.context's) returns it as the JobContext it is.
 """
 
 from __future__ import annotations
@@ -13,15 +16,13 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from fray.errors import FrayError
 
-if TYPE_CHECKING:
-    from fray.context import JobContext
-
 __all__ = [
     "ActorInfo",
+    "CurrentContext",
     "clear_job_context",
     "current_actor",
     "current_gpus",
@@ -30,23 +31,37 @@ __all__ = [
     "using",
 ]
 
-_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_job_context", default=None)
-_default: JobContext | None = None
+
+class CurrentContext(Protocol):
+    """What this module and the registry need of a job context (a fray.context.JobContext)."""
+
+    owns_resources: bool
+
+    @property
+    def backend(self) -> str: ...
+
+    def shutdown(self) -> None: ...
+
+
+C = TypeVar("C", bound=CurrentContext)
+
+_current: contextvars.ContextVar[CurrentContext | None] = contextvars.ContextVar("fray_job_context", default=None)
+_default: CurrentContext | None = None
 _default_lock = threading.Lock()
 
 
-_make_default: Callable[[], JobContext] | None = None
-_context_here: Callable[[str], JobContext | None] | None = None
+_make_default: Callable[[], CurrentContext] | None = None
+_context_here: Callable[[str], CurrentContext | None] | None = None
 
 
-def install(make_default: Callable[[], JobContext], context_here: Callable[[str], JobContext | None]) -> None:
+def install(make_default: Callable[[], CurrentContext], context_here: Callable[[str], CurrentContext | None]) -> None:
     """Called by fray.registry at import: how to make the default context (fray.init from FRAY_BACKEND) and
     how to find a backend's context in this process (Backend.context_here)."""
     global _make_default, _context_here
     _make_default, _context_here = make_default, context_here
 
 
-def get_job_context() -> JobContext:
+def get_job_context() -> CurrentContext:
     """The job context of this task, actor, or thread; else the process default (set by fray.init).
 
     With neither, the default is created from FRAY_BACKEND (in_memory when unset), as Ray auto-initializes.
@@ -62,7 +77,7 @@ def get_job_context() -> JobContext:
         return _default if _default is not None else _make_default()
 
 
-def set_current(ctx: JobContext) -> contextvars.Token[JobContext | None]:
+def set_current(ctx: CurrentContext) -> contextvars.Token[CurrentContext | None]:
     """Make ctx current for this thread/task (and the process default if there is none yet)."""
     global _default
     if _default is None:
@@ -77,16 +92,16 @@ def clear_job_context() -> None:
     _default = None
 
 
-class using:
+class using(Generic[C]):
     """`with fray.using(ctx): ...` makes ctx the current context of this thread (or asyncio task) inside the
     block, and restores the previous one after. Backends run user code in tasks and actors this way."""
 
     __slots__ = ("ctx", "token")
 
-    def __init__(self, ctx: JobContext) -> None:
+    def __init__(self, ctx: C) -> None:
         self.ctx = ctx
 
-    def __enter__(self) -> JobContext:
+    def __enter__(self) -> C:
         self.token = _current.set(self.ctx)
         return self.ctx
 
@@ -96,7 +111,7 @@ class using:
         _current.reset(self.token)
 
 
-def context_for(backend: str) -> JobContext:
+def context_for(backend: str) -> CurrentContext:
     """Where a pickled JobContext of `backend` lands: the context current here if it is of that backend, else
     the one this process has with that backend (a worker's), else get_job_context()."""
     ctx = _current.get() or _default
@@ -106,10 +121,10 @@ def context_for(backend: str) -> JobContext:
     return here if here is not None else get_job_context()
 
 
-_lent: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_lent_context", default=None)
+_lent: contextvars.ContextVar[CurrentContext | None] = contextvars.ContextVar("fray_lent_context", default=None)
 
 
-def push(ctx: JobContext, lent: bool = False) -> tuple[contextvars.Token[Any], ...]:
+def push(ctx: CurrentContext, lent: bool = False) -> tuple[contextvars.Token[Any], ...]:
     """Make ctx current here until pop(token): `using` for code whose try/finally cannot be a with-block.
     lent=True: user code runs here under a context it does not own (in_memory's tasks and actors run under
     their driver's): its shutdown() from here is a no-op."""
@@ -123,32 +138,32 @@ def pop(token: tuple[contextvars.Token[Any], ...]) -> None:
         one.var.reset(one)
 
 
-def lent(ctx: JobContext) -> bool:
+def lent(ctx: CurrentContext) -> bool:
     """ctx is lent to the code running here (see push)."""
     return _lent.get() is ctx
 
 
-def current() -> JobContext | None:
+def current() -> CurrentContext | None:
     """The context set for this thread or task (None outside any), without falling back to the default."""
     return _current.get()
 
 
-def default() -> JobContext | None:
+def default() -> CurrentContext | None:
     return _default
 
 
-def set_default(ctx: JobContext | None) -> None:
+def set_default(ctx: CurrentContext | None) -> None:
     """Make ctx the process default (None: no default)."""
     global _default
     _default = ctx
 
 
-def make_current(ctx: JobContext | None) -> None:
+def make_current(ctx: CurrentContext | None) -> None:
     """Set the current context of this thread outright (fray.init; a worker process's own context)."""
     _current.set(ctx)
 
 
-def forget(ctx: JobContext) -> None:
+def forget(ctx: CurrentContext) -> None:
     """ctx is shut down: it is no longer the default, nor current here."""
     global _default
     if _default is ctx:

@@ -13,10 +13,11 @@ import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 
+from fray import current
 from fray.capabilities import Capability
-from fray.current import ActorInfo, get_job_context
+from fray.current import ActorInfo
 from fray.errors import ActorAlreadyExistsError, ActorNotFoundError, InfeasibleResourcesError
 from fray.net import free_port
 from fray.refs import ActorHandle, ObjectRef
@@ -24,12 +25,10 @@ from fray.rendezvous import AGENT_STORE_ENV
 from fray.resources import actor_resources, capacity, format_resources
 from fray.types import ActorOptions, Lifetime
 
-if TYPE_CHECKING:
-    from fray.context import JobContext
-
 __all__ = [
     "PLACEMENTS",
     "ActorGroup",
+    "GroupContext",
     "GroupMethod",
     "Member",
     "check_group_feasible",
@@ -40,6 +39,32 @@ __all__ = [
 ]
 
 PLACEMENTS = ("pack", "spread")
+
+
+class GroupContext(Protocol):
+    """What groups need of their job context (a fray.context.JobContext, which this module does not import: the
+    context is built on groups)."""
+
+    def require(self, capability: Capability, used: str = "") -> None: ...
+
+    def node_resources(self) -> list[dict[str, float]]: ...
+
+    def _call_group_checked(
+        self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[ObjectRef]: ...
+
+    def _create_actor(
+        self,
+        klass: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: ActorOptions,
+        member: Member | None = None,
+    ) -> ActorHandle: ...
+
+    def _get_actor(self, name: str) -> ActorHandle: ...
+
+    def _kill(self, handle: ActorHandle) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +110,7 @@ class ActorGroup:
         name: str | None = None,
         payload: Any = None,
         ranks: Sequence[int] | None = None,
-        ctx: JobContext | None = None,
+        ctx: GroupContext | None = None,
     ) -> None:
         if not handles:
             raise ValueError("an actor group needs at least one member")
@@ -103,8 +128,8 @@ class ActorGroup:
     def class_name(self) -> str:
         return self.handles[0].class_name
 
-    def _context(self) -> JobContext:
-        return self._ctx if self._ctx is not None else get_job_context()
+    def _context(self) -> GroupContext:
+        return self._ctx if self._ctx is not None else cast(GroupContext, current.get_job_context())
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[ObjectRef]:
         """Call `method` on every member (also a method whose name a group attribute takes, like `handles`)."""
@@ -232,7 +257,7 @@ def spmd_env(
 
 
 def admit_group(
-    ctx: JobContext,
+    ctx: GroupContext,
     klass: type,
     count: int,
     options: ActorOptions,
@@ -262,7 +287,7 @@ def admit_group(
     return None
 
 
-def existing_group(ctx: JobContext, name: str, count: int, get_if_exists: bool) -> ActorGroup | None:
+def existing_group(ctx: GroupContext, name: str, count: int, get_if_exists: bool) -> ActorGroup | None:
     """The live group called `name` of `count` members (None if there is none); ActorAlreadyExistsError unless
     get_if_exists."""
     try:
@@ -303,7 +328,7 @@ def local_members(count: int, name: str | None, distributed: bool) -> list[Membe
 
 
 def create_one_by_one(
-    ctx: JobContext,
+    ctx: GroupContext,
     klass: type,
     count: int,
     args: tuple[Any, ...],

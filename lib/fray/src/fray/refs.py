@@ -3,7 +3,7 @@
 An `ObjectRef` names a value that is or will be available (a task result, an actor call result, a put value).
 An `ActorHandle` names a live actor; `handle.method(*args, **kwargs)` submits a call and returns an ObjectRef.
 Each carries a backend-specific `payload`; both pickle, so they can be passed into tasks and actors, where they
-bind to the job context current there.
+bind to the job context current there. An `ObjectRefStream` (fray.streams) is the refs of a generator's items.
 """
 
 from __future__ import annotations
@@ -13,16 +13,26 @@ import functools
 import inspect
 from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 
 from fray import current
-from fray.current import get_job_context
 
-if TYPE_CHECKING:
-    from fray.context import JobContext
-    from fray.streams import ObjectRefStream
+__all__ = ["ActorHandle", "ActorMethod", "ObjectRef", "ObjectRefStream", "RefContext", "StreamSource"]
 
-__all__ = ["ActorHandle", "ActorMethod", "ObjectRef"]
+
+class RefContext(Protocol):
+    """What refs and handles need of their job context (a fray.context.JobContext, which this module does not
+    import: the context is built on refs)."""
+
+    def _future_of(self, ref: ObjectRef) -> Future[Any]: ...
+
+    def _call_actor_checked(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRef: ...
+
+    def _call_actor_stream_checked(
+        self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRefStream: ...
 
 
 class ObjectRef:
@@ -39,7 +49,7 @@ class ObjectRef:
 
     def future(self) -> Future[Any]:
         """A concurrent.futures.Future that completes with this ref's value (or its exception)."""
-        return current.context_for(self.backend)._future_of(self)
+        return cast(RefContext, current.context_for(self.backend))._future_of(self)
 
     def __await__(self) -> Generator[Any, None, Any]:
         """`await ref` in asyncio code: the value, without blocking the event loop's thread."""
@@ -98,7 +108,7 @@ class ActorHandle:
         class_name: str,
         methods: frozenset[str],
         name: str | None = None,
-        ctx: JobContext | None = None,
+        ctx: RefContext | None = None,
     ) -> None:
         self.payload = payload
         self.backend = backend
@@ -107,10 +117,10 @@ class ActorHandle:
         self.name = name
         self._ctx = ctx
 
-    def _context(self) -> JobContext:
+    def _context(self) -> RefContext:
         if self._ctx is not None:
             return self._ctx
-        return get_job_context()
+        return cast(RefContext, current.get_job_context())
 
     def __getattr__(self, attr: str) -> ActorMethod:
         if attr.startswith("__") or attr not in self.methods:
@@ -132,6 +142,74 @@ class ActorHandle:
 
     def __hash__(self) -> int:
         return hash((self.backend, self.payload))
+
+
+class StreamSource(Protocol):
+    def next_ref(self, timeout: float | None) -> ObjectRef | None:
+        """The next item's ref (None at the end of the stream); GetTimeoutError after timeout."""
+
+    def close(self) -> None:
+        """The consumer stops reading: stop the producer (or let it drain) and free what it holds."""
+
+
+class ObjectRefStream:
+    """An iterator of ObjectRefs, one per item a generator yields, in order, as they are produced.
+
+    `for ref in stream: ctx.get(ref)`; `stream.next_ref(timeout=...)` for a bounded wait; breaking out early and
+    dropping the stream (or `stream.close()`, or `with stream:`) stops the producer.
+    """
+
+    __slots__ = ("__weakref__", "_closed", "_done", "_source", "backend")
+
+    def __init__(self, source: StreamSource, backend: str) -> None:
+        self._source = source
+        self.backend = backend
+        self._done = False
+        self._closed = False
+
+    def __iter__(self) -> ObjectRefStream:
+        return self
+
+    def __next__(self) -> ObjectRef:
+        ref = self.next_ref()
+        if ref is None:
+            raise StopIteration
+        return ref
+
+    def next_ref(self, timeout: float | None = None) -> ObjectRef | None:
+        """The next item's ref, waiting up to `timeout` seconds for the producer; None once the stream ended."""
+        if self._done:
+            return None
+        ref = self._source.next_ref(timeout)
+        if ref is None:
+            self._done = True
+        return ref
+
+    def close(self) -> None:
+        """Stop the producer if it still runs. Idempotent; refs already handed out stay readable."""
+        if not self._closed:
+            self._closed = True
+            self._done = True
+            self._source.close()
+
+    def __enter__(self) -> ObjectRefStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown, a backend already gone: nothing to stop then
+            pass
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError("an ObjectRefStream cannot be passed to a task or actor; pass the refs it yields instead")
+
+    def __repr__(self) -> str:
+        state = "ended" if self._done else "open"
+        return f"ObjectRefStream({self.backend}, {state})"
 
 
 @functools.lru_cache(maxsize=1024)
