@@ -1,4 +1,4 @@
-"""An in_memory SPMD group's shared fate: its members (child processes, `ProcessMember`) fail and restart as one.
+"""An in_memory SPMD group's shared fate: its members (child processes: _process_member.py) fail and restart as one.
 
 Each member's process is watched by a thread waiting for its exit. The first exit fray did not cause ends the
 group's current generation: every member's process is SIGKILLed at once (a survivor blocked in a collective
@@ -19,17 +19,22 @@ import select
 import subprocess
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fray.errors import ActorUnavailableError, FrayError
 from fray.events import RECORDER, Kind
 from fray.gang import died_error, hung_reason, restarting_error
 from fray.net import free_port
 
-if TYPE_CHECKING:
-    from fray.in_memory._process_member import ProcessMember
+__all__ = ["Gang", "GangMember"]
 
-__all__ = ["Gang"]
+
+class GangMember(Protocol):
+    """What a gang needs of a member's process (in_memory/_process_member.py's ProcessMember keeps it)."""
+
+    def stop_process(self) -> None: ...
+    def exiting(self) -> bool: ...
+    def respawn(self, env: dict[str, str], restarts: int, generation: int) -> None: ...
 
 
 class Gang:
@@ -41,7 +46,7 @@ class Gang:
         self.hang_timeout = hang_timeout  # seconds without a heartbeat from a member's process: it is dead
         self.size = size
         self.max_restarts = max_restarts
-        self.members: dict[int, ProcessMember] = {}
+        self.members: dict[int, GangMember] = {}
         self.started = False  # every member's first __init__ returned: a death from now on may restart
         self.restarts = 0
         self.generation = 0
@@ -63,7 +68,7 @@ class Gang:
             return [device for r in sorted(self.devices) for device in self.devices[r]]
 
     # ------------------------------------------------------------ members
-    def joined(self, rank: int, member: ProcessMember) -> None:
+    def joined(self, rank: int, member: GangMember) -> None:
         """A member's process runs its first __init__ successfully."""
         with self.cond:
             self.members[rank] = member
@@ -164,7 +169,7 @@ class Gang:
         port = str(free_port())
         failed: list[BaseException] = []
 
-        def respawn(member: ProcessMember) -> None:
+        def respawn(member: GangMember) -> None:
             try:
                 member.respawn({"MASTER_PORT": port}, self.restarts, generation)
             except BaseException as exc:
