@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -42,21 +41,6 @@ NAME = "process_pool"
 MAX_PROCESSES = 64
 
 
-def _die_with_parent() -> None:
-    """A worker ends with the process that started it (Linux: the forkserver, which ends with the driver)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the pool's own shutdown is all there is
-        pass
-
-
-def _start(setup: remote.WorkerSetup) -> None:
-    _die_with_parent()
-    remote.start_worker(setup)
-
-
 class ProcessPoolJobContext(KitJobContext):
     backend = NAME
     capabilities = frozenset({Capability.DETACHED_ACTORS, Capability.ASYNC_ACTORS})
@@ -71,7 +55,7 @@ class ProcessPoolJobContext(KitJobContext):
         return ProcessPoolExecutor(
             MAX_PROCESSES,
             mp_context=multiprocessing.get_context("forkserver"),  # (forking a threaded driver is unsafe)
-            initializer=_start,
+            initializer=remote.start_worker,
             initargs=(self._service.setup,),
         )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
@@ -21,7 +21,7 @@ import ray
 
 from fray.capabilities import Capability
 from fray.context import JobContext
-from fray.errors import ActorUnavailableError, InfeasibleResourcesError, SerializationError, TaskCancelledError
+from fray.errors import ActorUnavailableError, SerializationError, TaskCancelledError
 from fray.events import RECORDER, Kind, ProcessEvents
 from fray.groups import ActorGroup, Member
 from fray.refs import ActorHandle, ObjectRef
@@ -46,7 +46,6 @@ BACKEND = "ray"
 _registry = Registry()
 _stream_registry = Registry()  # generator-task registrations (num_returns="streaming"), apart from plain ones
 _checked_functions: dict[int, Any] = {}
-_NODES_TTL = 5.0
 _STORE_PATH = "ray-object-store"
 _SWEEP_MIN = 64  # refs left after a wait from which _wait also collects the other completed ones
 
@@ -87,9 +86,6 @@ class RayJobContext(JobContext):
         if self._owns_connection:
             _connect.acquire(address, namespace, init_kwargs, log_to_driver)
         self.namespace: str = ray.get_runtime_context().namespace
-        self._nodes: list[dict[str, float]] = []
-        self._nodes_at = -_NODES_TTL
-        self._last_feasible: dict[str, float] | None = None
         self._gets = PathStats()  # this process's reads of stored values (ctx.get)
         self._gets_lock = threading.Lock()
         self._cancels = CancelTracker(lambda: self.is_shut_down)
@@ -107,24 +103,10 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ resources
     def node_resources(self) -> list[dict[str, float]]:
+        # Asked afresh each time: the core keeps its answers that a request fits for a few seconds
+        # (fray._validation.FEASIBLE_SECONDS), so this runs at a new request's first submission, not at each one.
         self._refuse_if_shut_down()
-        now = time.monotonic()
-        if now - self._nodes_at > _NODES_TTL:
-            self._nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
-            self._nodes_at = now
-        return self._nodes
-
-    def check_feasible(self, request: Mapping[str, float], what: str) -> None:
-        # Hot path: most submissions repeat the previous request ({"CPU": 1.0}); skip the scan while the
-        # node view it was checked against is current.
-        if request == self._last_feasible and time.monotonic() - self._nodes_at <= _NODES_TTL:
-            return
-        try:
-            super().check_feasible(request, what)
-        except InfeasibleResourcesError:
-            self._nodes_at = -_NODES_TTL  # the cached view may predate a node that joined since: look again
-            super().check_feasible(request, what)
-        self._last_feasible = dict(request)
+        return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
 
     # ------------------------------------------------------------------ tasks
     def _create_task(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -220,8 +221,21 @@ _context: list[WorkerContext | None] = [None]
 
 
 def start_worker(setup: WorkerSetup) -> None:
-    """A worker process's initializer (`ProcessPoolExecutor(initializer=start_worker, initargs=(setup,))`)."""
+    """A worker process's initializer (`ProcessPoolExecutor(initializer=start_worker, initargs=(setup,))`): its
+    context, and a lifeline to its driver, whose end (the driver exited, was killed, or shut down) ends this process:
+    what fray starts dies with its owner, whoever started the process (a pool's forkserver outlives its driver
+    while any of its children lives)."""
     _context[0] = worker_context(setup)
+    lifeline = Client(setup.address, "AF_UNIX", authkey=setup.authkey)
+    threading.Thread(target=_end_with_driver, args=(lifeline,), name="fray-kit-lifeline", daemon=True).start()
+
+
+def _end_with_driver(lifeline: Connection) -> None:
+    try:
+        lifeline.recv_bytes()  # (the driver never writes on it: this returns at its end)
+    except (EOFError, OSError):
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_call(task_id: int, gpus: tuple[int, ...], host: HostGpus, data: bytes, buffers: list[bytes]) -> Reply:

@@ -1,0 +1,123 @@
+"""fray.kit: what its remote service lets in (a private socket, the key proved before anything is read, only the
+hooks a worker may call), a registered backend found by the processes fray starts, and the processes of the
+example ProcessPoolExecutor backend ending with their driver however it ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client
+from pathlib import Path
+
+import pytest
+
+from fray import procfs
+from fray.errors import FrayError
+from fray.in_memory import InMemoryJobContext
+from fray.kit import remote
+from fray.registry import REGISTERED_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def service() -> remote.RemoteService:
+    ctx = InMemoryJobContext({"CPU": 2.0})
+    service = remote.RemoteService(ctx)
+    yield service
+    service.close()
+    ctx.shutdown()
+
+
+def test_the_socket_is_in_a_private_directory_removed_at_close(service: remote.RemoteService) -> None:
+    where = Path(service.setup.address).parent
+    info = os.lstat(where)
+    assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
+    service.close()
+    assert not where.exists()
+
+
+def test_a_peer_without_the_key_gets_nothing_and_the_service_goes_on(service: remote.RemoteService) -> None:
+    with pytest.raises(AuthenticationError):
+        Client(service.setup.address, "AF_UNIX", authkey=b"not the key" * 3)
+    worker = remote.worker_context(service.setup)  # a worker with the key is still served
+    ref = worker._put([1, 2, 3])
+    assert worker._get([ref], 10) == [[1, 2, 3]]
+    assert worker.backend == "in_memory" and worker.capabilities == service.setup.capabilities
+
+
+def test_only_the_hooks_a_worker_may_call_are_answered(service: remote.RemoteService) -> None:
+    client = remote._Client(service.setup)
+    with pytest.raises(FrayError, match="'_shutdown', which is no hook a worker may call"):
+        client.call("_shutdown")
+    assert client.call("node_resources") == [{"CPU": 2.0}]
+
+
+def test_a_registered_backend_is_found_by_a_process_fray_starts() -> None:
+    """A job's bare fray.init() in another process finds the backend registered here (REGISTERED_ENV)."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(REPO / "examples")!r})
+import subprocess, fray
+from process_pool_backend import ProcessPoolBackend
+fray.register_backend("pool_here", ProcessPoolBackend)
+child = "from fray.registry import get_backend; print(type(get_backend('pool_here')).__name__)"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout.strip())
+"""
+    env = {k: v for k, v in os.environ.items() if k != REGISTERED_ENV}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ProcessPoolBackend"
+
+
+DRIVER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[2])
+    import fray
+    from process_pool_backend import ProcessPoolBackend
+
+    def where() -> int:
+        return os.getpid()
+
+    if __name__ == "__main__":
+        fray.register_backend("process_pool", ProcessPoolBackend)
+        ctx = fray.init("process_pool?cpus=2")
+        print("WORKER", ctx.get(ctx.create_task(where), timeout=120), flush=True)
+        if sys.argv[1] == "exit":
+            sys.exit(0)
+        time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["exit", "SIGTERM", "SIGKILL"])
+def test_the_pools_processes_end_with_their_driver(how: str, tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), how, str(REPO / "examples")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("WORKER "), line
+        worker = int(line.split()[1])
+        assert worker != proc.pid
+        if how != "exit":
+            proc.send_signal(getattr(signal, how))
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while not procfs.gone(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert procfs.gone(worker), f"the pool's process {worker} outlived its driver ({how})"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
