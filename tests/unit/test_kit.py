@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 from pathlib import Path
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def service() -> remote.RemoteService:
+def service() -> Iterator[remote.RemoteService]:
     ctx = InMemoryJobContext({"CPU": 2.0})
     service = remote.RemoteService(ctx)
     yield service
