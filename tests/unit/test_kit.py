@@ -102,8 +102,9 @@ DRIVER = textwrap.dedent(
 def test_the_pools_processes_end_with_their_driver(how: str, tmp_path: Path) -> None:
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # (its socket directory is made there)
     proc = subprocess.Popen(
-        [sys.executable, str(script), how, str(REPO / "examples")], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), how, str(REPO / "examples")], stdout=subprocess.PIPE, text=True, env=env
     )
     try:
         assert proc.stdout is not None
@@ -118,6 +119,9 @@ def test_the_pools_processes_end_with_their_driver(how: str, tmp_path: Path) -> 
         while not procfs.gone(worker) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert procfs.gone(worker), f"the pool's process {worker} outlived its driver ({how})"
+        while list(tmp_path.glob("fray-kit-*")) and time.monotonic() < deadline:  # (the watchdog removes it)
+            time.sleep(0.1)
+        assert list(tmp_path.glob("fray-kit-*")) == [], "the driver's socket directory outlived it"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,9 +3,9 @@ backend settles and every waiting path reads (get, wait, fray.as_completed, prog
 
 An Outcome is pending, then settled exactly once: a value, a failure, or cancelled (the first writer wins).
 Callbacks run in the thread that settles it (or at once if it has settled), and come with an O(1) remover.
-`wait_for` (k of n), `when` (its callback form), `first_failure` and `completed` (linear as_completed) are free
-functions over outcomes, as concurrent.futures' wait and as_completed are over futures, without any private
-names of CPython's.
+`wait_for` (k of n), `when` (its callback form), `first_failure`, `wait_for_get` (the rule of every backend's get)
+and `completed` (linear as_completed) are free functions over outcomes, as concurrent.futures' wait and
+as_completed are over futures, without any private names of CPython's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["Outcome", "State", "completed", "first_failure", "wait_for", "when"]
+from fray.errors import GetTimeoutError
+
+__all__ = ["Outcome", "State", "completed", "first_failure", "wait_for", "wait_for_get", "when"]
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +221,19 @@ def wait_for(outcomes: Sequence[Outcome], count: int, timeout: float | None, sto
         finally:
             cancel()
     return {i for i, o in enumerate(outcomes) if o.state is not State.PENDING}
+
+
+def wait_for_get(outcomes: Sequence[Outcome], timeout: float | None) -> int | None:
+    """The rule of every backend's get: wait until all outcomes have settled or one has failed (a failed pipeline
+    does not wait on the rest, as Ray's get); return the index of the first failure in list order (even where an
+    earlier one is not done yet), else None; raise GetTimeoutError once `timeout` seconds pass first."""
+    if not all(o.done() for o in outcomes):
+        wait_for(outcomes, len(outcomes), timeout, stop_on_failure=True)
+    failed = first_failure(outcomes)
+    if failed is None and not all(o.done() for o in outcomes):
+        missing = sum(not o.done() for o in outcomes)
+        raise GetTimeoutError(f"get timed out after {timeout} s: {missing} of {len(outcomes)} refs not ready")
+    return failed
 
 
 def completed(outcomes: Sequence[Outcome], timeout: float | None = None) -> Iterator[list[int]]:

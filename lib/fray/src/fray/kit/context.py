@@ -29,7 +29,7 @@ from fray import current, output
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.cuda_values import KEPT
-from fray.errors import GetTimeoutError, TaskCancelledError, attach_remote_traceback
+from fray.errors import TaskCancelledError, attach_remote_traceback
 from fray.events import RECORDER, Kind, ended
 from fray.gpus import DevicePool, HostGpus
 from fray.groups import Member
@@ -38,7 +38,7 @@ from fray.kit.calls import Interrupt, Task, async_raise, mark_dispatched, this_t
 from fray.kit.engine import EngineHooks
 from fray.kit.ledger import Ledger, Signature, Work, lendable, signature
 from fray.kit.objects import IMMUTABLE, Entry, Failure, Serialized, immutable_call
-from fray.outcome import Outcome, first_failure, wait_for, when
+from fray.outcome import Outcome, first_failure, wait_for, wait_for_get, when
 from fray.refs import ActorHandle, ObjectRef, top_level_refs, with_values
 from fray.remote_errors import RemoteError, capture_exception, format_exception
 from fray.resources import task_resources
@@ -371,22 +371,17 @@ class KitJobContext(EngineHooks, JobContext):
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         outcomes = [ref.payload.outcome for ref in refs]
-        if not all(o.done() for o in outcomes):
+        if all(o.done() for o in outcomes):
+            failed = first_failure(outcomes)
+        else:
             held = self._blocking()
             try:
                 if len(outcomes) == 1:
                     self._wait_one(refs[0], timeout)
-                else:  # all done, or the first failure (as Ray's get: a failed pipeline does not wait on the rest)
-                    wait_for(outcomes, len(outcomes), timeout, stop_on_failure=True)
-                if not all(o.done() for o in outcomes) and first_failure(outcomes) is None:
-                    missing = sum(not o.done() for o in outcomes)
-                    raise GetTimeoutError(
-                        f"get timed out after {timeout} s: {missing} of {len(outcomes)} refs not ready"
-                    )
+                failed = wait_for_get(outcomes, timeout)
             finally:
                 if held:
                     self._ledger.reacquire(held)
-        failed = first_failure(outcomes)  # the first failure in ref order, even where an earlier ref is not done
         if failed is not None:
             Failure(outcomes[failed].error).raise_it()
         values = [o.value for o in outcomes]

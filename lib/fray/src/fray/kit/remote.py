@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 from typing import TYPE_CHECKING, Any
 
-from fray import current
+from fray import current, watchdog
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError
@@ -88,6 +88,7 @@ class RemoteService:
     def __init__(self, ctx: KitJobContext) -> None:
         self._ctx = ctx
         self._dir = tempfile.mkdtemp(prefix="fray-kit-")  # 0700: no other user reaches the socket
+        watchdog.watch_path(self._dir)  # removed however this process ends
         authkey = secrets.token_bytes(32)
         self._listener = Listener(os.path.join(self._dir, "driver"), "AF_UNIX", authkey=authkey)
         self.setup = WorkerSetup(self._listener.address, authkey, ctx.backend, ctx.capabilities)
@@ -145,6 +146,7 @@ class RemoteService:
         self._closed = True
         self._listener.close()
         shutil.rmtree(self._dir, ignore_errors=True)
+        watchdog.forget_path(self._dir)
 
 
 # ---------------------------------------------------------------------------------------------- the worker's side
