@@ -12,7 +12,7 @@ import pytest
 
 import fray
 from fray import ActorOptions, ActorUnavailableError, TaskOptions
-from fray_monarch import meshgroups
+from fray_monarch.driver import meshgroups
 
 
 class Caster:

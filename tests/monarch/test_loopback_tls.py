@@ -85,7 +85,7 @@ def test_bind_to_loopback_makes_the_drivers_own_transport_tls() -> None:
 # root's home). An attached host mesh spawns processes and runs actors there: as the worker's user.
 INTRUDER = """
 import os, sys
-from fray_monarch import tls
+from fray_monarch.net import tls
 address = sys.argv[1]
 identity = tls.issue(tls.own_names("127.0.0.1"))
 for var, text in ((tls.ENV_CA, identity.ca), (tls.ENV_CERT, identity.cert), (tls.ENV_KEY, identity.key)):

@@ -13,7 +13,7 @@ import pytest
 from cryptography import x509
 
 from fray.errors import FrayError
-from fray_monarch import tls
+from fray_monarch.net import tls
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_each_process_gets_its_own_identity_paths_unless_the_user_set_them() -> 
 INSTALL_AFTER_A_PLANT = """
 import os, subprocess, sys
 from fray.errors import FrayError
-from fray_monarch import tls
+from fray_monarch.net import tls
 tls.runtime_paths()  # this process's paths: a random name in the shared temp directory
 base = os.environ[tls.OWNED_ENV].partition(":")[2]
 identity = tls.issue(["127.0.0.1"])

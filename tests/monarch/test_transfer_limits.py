@@ -20,9 +20,9 @@ from _sockets import closed_within
 
 from fray.errors import ObjectLostError
 from fray.serialization import dumps
-from fray_monarch import transfer, transfer_server
-from fray_monarch.protocol import Stored
-from fray_monarch.store import ObjectStore
+from fray_monarch.core.protocol import Stored
+from fray_monarch.data import transfer, transfer_server
+from fray_monarch.data.store import ObjectStore
 
 MiB = 1024 * 1024
 
