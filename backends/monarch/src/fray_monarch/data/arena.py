@@ -248,7 +248,7 @@ class Arena:
         self.allocs: dict[int, tuple[_Chunk, int, int]] = {}
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
-        self.released: deque[int] = deque()  # allocations whose leases died (see _Lease)
+        self.released: deque[int] = deque()  # allocations whose leases died (see Lease)
 
     def alloc(self, size: int) -> tuple[int, _Chunk, int]:
         """(allocation id, chunk, offset) of `size` page-aligned bytes; ObjectStoreFullError if no room."""
@@ -379,7 +379,7 @@ def _host_usage(directory: str, prefix: str) -> int:
     return total
 
 
-class _Lease:
+class Lease:
     """Frees an arena allocation when the views over it are gone."""
 
     def __init__(self, arena: Arena, aid: int) -> None:

@@ -26,14 +26,14 @@ from fray.serialization import Blob, loads, loads_data
 from fray.transfers import TransferStats
 from fray_monarch.core.protocol import Inline, Span, Stored, Value
 from fray_monarch.data import transfer_tls
-from fray_monarch.data.arena import Arena, _Lease, open_segment
+from fray_monarch.data.arena import Arena, Lease, open_segment
 from fray_monarch.data.mappings import map_table
 from fray_monarch.data.transfer import (
     IO_TIMEOUT,
     STREAM_MIN,
     STREAMS,
+    Connections,
     TransferServer,
-    _Connections,
     choose_transport,
     fetch,
     pickle_digest,
@@ -73,7 +73,7 @@ class ObjectStore:
         self.stats = TransferStats()
         self.server: TransferServer | None = None
         self.server_lock = threading.Lock()
-        self.conns = _Connections(self.tls.client if self.tls is not None else None)
+        self.conns = Connections(self.tls.client if self.tls is not None else None)
         self.pool: ThreadPoolExecutor | None = None
         # With one fray host (no hosts= spec) every read is shm: nothing to register for RDMA.
         self.rdma = choose_transport(transport) if several_hosts else None
@@ -204,7 +204,7 @@ class ObjectStore:
         except ObjectStoreFullError:
             return memoryview(mmap.mmap(-1, max(length, 1)))
         raw = (ctypes.c_ubyte * max(length, 1)).from_buffer(chunk.map, offset)
-        raw.lease = _Lease(self.arena, aid)  # type: ignore[attr-defined]
+        raw.lease = Lease(self.arena, aid)  # type: ignore[attr-defined]
         map_table.arenas.add(self.arena)
         return memoryview(raw).cast("B")
 

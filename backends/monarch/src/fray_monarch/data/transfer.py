@@ -54,7 +54,7 @@ POOL_IDLE = 30.0  # a reader reuses a pooled connection only if it was idle less
 REFUSED_WAIT = 30.0  # how long a reader keeps trying an owner that closes its connections unanswered (full)
 
 
-class _Connections:
+class Connections:
     """Idle connections to transfer servers, reused (a new TCP connection per transfer costs ~0.1 ms) while the
     owner keeps them (it closes those idle 60 s, or sooner when a new reader needs the place)."""
 
@@ -92,7 +92,7 @@ class _Connections:
             self.idle.clear()
 
 
-def _challenged(conns: _Connections, value: Any, request: bytes) -> tuple[socket.socket, bytes, bytes]:
+def _challenged(conns: Connections, value: Any, request: bytes) -> tuple[socket.socket, bytes, bytes]:
     """A connection to the owner of `value` that has taken `request` and answered with its challenge (nonce,
     proof). A connection closed before it answers was refused (the owner serves MAX_CONNECTIONS at once) or, if
     pooled, closed while idle: a pooled one is replaced at once, a fresh one tried again after a pause, doubling,
@@ -141,7 +141,7 @@ def _challenged(conns: _Connections, value: Any, request: bytes) -> tuple[socket
             ) from exc
 
 
-def fetch(conns: _Connections, value: Any, part: int, length: int, target: memoryview) -> None:
+def fetch(conns: Connections, value: Any, part: int, length: int, target: memoryview) -> None:
     """Bytes [part, part+length) of the allocation of `value` (a Stored) into target[part:part+length], from its
     owner, once each side has proved it knows the capability."""
     lost = f"object {value.oid} is lost"

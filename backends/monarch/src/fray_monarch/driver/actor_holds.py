@@ -15,7 +15,8 @@ from fray.errors import InfeasibleResourcesError
 from fray.gpus import process_env
 from fray.resources import fits
 from fray_monarch.driver.actor_rec import ActorRec
-from fray_monarch.driver.processes import Proc, ProcessPool, local_part
+from fray_monarch.driver.proc_rec import Proc, local_part
+from fray_monarch.driver.processes import ProcessPool
 
 __all__ = ["ActorHolds"]
 

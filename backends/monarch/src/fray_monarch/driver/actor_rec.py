@@ -10,7 +10,7 @@ from fray.current import ActorInfo
 from fray.states import ActorState
 from fray.types import ActorOptions
 from fray_monarch.core.protocol import ActorDesc, WireValue
-from fray_monarch.driver.processes import Proc
+from fray_monarch.driver.proc_rec import Proc
 
 __all__ = ["ActorRec"]
 
@@ -39,7 +39,7 @@ class ActorRec:
     claim: Proc | None = None  # the process whose share of the host its resources are taken from
     reserved: list[tuple[Proc, dict[str, float]]] = field(default_factory=list)  # or its host's (more than a share)
     gpus: tuple[int, ...] = ()  # the devices it holds on its process's host (fray.gpus)
-    group: Any = None  # the GroupRec of a group member (meshgroups.py)
+    group: Any = None  # the GroupRec of a group member (group_rec.py)
     slot: tuple[int, int] | None = None  # (block, flat index) in its group's mesh; None once on a process of its own
     inflight: set[str] = field(default_factory=set)  # its calls sent by group broadcast, not answered yet
 

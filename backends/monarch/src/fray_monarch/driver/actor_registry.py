@@ -33,7 +33,8 @@ from fray_monarch.driver.actor_holds import ActorHolds
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.driver.ids import Ids
-from fray_monarch.driver.processes import Proc, ProcessPool, ignore, local_part
+from fray_monarch.driver.proc_rec import Proc, local_part
+from fray_monarch.driver.processes import ProcessPool, ignore
 from fray_monarch.driver.streaming import StreamRec, StreamRegistry
 
 FrayActorHost = actor_host()  # fray_monarch.workers.hosts.FrayActorHost, by name (core/actor_classes.py)

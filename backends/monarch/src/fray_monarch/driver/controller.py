@@ -38,7 +38,8 @@ from fray_monarch.driver.directory import ObjectDirectory
 from fray_monarch.driver.gangs import GangKeeper
 from fray_monarch.driver.ids import Ids
 from fray_monarch.driver.meshgroups import GroupRegistry
-from fray_monarch.driver.processes import Proc, ProcessPool
+from fray_monarch.driver.proc_rec import Proc
+from fray_monarch.driver.processes import ProcessPool
 from fray_monarch.driver.scheduler import TaskScheduler
 from fray_monarch.driver.service import WorkerService
 from fray_monarch.driver.streaming import StreamRegistry

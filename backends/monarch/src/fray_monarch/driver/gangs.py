@@ -31,7 +31,8 @@ from fray_monarch.core.protocol import ReplyStatus
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.actor_registry import ActorRegistry
 from fray_monarch.driver.directory import Entry, ObjectDirectory
-from fray_monarch.driver.meshgroups import GroupRec, GroupRegistry
+from fray_monarch.driver.group_rec import GroupRec
+from fray_monarch.driver.meshgroups import GroupRegistry
 from fray_monarch.driver.processes import ProcessPool, ignore
 
 __all__ = ["GangKeeper"]

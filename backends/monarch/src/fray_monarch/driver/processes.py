@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 import secrets
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from fray.errors import FrayError
 from fray.events import RECORDER, Kind
-from fray.gpus import DevicePool, HostGpus, held_from_env, host_gpus, process_env
+from fray.gpus import DevicePool, HostGpus, host_gpus, process_env
 from fray.procfs import Identity
 from fray.resources import EPS, add, fits, subtract
 from fray_monarch.core import runtime, tempdirs
@@ -26,62 +24,16 @@ from fray_monarch.core.actor_classes import worker_host
 from fray_monarch.core.import_path import driver_import_path
 from fray_monarch.core.protocol import ProcInfo, StoreConfig, WorkerSetup
 from fray_monarch.driver.ids import Ids
+from fray_monarch.driver.proc_rec import SIZED_ENV, EnvKey, Proc, gpus_of_key, sized_capacity
 from fray_monarch.net import network
 from fray_monarch.net.lifeline import LifelineServer
 
 WorkerHost = worker_host()  # fray_monarch.workers.hosts.WorkerHost, by name (core/actor_classes.py)
 
 MAX_ENV_PROCS = 4  # processes kept for tasks with their own env vars
-SIZED_ENV = "FRAY_TASK_RESOURCES"  # in the env key of a process sized for tasks bigger than a process's share
 PROBE_AGAIN = 0.3  # seconds between the two probes that say a host still answers (host_lost)
 
-EnvKey = tuple[tuple[str, str], ...]
-
-
 STOP_TIMEOUT = 20.0  # seconds a shutdown waits for Monarch to stop its worker processes
-
-
-@dataclass
-class Proc:
-    """One worker process: what runs there, and what its tasks may use."""
-
-    key: str
-    host: int
-    mesh: Any
-    worker: Any
-    capacity: dict[str, float]
-    pid: int = 0  # known once it answered its first ping, for a process on this machine
-    claims: dict[str, float] = field(default_factory=dict)  # what the actors placed on it take of its share
-    outstanding: set[str] = field(default_factory=set)  # tasks sent to it, not reported yet
-    blocked: int = 0  # of those, how many wait in get/wait (their resources are lent)
-    actors: set[str] = field(default_factory=set)
-    fns_sent: set[str] = field(default_factory=set)
-    alive: bool = True
-    env_key: EnvKey = ()  # non-empty: a process that only runs tasks with exactly this env
-    dedicated: str = ""  # non-empty: the process of one actor (an SPMD member, a group member): no tasks, no others
-    taking_back: bool = False  # an unqueue request is in flight
-    gpus: tuple[int, ...] = ()  # the GPUs it sees (its CUDA_VISIBLE_DEVICES); work there holds some of them
-
-    @property
-    def role(self) -> str:
-        """What it is for, in words (how the timeline and the live page name it)."""
-        return f"process of actor {self.dedicated}" if self.dedicated else "task process" if self.env_key else "worker"
-
-    @property
-    def general(self) -> bool:
-        """A worker process for tasks (and actors) with no env of its own."""
-        return not self.env_key and not self.dedicated
-
-    @property
-    def free_capacity(self) -> dict[str, float]:
-        return {k: self.capacity.get(k, 0.0) - self.claims.get(k, 0.0) for k in set(self.capacity) | set(self.claims)}
-
-    @property
-    def slots(self) -> int:
-        return max(1, math.floor(self.free_capacity.get("CPU", 0.0) + EPS))
-
-    def fits_at_all(self, res: dict[str, float]) -> bool:
-        return fits(self.free_capacity, res)
 
 
 class ProcessPool:
@@ -431,22 +383,6 @@ class ProcessPool:
     def remove_tmpdir(self) -> None:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
-
-
-def local_part(resources: dict[str, float]) -> dict[str, float]:
-    """What work takes of its process's share: all it asks for but its GPUs (held per host, by device)."""
-    return {k: v for k, v in resources.items() if k != "GPU"} if "GPU" in resources else resources
-
-
-def sized_capacity(env_key: EnvKey) -> dict[str, float]:
-    """The capacity of a process started with this env key: what sized_env_key put in it, else {}."""
-    value = dict(env_key).get(SIZED_ENV, "")
-    return {k: float(v) for k, _, v in (item.partition("=") for item in value.split(",") if item)}
-
-
-def gpus_of_key(env_key: EnvKey) -> tuple[int, ...]:
-    """The GPUs a process started with this env key holds (gpu_env_key), else ()."""
-    return held_from_env(dict(env_key))
 
 
 def ignore(_value: Any, _exc: BaseException | None) -> None:

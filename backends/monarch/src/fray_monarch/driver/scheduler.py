@@ -22,7 +22,8 @@ from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import TaskItem, TaskResult, TaskStatus, Value, WireValue
 from fray_monarch.driver.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.driver.ids import Ids
-from fray_monarch.driver.processes import EnvKey, Proc, ProcessPool, local_part
+from fray_monarch.driver.proc_rec import EnvKey, Proc, local_part
+from fray_monarch.driver.processes import ProcessPool
 from fray_monarch.driver.streaming import StreamRegistry
 
 PREFETCH = 4  # tasks sent to a process beyond its slots, queued there, to hide the round trip

@@ -23,7 +23,8 @@ from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import BACKEND, Reply, StreamItem, send_reply
 from fray_monarch.driver.directory import ObjectDirectory
 from fray_monarch.driver.ids import Ids
-from fray_monarch.driver.processes import Proc, ProcessPool
+from fray_monarch.driver.proc_rec import Proc
+from fray_monarch.driver.processes import ProcessPool
 
 
 class StreamRec:
