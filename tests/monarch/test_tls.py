@@ -58,7 +58,7 @@ def test_without_an_authority_a_host_that_may_not_make_one_says_how_to_get_it(tl
 
 
 def _paths_in_child(env: dict[str, str]) -> str:
-    code = "import os; from fray_monarch import tls; tls.runtime_paths(); print(os.environ[tls.ENV_CERT])"
+    code = "import os; from fray_monarch.net import tls; tls.runtime_paths(); print(os.environ[tls.ENV_CERT])"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
 
 
@@ -108,7 +108,7 @@ def test_an_identity_directory_another_user_made_first_is_refused(tls_dir: Path)
 
 def test_a_process_identity_stays_private_and_checked_for_its_life(tls_dir: Path) -> None:
     code = (
-        "import os\nfrom fray_monarch import tls\ntls.runtime_paths()\n"
+        "import os\nfrom fray_monarch.net import tls\ntls.runtime_paths()\n"
         "tls.install(tls.issue(['127.0.0.1']))\nbase = os.environ[tls.OWNED_ENV].partition(':')[2]\n"
         "tls.install(tls.issue(['127.0.0.1']))  # again, later: checked, kept\n"
         "os.chmod(os.environ[tls.ENV_KEY], 0o644)\n"
