@@ -95,7 +95,7 @@ class Sink:
 try:  # raw Monarch endpoints (module level: Monarch's processes import this module to find the class)
     from monarch.actor import Actor, endpoint
 
-    from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
+    from fray_monarch.core import runtime  # noqa: F401 - environment and fault hook before Monarch starts
 except ImportError:  # no monarch: the monarch, rdma and hosts phases report the ImportError
     Actor, endpoint = object, None  # type: ignore[assignment,misc]
 

@@ -18,7 +18,7 @@ from monarch.actor import Actor, endpoint, this_host
 
 import fray
 from fray import TaskOptions, WorkerCrashedError
-from fray_monarch import _runtime  # noqa: F401 - environment and fault hook
+from fray_monarch.core import runtime  # noqa: F401 - environment and fault hook
 
 
 class RawEcho(Actor):

@@ -111,7 +111,7 @@ def test_worker_lines_reach_the_driver_prefixed(backend: str) -> None:
     text = _run(SPECS[backend], until=lambda text: all(re.search(p, text, re.M) for p in expected))
     for pattern in expected:
         assert re.search(pattern, text, re.M), text
-    assert "Monarch internal logs are being written" not in text  # Monarch's banner (see fray_monarch._runtime)
+    assert "Monarch internal logs are being written" not in text  # Monarch's banner (see fray_monarch.core.runtime)
 
 
 @pytest.mark.parametrize("backend", list(SPECS))

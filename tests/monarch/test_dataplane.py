@@ -20,7 +20,7 @@ import torch
 
 import fray
 from fray import ObjectLostError, ObjectStoreFullError, TaskOptions
-from fray_monarch.arena import _proc_tag, shm_dir
+from fray_monarch.data.arena import proc_tag, shm_dir
 
 MiB = 1024 * 1024
 
@@ -143,7 +143,7 @@ def test_value_of_a_dead_worker_is_lost_and_its_files_removed() -> None:
                 c.get(ref, timeout=30)
                 time.sleep(0.2)
         deadline = time.monotonic() + 10
-        while any(_tag(f) != _proc_tag(os.getpid()) for f in _fray_files(c) if f.count(".") == 4):
+        while any(_tag(f) != proc_tag(os.getpid()) for f in _fray_files(c) if f.count(".") == 4):
             assert time.monotonic() < deadline, _fray_files(c)
             time.sleep(0.2)
         assert c.get(c.create_task(pow, args=(2, 3)), timeout=60) == 8
@@ -189,7 +189,7 @@ def _owner_alive(name: str) -> bool:
     parts = name.split(".")
     if len(parts) != 5:
         return True  # a lock file: removed with its context or a minute after its last store file
-    return _proc_tag(int(parts[3].split("-")[0])) == _tag(name)
+    return proc_tag(int(parts[3].split("-")[0])) == _tag(name)
 
 
 def _tag(name: str) -> str:

@@ -1,4 +1,4 @@
-"""fray_monarch.environ.publish: variables set in a process where other threads read the environment."""
+"""fray_monarch.core.environ.publish: variables set in a process where other threads read the environment."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def test_published_variables_reach_getenv_os_environ_and_children_while_threads_
     code = textwrap.dedent(
         """
         import ctypes, os, subprocess, sys, threading
-        from fray_monarch.environ import publish
+        from fray_monarch.core.environ import publish
 
         libc = ctypes.CDLL(None)
         libc.getenv.restype = ctypes.c_char_p

@@ -12,7 +12,7 @@ import pytest
 
 import fray
 from fray import ActorOptions, ActorUnavailableError, TaskOptions
-from fray_monarch import meshgroups
+from fray_monarch.driver import group_rec
 
 
 class Caster:
@@ -44,14 +44,14 @@ def ctx() -> Any:
 def broadcasts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many Monarch casts each group call made (the mesh slices it was sent to)."""
     seen: list[int] = []
-    original = meshgroups.Block.targets
+    original = group_rec.Block.targets
 
-    def counting(self: meshgroups.Block, indices: list[int]) -> list[Any]:
+    def counting(self: group_rec.Block, indices: list[int]) -> list[Any]:
         targets = original(self, indices)
         seen.append(len(targets))
         return targets
 
-    monkeypatch.setattr(meshgroups.Block, "targets", counting)
+    monkeypatch.setattr(group_rec.Block, "targets", counting)
     return seen
 
 

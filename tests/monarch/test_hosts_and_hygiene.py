@@ -14,7 +14,7 @@ import pytest
 
 import fray
 from fray import TaskOptions, WorkerCrashedError, procfs
-from fray_monarch.arena import shm_dir
+from fray_monarch.data.arena import shm_dir
 
 
 def pid_and_ppid() -> tuple[int, int]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from _planted_cwd import run_in_planted_cwd
 
-from fray_monarch import import_path
+from fray_monarch.core import import_path
 
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="planting files as another user needs root (setpriv)")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 LAUNCH = textwrap.dedent(
     """
     import json, sys
-    from fray_monarch.launchers import launch
+    from fray_monarch.cluster.launchers import launch
     try:
         launch(json.loads(sys.argv[1]), 20)
     except ValueError as exc:

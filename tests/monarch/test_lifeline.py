@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from fray_monarch import lifeline
+from fray_monarch.net import lifeline
 
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from fray_monarch import lifeline
+    from fray_monarch.net import lifeline
     lifeline.hold(sys.argv[1], bytes.fromhex(sys.argv[2]), name=sys.argv[3])
     print("holding", flush=True)
     time.sleep(600)
@@ -32,7 +32,7 @@ HOLDER = textwrap.dedent(
 DRIVER = textwrap.dedent(
     """
     import time
-    from fray_monarch.lifeline import LifelineServer
+    from fray_monarch.net.lifeline import LifelineServer
     server = LifelineServer("127.0.0.1")
     print(server.address, server.key_for("proc-a").hex(), flush=True)
     time.sleep(600)

@@ -70,7 +70,7 @@ def test_a_driver_refuses_loopback_tcp_workers_without_insecure() -> None:
 def test_bind_to_loopback_makes_the_drivers_own_transport_tls() -> None:
     probe = (
         "import fray\n"
-        "from fray_monarch import network\n"
+        "from fray_monarch.net import network\n"
         "ctx = fray.init('monarch?procs=1&bind=127.0.0.1')\n"
         "print(network._monarch_transport()[1])\n"
         "fray.shutdown()\n"
@@ -85,7 +85,7 @@ def test_bind_to_loopback_makes_the_drivers_own_transport_tls() -> None:
 # root's home). An attached host mesh spawns processes and runs actors there: as the worker's user.
 INTRUDER = """
 import os, sys
-from fray_monarch import tls
+from fray_monarch.net import tls
 address = sys.argv[1]
 identity = tls.issue(tls.own_names("127.0.0.1"))
 for var, text in ((tls.ENV_CA, identity.ca), (tls.ENV_CERT, identity.cert), (tls.ENV_KEY, identity.key)):

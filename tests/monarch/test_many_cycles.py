@@ -64,8 +64,8 @@ STOPPED_DRIVER = CHILDREN + textwrap.dedent(
     counter = ctx.create_actor(h.Counter)
     pid = ctx.get(counter.pid(), timeout=120)
     os.kill(pid, signal.SIGSTOP)  # (its own worker process: Monarch's stop of it cannot finish)
-    import fray_monarch.processes
-    fray_monarch.processes.STOP_TIMEOUT = 3.0  # (not the 20 s a real shutdown waits: the same path, sooner)
+    import fray_monarch.driver.processes
+    fray_monarch.driver.processes.STOP_TIMEOUT = 3.0  # (not the 20 s a real shutdown waits: the same path, sooner)
     start = time.monotonic()
     fray.shutdown()
     took = time.monotonic() - start

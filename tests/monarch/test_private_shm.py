@@ -15,7 +15,7 @@ import pytest
 
 import fray
 from fray.errors import FrayError
-from fray_monarch.arena import _proc_tag, open_segment, pid_namespace, reclaim_dead_segments, shm_dir
+from fray_monarch.data.arena import open_segment, pid_namespace, proc_tag, reclaim_dead_segments, shm_dir
 
 MiB = 1024 * 1024
 NOBODY = 65534
@@ -135,7 +135,7 @@ def test_another_users_files_are_neither_opened_nor_counted(ctx: fray.JobContext
 
 def test_reclaim_takes_only_files_of_this_users_proven_dead_owners() -> None:
     gone = subprocess.Popen(["sleep", "30"])
-    tag = _proc_tag(gone.pid)
+    tag = proc_tag(gone.pid)
     gone.kill()
     gone.wait()
     ours = pid_namespace()
@@ -144,7 +144,7 @@ def test_reclaim_takes_only_files_of_this_users_proven_dead_owners() -> None:
         "dead": f"fray.zzreclaim.local.{tag}-{ours}.aa",
         "other namespace": f"fray.zzreclaim.local.{tag}-1.bb",
         "unknown namespace": f"fray.zzreclaim.local.{tag}-.cc",
-        "alive": f"fray.zzreclaim.local.{_proc_tag(os.getpid())}-{ours}.dd",
+        "alive": f"fray.zzreclaim.local.{proc_tag(os.getpid())}-{ours}.dd",
     }
     if os.getuid() == 0:
         names["another user's"] = f"fray.zzreclaim.local.{tag}-{ours}.ee"

@@ -10,7 +10,7 @@ import pytest
 
 from fray.remote_errors import capture_exception
 from fray.serialization import dumps, loads
-from fray_monarch.protocol import (
+from fray_monarch.core.protocol import (
     ActorReply,
     Inline,
     Reply,
@@ -116,7 +116,7 @@ class _PublicOnly:
 def test_receive_each_hands_over_every_message_in_order_until_none(public_only: bool) -> None:
     from monarch.actor import Channel
 
-    from fray_monarch import _runtime
+    from fray_monarch.core import runtime
 
     port, receiver = Channel.open()
     got: list[object] = []
@@ -127,7 +127,7 @@ def test_receive_each_hands_over_every_message_in_order_until_none(public_only: 
         if len(got) == 3:
             all_in.set()
 
-    reader = _runtime.receive_each(_PublicOnly(receiver) if public_only else receiver, handle, "test-reader")
+    reader = runtime.receive_each(_PublicOnly(receiver) if public_only else receiver, handle, "test-reader")
     for message in (("a", 1), ("b", 2), ("c", 3)):
         port.send(message)
     assert all_in.wait(30)

@@ -11,11 +11,11 @@ import pytest
 
 import fray
 from fray.serialization import dumps
-from fray_monarch.protocol import Inline, Span, Stored, WireValue
+from fray_monarch.core.protocol import Inline, Span, Stored, WireValue
 
 
 def _worker() -> object:
-    from fray_monarch import worker_process
+    from fray_monarch.workers import process as worker_process
 
     assert worker_process._worker is not None
     return worker_process._worker.rt

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fray_monarch.tempdirs import OWNER_FILE, PRIVATE_PREFIX, reclaim_private_dirs
+from fray_monarch.core.tempdirs import OWNER_FILE, PRIVATE_PREFIX, reclaim_private_dirs
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="planting files as another user needs root (setpriv)")
@@ -58,7 +58,11 @@ def _reclaim_among_planted(base: Path) -> None:
     (mine / OWNER_FILE).write_text("999999999-1-1")
     # in a child with a time limit: before the fix, the FIFO blocked open() for good and /dev/zero read without end
     done = subprocess.run(
-        [sys.executable, "-c", f"from fray_monarch.tempdirs import reclaim_private_dirs as r; print(r({str(base)!r}))"],
+        [
+            sys.executable,
+            "-c",
+            f"from fray_monarch.core.tempdirs import reclaim_private_dirs as r; print(r({str(base)!r}))",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

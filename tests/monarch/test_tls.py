@@ -13,7 +13,7 @@ import pytest
 from cryptography import x509
 
 from fray.errors import FrayError
-from fray_monarch import tls
+from fray_monarch.net import tls
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_without_an_authority_a_host_that_may_not_make_one_says_how_to_get_it(tl
 
 
 def _paths_in_child(env: dict[str, str]) -> str:
-    code = "import os; from fray_monarch import tls; tls.runtime_paths(); print(os.environ[tls.ENV_CERT])"
+    code = "import os; from fray_monarch.net import tls; tls.runtime_paths(); print(os.environ[tls.ENV_CERT])"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
 
 
@@ -75,7 +75,7 @@ def test_each_process_gets_its_own_identity_paths_unless_the_user_set_them() -> 
 INSTALL_AFTER_A_PLANT = """
 import os, subprocess, sys
 from fray.errors import FrayError
-from fray_monarch import tls
+from fray_monarch.net import tls
 tls.runtime_paths()  # this process's paths: a random name in the shared temp directory
 base = os.environ[tls.OWNED_ENV].partition(":")[2]
 identity = tls.issue(["127.0.0.1"])
@@ -108,7 +108,7 @@ def test_an_identity_directory_another_user_made_first_is_refused(tls_dir: Path)
 
 def test_a_process_identity_stays_private_and_checked_for_its_life(tls_dir: Path) -> None:
     code = (
-        "import os\nfrom fray_monarch import tls\ntls.runtime_paths()\n"
+        "import os\nfrom fray_monarch.net import tls\ntls.runtime_paths()\n"
         "tls.install(tls.issue(['127.0.0.1']))\nbase = os.environ[tls.OWNED_ENV].partition(':')[2]\n"
         "tls.install(tls.issue(['127.0.0.1']))  # again, later: checked, kept\n"
         "os.chmod(os.environ[tls.ENV_KEY], 0o644)\n"

@@ -22,9 +22,9 @@ from _sockets import closed_within
 import fray
 from fray.errors import ObjectLostError
 from fray.serialization import dumps
-from fray_monarch import transfer_server, transfer_wire
-from fray_monarch.protocol import Stored
-from fray_monarch.store import ObjectStore
+from fray_monarch.core.protocol import Stored
+from fray_monarch.data import transfer_server, transfer_wire
+from fray_monarch.data.store import ObjectStore
 
 MiB = 1024 * 1024
 
@@ -172,7 +172,7 @@ def big_value() -> np.ndarray:
 
 
 def servers_here() -> bool:
-    from fray_monarch import worker_process
+    from fray_monarch.workers import process as worker_process
 
     assert worker_process._worker is not None
     return worker_process._worker.rt.store.server is not None

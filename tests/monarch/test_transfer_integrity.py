@@ -19,9 +19,10 @@ import pytest
 
 from fray.errors import FrayError, ObjectLostError
 from fray.serialization import dumps
-from fray_monarch import tls, transfer_tls, transfer_wire
-from fray_monarch.protocol import Stored
-from fray_monarch.store import ObjectStore
+from fray_monarch.core.protocol import Stored
+from fray_monarch.data import transfer_tls, transfer_wire
+from fray_monarch.data.store import ObjectStore
+from fray_monarch.net import tls
 
 MiB = 1024 * 1024
 SECRET = np.frombuffer(b"fray-secret-bytes:" * (3 * MiB // 18), dtype=np.uint8)  # easy to spot on the wire
@@ -223,7 +224,7 @@ def test_tls_needs_an_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_tls_transport_cannot_go_with_insecure() -> None:
-    from fray_monarch.topology import topology
+    from fray_monarch.cluster.topology import topology
 
     with pytest.raises(ValueError, match="insecure=true has none"):
         topology({"transport": "tls", "insecure": "true"})

@@ -20,9 +20,9 @@ from _sockets import closed_within
 
 from fray.errors import ObjectLostError
 from fray.serialization import dumps
-from fray_monarch import transfer, transfer_server
-from fray_monarch.protocol import Stored
-from fray_monarch.store import ObjectStore
+from fray_monarch.core.protocol import Stored
+from fray_monarch.data import transfer, transfer_server
+from fray_monarch.data.store import ObjectStore
 
 MiB = 1024 * 1024
 
@@ -49,7 +49,7 @@ def _connect(address: str, source: str) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0))
 
 
-def _pull(conns: transfer._Connections, value: Stored) -> bytes:
+def _pull(conns: transfer.Connections, value: Stored) -> bytes:
     target = memoryview(bytearray(value.length))
     transfer.fetch(conns, value, 0, value.length, target)
     return bytes(target[value.buffers[0].offset : value.buffers[0].offset + value.buffers[0].length])
@@ -90,7 +90,7 @@ def test_slow_strangers_do_not_keep_a_reader_out(owner: ObjectStore) -> None:
         refused = sum(closed_within(conn, 0.05) for conn in one_peer)
         assert refused >= transfer_server.MAX_CONNECTIONS, "one address may hold only a few unproved connections"
         time.sleep(transfer_server.HANDSHAKE_GRACE + 0.2)
-        conns = transfer._Connections()
+        conns = transfer.Connections()
         try:
             assert _pull(conns, value) == np.arange(2 * MiB, dtype=np.uint8).tobytes()
         finally:
@@ -104,13 +104,13 @@ def test_more_readers_than_places_are_all_served(owner: ObjectStore, monkeypatch
     monkeypatch.setattr(transfer_server, "MAX_CONNECTIONS", 3)
     value = _value(owner)  # (the server starts here)
     expected = np.arange(2 * MiB, dtype=np.uint8).tobytes()
-    pools = [transfer._Connections() for _ in range(8)]
+    pools = [transfer.Connections() for _ in range(8)]
     try:
         for conns in pools:  # each keeps its connection pooled, idle, after its pull
             assert _pull(conns, value) == expected
         failures: list[Any] = []
 
-        def read_often(conns: transfer._Connections) -> None:
+        def read_often(conns: transfer.Connections) -> None:
             try:
                 for _ in range(4):
                     assert _pull(conns, value) == expected
@@ -134,7 +134,7 @@ def test_a_turned_away_reader_waits_for_a_place(owner: ObjectStore, monkeypatch:
     monkeypatch.setattr(transfer_server, "MAX_CONNECTIONS", 3)
     monkeypatch.setattr(transfer_server, "HANDSHAKE_GRACE", 30.0)  # the holders below never give way
     held = [_connect(address, f"127.0.0.{2 + i}") for i in range(3)]
-    conns = transfer._Connections()
+    conns = transfer.Connections()
     try:
         monkeypatch.setattr(transfer, "REFUSED_WAIT", 1.0)
         start = time.monotonic()

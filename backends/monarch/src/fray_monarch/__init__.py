@@ -5,7 +5,7 @@ host, default CPU count / the GPUs found here),
 resources ("name:qty,name:qty" custom resources per host), hosts ("tls://h:p,tls://h2:p2": attach to workers
 started with `python -m fray_monarch.worker --address tls://h:p`; with job=ssh host names, with job=process a
 count), insecure (true: plain TCP between machines instead of TLS), job (ssh|slurm|process|local, or a Monarch
-job object: hosts launched through Monarch's job API, see launchers.py), nodes / partition / time (job=slurm),
+job object: hosts launched through Monarch's job API, see cluster/launchers.py), nodes / partition / time (job=slurm),
 port / python / ssh_options (launched host workers), bind (this machine's address the driver listens on when
 other machines take part), attach_timeout (seconds), log_to_driver (true|false, default true: what tasks and
 actors print reaches the driver's console as `(square pid=4242) ...`), unguarded_sockets (true: run in a driver
@@ -19,8 +19,10 @@ from typing import Any
 from fray.backend import Backend
 from fray.capabilities import Capability
 from fray.options import parse_options
-from fray_monarch import _runtime  # noqa: F401 - environment and fault hook before Monarch starts
-from fray_monarch.topology import SCHEMA, topology
+from fray_monarch.core import runtime  # noqa: F401 - environment and fault hook before Monarch starts
+
+# isort: split
+from fray_monarch.cluster.topology import SCHEMA, topology
 
 __all__ = ["MonarchBackend"]
 
@@ -32,9 +34,9 @@ class MonarchBackend(Backend):
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        from fray_monarch.cluster import MonarchClusterContext
-        from fray_monarch.context import MonarchJobContext
-        from fray_monarch.head_client import MonarchHeadClient
+        from fray_monarch.cluster.context import MonarchClusterContext
+        from fray_monarch.cluster.head_client import MonarchHeadClient
+        from fray_monarch.core.context import MonarchJobContext
 
         return MonarchJobContext.capabilities | MonarchClusterContext.capabilities | MonarchHeadClient.capabilities
 
@@ -55,7 +57,7 @@ class MonarchBackend(Backend):
             os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], socket_guard.guarded_environ())
 
     def job_context(self, **options: Any) -> Any:
-        from fray_monarch.driver_client import driver_context
+        from fray_monarch.driver.client import driver_context
 
         log_to_driver = parse_options("monarch", options, SCHEMA).get("log_to_driver", True)
         top = topology(options)
@@ -77,10 +79,10 @@ class MonarchBackend(Backend):
     def cluster_context(self, **options: Any) -> Any:
         """A cluster context of its own hosts, or with address= (the socket `fray cluster start` recorded) a
         client of that cluster's head, whose jobs outlive this process."""
-        from fray_monarch.cluster import MonarchClusterContext, job_spec
+        from fray_monarch.cluster.context import MonarchClusterContext, job_spec
 
         if "address" in options:
-            from fray_monarch.head_client import MonarchHeadClient
+            from fray_monarch.cluster.head_client import MonarchHeadClient
 
             return MonarchHeadClient(str(options.pop("address")))
         top = topology(options)
@@ -97,7 +99,7 @@ class MonarchBackend(Backend):
     def persistent_address(self) -> tuple[str | None, str]:
         """Where `fray job ...` finds jobs: the head `fray cluster start --backend monarch` recorded, if it runs.
         (its socket or None, why there is none)."""
-        from fray_monarch.head_record import recorded
+        from fray_monarch.cluster.head_record import recorded
 
         record = recorded()
         if record is not None and record["running"]:
@@ -113,12 +115,12 @@ class MonarchBackend(Backend):
 
     def start_cluster(self, listen: str, **options: Any) -> tuple[dict[str, Any], bool]:
         """`fray cluster start`: a head process that launches the spec's hosts and outlives the command."""
-        from fray_monarch.persistent import start
+        from fray_monarch.cluster.persistent import start
 
         return start(listen, options)
 
     def stop_cluster(self) -> dict[str, Any] | None:
         """`fray cluster stop`: end the recorded head, its jobs and the hosts it launched."""
-        from fray_monarch.persistent import stop
+        from fray_monarch.cluster.persistent import stop
 
         return stop()

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from fray_monarch._monarch import Actor, endpoint
+from fray_monarch.core.monarch_api import Actor, endpoint
 
 NO_DEVICE = "no RDMA device"
 SYSFS_RDMA = "/sys/class/infiniband"  # the kernel's RDMA devices: listed there whether pyverbs is installed or not
@@ -75,7 +75,7 @@ def rdma_devices() -> str:
 
 def rdma_probe(nbytes: int = PROBE_BYTES, timeout: float = PROBE_TIMEOUT) -> str:
     """Run the RDMABuffer probe in a child process; one line saying what it measured, or why it could not."""
-    code = "import sys; from fray_monarch.diagnostics import _probe_main; _probe_main(int(sys.argv[1]))"
+    code = "import sys; from fray_monarch.diagnostics import probe_main; probe_main(int(sys.argv[1]))"
     from fray.errors import FrayError
     from fray_monarch import socket_guard
 
@@ -176,7 +176,7 @@ class _RdmaSource(Actor):
         return self.buffer
 
 
-def _probe_main(nbytes: int) -> None:
+def probe_main(nbytes: int) -> None:
     import warnings
 
     warnings.simplefilter("ignore")  # the TCP fallback's warning: the parent reports the backend itself

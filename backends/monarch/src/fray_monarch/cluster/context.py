@@ -1,0 +1,297 @@
+"""MonarchClusterContext: jobs are subprocesses started on the mesh's hosts by a job-runner actor there
+(fray.jobs.LocalJobs: own process group, log file readable while running, status from a waiter thread)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fray import watchdog
+from fray.capabilities import Capability
+from fray.context import ClusterContext
+from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
+from fray.jobs import LocalJobs
+from fray.procfs import children_of
+from fray.types import JobInfo, RuntimeEnv
+from fray_monarch.cluster.launchers import HostSet
+from fray_monarch.core import runtime, tempdirs  # _runtime: environment and fault hook first
+from fray_monarch.core.monarch_api import Actor, endpoint
+from fray_monarch.core.protocol import Reply
+from fray_monarch.net.lifeline import LifelineServer, hold
+
+MARGIN = 30.0
+
+# What a job's own fray.init() keeps of its cluster's spec: the size of its processes, never how hosts are launched
+# (a job must not launch the cluster's hosts again: it attaches to them by address).
+# A cluster run without the socket guard (unguarded_sockets=true) runs its jobs' contexts so too; a guarded one's
+# jobs inherit the guard with their environment.
+_CARRIED = (
+    "procs",
+    "cpus",
+    "gpus",
+    "memory",
+    "resources",
+    "object_store_memory",
+    "transport",
+    "log_to_driver",
+    "unguarded_sockets",
+)
+
+
+def job_spec(options: dict[str, Any], hostset: HostSet | None) -> str:
+    """The FRAY_BACKEND of this cluster's jobs: monarch on the cluster's hosts (by address), or on the job's own
+    machine where the cluster is this machine (job=local: not the hosts some other `fray cluster start` recorded)."""
+    carried = {key: str(options[key]) for key in _CARRIED if options.get(key) is not None}
+    if hostset is not None and hostset.addresses:
+        carried["hosts"] = ",".join(hostset.addresses)
+        if not hostset.secure and not hostset.local:
+            carried["insecure"] = "true"
+    else:
+        carried["job"] = "local"
+    return "monarch?" + urlencode(carried, safe=",:/")
+
+
+class JobRunner(Actor):
+    """Runs jobs on its host. Each endpoint returns a Reply (a value, or the exception to raise)."""
+
+    def __init__(
+        self, root: str, job_tmpdir: str | None = None, lifeline: tuple[str, bytes, str] | None = None
+    ) -> None:
+        watchdog.watch_path(root)  # this process dies with the driver; its jobs and their logs go with it
+        if lifeline is not None:  # on another host: this process ends when its driver ends
+            address, key, name = lifeline
+            hold(address, key, name=name)
+        runtime.start_client_context()  # Monarch's banner dropped (see runtime.BANNER)
+        self.jobs = LocalJobs(Path(root))
+        self.job_tmpdir = job_tmpdir  # the user's TMPDIR (this process has a private one that fray removes)
+
+    def _safe(self, fn: Any, *args: Any) -> Any:
+        try:
+            return Reply(fn(*args))
+        except Exception as exc:
+            return Reply(error=exc)
+
+    @endpoint
+    def start(self, entrypoint: Any, env: RuntimeEnv, job_id: str, working_dir: str | None = None) -> Any:
+        if self.job_tmpdir is not None and "TMPDIR" not in env.env:  # a job is the user's program
+            env = replace(env, env={**env.env, "TMPDIR": self.job_tmpdir})
+        return self._safe(self.jobs.start, entrypoint, env, job_id, False, working_dir)
+
+    @endpoint
+    def info(self, job_id: str) -> Any:
+        return self._safe(self.jobs.info, job_id)
+
+    @endpoint
+    def list(self) -> Any:
+        return self._safe(self.jobs.list)
+
+    @endpoint
+    def logs(self, job_id: str) -> Any:
+        return self._safe(self.jobs.logs, job_id)
+
+    @endpoint
+    def log_end(self, job_id: str, lines: int) -> Any:
+        return self._safe(self.jobs.log_end, job_id, lines)
+
+    @endpoint
+    def stop_job(self, job_id: str) -> Any:  # "stop" is a name of ActorMesh
+        return self._safe(self.jobs.stop, job_id)
+
+    @endpoint
+    def delete(self, job_id: str) -> Any:
+        return self._safe(self.jobs.delete, job_id)
+
+    @endpoint(explicit_response_port=True)
+    def wait(self, port: Any, job_id: str, timeout: float | None) -> None:
+        def run() -> None:
+            try:
+                port.send(Reply(self.jobs.wait(job_id, timeout)))
+            except Exception as exc:
+                port.send(Reply(error=exc))
+
+        threading.Thread(target=run, daemon=True).start()
+
+    @endpoint
+    def host_facts(self) -> dict[str, Any]:
+        """This host as `fray status` shows it: name, CPUs, memory, and how many processes run under the
+        process that started this one (its host worker, or the driver on the driver's machine)."""
+        from fray.jobs import host_resources
+
+        total = host_resources()
+        return {
+            "hostname": socket.gethostname(),
+            "processes": len(children_of(os.getppid())),
+            "total": {name: float(total[name]) for name in ("CPU", "memory", "GPU") if name in total},
+        }
+
+    @endpoint
+    def close(self) -> Any:
+        root = self.jobs.root
+        result = self._safe(self.jobs.close)
+        shutil.rmtree(root, ignore_errors=True)
+        return result
+
+
+def _unwrap(reply: Any) -> Any:
+    return reply.unwrap()
+
+
+class MonarchClusterContext(ClusterContext):
+    backend = "monarch"
+    capabilities = frozenset(
+        {Capability.JOB_PACKAGES, Capability.JOB_RESOURCES, Capability.MULTI_HOST, Capability.PROCESS_ISOLATION}
+    )
+
+    def __init__(
+        self,
+        hosts: list[Any],
+        driver_bind: str = "127.0.0.1",
+        release: Callable[[], None] | None = None,
+        remote: bool = False,
+        hostset: HostSet | None = None,
+        job_backend: str = "monarch",
+    ) -> None:
+        self._release = release  # ends the hosts this context launched
+        self._job_spec = job_backend  # what its jobs' fray.init() reaches (job_spec)
+        self._hostset = hostset
+        # On this host, the job runners' TMPDIR (Monarch's socket directories) and the jobs' logs are in a
+        # directory of this context, removed at shutdown or with the driver's private directory by the watchdog.
+        tempdirs.private_dir()  # (for the life of the process)
+        self._tmpdir = None if remote else tempdirs.context_dir()
+        self._lifeline = LifelineServer(driver_bind) if remote else None
+        boot = {"bootstrap_command": tempdirs.bootstrap_command(self._tmpdir)} if self._tmpdir else {}
+        self._procs = [
+            host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}", **boot) for host in hosts
+        ]
+        if self._tmpdir is not None:
+            roots = [os.path.join(self._tmpdir, f"runner-{i}") for i in range(len(hosts))]
+            user_tmp: str | None = tempdirs.user_tmpdir()
+        else:
+            # made by the runner on its host (was made here too, and left behind here)
+            roots = [os.path.join(tempfile.gettempdir(), f"fray-monarch-jobs-{uuid.uuid4().hex[:12]}") for _ in hosts]
+            user_tmp = None
+        self._runners = [
+            procs.spawn("fray_job_runner", JobRunner, root, user_tmp, self._lifeline_of(root))
+            for procs, root in zip(self._procs, roots, strict=True)
+        ]
+        self._where: dict[str, int] = {}
+        self._next = itertools.cycle(range(len(self._runners)))
+        self._lock = threading.Lock()
+
+    def _lifeline_of(self, root: str) -> tuple[str, bytes, str] | None:
+        """The lifeline a job runner on another host holds: address, its own key, its name (its root, unique)."""
+        if self._lifeline is None:
+            return None
+        return self._lifeline.address, self._lifeline.key_for(root), root
+
+    def _runner(self, job_id: str) -> Any:
+        with self._lock:
+            index = self._where.get(job_id)
+        if index is None:
+            raise JobNotFoundError(f"no job {job_id!r} here (it never existed or was deleted)")
+        return self._runners[index]
+
+    def _create_job(
+        self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool, job_id: str | None
+    ) -> str:
+        # detached never comes here: no persistent_jobs (the job runners are children of this driver's meshes).
+        # working_dir is this driver's path: on another host a directory that does not exist fails the job.
+        with self._lock:  # one id, one job: ids are taken here, in this driver, whichever runner runs the job
+            if job_id is not None and job_id in self._where:
+                raise JobExistsError(f"a job with id {job_id!r} exists")
+            index = next(self._next)
+            job_id = job_id or f"monarch-job-{uuid.uuid4().hex[:12]}"
+            self._where[job_id] = index
+        started = self._runners[index].start.call_one(entrypoint, env, job_id, working_dir)
+        return str(_unwrap(started.get(timeout=MARGIN)))
+
+    def _job_backend(self) -> str:
+        return self._job_spec
+
+    def _list_jobs(self) -> list[JobInfo]:
+        futures = [runner.list.call_one() for runner in self._runners]
+        return [info for fut in futures for info in _unwrap(fut.get(timeout=MARGIN))]
+
+    def _get_job(self, job_id: str) -> JobInfo:
+        info: JobInfo = _unwrap(self._runner(job_id).info.call_one(job_id).get(timeout=MARGIN))
+        return info
+
+    def _stop_job(self, job_id: str) -> None:
+        _unwrap(self._runner(job_id).stop_job.call_one(job_id).get(timeout=MARGIN))
+
+    def _delete_job(self, job_id: str) -> None:
+        _unwrap(self._runner(job_id).delete.call_one(job_id).get(timeout=MARGIN))
+        with self._lock:
+            self._where.pop(job_id, None)
+
+    def _get_job_log_end(self, job_id: str, lines: int) -> str:
+        return str(_unwrap(self._runner(job_id).log_end.call_one(job_id, lines).get(timeout=MARGIN)))
+
+    def raw_log_end(self, job_id: str, lines: int) -> str:
+        """The raw last lines of a job's log, records included (for a head's clients: fray.job_records)."""
+        return self._get_job_log_end(job_id, lines)
+
+    def _job_python(self) -> str:
+        return "python"  # a job runner puts its own interpreter first on a job's PATH (this path may not be there)
+
+    def _get_job_logs(self, job_id: str) -> str:
+        return str(_unwrap(self._runner(job_id).logs.call_one(job_id).get(timeout=MARGIN)))
+
+    def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
+        fut = self._runner(job_id).wait.call_one(job_id, timeout)
+        try:
+            info: JobInfo = _unwrap(fut.get(timeout=None if timeout is None else timeout + MARGIN))
+        except TimeoutError as exc:
+            raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from exc
+        return info
+
+    def node_status(self) -> list[dict[str, Any]]:
+        """Each host: its name and worker address, who holds it (ssh, a Slurm job, the user...), how many
+        processes run under its host worker, and its CPUs and memory."""
+        names = self._hostset.names if self._hostset and self._hostset.names else []
+        addresses = self._hostset.addresses if self._hostset else []
+        holder = self._hostset.holder if self._hostset else "this machine"
+        facts = [runner.host_facts.call_one() for runner in self._runners]
+        nodes = []
+        for i, fut in enumerate(facts):
+            try:
+                seen: dict[str, Any] = fut.get(timeout=MARGIN)
+            except Exception as exc:
+                seen = {"hostname": "?", "error": str(exc)}
+            nodes.append(
+                {
+                    "node": names[i] if i < len(names) else seen.get("hostname", "?"),
+                    "address": addresses[i] if i < len(addresses) else "",
+                    "held_by": holder,
+                    **seen,
+                }
+            )
+        return nodes
+
+    def _shutdown(self) -> None:
+        for runner in self._runners:
+            try:
+                runner.close.call_one().get(timeout=MARGIN)
+            except Exception:
+                pass
+        for procs in self._procs:
+            try:
+                procs.stop().get(timeout=20)
+            except Exception:
+                pass
+        if self._lifeline is not None:
+            self._lifeline.close()
+        if self._release is not None:
+            self._release()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)

@@ -1,0 +1,30 @@
+"""The layout of fray_monarch (issue 32): subpackages by the process that runs them; the driver's modules import
+nothing of the worker processes' (driver/ finds the actor classes it spawns by name: core/actor_classes.py).
+Circles, module sizes and underscores are checked for every distribution by test_import_graph.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from _import_graph import import_graph
+
+SRC = Path(__file__).resolve().parents[2] / "backends/monarch/src"
+PACKAGE = "fray_monarch"
+
+
+def test_the_driver_imports_nothing_of_the_workers() -> None:
+    graph = import_graph(SRC, PACKAGE)
+    driver = {m for m in graph if m.startswith(f"{PACKAGE}.driver.") or m == f"{PACKAGE}.driver"}
+    assert len(driver) > 10
+    crossing = {m: sorted(t for t in graph[m] if t.startswith(f"{PACKAGE}.workers")) for m in driver}
+    assert {m: ts for m, ts in crossing.items() if ts} == {}
+
+
+def test_shared_modules_import_neither_wing() -> None:
+    """core/, net/ and data/ serve the driver and the workers alike: they import neither wing."""
+    graph = import_graph(SRC, PACKAGE)
+    shared = [m for m in graph if m.split(".")[1:2] in (["core"], ["net"], ["data"])]
+    assert len(shared) > 15
+    wings = (f"{PACKAGE}.driver", f"{PACKAGE}.workers")
+    crossing = {m: sorted(t for t in graph[m] if t.startswith(wings)) for m in shared}
+    assert {m: ts for m, ts in crossing.items() if ts} == {}
