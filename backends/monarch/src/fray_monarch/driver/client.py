@@ -13,7 +13,7 @@ from typing import Any
 from fray.errors import GetTimeoutError
 from fray.events import ProcessEvents
 from fray.groups import Member
-from fray.outcome import Outcome, first_failure
+from fray.outcome import Outcome, first_failure, wait_for_get
 from fray.refs import ObjectRef, public_methods
 from fray.remote_errors import rebuild
 from fray.serialization import Blob, plain_pickle
@@ -158,8 +158,9 @@ class DriverClient:
         entries = [directory.get(r.payload.id) for r in refs]
         outcomes = [e.outcome for e in entries]
         if sum(1 for o in outcomes if not o.done()) > 1:  # one wake-up for all (a group call's answers), not one per
-            directory.wait(entries, len(entries), timeout, stop_on_failure=True)  # entry; or the first failure
-        failed = first_failure(outcomes)  # the first failure in ref order, even where an earlier ref is not done
+            failed = wait_for_get(directory.awaited(entries), timeout)  # entry (fray.outcome: get's one rule)
+        else:  # (one left: read below, an actor's reply from its future)
+            failed = first_failure(outcomes)  # the first failure in ref order, even where an earlier ref is not done
         if failed is not None:  # (as Ray)
             raise rebuild(entries[failed].error)
         out = []

@@ -235,10 +235,10 @@ class ObjectDirectory:
         are, else where the last of them completes (under the lock). Returns a function that cancels it."""
         return when(self.awaited(entries), count, _guarded(then), stop_on_failure)
 
-    def wait(self, entries: list[Entry], count: int, timeout: float | None, stop_on_failure: bool = False) -> set[int]:
-        """Block (not under the lock) until `count` of entries are done, or one failed (stop_on_failure), or
-        `timeout` passed; the indices of those done."""
-        return wait_for(self.awaited(entries), count, timeout, stop_on_failure)
+    def wait(self, entries: list[Entry], count: int, timeout: float | None) -> set[int]:
+        """Block (not under the lock) until `count` of entries are done or `timeout` passed; the indices of those
+        done."""
+        return wait_for(self.awaited(entries), count, timeout)
 
     def close(self) -> None:
         with self.lock:
