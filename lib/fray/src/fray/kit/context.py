@@ -2,7 +2,7 @@
 
 It owns what every such backend would write again: the object table (fray.kit.objects), resources and lending
 (fray.kit.ledger), a task's life (waiting for its arguments, queueing, retries, events, cancel: fray.kit.calls),
-and actors (names, `get_if_exists`, call queues, restarts, kill: fray.kit.actors). A backend subclasses
+and actors (names, `get_if_exists`, call queues in order, async methods, kill: fray.kit.actors). A backend subclasses
 `KitJobContext` and overrides only what its engine does differently:
 
 - `_run_task(task, args, kwargs)`: "start this call there" and wait for its result (default: on this thread);
