@@ -17,7 +17,6 @@ authenticated Unix socket in a private directory, whose key only this pool's pro
 from __future__ import annotations
 
 import multiprocessing
-import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -94,7 +93,7 @@ class ProcessPoolBackend(Backend):
         opts: dict[str, Any] = parse_options(NAME, options, self.options)
         gpus = host_gpus(opts.get("gpus"))
         host = host_resources()
-        totals = {"CPU": opts.get("cpus", os.cpu_count() or 1), "GPU": float(len(gpus)), "memory": host["memory"]}
+        totals = {"CPU": opts.get("cpus", host["CPU"]), "GPU": float(len(gpus)), "memory": host["memory"]}
         return ProcessPoolJobContext(totals, gpus=gpus)
 
     def cluster_context(self, **options: str) -> ProcessPoolClusterContext:

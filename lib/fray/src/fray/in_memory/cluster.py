@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fray.kit.cluster import LocalClusterContext, local_node_status
+from fray.kit.cluster import LocalClusterContext
 
-__all__ = ["InMemoryClusterContext", "local_node_status"]
+__all__ = ["InMemoryClusterContext"]
 
 
 class InMemoryClusterContext(LocalClusterContext):

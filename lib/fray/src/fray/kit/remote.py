@@ -45,22 +45,6 @@ Reply = tuple[bool, bytes, list[bytes]]
 
 __all__ = ["RemoteService", "WorkerSetup", "run_call", "running_task", "start_worker", "worker_context"]
 
-# The hooks a worker may call, each answered by the driver's hook of the same name.
-HOOKS = frozenset(
-    {
-        "node_resources",
-        "_create_task",
-        "_create_actor",
-        "_call_actor",
-        "_get",
-        "_wait",
-        "_put",
-        "_get_actor",
-        "_kill",
-        "_cancel",
-    }
-)
-
 
 @dataclass(frozen=True)
 class WorkerSetup:
@@ -72,9 +56,13 @@ class WorkerSetup:
     capabilities: frozenset[Capability]
 
 
-def _send(conn: Connection, value: Any, what: str) -> None:
-    blob = dumps(value, what)
-    conn.send((blob.data, [bytes(memoryview(b)) for b in blob.buffers]))
+def _owned(blob: Blob) -> list[bytes]:
+    """A blob's buffers as bytes of their own (what crosses a connection or a pool's pipe)."""
+    return [bytes(memoryview(b)) for b in blob.buffers]
+
+
+def _send(conn: Connection, blob: Blob) -> None:
+    conn.send((blob.data, _owned(blob)))
 
 
 def _receive(conn: Connection, what: str) -> Any:
@@ -124,14 +112,14 @@ class RemoteService:
                 if task is not None:
                     task.held = [*(task.held or ()), *blob.contained]  # what the worker now names: kept for its task
                 try:
-                    conn.send((blob.data, [bytes(memoryview(b)) for b in blob.buffers]))
+                    _send(conn, blob)
                 except OSError:
                     return
 
     def request(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Request:
         """The arguments of `run_call` for this task's call, to submit to a worker process."""
         blob = dumps((task.fn, args, kwargs), f"the call of task {task.name}")
-        return task.entry.id, task.gpus, self._ctx.gpus, blob.data, [bytes(memoryview(b)) for b in blob.buffers]
+        return task.entry.id, task.gpus, self._ctx.gpus, blob.data, _owned(blob)
 
     @staticmethod
     def result(reply: Reply) -> Serialized:
@@ -172,7 +160,7 @@ class _Client:
         conn: Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = Client(self._setup.address, "AF_UNIX", authkey=self._setup.authkey)
-        _send(conn, (_task[0], hook, args), f"the arguments of {hook.lstrip('_')}")
+        _send(conn, dumps((_task[0], hook, args), f"the arguments of {hook.lstrip('_')}"))
         ok, value = _receive(conn, f"the reply to {hook}")
         if ok:
             return value
@@ -184,7 +172,11 @@ def _forward(hook: str) -> Callable[..., Any]:
         return self._client.call(hook, *args)
 
     forward.__name__ = hook
+    _forwarded.add(hook)
     return forward
+
+
+_forwarded: set[str] = set()  # the hooks WorkerContext forwards: the only ones the driver answers (HOOKS)
 
 
 class WorkerContext(JobContext):
@@ -207,6 +199,10 @@ class WorkerContext(JobContext):
 
     def _shutdown(self) -> None:  # (never called: a worker's context is lent to the task it runs)
         pass
+
+
+# The hooks a worker may call, each answered by the driver's hook of the same name.
+HOOKS = frozenset(_forwarded)
 
 
 def worker_context(setup: WorkerSetup) -> WorkerContext:
@@ -256,4 +252,4 @@ def run_call(task_id: int, gpus: tuple[int, ...], host: HostGpus, data: bytes, b
         ok, blob = False, dumps(capture_exception(exc), "an error")
     finally:
         current.pop(token)
-    return ok, blob.data, [bytes(memoryview(b)) for b in blob.buffers]
+    return ok, blob.data, _owned(blob)
