@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from multiprocessing import AuthenticationError
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from fray import procfs
-from fray.errors import FrayError
+from fray.errors import FrayError, SerializationError
 from fray.in_memory import InMemoryJobContext
 from fray.kit import remote
 from fray.registry import REGISTERED_ENV
@@ -58,6 +59,19 @@ def test_only_the_hooks_a_worker_may_call_are_answered(service: remote.RemoteSer
     with pytest.raises(FrayError, match="'_shutdown', which is no hook a worker may call"):
         client.call("_shutdown")
     assert client.call("node_resources") == [{"CPU": 2.0}]
+
+
+def test_a_reply_that_cannot_be_pickled_fails_the_call_not_the_service() -> None:
+    ctx = InMemoryJobContext({"CPU": 2.0}, serialize=False)  # (stores a value as it is: a lock too)
+    service = remote.RemoteService(ctx)
+    try:
+        worker = remote.worker_context(service.setup)
+        with pytest.raises(SerializationError, match="the reply to _get"):
+            worker._get([ctx.put(threading.Lock())], 10)
+        assert worker._get([ctx.put(1)], 10) == [1]  # the same connection is still served
+    finally:
+        service.close()
+        ctx.shutdown()
 
 
 def test_a_registered_backend_is_found_by_a_process_fray_starts() -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from fray import current, watchdog
 from fray.capabilities import Capability
 from fray.context import JobContext
-from fray.errors import FrayError
+from fray.errors import FrayError, SerializationError
 from fray.gpus import HostGpus, using_gpus
 from fray.kit.objects import Serialized
 from fray.remote_errors import RemoteError, capture_exception
@@ -108,7 +108,10 @@ class RemoteService:
                     reply: tuple[bool, Any] = (True, result)
                 except BaseException as exc:
                     task, reply = None, (False, capture_exception(exc))
-                blob = dumps(reply, f"the reply to {hook}")
+                try:
+                    blob = dumps(reply, f"the reply to {hook}")
+                except SerializationError as exc:  # (the worker waits for a reply: it gets this error instead)
+                    task, blob = None, dumps((False, capture_exception(exc)), f"the reply to {hook}")
                 if task is not None:
                     task.held = [*(task.held or ()), *blob.contained]  # what the worker now names: kept for its task
                 try:
