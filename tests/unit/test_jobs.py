@@ -103,3 +103,24 @@ def test_job_directories_and_logs_are_private(tmp_path: Path) -> None:
     (tmp_path / "planted").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(fray.FrayError, match="not a directory of this user's"):
         LocalJobs(tmp_path / "planted")
+
+
+def test_a_named_run_waits_for_a_racing_submitters_job_to_be_listed(tmp_path: Path) -> None:
+    """A backend may refuse an id a moment before it lists the job holding it (a detached job's directory comes
+    before its record). A second submitter of the name must back off and find that job, not spend every try in
+    that moment and fail with JobExistsError."""
+    from fray.kit.cluster import LocalClusterContext
+
+    class LaggingListing(LocalClusterContext):
+        backend = "lagging"
+
+        def _list_jobs(self) -> list[fray.JobInfo]:
+            now = time.time()
+            return [info for info in super()._list_jobs() if now - (info.submission_time or 0.0) > 0.1]
+
+    cluster = LaggingListing(root=str(tmp_path))
+    try:
+        first = cluster.create_job("sleep 60", name="lag")
+        assert cluster.create_job("sleep 60", name="lag", if_exists="return") == first == "lag.1"
+    finally:
+        cluster.stop_job("lag.1")

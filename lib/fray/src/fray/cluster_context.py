@@ -194,8 +194,12 @@ class ClusterContext(ABC):
 
     def _submit_named(self, name: str, if_exists: str, submit: Callable[[str], str]) -> str:
         """Create a run of `name` unless one is live (see create_job). Each try lists the runs and creates the next
-        id; a backend refuses an id that exists, so a racing submitter's job is found on the next try."""
-        for _ in range(_NAME_TRIES):
+        id; a backend refuses an id that exists, so a racing submitter's job is found on a later try. Tries back
+        off (10 ms doubling, at most 250 ms): a backend may take the id a moment before it lists the job (a detached
+        job's directory before its record), and 20 tries at once could all fall in that moment."""
+        for attempt in range(_NAME_TRIES):
+            if attempt:
+                time.sleep(min(0.01 * 2 ** (attempt - 1), 0.25))
             jobs = self._list_jobs()
             live = [info for info in jobs if _run_of(info.id, name) and not info.status.is_terminal]
             if live and if_exists == "return":

@@ -187,17 +187,19 @@ class LocalJobs:
             )
         job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
         job_dir = self.root / job_id
-        try:
-            job_dir.mkdir(mode=0o700)  # atomic: of two starts of one id, one fails here
-        except FileExistsError:
-            raise JobExistsError(f"a job with id {job_id!r} exists here") from None
         text = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
         job = _Job(JobInfo(job_id, JobStatus.PENDING, submission_time=time.time(), entrypoint=text), job_dir / "log")
-        os.close(os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         job.need = need
         job.detached = detached
         job.working_dir = working_dir
+        # Taken and listed in one step: a racing submitter of the same name that is refused this id must find the
+        # job when it lists again (create_job's named runs count on it).
         with self._lock:
+            try:
+                job_dir.mkdir(mode=0o700)  # atomic: of two starts of one id, one fails here
+            except FileExistsError:
+                raise JobExistsError(f"a job with id {job_id!r} exists here") from None
+            os.close(os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             self._jobs[job_id] = job
         if need:
             threading.Thread(target=self._launch, args=(job, entrypoint, env), daemon=True).start()
