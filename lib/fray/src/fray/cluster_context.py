@@ -28,10 +28,12 @@ from fray.job_requests import (
     SUPERVISOR,
     check_name,
     is_name,
+    latest_run,
     launch_of,
     name_of,
     next_id,
     place,
+    run_of,
 )
 from fray.plain_text import last_lines, plain, plain_pieces
 from fray.types import JobInfo, RuntimeEnv
@@ -58,16 +60,6 @@ def _checked_command(entrypoint: object) -> str | list[str]:
             raise TypeError("an argv entrypoint must be a non-empty list of strings")
         return list(entrypoint)
     raise TypeError(f"entrypoint must be a str, a list of str or a callable, got {type(entrypoint).__name__}")
-
-
-def _run_of(job_id: str, name: str) -> int:
-    """The run number of `job_id` if it is a run of `name`, else 0."""
-    parsed = name_of(job_id)
-    return parsed[1] if parsed is not None and parsed[0] == name else 0
-
-
-def _latest(jobs: Sequence[JobInfo], name: str) -> str:
-    return max(jobs, key=lambda info: _run_of(info.id, name)).id
 
 
 def _interruptible(pieces: Iterator[str], what: str) -> Iterator[str]:
@@ -201,9 +193,9 @@ class ClusterContext(ABC):
             if attempt:
                 time.sleep(min(0.01 * 2 ** (attempt - 1), 0.25))
             jobs = self._list_jobs()
-            live = [info for info in jobs if _run_of(info.id, name) and not info.status.is_terminal]
+            live = [info for info in jobs if run_of(info.id, name) and not info.status.is_terminal]
             if live and if_exists == "return":
-                return _latest(live, name)
+                return latest_run(live, name)
             if live and if_exists == "refuse":
                 raise JobExistsError(f"job {name!r} is {live[0].status.value} (id {live[0].id}); if_exists='refuse'")
             for info in live:
@@ -283,10 +275,10 @@ class ClusterContext(ABC):
         except JobNotFoundError:
             if not is_name(job):
                 raise
-        runs = [info for info in self._list_jobs() if _run_of(info.id, job)]
+        runs = [info for info in self._list_jobs() if run_of(info.id, job)]
         if not runs:
             raise JobNotFoundError(f"no job with id or name {job!r} on this {self.backend} cluster")
-        return _latest(runs, job)
+        return latest_run(runs, job)
 
     def _with_record(self, info: JobInfo) -> JobInfo:
         """info with its name, and (for a supervised job) what its log's record says."""

@@ -27,11 +27,13 @@ __all__ = [
     "JobLaunch",
     "check_name",
     "is_name",
+    "latest_run",
     "launch_of",
     "name_of",
     "next_id",
     "parse_resources",
     "place",
+    "run_of",
 ]
 
 IF_EXISTS = ("return", "replace", "refuse")
@@ -61,10 +63,20 @@ def name_of(job_id: str) -> tuple[str, int] | None:
     return match["name"], int(match["run"])
 
 
+def run_of(job_id: str, name: str) -> int:
+    """The run number of `job_id` if it is a run of `name`, else 0."""
+    parsed = name_of(job_id)
+    return parsed[1] if parsed is not None and parsed[0] == name else 0
+
+
 def next_id(name: str, jobs: Sequence[JobInfo]) -> str:
     """The id a new run of `name` takes: one after the highest run listed."""
-    runs = [parsed[1] for info in jobs if (parsed := name_of(info.id)) is not None and parsed[0] == name]
-    return f"{name}.{max(runs, default=0) + 1}"
+    return f"{name}.{max((run_of(info.id, name) for info in jobs), default=0) + 1}"
+
+
+def latest_run(jobs: Sequence[JobInfo], name: str) -> str:
+    """The id of the highest run of `name` among `jobs` (runs of it all)."""
+    return max(jobs, key=lambda info: run_of(info.id, name)).id
 
 
 def parse_resources(resources: Mapping[str, float] | None) -> dict[str, float]:
