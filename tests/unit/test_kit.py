@@ -140,3 +140,17 @@ def test_the_pools_processes_end_with_their_driver(how: str, tmp_path: Path) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_worker_started_after_its_driver_shut_down_ends_quietly(tmp_path: Path) -> None:
+    """A pool may still be starting a process when its driver shuts down (its socket removed): that process ends at
+    once, without the initializer's traceback that concurrent.futures would print for each one."""
+    script = textwrap.dedent(
+        f"""
+        from fray.kit import remote
+        remote.start_worker(remote.WorkerSetup({str(tmp_path / "gone.sock")!r}, b"k" * 32, "in_memory", frozenset()))
+        print("still running")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")

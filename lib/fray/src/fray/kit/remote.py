@@ -227,7 +227,12 @@ def start_worker(setup: WorkerSetup) -> None:
     what fray starts dies with its owner, whoever started the process (a pool's forkserver outlives its driver
     while any of its children lives)."""
     _context[0] = worker_context(setup)
-    lifeline = Client(setup.address, "AF_UNIX", authkey=setup.authkey)
+    try:
+        lifeline = Client(setup.address, "AF_UNIX", authkey=setup.authkey)
+    except (FileNotFoundError, ConnectionRefusedError):
+        # The driver shut down (its socket is gone) while a pool was still starting this process: end with it,
+        # quietly (an initializer's exception would print a traceback for every such process)
+        os._exit(0)
     threading.Thread(target=_end_with_driver, args=(lifeline,), name="fray-kit-lifeline", daemon=True).start()
 
 
