@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fray.dashboard.model import SPANS, Aggregates
-from fray.event_store import ProcessInfo
+from fray.event_store import ProcessInfo, RowPage
 from fray.events import Event, Kind
 
 PROCS = [ProcessInfo(0, "host", 1, "driver", {1: "MainThread"}), ProcessInfo(1, "host", 2, "worker", {7: "w"})]
@@ -21,7 +21,7 @@ class Feed:
         self.seq += 1
         thread = 1 if proc == 0 else 7
         event = Event(self.seq, 1_000_000 * self.seq, kind, key, name, thread, data)
-        self.model.add([(self.seq, proc, event)], PROCS)
+        self.model.add(RowPage(self.seq, [proc], [event], self.seq, 0), PROCS)  # as EventStore.rows gives it
 
     def fn(self, name: str = "f") -> dict[str, int]:
         row = next(f.row() for f in self.model.functions.values() if f.name == name)
@@ -38,7 +38,7 @@ def test_a_task_goes_queued_running_done_and_leaves_a_span() -> None:
     feed(Kind.TASK_END, 1, proc=1)
     assert feed.fn()["done"] == 1 and feed.fn()["running"] == 0
     state = feed.model.delta(0)
-    assert state["spans"] == [[3, 0, 0, 1000, 2000, "ok"]]
+    assert state["spans"] == [(3, 0, 0, 1000, 2000, "ok")]
     assert state["lanes"] == [[0, 1, "7", "w"]]
 
 

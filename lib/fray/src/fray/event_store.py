@@ -9,13 +9,14 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import islice, repeat
+from typing import cast
 
-from fray.events import RECORDER, Event, ProcessEvents, Recorder
+from fray.events import RECORDER, Event, ProcessEvents, Recorder, Row
 
-__all__ = ["EventPage", "EventStore", "ProcessInfo"]
+__all__ = ["EventPage", "EventStore", "ProcessInfo", "RowPage"]
 
 DEFAULT_CAPACITY = 500_000
 
@@ -42,6 +43,18 @@ class EventPage:
     dropped: int
 
 
+@dataclass
+class RowPage:
+    """`EventPage` as the store keeps it (what the live page reads): the events as plain tuples (fray.events.Row),
+    the global seq of the first, each one's process index, the cursor to ask from next time, and the lost."""
+
+    first: int
+    sources: list[int]
+    rows: list[Row]
+    cursor: int
+    lost: int
+
+
 class EventStore:
     """Merges the events of every process of one job context. Thread-safe."""
 
@@ -61,7 +74,10 @@ class EventStore:
         self._began_ns = time.time_ns()
         self._host = socket.gethostname()
         self._lock = threading.Lock()
-        self._merged: deque[tuple[int, int, Event]] = deque(maxlen=capacity)
+        # The events, and beside each its process's index: two deques of one length, so that keeping an event
+        # allocates nothing (its global seq is its place: the first held is _next - len)
+        self._events: deque[Row] = deque(maxlen=capacity)
+        self._sources: deque[int] = deque(maxlen=capacity)
         self._next = 1
         self._overflow = 0
         self.processes: list[ProcessInfo] = []
@@ -71,22 +87,23 @@ class EventStore:
         """Reads what is new: whatever the backend brings from the other processes, then this process's ring (last:
         with what the backend recorded here while it pulled, a death it learnt of from its engine, say)."""
         remote = self._pull()
-        local = self._recorder.since(self._local_cursor)
+        local, rows = self._recorder.since_rows(self._local_cursor)
         with self._lock:
             # this process's ring is shared by every context of the process since it started: of its drops, only
             # those after this context's cursor are this context's
-            lost = local.events[0].seq - self._local_cursor - 1 if local.events else 0
+            lost = rows[0][0] - self._local_cursor - 1 if rows else 0
             self._local_dropped += max(0, lost)
             local.dropped = self._local_dropped
-            if local.events:
-                self._local_cursor = local.events[-1].seq
-            self._add(local)
+            if rows:
+                self._local_cursor = rows[-1][0]
+            self._add(local, rows)
             for batch in remote:
                 if batch.host == self._host and batch.events and batch.events[0].t < self._began_ns:
                     batch.events = [e for e in batch.events if e.t >= self._began_ns]
-                self._add(batch)
+                # kept as plain tuples: the garbage collector tracks an Event for as long as it lives
+                self._add(batch, cast(list[Row], list(map(tuple, batch.events))))
 
-    def _add(self, batch: ProcessEvents) -> None:  # holds the lock
+    def _add(self, batch: ProcessEvents, rows: Sequence[Row]) -> None:  # holds the lock
         info = self._by_process.get(batch.process)
         if info is None:
             info = ProcessInfo(len(self.processes), batch.host, batch.pid, batch.label)
@@ -95,12 +112,11 @@ class EventStore:
         info.threads.update(batch.threads)
         info.label = batch.label
         info.dropped = max(info.dropped, batch.dropped)
-        full = self._merged.maxlen or 0
-        for event in batch.events:
-            if len(self._merged) >= full:
-                self._overflow += 1
-            self._merged.append((self._next, info.index, event))
-            self._next += 1
+        events = self._events
+        self._overflow += max(0, len(events) + len(rows) - (events.maxlen or 0))  # what the extend pushes out
+        events.extend(rows)
+        self._sources.extend(repeat(info.index, len(rows)))
+        self._next += len(rows)
 
     @property
     def dropped(self) -> int:
@@ -110,21 +126,33 @@ class EventStore:
 
     def page(self, cursor: int = 0, limit: int | None = None) -> EventPage:
         """The events after `cursor` that the store still holds (at most `limit`, oldest first)."""
+        page = self.rows(cursor, limit)
+        events = [
+            (page.first + i, source, Event._make(row))
+            for i, (source, row) in enumerate(zip(page.sources, page.rows, strict=True))
+        ]
+        return EventPage(events, page.cursor, page.lost)
+
+    def rows(self, cursor: int = 0, limit: int | None = None) -> RowPage:
+        """`page` as the store keeps it."""
         with self._lock:
-            first = self._merged[0][0] if self._merged else self._next
-            start = max(0, cursor + 1 - first)
-            stop = len(self._merged) if limit is None else min(len(self._merged), start + limit)
-            # from the end: a poll asks for the newest few of many (a deque is slow to index in the middle)
-            newest = list(islice(reversed(self._merged), len(self._merged) - start)) if start < stop else []
-            events = newest[::-1][: stop - start]
+            held = len(self._events)
+            first = self._next - held  # the global seq of the oldest event held
             lost = max(0, first - cursor - 1)
-            next_cursor = events[-1][0] if events else max(cursor, self._next - 1)
-            return EventPage(events, next_cursor, lost)
+            start = max(0, cursor + 1 - first)
+            count = max(0, (held if limit is None else min(held, start + limit)) - start)
+            if not count:
+                return RowPage(self._next, [], [], max(cursor, self._next - 1), lost)
+            # from the end: a poll asks for the newest few of many (a deque is slow to index in the middle)
+            skip = held - start - count
+            rows = list(islice(reversed(self._events), skip, skip + count))[::-1]
+            sources = list(islice(reversed(self._sources), skip, skip + count))[::-1]
+            return RowPage(first + start, sources, rows, first + start + count - 1, lost)
 
     def by_process(self) -> list[ProcessEvents]:
         """Everything the store holds, as one batch per process (what a timeline is drawn from)."""
         with self._lock:
             out = [ProcessEvents(p.host, p.pid, p.label, dict(p.threads), [], p.dropped) for p in self.processes]
-            for _, index, event in self._merged:
-                out[index].events.append(event)
+            for source, row in zip(self._sources, self._events, strict=True):
+                out[source].events.append(Event._make(row))
         return out

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from fray.dashboard.model import Aggregates
 from fray.dashboard.server import static_files
-from fray.event_store import EventStore
+from fray.event_store import EventStore, RowPage
 from fray.timeline import TimelineSummary
 
 __all__ = ["ENGINE_NOTES", "JobPage", "JobSource"]
@@ -67,13 +67,13 @@ class JobPage:
             store = self._store
             model = self._model
             while True:
-                page = store.page(model.cursor, PAGE)
-                model.totals.lost += page.dropped
-                if not page.events:
+                page = store.rows(model.cursor, PAGE)
+                model.totals.lost += page.lost
+                if not page.rows:
                     break
-                model.add(page.events, store.processes)
+                model.add(page, store.processes)
             if not model.process_rows and store.processes:
-                model.add([], store.processes)
+                model.add(RowPage(0, [], [], 0, 0), store.processes)
             answer = model.delta(since)
             answer["backend"] = self._ctx.backend
             answer["dropped"] = store.dropped + model.totals.lost

@@ -1,6 +1,6 @@
 """What the live page shows, kept up to date one event at a time (never by reading the history again).
 
-`Aggregates.add` takes the events of `EventStore.page` in order; `Aggregates.delta(since)` answers a poll with
+`Aggregates.add` takes the events of `EventStore.rows` in order; `Aggregates.delta(since)` answers a poll with
 what changed after the cursor `since` (a global event seq) and the totals. Everything it holds is bounded: one
 row per function, actor, transfer path, lane and process; the newest `SPANS` finished spans and `ERRORS` errors;
 the work in flight (submitted, not ended) and a bounded memory of recently ended keys, so that an event that
@@ -10,11 +10,13 @@ arrives late from another process (a submit read after its end) is not counted a
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
+from itertools import count
 from typing import Any
 
 from fray.dashboard.rows import Actor, Function, Totals, Transfers
-from fray.event_store import ProcessInfo
-from fray.events import Event, Kind
+from fray.event_store import ProcessInfo, RowPage
+from fray.events import Kind
 
 __all__ = ["Aggregates"]
 
@@ -28,6 +30,31 @@ _TASK_START, _CALL_START = Kind.TASK_START, Kind.CALL_START
 _TASK_END, _CALL_END = Kind.TASK_END, Kind.CALL_END
 _TRANSFER = Kind.TRANSFER
 
+Key = str | int  # an event's key
+Data = Mapping[str, Any] | None  # an event's data
+
+
+class Family:
+    """The work of one family ("task" or "call") in flight: its functions by name; key -> [Function, lane (-1
+    while queued), start ns] of what was submitted and has not ended; running: the started part of it; ended:
+    recently ended keys (a late submit or start of one is ignored)."""
+
+    __slots__ = ("ended", "functions", "inflight", "name", "running")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.functions: dict[str, Function] = {}
+        self.inflight: dict[Key, list[Any]] = {}
+        self.running: dict[Key, list[Any]] = {}
+        self.ended: dict[Key, None] = {}
+
+    def finish(self, key: Key) -> None:
+        self.inflight.pop(key, None)
+        ended = self.ended
+        ended[key] = None
+        if len(ended) > 2 * ENDED_MEMORY:  # keep the newest half: amortized O(1) an end
+            self.ended = dict.fromkeys(list(ended)[-ENDED_MEMORY:])
+
 
 class Aggregates:
     """The page's state. Not thread-safe: the server calls it under its own lock."""
@@ -40,73 +67,78 @@ class Aggregates:
         self.transfers: dict[str, Transfers] = {}
         self.lanes: dict[tuple[int, int | str], int] = {}  # (process index, thread or actor) -> lane id
         self.lane_rows: list[list[Any]] = []  # [id, process index, thread, label, changed]
-        # by family ("task", "call"), key -> [Function, lane (-1 while queued), start ns]: what was submitted and
-        # has not ended; running: the started part of it; ended: recently ended keys (a late submit is ignored)
-        self.inflight: dict[str, dict[str | int, list[Any]]] = {"task": {}, "call": {}}
-        self.running: dict[str, dict[str | int, list[Any]]] = {"task": {}, "call": {}}
-        self.ended: dict[str, dict[str | int, None]] = {"task": {}, "call": {}}
-        self.spans: deque[list[Any]] = deque(maxlen=SPANS)  # [seq, lane, fn index, start us, end us, status]
-        self.errors: deque[list[Any]] = deque(maxlen=ERRORS)  # [seq, t us, fn name, kind, error, process]
+        self.tasks, self.calls = Family("task"), Family("call")
+        # (tuples of plain values: kept, they cost the garbage collector nothing)
+        self.spans: deque[tuple[Any, ...]] = deque(maxlen=SPANS)  # (seq, lane, fn index, start us, end us, status)
+        self.errors: deque[tuple[Any, ...]] = deque(maxlen=ERRORS)  # (seq, t us, fn name, kind, error, process)
         self.totals = Totals()
         self.process_rows: list[list[Any]] = []
         self._procs: list[ProcessInfo] = []
         self.processes_changed = 0
 
     # ----------------------------------------------------------------- taking events in
-    def add(self, events: list[tuple[int, int, Event]], processes: list[ProcessInfo]) -> None:
-        """Takes in events (in the store's order). About 1 us an event: a poll's work follows the job's rate."""
-        if not events:
+    def add(self, page: RowPage, processes: list[ProcessInfo]) -> None:
+        """Takes in events as the store keeps them (`EventStore.rows`, in its order). Under 1 us an event: a poll's
+        work follows the job's rate."""
+        rows = page.rows
+        if not rows:
             self._processes(processes)
             return
         if not self.t0_ns:
-            self.t0_ns = events[0][2].t
+            self.t0_ns = rows[0][1]
         self._procs = processes
         handlers = {
-            _TASK_SUBMIT: (self._submit, "task"),
-            _CALL_SUBMIT: (self._submit, "call"),
-            _TASK_START: (self._start, "task"),
-            _CALL_START: (self._start, "call"),
-            _TASK_END: (self._end, "task"),
-            _CALL_END: (self._end, "call"),
+            _TASK_SUBMIT: (self._submit, self.tasks),
+            _CALL_SUBMIT: (self._submit, self.calls),
+            _TASK_START: (self._start, self.tasks),
+            _CALL_START: (self._start, self.calls),
+            _TASK_END: (self._end, self.tasks),
+            _CALL_END: (self._end, self.calls),
         }
-        for seq, index, e in events:
-            handler = handlers.get(e.kind)
+        for seq, index, (_, t, kind, key, name, thread, data) in zip(count(page.first), page.sources, rows):
+            handler = handlers.get(kind)
             if handler is not None:
-                handler[0](seq, index, e, handler[1])
-            elif e.kind == _TRANSFER:
-                self._transfer(seq, e)
+                handler[0](handler[1], seq, index, t, key, name, thread, data)
+            elif kind == _TRANSFER:
+                self._transfer(seq, name, data)
             else:
-                self._lifecycle(seq, e, processes[index].label if index < len(processes) else "")
-        self.cursor = events[-1][0]
-        self.totals.events += len(events)
+                self._lifecycle(seq, t, kind, key, name, data, processes[index].label if index < len(processes) else "")
+        self.cursor = page.first + len(rows) - 1
+        self.totals.events += len(rows)
         self._processes(processes)
 
-    def _fn(self, family: str, name: str, seq: int) -> Function:
-        found = self.functions.get((family, name))
+    def _fn(self, family: Family, name: str, seq: int) -> Function:
+        found = family.functions.get(name)
         if found is None:
-            found = self.functions[(family, name)] = Function(name, family, len(self.functions))
+            found = family.functions[name] = Function(name, family.name, len(self.functions))
+            self.functions[(family.name, name)] = found
         found.changed = seq
         return found
 
-    def _submit(self, seq: int, index: int, e: Event, family: str) -> None:
-        inflight = self.inflight[family]
-        if e.key not in inflight and e.key not in self.ended[family]:
-            fn = self._fn(family, e.name, seq)
+    # Each handler takes an event's fields (see fray.events.Event), unpacked once by `add`
+    def _submit(
+        self, family: Family, seq: int, index: int, t: int, key: Key, name: str, thread: int, data: Data
+    ) -> None:
+        inflight = family.inflight
+        if key not in inflight and key not in family.ended:
+            fn = family.functions.get(name) or self._fn(family, name, seq)
+            fn.changed = seq
             fn.queued += 1
-            inflight[e.key] = [fn, -1, 0]
-            if family == "call" and e.data:  # (a backend names a call's actor where it submits or where it starts)
-                actor = self._actor(e.data.get("actor"), "", seq)
+            inflight[key] = [fn, -1, 0]
+            if data and family is self.calls:  # (a backend names a call's actor where it submits or where it starts)
+                actor = self._actor(data.get("actor"), "", seq)
                 if actor is not None:
                     actor.calls += 1
 
-    def _start(self, seq: int, index: int, e: Event, family: str) -> None:
-        key = e.key
-        if key in self.ended[family]:
+    def _start(
+        self, family: Family, seq: int, index: int, t: int, key: Key, name: str, thread: int, data: Data
+    ) -> None:
+        if key in family.ended:
             return
-        work = self.inflight[family].get(key)
+        work = family.inflight.get(key)
         if work is None:  # its submit was not seen (another process, or before the store's window)
-            fn = self._fn(family, e.name, seq)
-            work = self.inflight[family][key] = [fn, -1, 0]
+            fn = self._fn(family, name, seq)
+            work = family.inflight[key] = [fn, -1, 0]
         else:
             fn = work[0]
             fn.changed = seq
@@ -115,69 +147,64 @@ class Aggregates:
             else:
                 fn.queued -= 1
         fn.running += 1
-        lane = self.lanes.get((index, e.thread))
-        work[1] = lane if lane is not None else self._lane(seq, index, e.thread)
-        work[2] = e.t
-        self.running[family][key] = work
-        if family == "call" and e.data:
-            actor = self._actor(e.data.get("actor"), "", seq)
+        lane = self.lanes.get((index, thread))
+        work[1] = lane if lane is not None else self._lane(seq, index, thread)
+        work[2] = t
+        family.running[key] = work
+        if data and family is self.calls:
+            actor = self._actor(data.get("actor"), "", seq)
             if actor is not None:
                 actor.calls += 1
 
-    def _end(self, seq: int, index: int, e: Event, family: str) -> None:
-        key = e.key
-        data = e.data
+    def _end(self, family: Family, seq: int, index: int, t: int, key: Key, name: str, thread: int, data: Data) -> None:
         status = str(data.get("status", "ok")) if data else "ok"
-        work = self.inflight[family].get(key)
+        work = family.inflight.get(key)
         if work is None:
-            if key in self.ended[family]:
+            if key in family.ended:
                 return
-            work = [self._fn(family, e.name, seq), -1, 0]
+            work = [self._fn(family, name, seq), -1, 0]
             work[0].queued += 1  # as if submitted: taken off below
         fn: Function = work[0]
         fn.changed = seq
         lane: int = work[1]
         if lane >= 0:
-            del self.running[family][key]
+            del family.running[key]
             fn.running -= 1
-            fn.busy_ns += max(0, e.t - work[2])
             begin = work[2]
+            if t > begin:
+                fn.busy_ns += t - begin
         else:
             fn.queued -= 1
-            lane, begin = self._lane(seq, index, e.thread), e.t
+            lane, begin = self._lane(seq, index, thread), t
         if status == "ok":
             fn.done += 1
-            self._ended(family, key)
+            family.inflight.pop(key, None)  # (family.finish, written out on the path of most events)
+            family.ended[key] = None
+            if len(family.ended) > 2 * ENDED_MEMORY:
+                family.finish(key)
         elif status == "retry":  # it runs again: back in the queue
             fn.retries += 1
             fn.queued += 1
-            self.inflight[family][key] = [fn, -1, 0]
+            family.inflight[key] = [fn, -1, 0]
         elif status == "cancelled":
             fn.cancelled += 1
-            self._ended(family, key)
+            family.finish(key)
         else:
             fn.failed += 1
-            self._ended(family, key)
+            family.finish(key)
         if status != "ok" and status != "cancelled":
             label = self._procs[index].label if index < len(self._procs) else ""
             error = str(data.get("error", status)) if data else status
-            self.errors.append([seq, self._us(e.t), fn.name, family, error, label])
+            self.errors.append((seq, self._us(t), fn.name, family.name, error, label))
             self.totals.errors += 1
         t0 = self.t0_ns
-        self.spans.append([seq, lane, fn.index, (begin - t0) // 1000, (e.t - t0) // 1000, status])
+        self.spans.append((seq, lane, fn.index, (begin - t0) // 1000, (t - t0) // 1000, status))
 
-    def _ended(self, family: str, key: str | int) -> None:
-        self.inflight[family].pop(key, None)
-        ended = self.ended[family]
-        ended[key] = None
-        if len(ended) > 2 * ENDED_MEMORY:  # keep the newest half: amortized O(1) an end
-            self.ended[family] = dict.fromkeys(list(ended)[-ENDED_MEMORY:])
-
-    def _transfer(self, seq: int, e: Event) -> None:
-        data = e.data or {}
-        row = self.transfers.get(e.name)
+    def _transfer(self, seq: int, path: str, data: Data) -> None:
+        data = data or {}
+        row = self.transfers.get(path)
         if row is None:
-            row = self.transfers[e.name] = Transfers(e.name)
+            row = self.transfers[path] = Transfers(path)
         nbytes = int(data.get("bytes", 0))
         row.count += 1
         row.nbytes += nbytes
@@ -186,26 +213,26 @@ class Aggregates:
         self.totals.bytes += nbytes
         self.totals.transfers += 1
 
-    def _lifecycle(self, seq: int, e: Event, process: str) -> None:
-        data = e.data or {}
+    def _lifecycle(self, seq: int, t: int, kind: str, key: Key, name: str, data: Data, process: str) -> None:
+        data = data or {}
         reason = str(data.get("reason", "")) if data.get("reason") is not None else ""
-        if e.kind == Kind.ACTOR_CREATE:
-            self._actor(e.key, e.name, seq)
-        elif e.kind == Kind.ACTOR_DIED:
-            actor = self._actor(e.key, e.name, seq)
+        if kind == Kind.ACTOR_CREATE:
+            self._actor(key, name, seq)
+        elif kind == Kind.ACTOR_DIED:
+            actor = self._actor(key, name, seq)
             if actor is not None and actor.state != "dead":
                 actor.state, actor.reason = "dead", reason
                 self.totals.deaths += 1
-        elif e.kind == Kind.ACTOR_RESTART:
-            actor = self._actor(e.key, e.name, seq)
+        elif kind == Kind.ACTOR_RESTART:
+            actor = self._actor(key, name, seq)
             if actor is not None:
                 actor.state, actor.restarts, actor.reason = "alive", actor.restarts + 1, reason
                 self.totals.restarts += 1
         else:  # group restarts, workers' starts and deaths, job states: counted, and deaths logged
-            self.totals.extra[e.kind] = self.totals.extra.get(e.kind, 0) + 1
-            if e.kind in (Kind.WORKER_DIED, Kind.GROUP_RESTART):
-                what = str(data.get("reason") or data.get("exit_code") or e.kind)
-                self.errors.append([seq, self._us(e.t), e.name, e.kind, what, process])
+            self.totals.extra[kind] = self.totals.extra.get(kind, 0) + 1
+            if kind in (Kind.WORKER_DIED, Kind.GROUP_RESTART):
+                what = str(data.get("reason") or data.get("exit_code") or kind)
+                self.errors.append((seq, self._us(t), name, kind, what, process))
                 self.totals.errors += 1
 
     def _actor(self, key: object, name: str, seq: int) -> Actor | None:
@@ -292,15 +319,15 @@ class Aggregates:
 
     def _running(self) -> list[list[Any]]:
         out: list[list[Any]] = []
-        for running in self.running.values():
-            for fn, lane, start_ns in running.values():
+        for family in (self.tasks, self.calls):
+            for fn, lane, start_ns in family.running.values():
                 out.append([lane, fn.index, self._us(start_ns)])
                 if len(out) >= RUNNING:
                     return out
         return out
 
 
-def _newer(rows: deque[list[Any]], since: int) -> list[list[Any]]:
+def _newer(rows: deque[tuple[Any, ...]], since: int) -> list[tuple[Any, ...]]:
     """The rows (oldest first) whose seq is after `since`: read from the newest end, stopping at the first old."""
     out = []
     for row in reversed(rows):
