@@ -63,7 +63,8 @@ class RayGang:
     hang_timeout: float = math.inf  # seconds a member's heartbeat may stay unchanged (fray.gang.hang_timeout)
     beats: dict[str, tuple[Any, float]] = field(default_factory=dict)  # actor id -> (last beat, when it changed)
     ended_at: dict[int, float] = field(default_factory=dict)  # life -> when its member died (time.time(), by Ray)
-    local_pids: dict[int, int] = field(default_factory=dict)  # rank -> pid of its process, if on this machine
+    # rank -> pid of its process, if on this machine; replaced, never changed in place (read without the lock)
+    local_pids: dict[int, int] = field(default_factory=dict)
 
 
 class GangWatch:
@@ -162,7 +163,8 @@ class GangWatch:
         for rank, actor_id in enumerate(list(gang.ids)):
             info = state.actors(actor_id=actor_id)
             if rank not in gang.local_pids and info.get("State") == "ALIVE" and _on_this_node(info):
-                gang.local_pids[rank] = int(info.get("Pid") or 0)
+                # a new dict, not an insert: `route` iterates the one it read on the caller's thread, unlocked
+                gang.local_pids = {**gang.local_pids, rank: int(info.get("Pid") or 0)}
             if info.get("State") in _GONE:
                 found = _DEATH_MESSAGE.search(str(info.get("DeathCause", "")))
                 # (Ray's message goes on with advice about OOM kills: its first sentence says what happened)
