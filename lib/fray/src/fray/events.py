@@ -22,6 +22,7 @@ import os
 import socket
 import threading
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -209,9 +210,9 @@ class Recorder:
         """`since`, with the events as plain tuples (`Row`) beside a batch that holds none: what the driver's store
         keeps (no Event made for each, and none for the garbage collector to track)."""
         raw = self._newest(cursor)
-        if cursor:
-            raw = [r for r in raw if r[0] > cursor]
         raw.sort(key=_seq_of)  # (two threads may append in the other order than they took their seqs)
+        if cursor:
+            del raw[: bisect_right(raw, cursor, key=_seq_of)]
         return self._batch(raw, named=False), raw
 
     def _newest(self, cursor: int) -> list[Row]:
@@ -231,7 +232,7 @@ class Recorder:
         ring = self._ring
         dropped = max(0, int(ring[-1][0]) - len(ring)) if ring else 0
         events = [Event._make(r) for r in raw] if named else []
-        unnamed = {r[5] for r in raw} - self._threads.keys()
+        unnamed = set(map(_thread_of, raw)) - self._threads.keys()
         if unnamed:
             live = {t.ident: t.name for t in threading.enumerate()}
             for thread in unnamed:
@@ -292,7 +293,7 @@ def _appender(ring: deque[Row], seq: itertools.count[int]) -> Any:
 _REORDER_MARGIN = 64  # how far out of seq order appends from several threads can land (a thread switch apart)
 
 
-_seq_of = itemgetter(0)
+_seq_of, _thread_of = itemgetter(0), itemgetter(5)
 
 
 def _capacity_from_env() -> int:
