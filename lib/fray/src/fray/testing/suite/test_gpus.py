@@ -138,8 +138,12 @@ def test_an_spmd_group_holding_gpus_restarts_seeing_the_same_devices(gpu_ctx: Jo
             gpu_ctx.get(group[1].crash_now(), timeout=120)
         after = gpu_ctx.get(group.view(), timeout=180)  # made while the group restarts: waits for it
         assert sorted(v[0][0] for v in after) == sorted(v[0][0] for v in before)
+        # each member's (held, CUDA_VISIBLE_DEVICES, LOCAL_RANK) in the message: once (1 of ~3 CI runs on monarch,
+        # never alone) a member's view here named fewer devices than its LOCAL_RANK indexes
+        seen = f"before the restart {before}, after {after}"
         for mine, visible, local_rank in after:
-            assert visible is not None and visible.split(",")[local_rank] == str(mine[0])
+            assert visible is not None and len(visible.split(",")) > local_rank, seen
+            assert visible.split(",")[local_rank] == str(mine[0]), seen
         if _devices(gpu_ctx) == 2:  # the restarted group still holds both: a one-GPU task starts once it is gone
             ref = gpu_ctx.create_task(h.held_gpus_since, options=ONE_GPU)
             gpu_ctx.wait([ref], timeout=3.0)
