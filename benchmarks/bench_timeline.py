@@ -71,7 +71,7 @@ class Poller:
         answer.read()
         self.cookie = (answer.getheader("Set-Cookie") or "").split(";")[0]
         conn.close()
-        self.period, self.cursor, self.polls = period, 0, 0
+        self.period, self.cursor = period, 0
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="bench-page", daemon=True)
 
@@ -81,7 +81,6 @@ class Poller:
         answer = json.loads(conn.getresponse().read())
         conn.close()
         self.cursor = answer["cursor"]
-        self.polls += 1
 
     def _run(self) -> None:
         while not self.stopped.wait(self.period):

@@ -213,7 +213,7 @@ class Recorder:
         raw.sort(key=_seq_of)  # (two threads may append in the other order than they took their seqs)
         if cursor:
             del raw[: bisect_right(raw, cursor, key=_seq_of)]
-        return self._batch(raw, named=False), raw
+        return self._batch(raw), raw
 
     def _newest(self, cursor: int) -> list[Row]:
         """The ring's newest events, enough to hold every one after `cursor` (a copy made by C code: appends from
@@ -228,16 +228,16 @@ class Recorder:
         newest.reverse()
         return newest
 
-    def _batch(self, raw: list[Row], named: bool = True) -> ProcessEvents:
+    def _batch(self, raw: list[Row]) -> ProcessEvents:
+        """A batch for `raw` that holds no events yet (its caller gives them as Events or keeps the rows)."""
         ring = self._ring
         dropped = max(0, int(ring[-1][0]) - len(ring)) if ring else 0
-        events = [Event._make(r) for r in raw] if named else []
         unnamed = set(map(_thread_of, raw)) - self._threads.keys()
         if unnamed:
             live = {t.ident: t.name for t in threading.enumerate()}
             for thread in unnamed:
                 self._threads[thread] = live.get(thread, f"thread {thread}")
-        return ProcessEvents(self._host, os.getpid(), self.label, dict(self._threads), events, dropped)
+        return ProcessEvents(self._host, os.getpid(), self.label, dict(self._threads), [], dropped)
 
     def take(self) -> ProcessEvents:
         """The events not taken yet, each taken once (a process that hands its events over by two ways, with its
@@ -261,6 +261,7 @@ class Recorder:
                 self._lost_untaken += raw[0][0] - self._taken - 1
                 self._taken = int(raw[-1][0])
             batch = self._batch(raw)
+            batch.events = [Event._make(r) for r in raw]
             batch.dropped = self._lost_untaken  # (those taken before and dropped since were not lost)
             return batch
 

@@ -121,8 +121,7 @@ class Aggregates:
     ) -> None:
         inflight = family.inflight
         if key not in inflight and key not in family.ended:
-            fn = family.functions.get(name) or self._fn(family, name, seq)
-            fn.changed = seq
+            fn = self._fn(family, name, seq)
             fn.queued += 1
             inflight[key] = [fn, -1, 0]
             if data and family is self.calls:  # (a backend names a call's actor where it submits or where it starts)
@@ -178,10 +177,7 @@ class Aggregates:
             lane, begin = self._lane(seq, index, thread), t
         if status == "ok":
             fn.done += 1
-            family.inflight.pop(key, None)  # (family.finish, written out on the path of most events)
-            family.ended[key] = None
-            if len(family.ended) > 2 * ENDED_MEMORY:
-                family.finish(key)
+            family.finish(key)
         elif status == "retry":  # it runs again: back in the queue
             fn.retries += 1
             fn.queued += 1
