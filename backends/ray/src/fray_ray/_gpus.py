@@ -61,7 +61,7 @@ def see_group_gpus(env: dict[str, str]) -> None:
                 return
             time.sleep(0.05)
     group = [d for r in range(size) if entries[r]["node"] == node for d in entries[r]["visible"]]  # type: ignore[attr-defined]
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(group)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(group))  # members sharing a device: named once
     use_held_device()
     _clean_up(rendezvous, rank, size)
 

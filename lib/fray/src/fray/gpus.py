@@ -61,9 +61,11 @@ class HostGpus:
         return len(self.ids)
 
     def visible(self, ids: Sequence[int]) -> str:
-        """The CUDA_VISIBLE_DEVICES value that shows exactly `ids`, in that order."""
+        """The CUDA_VISIBLE_DEVICES value that shows exactly `ids`, in that order, each once: members sharing a
+        device (fractions) name it each, and CUDA refuses a variable that names one twice ("invalid device
+        ordinal" at its first use)."""
         by_id = dict(zip(self.ids, self.entries, strict=True))
-        return ",".join(by_id.get(i, str(i)) for i in ids)
+        return ",".join(by_id.get(i, str(i)) for i in dict.fromkeys(ids))
 
     @classmethod
     def numbered(cls, count: int, source: str) -> HostGpus:

@@ -221,7 +221,7 @@ class ActorRegistry:
         elif rec.dedicated:  # (a group member coming back: on a fresh process, never on its group's mesh)
             if previous:
                 rec.gpus = self.holds.again(rec.host, amount, previous)
-            proc = self.pool.spawn(rec.host, dedicated=rec.id, cpus=rec.resources.get("CPU"))
+            proc = self.pool.spawn(rec.host, dedicated=rec.id, cpus=rec.resources.get("CPU"), member=True)
             rec.slot = None
             self.holds.claim_on_host(rec, rec.host)
         else:

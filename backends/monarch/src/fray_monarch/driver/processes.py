@@ -109,16 +109,19 @@ class ProcessPool:
         dedicated: str = "",
         cpus: float | None = None,
         gpus: tuple[int, ...] = (),
+        member: bool = False,
     ) -> Proc:
         """Under the lock: a fresh proc mesh of one worker process: a general one, one for tasks with env vars
         (env_key; GPUs in it as gpu_env_key puts them), or the process of one actor (dedicated: the actor's id; it
         runs no tasks and holds none of the host's share; cpus: the CPUs that actor holds). gpus: the devices it
-        sees (CUDA_VISIBLE_DEVICES, set before its first CUDA call)."""
+        sees (CUDA_VISIBLE_DEVICES, set before its first CUDA call). member: the process of a group member coming
+        back, whose view of the GPUs comes with its own env at its __init__, as when its group was made: the
+        process sets none of its own, which would race that env (both are published as the process starts)."""
         key = self.ids.proc()
         mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **self.boot())
         capacity = {} if dedicated else sized_capacity(env_key) or dict(self.share)
         seen = gpus or gpus_of_key(env_key)
-        env = {**self.visible_env(seen), **dict(env_key)}
+        env = {**({} if member else self.visible_env(seen)), **dict(env_key)}
         worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), env, cpus)
         proc = Proc(key, host, mesh, worker, capacity, env_key=env_key, dedicated=dedicated, gpus=seen)
         self.adopt(proc)

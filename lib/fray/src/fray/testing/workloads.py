@@ -311,12 +311,13 @@ class GpuHolder:
 
 
 class GpuMember:
-    """An SPMD member that says what it holds and sees: (current_gpus, CUDA_VISIBLE_DEVICES, LOCAL_RANK)."""
+    """A group member that says what it holds and sees: (current_gpus, CUDA_VISIBLE_DEVICES, LOCAL_RANK (-1 outside
+    an SPMD group))."""
 
     def view(self) -> tuple[list[int], str | None, int]:
         import fray
 
-        return fray.current_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"), int(os.environ["LOCAL_RANK"])
+        return fray.current_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"), int(os.environ.get("LOCAL_RANK", -1))
 
     def crash_now(self) -> None:
         os._exit(1)

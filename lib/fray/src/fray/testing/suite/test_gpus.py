@@ -153,3 +153,22 @@ def test_an_spmd_group_holding_gpus_restarts_seeing_the_same_devices(gpu_ctx: Jo
             assert len(held) == 1 and started >= killed
     finally:
         gpu_ctx.kill(group)
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["group", "spmd"])
+def test_group_members_sharing_a_gpu_see_it_once(gpu_ctx: JobContext, distributed: bool) -> None:
+    """Members holding fractions of one device see it once: CUDA refuses a CUDA_VISIBLE_DEVICES that names a
+    device twice ("invalid device ordinal" at CUDA's first use, seen on an H100 with two 0.25-GPU members)."""
+    if distributed and Capability.SPMD_GROUPS not in gpu_ctx.capabilities:
+        pytest.skip(f"backend {gpu_ctx.backend!r} lacks capability 'spmd_groups'")
+    opts = ActorOptions(resources={"CPU": 0.5, "GPU": 0.25})
+    group = gpu_ctx.create_actor_group(h.GpuMember, 2, options=opts, distributed=distributed)
+    try:
+        views = gpu_ctx.get(group.view(), timeout=120)
+        assert [v[0] for v in views][0] == [v[0] for v in views][1], views  # both on the one device they share
+        for mine, visible, _ in views:
+            names = visible.split(",") if visible else []
+            assert len(names) == len(set(names)), views
+            assert visible is None or str(mine[0]) in names, views
+    finally:
+        gpu_ctx.kill(group)
