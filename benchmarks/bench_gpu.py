@@ -58,6 +58,13 @@ def _samples(fn: Callable[[], object], repeats: int, warmup: int) -> list[float]
         return f"n/a: {type(exc).__name__}: {str(exc)[:120]}"
 
 
+def _row(name: str, samples: list[float] | str) -> Row:
+    """A measured row, printed at once as well (a run cut short by its time limit still says what it measured)."""
+    shown = samples if isinstance(samples, str) else f"p50 {percentile(samples, 50) * 1e3:.2f} ms"
+    print(f"  measured: {name}: {shown}", flush=True)
+    return (name, samples)
+
+
 def _sync(value: Any = None) -> Any:
     import torch
 
@@ -107,11 +114,11 @@ def limit_rows(nbytes: int, repeats: int, warmup: int) -> list[Row]:
     pinned = torch.empty(nbytes // 4, pin_memory=True)
     pageable = torch.empty(nbytes // 4)
     return [
-        ("device copy", _samples(lambda: _sync(dst.copy_(src)), repeats, warmup)),
-        ("pinned device->host", _samples(lambda: _sync(pinned.copy_(src)), repeats, warmup)),
-        ("pinned host->device", _samples(lambda: _sync(dst.copy_(pinned)), repeats, warmup)),
-        ("pageable device->host", _samples(lambda: _sync(pageable.copy_(src)), repeats, warmup)),
-        ("torch CUDA IPC -> warm process, its copy", _ipc_samples(nbytes, repeats, warmup)),
+        _row("device copy", _samples(lambda: _sync(dst.copy_(src)), repeats, warmup)),
+        _row("pinned device->host", _samples(lambda: _sync(pinned.copy_(src)), repeats, warmup)),
+        _row("pinned host->device", _samples(lambda: _sync(dst.copy_(pinned)), repeats, warmup)),
+        _row("pageable device->host", _samples(lambda: _sync(pageable.copy_(src)), repeats, warmup)),
+        _row("torch CUDA IPC -> warm process, its copy", _ipc_samples(nbytes, repeats, warmup)),
     ]
 
 
@@ -164,13 +171,13 @@ def fray_rows(backend: str, nbytes: int, repeats: int, warmup: int) -> list[Row]
             return ctx.get(ctx.create_task(total, args=(t,), options=task))
 
         rows: list[Row] = [
-            ("put -> get", _samples(lambda: _sync(ctx.get(ctx.put(t))), repeats, warmup)),
-            ("task -> driver", _samples(task_to_driver, repeats, warmup)),
-            ("driver -> task", _samples(driver_to_task, repeats, warmup)),
-            ("actor -> actor", _samples(lambda: ctx.get(taker.take(maker.make(n))), repeats, warmup)),
+            _row("put -> get", _samples(lambda: _sync(ctx.get(ctx.put(t))), repeats, warmup)),
+            _row("task -> driver", _samples(task_to_driver, repeats, warmup)),
+            _row("driver -> task", _samples(driver_to_task, repeats, warmup)),
+            _row("actor -> actor", _samples(lambda: ctx.get(taker.take(maker.make(n))), repeats, warmup)),
         ]
         out = torch.empty(n, device="cuda")
-        rows.append(("put -> get(out=)", _samples(lambda: _sync(ctx.get(ctx.put(t), out=out)), repeats, warmup)))
+        rows.append(_row("put -> get(out=)", _samples(lambda: _sync(ctx.get(ctx.put(t), out=out)), repeats, warmup)))
         paths = {path: stats.count for path, stats in ctx.transfer_stats().items()}
         rows.append((f"(paths: {paths})", "-"))
         return [(f"fray-{backend} {name}", s) for name, s in rows]
@@ -189,12 +196,12 @@ def raw_ray_rows(nbytes: int, repeats: int, warmup: int) -> list[Row]:
         remote_make = ray.remote(num_gpus=0.25)(make)
         remote_total = ray.remote(num_gpus=0.25)(total)
         rows: list[Row] = [
-            ("raw ray put -> get", _samples(lambda: _sync(ray.get(ray.put(t))), repeats, warmup)),
-            ("raw ray task -> driver", _samples(lambda: _sync(ray.get(remote_make.remote(n))), repeats, warmup)),
-            ("raw ray driver -> task", _samples(lambda: ray.get(remote_total.remote(t)), repeats, warmup)),
+            _row("raw ray put -> get", _samples(lambda: _sync(ray.get(ray.put(t))), repeats, warmup)),
+            _row("raw ray task -> driver", _samples(lambda: _sync(ray.get(remote_make.remote(n))), repeats, warmup)),
+            _row("raw ray driver -> task", _samples(lambda: ray.get(remote_total.remote(t)), repeats, warmup)),
         ]
         try:
-            rows.append(("raw ray RDT cuda_ipc actor -> actor", _rdt_samples(n, repeats, warmup)))
+            rows.append(_row("raw ray RDT cuda_ipc actor -> actor", _rdt_samples(n, repeats, warmup)))
         except Exception as exc:
             rows.append(("raw ray RDT cuda_ipc actor -> actor", f"n/a: {type(exc).__name__}: {str(exc)[:120]}"))
         return rows
@@ -247,8 +254,8 @@ def raw_monarch_rows(nbytes: int, repeats: int, warmup: int) -> list[Row]:
     try:
         t = torch.ones(n, device="cuda")
         rows: list[Row] = [
-            ("raw monarch result -> driver", _samples(lambda: actor.make.call_one(n).get(), repeats, warmup)),
-            ("raw monarch argument -> actor", _samples(lambda: actor.take.call_one(t).get(), repeats, warmup)),
+            _row("raw monarch result -> driver", _samples(lambda: actor.make.call_one(n).get(), repeats, warmup)),
+            _row("raw monarch argument -> actor", _samples(lambda: actor.take.call_one(t).get(), repeats, warmup)),
         ]
         out = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
@@ -256,7 +263,7 @@ def raw_monarch_rows(nbytes: int, repeats: int, warmup: int) -> list[Row]:
             actor.buffer.call_one(n).get().read_into(out).get()
             _sync()
 
-        rows.append(("raw monarch RDMABuffer read_into", _samples(read, repeats, warmup)))
+        rows.append(_row("raw monarch RDMABuffer read_into", _samples(read, repeats, warmup)))
         return rows
     finally:
         procs.stop().get()
@@ -326,8 +333,8 @@ def main() -> int:
             continue
         args = [sys.executable, __file__, "--backend", backend, "--sizes", *map(str, opts.sizes)]
         args += ["--repeats", str(opts.repeats), "--warmup", str(opts.warmup), "--row-seconds", str(ROW_SECONDS)]
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=900, env=os.environ, check=False)
-        print(proc.stdout, end="")
+        sys.stdout.flush()  # the backend's rows stream into this output as they are measured
+        proc = subprocess.run(args, stderr=subprocess.PIPE, text=True, timeout=900, env=os.environ, check=False)
         if proc.returncode != 0:
             print(f"\n{backend}: failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return 0
