@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -81,3 +83,37 @@ def test_in_memory_spmd_members_see_their_groups_devices_in_rank_order(monkeypat
             assert visible.split(",")[int(local_rank or -1)] == mine
     finally:
         fray.shutdown()
+
+
+_FRESH_GROUP = """
+import sys
+import fray
+from fray import ActorOptions
+
+class Member:
+    def __init__(self):
+        import torch  # this thread imports torch while its peers' threads do too
+        self.ok = torch.ones(1).item() == 1.0
+
+    def ok_(self):
+        return self.ok
+
+assert "torch" not in sys.modules
+ctx = fray.init("in_memory?gpus=2")
+group = ctx.create_actor_group(Member, 6, options=ActorOptions(resources={"GPU": 0.25}))
+print(ctx.get(group.ok_(), timeout=120))
+fray.shutdown()
+"""
+
+
+def test_in_memory_members_holding_gpus_start_while_torch_is_first_imported() -> None:
+    """Each member's thread makes its device current, which needs torch: before the fix, a member whose thread saw
+    another thread's half-imported torch died with "partially initialized module 'torch' has no attribute 'cuda'"
+    (seen on an H100: bench_rlhf --device cuda's rollout group on in_memory)."""
+    pytest.importorskip("torch", reason="needs torch (the race is in importing it)")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH_GROUP], capture_output=True, text=True, timeout=300, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str([True] * 6), proc.stdout

@@ -241,11 +241,11 @@ def _set_cuda_device(ordinal: int | None) -> Callable[[], None] | None:
 
 def _torch_with_cuda() -> Any:
     """torch, where it is installed and sees a CUDA device (imported here only for work that holds a GPU)."""
-    torch: Any = sys.modules.get("torch")
-    if torch is None:
-        if importlib.util.find_spec("torch") is None:
-            return None
-        torch = importlib.import_module("torch")
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+        return None
+    # import_module, never sys.modules: while another thread imports torch, sys.modules holds it half made
+    # (no torch.cuda yet); import_module waits for that import to finish
+    torch: Any = importlib.import_module("torch")
     return torch if torch.cuda.is_available() else None
 
 

@@ -165,7 +165,7 @@ def test_group_members_sharing_a_gpu_see_it_once(gpu_ctx: JobContext, distribute
     group = gpu_ctx.create_actor_group(h.GpuMember, 2, options=opts, distributed=distributed)
     try:
         views = gpu_ctx.get(group.view(), timeout=120)
-        assert [v[0] for v in views][0] == [v[0] for v in views][1], views  # both on the one device they share
+        assert views[0][0] == views[1][0], views  # both on the one device they share
         for mine, visible, _ in views:
             names = visible.split(",") if visible else []
             assert len(names) == len(set(names)), views
