@@ -60,7 +60,9 @@ def _samples(fn: Callable[[], object], repeats: int, warmup: int) -> list[float]
 
 def _row(name: str, samples: list[float] | str) -> Row:
     """A measured row, printed at once as well (a run cut short by its time limit still says what it measured)."""
-    shown = samples if isinstance(samples, str) else f"p50 {percentile(samples, 50) * 1e3:.2f} ms"
+    shown = samples
+    if not isinstance(samples, str):
+        shown = f"p50 {percentile(samples, 50) * 1e3:.2f} ms, p90 {percentile(samples, 90) * 1e3:.2f} ms"
     print(f"  measured: {name}: {shown}", flush=True)
     return (name, samples)
 
