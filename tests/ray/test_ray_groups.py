@@ -260,3 +260,44 @@ def test_closed_streams_give_their_cpu_back(ctx: RayJobContext, tmp_path: Path) 
         assert ctx.get(stream.next_ref(timeout=60), timeout=60) == 0
         stream.close()
     assert _until(lambda: ray.available_resources().get("CPU", 0.0) >= total, timeout=30)
+
+
+def test_a_group_call_split_by_a_death_between_its_members_routes_waits_whole_for_the_next_life(
+    ctx: RayJobContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each member's call is routed on its own (GangWatch.route), and a member's death can fall between two of
+    them. Seen in CI: rank 0's call waited for the restart while rank 1's went to the dead member; sent again to
+    the new rank 1, it waited in gloo's all_reduce for a rank 0 never sent there (gloo's 60 s timeout). That
+    interleaving is forced here with real Ray: a group call is all sent in one life, or all waits."""
+    pytest.importorskip("torch", reason="the group uses torch.distributed")
+    from ray._private import state
+
+    from fray.errors import ActorUnavailableError
+    from fray.testing.workloads import kill_descendant
+    from fray_ray._gangs import Refusal
+
+    group = ctx.create_actor_group(g.GlooMember, 2, distributed=True, options=ActorOptions(max_restarts=1))
+    try:
+        before = ctx.get(group.facts(), timeout=180)
+        gangs = ctx._groups.gangs
+        gang, _ = gangs._ranks[id(group.handles[0].payload)]
+        first, dead = group.handles[0].payload, gang.actors[1]
+
+        def racing_route(actor: Any) -> tuple[Any, Any]:
+            if actor is first:  # rank 0's call saw rank 1's process exiting: it waits for the next life
+                gangs.refusing = True  # (as route does when it hands out a Refusal: gets look for them)
+                ending = ActorUnavailableError("a member's process is ending; the group will restart")
+                return None, ray.put(Refusal(ending, waits=True, after=gang.generation))
+            return dead, None  # rank 1's was routed a moment before: to the member that just died
+
+        kill_descendant(before[1]["pid"])
+        # the death is in Ray's GCS (so the call is one made after it, which fray sends again) before fray's
+        # watcher has ended the group's life: the window in which the two routes can disagree
+        assert _until(lambda: state.actors(actor_id=dead._actor_id.hex()).get("State") == "DEAD")
+        monkeypatch.setattr(gangs, "route", racing_route)
+        refs = group.all_reduce(2.0)
+        monkeypatch.undo()
+        assert ctx.get(refs, timeout=50) == [[4.0], [4.0]]  # (under gloo's 60 s: a split call would time out)
+        assert [f["restarts"] for f in ctx.get(group.facts(), timeout=60)] == [1, 1]
+    finally:
+        ctx.kill(group)

@@ -318,8 +318,7 @@ class RayGroups:
             ray_args, ray_kwargs = share_args(ray_args), share_kwargs(ray_kwargs)
         noted = ray_args is not args or ray_kwargs is not kwargs
         refs = []
-        for handle in group.handles:
-            actor, refused = self.gangs.route(handle.payload)  # an SPMD group restarted, restarting or dead
+        for handle, (actor, refused) in zip(group.handles, self._routes(group), strict=True):
             if refused is not None:
                 refs.append(ObjectRef(refused, "ray"))
                 self.resend.note(refs[-1], handle.payload, method, ray_args, ray_kwargs)  # (sent once it is back)
@@ -341,6 +340,18 @@ class RayGroups:
                 self._cancels.note_dependencies(result, args, kwargs)
             refs.append(result)
         return refs
+
+    def _routes(self, group: ActorGroup) -> list[tuple[Any, Any]]:
+        """Where each member's call goes (GangWatch.route: an SPMD group restarted, restarting or dead), all in one
+        life of the group: if one member's call is refused (it waits for the next life), every member's is. A
+        collective split between lives hangs: a member sent to the new life waits there for a peer whose call
+        waits to be sent (seen in CI on ray: gloo's 60 s timeout, one call refused and one sent after a kill)."""
+        routes = [self.gangs.route(handle.payload) for handle in group.handles]
+        refused = next((ref for _, ref in routes if ref is not None), None)
+        if refused is None or all(ref is not None for _, ref in routes):
+            return routes
+        refusal = ray.get(refused)  # (a put of this process: at once)
+        return [(None, ref if ref is not None else ray.put(refusal)) for _, ref in routes]
 
     def kill(self, group: ActorGroup) -> None:
         """Kill the members; a whole group (not a slice) also loses its placement group (removing it would kill
