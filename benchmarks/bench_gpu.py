@@ -55,7 +55,12 @@ def _samples(fn: Callable[[], object], repeats: int, warmup: int) -> list[float]
             out.append(time.perf_counter() - start)
         return out
     except Exception as exc:  # one peer failing must not cost the run
-        return f"n/a: {type(exc).__name__}: {str(exc)[:120]}"
+        return _not_measured(exc)
+
+
+def _not_measured(exc: Exception) -> str:
+    """A row's place when it could not run: why (one peer failing must not cost the run)."""
+    return f"n/a: {type(exc).__name__}: {str(exc)[:120]}"
 
 
 def _row(name: str, samples: list[float] | str) -> Row:
@@ -146,7 +151,7 @@ def _ipc_samples(nbytes: int, repeats: int, warmup: int) -> list[float] | str:
             del t
         return samples
     except Exception as exc:
-        return f"n/a: {type(exc).__name__}: {str(exc)[:120]}"
+        return _not_measured(exc)
     finally:
         inbox.put(None)
         child.join(30)
@@ -201,7 +206,7 @@ def raw_ray_rows(nbytes: int, repeats: int, warmup: int) -> list[Row]:
         try:  # first: RDT is the peer the issue's targets name, and raw Ray's object store takes seconds a sample
             rows.append(_row("raw ray RDT cuda_ipc actor -> actor", _rdt_samples(n, repeats, warmup)))
         except Exception as exc:
-            rows.append(("raw ray RDT cuda_ipc actor -> actor", f"n/a: {type(exc).__name__}: {str(exc)[:120]}"))
+            rows.append(("raw ray RDT cuda_ipc actor -> actor", _not_measured(exc)))
         rows += [
             _row("raw ray put -> get", _samples(lambda: _sync(ray.get(ray.put(t))), repeats, warmup)),
             _row("raw ray task -> driver", _samples(lambda: _sync(ray.get(remote_make.remote(n))), repeats, warmup)),
