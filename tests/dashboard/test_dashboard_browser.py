@@ -103,6 +103,8 @@ def _check_page(browser: Any, url: str, backend: str, expected: dict[str, Any]) 
         expect(page.locator("#backend")).to_have_text(backend, timeout=SHOWN_WITHIN_MS)
         if backend == "monarch":  # (why no link to Monarch's own dashboard)
             expect(page.locator("#engine-note")).to_contain_text("Monarch's own dashboard is not started")
+        elif backend == "in_memory":  # (it records nothing unless asked: the page turned recording on, and says so)
+            expect(page.locator("#engine-note")).to_contain_text("Events are recorded from when this page opened")
         else:
             expect(page.locator("#engine-note")).to_be_hidden()
         rows = page.locator("#functions tbody tr")

@@ -73,7 +73,7 @@ def _signed_in(kind: str, ctx: JobContext | ClusterContext) -> Page:
 
 @pytest.fixture(scope="module")
 def job_page() -> Iterator[Page]:
-    ctx = fray.init("in_memory?cpus=2")
+    ctx = fray.init("in_memory?cpus=2&events=on")
     try:
         assert ctx.get([ctx.create_task(h.add, args=(i, i)) for i in range(5)], timeout=30) == [0, 2, 4, 6, 8]
         yield _signed_in("job", ctx)

@@ -225,7 +225,7 @@ def test_in_memory_records_the_processes_it_starts_for_tasks_as_workers() -> Non
     from fray.testing import workloads as h
 
     options = TaskOptions(runtime_env=RuntimeEnv(env={"FRAY_TEST_X": "1"}), max_retries=0)
-    with fray.init("in_memory") as ctx:
+    with fray.init("in_memory?events=on") as ctx:
         cursor = ctx.events().page().cursor
         with pytest.raises(WorkerCrashedError, match="code 1"):
             ctx.get(ctx.create_task(h.crash, options=options), timeout=60)

@@ -18,6 +18,7 @@ from typing import Any
 
 from fray.backend import Backend
 from fray.capabilities import Capability
+from fray.events import choose_recording
 from fray.options import parse_options
 from fray_monarch.core import runtime  # noqa: F401 - environment and fault hook before Monarch starts
 
@@ -61,6 +62,7 @@ class MonarchBackend(Backend):
 
         log_to_driver = parse_options("monarch", options, SCHEMA).get("log_to_driver", True)
         top = topology(options)
+        choose_recording(True)  # (an in_memory context before it in this process may have turned it off)
         try:
             return driver_context(
                 top.hosts,

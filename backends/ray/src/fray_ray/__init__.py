@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from fray.backend import Backend
 from fray.capabilities import Capability
+from fray.events import choose_recording
 from fray.options import byte_count, count, directory, flag, non_empty_text, parse_options, parse_resources
 from fray_ray.job import RayJobContext
 
@@ -70,6 +71,7 @@ class RayBackend(Backend):
 
     def job_context(self, **options: str) -> RayJobContext:
         parsed = _parse(options)
+        choose_recording(True)  # (an in_memory context before it in this process may have turned it off)
         return RayJobContext(**{k: v for k, v in parsed.items() if k not in _CLUSTER_ONLY})
 
     def diagnose(self) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 import os
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, cast
@@ -30,6 +31,7 @@ from fray.cuda_values import device_stats
 from fray.current import clear_job_context
 from fray.errors import FrayError, UnsupportedFeatureError
 from fray.event_store import EventStore
+from fray.events import RECORDER, not_recording, record_for_a_page
 from fray.groups import PLACEMENTS, ActorGroup, admit_group, create_one_by_one
 from fray.hooks import JobContextHooks
 from fray.interrupts import interrupted
@@ -267,7 +269,10 @@ class JobContext(JobContextHooks):
     def timeline(self, path: str | os.PathLike[str]) -> TimelineSummary:
         """Write what this job did so far as a Chrome trace / Perfetto JSON file (fray.timeline: spans of tasks,
         actor calls and transfers, submit-to-start arrows, deaths and restarts); open it in ui.perfetto.dev."""
-        return timeline.write(path, self.events().by_process())
+        summary = timeline.write(path, self.events().by_process())
+        if not RECORDER.enabled:
+            warnings.warn(not_recording(f"the timeline {summary.path}"), RuntimeWarning, stacklevel=2)
+        return summary
 
     def dashboard(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Start this job's live page (docs/dashboard.md) if it is not running, and return its URL, which holds
@@ -278,7 +283,7 @@ class JobContext(JobContextHooks):
                 from fray.dashboard import Dashboard
                 from fray.dashboard.job_page import JobPage
 
-                self._dashboard = Dashboard(JobPage(self), host, port)
+                self._dashboard = Dashboard(JobPage(self, record_for_a_page()), host, port)
             url: str = self._dashboard.url
             return url
 

@@ -43,8 +43,9 @@ class JobSource(Protocol):
 class JobPage:
     """The job page's `PageSource` (fray.dashboard.server)."""
 
-    def __init__(self, ctx: JobSource) -> None:
+    def __init__(self, ctx: JobSource, recording_note: str = "") -> None:
         self._ctx = ctx
+        self._recording_note = recording_note  # (fray.events.record_for_a_page)
         self._lock = threading.Lock()
         self._model = Aggregates()
         self._read_at = 0.0
@@ -79,7 +80,7 @@ class JobPage:
             answer["dropped"] = store.dropped + model.totals.lost
             answer["now"] = time.time_ns() / 1e6
             answer["links"] = self._links
-            answer["note"] = ENGINE_NOTES.get(self._ctx.backend, "")
+            answer["note"] = " ".join(filter(None, (self._recording_note, ENGINE_NOTES.get(self._ctx.backend, ""))))
             return answer
 
     def write_timeline(self, directory: str) -> Path:

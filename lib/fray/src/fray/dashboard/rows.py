@@ -9,7 +9,7 @@ from typing import Any
 __all__ = ["Actor", "Function", "Totals", "Transfers"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Function:
     """One task function or actor method (`Class.method`): its work by state and the time its runs took."""
 
@@ -40,7 +40,7 @@ class Function:
         ]
 
 
-@dataclass
+@dataclass(slots=True)
 class Actor:
     key: str
     name: str
@@ -54,7 +54,7 @@ class Actor:
         return [self.key, self.name, self.state, self.restarts, self.calls, self.reason]
 
 
-@dataclass
+@dataclass(slots=True)
 class Transfers:
     path: str
     count: int = 0
@@ -66,7 +66,7 @@ class Transfers:
         return [self.path, self.count, self.nbytes, round(self.seconds, 6)]
 
 
-@dataclass
+@dataclass(slots=True)
 class Totals:
     events: int = 0
     lost: int = 0  # events the store no longer held when read (it overflowed between two reads)

@@ -4,6 +4,7 @@ Spec options: cpus, gpus (default: the GPUs found here, fray.gpus; on a machine 
 memory (bytes), resources (JSON object of custom resources, e.g. {"disk": 4}),
 serialize (true|false; default true: values are pickled as on a cluster), namespace (for named/detached actors),
 log_to_driver (true|false; default true: lines printed in tasks and actors are prefixed with who printed them),
+events (true|false; default false, or FRAY_EVENTS: record events for ctx.timeline() and the live page; fray.events),
 and for the cluster context: root (directory for job logs).
 """
 
@@ -26,7 +27,7 @@ __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
 
 class InMemoryBackend(Backend):
     name = "in_memory"
-    test_spec = "in_memory?cpus=4"
+    test_spec = "in_memory?cpus=4&events=on"
     # One spec (e.g. FRAY_BACKEND) serves fray.init and fray.cluster, so both accept every option.
     options: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "cpus": non_negative,
@@ -37,6 +38,7 @@ class InMemoryBackend(Backend):
         "namespace": str,
         "root": str,
         "log_to_driver": flag,
+        "events": flag,
     }
 
     @property
@@ -60,6 +62,7 @@ class InMemoryBackend(Backend):
             namespace=opts.get("namespace", "default"),
             log_to_driver=opts.get("log_to_driver", True),
             gpus=gpus,
+            events=opts.get("events"),
         )
 
     def cluster_context(self, **options: str) -> InMemoryClusterContext:

@@ -23,14 +23,14 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from fray import current, output
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.cuda_values import KEPT
 from fray.errors import TaskCancelledError, attach_remote_traceback
-from fray.events import RECORDER, Kind, ended
+from fray.events import RECORDER, Kind, choose_recording, ended
 from fray.gpus import DevicePool, HostGpus
 from fray.groups import Member
 from fray.kit.actors import ActorTable, call_owner, end_stream_with_failure
@@ -55,6 +55,8 @@ class KitJobContext(EngineHooks, JobContext):
     """A JobContext over an engine that only runs calls: subclass it, set `backend` and `capabilities`, override
     `_run_task` (and where needed `_load`, `_new_instance`, `_run_method`); see this module's docstring."""
 
+    records_by_default: ClassVar[bool] = True  # events (fray.events.choose_recording), unless `events` says
+
     def __init__(
         self,
         resources: dict[str, float],
@@ -62,7 +64,9 @@ class KitJobContext(EngineHooks, JobContext):
         namespace: str = "default",
         log_to_driver: bool = True,
         gpus: HostGpus | None = None,
+        events: bool | None = None,
     ) -> None:
+        choose_recording(self.records_by_default, events)
         super().__init__()
         self.serialize = serialize
         self.log_to_driver = log_to_driver
