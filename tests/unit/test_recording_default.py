@@ -47,16 +47,15 @@ def test_fray_events_in_the_environment_is_the_default_and_the_spec_option_wins(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("FRAY_EVENTS", "1")
-    with fray.init("in_memory") as ctx:
+    with fray.init("in_memory"):
         assert RECORDER.enabled
-    with fray.init("in_memory?events=off") as ctx:
+    with fray.init("in_memory?events=off"):
         assert not RECORDER.enabled
     monkeypatch.setenv("FRAY_EVENTS", "0")
     assert choose_recording(True) is False  # ray and monarch: on by default, FRAY_EVENTS=0 turns it off
     assert choose_recording(False, True) is True
     monkeypatch.delenv("FRAY_EVENTS")
     assert choose_recording(True) is True and RECORDER.enabled
-    del ctx
 
 
 def test_a_live_page_turns_recording_on_and_says_since_when() -> None:
@@ -79,7 +78,7 @@ def test_dashboard_records_from_when_it_opened_unless_fray_events_0_forbids_it(
         url = ctx.dashboard()
         assert url.startswith("http://127.0.0.1:") and RECORDER.enabled
     monkeypatch.setenv("FRAY_EVENTS", "0")
-    with fray.init("in_memory?events=off") as ctx:
+    with fray.init("in_memory?events=off"):
         assert "FRAY_EVENTS=0" in record_for_a_page() and not RECORDER.enabled
 
 

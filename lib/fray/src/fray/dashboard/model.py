@@ -53,12 +53,8 @@ class Family:
         self.inflight.pop(key, None)
         ended = self.ended
         ended[key] = None
-        if len(ended) > 2 * ENDED_MEMORY:
-            self.forget_oldest()
-
-    def forget_oldest(self) -> None:
-        """Keeps the newest half of the ended keys: amortized O(1) an end."""
-        self.ended = dict.fromkeys(list(self.ended)[-ENDED_MEMORY:])
+        if len(ended) > 2 * ENDED_MEMORY:  # keep the newest half: amortized O(1) an end
+            self.ended = dict.fromkeys(list(ended)[-ENDED_MEMORY:])
 
 
 class Aggregates:
@@ -158,11 +154,7 @@ class Aggregates:
             status = str(data.get("status", "ok")) if data else "ok"
             if status == "ok":
                 fn.done += 1
-                del family.inflight[key]  # (Family.finish, inline: the common end)
-                ended = family.ended
-                ended[key] = None
-                if len(ended) > 2 * ENDED_MEMORY:
-                    family.forget_oldest()
+                family.finish(key)
             else:
                 self._not_ok(family, fn, key, status, seq, index, t, data)
             spans.append((seq, lane, fn.index, begin, t, status))
