@@ -38,7 +38,9 @@ STAGED = "staged"
 device_stats = TransferStats()  # this process's loads of CUDA storages (merged into ctx.transfer_stats())
 
 _kept: dict[int, Any] = {}  # token -> a storage copied on its device by a dump in this process
-_kept_lock = threading.Lock()
+# Re-entrant: a KeptToken freed by a garbage collection that runs inside a section holding the lock (any
+# allocation there may start one) takes it again on the same thread, where a plain Lock would deadlock.
+_kept_lock = threading.RLock()
 _tokens = itertools.count(1)
 _warned_cpu = [False]
 
