@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -41,4 +42,46 @@ def test_published_variables_reach_getenv_os_environ_and_children_while_threads_
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_two_threads_publishing_at_once_both_reach_getenv() -> None:
+    """At a worker's start WorkerHost publishes the process's CUDA_VISIBLE_DEVICES while an actor's init publishes
+    its variables, on two threads. Each reads the current array and swaps in its own: interleaved (forced here:
+    both have read the array before either swaps), the later swap dropped the earlier one's variable from the C
+    environment (getenv: CUDA never saw its devices) while os.environ still showed it."""
+    code = textwrap.dedent(
+        """
+        import ctypes, os, threading
+        from fray_monarch.core import environ
+
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_char_p
+        both_read = threading.Barrier(2)
+        read = environ._entries
+
+        def read_then_wait():  # the interleaving: each thread has read the array before either swaps its own in
+            entries = read()
+            try:
+                both_read.wait(timeout=1.0)
+            except threading.BrokenBarrierError:  # (the other thread waits for this one's publish to end)
+                pass
+            return entries
+
+        environ._entries = read_then_wait
+        threads = [
+            threading.Thread(target=environ.publish, args=({"CUDA_VISIBLE_DEVICES": "3"},)),
+            threading.Thread(target=environ.publish, args=({"RANK": "1", "LOCAL_RANK": "1"},)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seen = {k: libc.getenv(k.encode()) for k in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK")}
+        assert seen == {"CUDA_VISIBLE_DEVICES": b"3", "RANK": b"1", "LOCAL_RANK": b"1"}, seen
+        print("ok")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr

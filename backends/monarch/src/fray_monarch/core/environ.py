@@ -8,13 +8,17 @@ hyperactor_telemetry's worker loop).
 
 `publish` builds a new, complete `environ` array and swaps the global pointer in one store; the old array is
 never freed, so a reader sees either the old variables or the new ones. Python's `os.environ` is then updated
-without calling setenv again.
+without calling setenv again. Two threads publishing at once (a worker's start publishes its process's view of
+the GPUs while an actor's init publishes its own variables) take turns: each builds its array from the one before,
+so neither can swap in an array that lacks the other's variables (CUDA_VISIBLE_DEVICES lost from getenv while
+os.environ still showed it).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections.abc import Mapping
 
 __all__ = ["publish"]
@@ -22,6 +26,7 @@ __all__ = ["publish"]
 _libc = ctypes.CDLL(None)
 _environ = ctypes.c_void_p.in_dll(_libc, "environ")
 _kept: list[object] = []  # every array published, and its strings: a reader may still walk any of them
+_publishing = threading.Lock()  # one publish at a time: read the current array, build the next, swap it in
 
 
 def _entries() -> list[bytes]:
@@ -42,6 +47,11 @@ def publish(env: Mapping[str, str | None]) -> None:
     if not env:
         return
     updates = {os.fsencode(k): None if v is None else os.fsencode(v) for k, v in env.items()}
+    with _publishing:
+        _swap_in(updates)
+
+
+def _swap_in(updates: dict[bytes, bytes | None]) -> None:
     entries = []
     for entry in _entries():
         name = entry.split(b"=", 1)[0]
