@@ -64,6 +64,16 @@ def is_default_task(options: TaskOptions) -> bool:
     )
 
 
+def worker_calls(options: TaskOptions) -> int | None:
+    """Ray's max_calls for a task: the user's, else 1 for a task holding GPUs. Ray sets CUDA_VISIBLE_DEVICES per
+    task in a reused worker, but CUDA reads it once, when it starts in the process: a worker reused for a GPU task
+    given another device computes on the first one. Ray's own max_calls=1 default for GPU functions applies only to
+    `@ray.remote(num_gpus=...)`, not to `.options(num_gpus=...)`, which is how fray gives each call its GPUs."""
+    if options.max_calls is not None:
+        return options.max_calls
+    return 1 if task_resources(options).get("GPU", 0.0) > 0 else None
+
+
 def task_options(options: TaskOptions) -> dict[str, Any]:
     out = _resource_options(task_resources(options), 1.0)  # includes the runtime_env's minimum_resources
     env = runtime_env_dict(options.runtime_env)

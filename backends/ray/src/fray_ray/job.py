@@ -39,7 +39,7 @@ from fray_ray._groups import RayGroups
 from fray_ray._remote import Registry
 from fray_ray._resend import remaining
 from fray_ray._streams import RayStreamSource
-from fray_ray._translate import is_default_task, task_options, translate
+from fray_ray._translate import is_default_task, task_options, translate, worker_calls
 from fray_ray._values import known_nbytes, pack, take_unpacked_bytes
 
 BACKEND = "ray"
@@ -117,8 +117,9 @@ class RayJobContext(JobContext):
             check_function(fn, _checked_functions)
             remote = _registry.remote_function(fn)
         if not is_default_task(options):
-            if options.max_calls is not None:  # Ray takes max_calls only at registration
-                remote = _registry.remote_function(fn, options.max_calls)
+            max_calls = worker_calls(options)
+            if max_calls is not None:  # Ray takes max_calls only at registration
+                remote = _registry.remote_function(fn, max_calls)
             remote = remote.options(**task_options(options))
         ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
         try:
@@ -213,8 +214,9 @@ class RayJobContext(JobContext):
         if remote is None:
             check_function(fn, _checked_functions)
             remote = _stream_registry.stream_function(fn)
-        if options.max_calls is not None:
-            remote = _stream_registry.stream_function(fn, options.max_calls)
+        max_calls = worker_calls(options)
+        if max_calls is not None:
+            remote = _stream_registry.stream_function(fn, max_calls)
         ray_options = task_options(options)
         ray_options["max_retries"] = 0
         ray_options["retry_exceptions"] = False
