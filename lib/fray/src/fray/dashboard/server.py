@@ -3,7 +3,10 @@
 the protections serves both.
 
 Nothing of it runs while no page is open: its one thread sleeps in `select` on the listening socket and a
-wake-up pipe (no timeout, no polling); a request is served on a thread of its own. What a poll reads, and how
+wake-up pipe (no polling; a timeout only while a connection has yet to prove itself or accepts are paused); a
+request is served on a thread of its own, for a bounded number of connections (fray.dashboard.admission says
+which give way). A failed accept (no file descriptor left) pauses accepting, 10 ms doubling up to 1 s, rather
+than spinning on a listening socket that stays ready. What a poll reads, and how
 often, is the source's business (each reads at most every so often, whichever tabs ask).
 
 Security (docs/security.md): loopback only unless a host is given; a random token in the first URL is exchanged
@@ -33,6 +36,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from fray.dashboard.admission import Admission
+
 __all__ = ["Dashboard", "PageSource", "static_files"]
 
 LOOPBACK = "127.0.0.1"
@@ -49,6 +54,8 @@ SECURITY_HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+IO_TIMEOUT = 10.0  # seconds one read or write of a connection may wait
+ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX = 0.01, 1.0  # seconds the server waits after a failed accept, doubling
 _TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -93,7 +100,7 @@ class Dashboard:
         server_class = _Server6 if ":" in host else _Server
         self._server = server_class((host, port), _Handler)
         self._server.dashboard = self
-        self._server.timeout = 0  # handle_request after select said ready: never waits
+        self.admission = Admission()
         self.port = int(self._server.server_address[1])
         self.cookie = f"fray_dashboard_{self.port}"  # cookies ignore ports: one name per server
         url_host = host
@@ -112,14 +119,38 @@ class Dashboard:
         self._thread.start()
 
     def _serve(self) -> None:
+        listener = self._server.socket
+        listener.setblocking(False)  # select said ready, but the connection may be gone by the accept
+        backoff, paused_until = 0.0, 0.0
         with selectors.DefaultSelector() as selector:
-            selector.register(self._server.socket, selectors.EVENT_READ, "accept")
             selector.register(self._wake_r, selectors.EVENT_READ, "stop")
+            selector.register(listener, selectors.EVENT_READ, "accept")
             while True:
-                for key, _ in selector.select():
+                due = self.admission.close_overdue()
+                if paused_until:
+                    left = paused_until - time.monotonic()
+                    if left <= 0:
+                        paused_until = 0.0
+                        selector.register(listener, selectors.EVENT_READ, "accept")
+                    else:
+                        due = left if due is None else min(due, left)
+                for key, _ in selector.select(due):
                     if key.data == "stop":
                         return
-                    self._server.handle_request()
+                    try:
+                        request, address = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:  # out of file descriptors or memory: wait, rather than spin on a ready socket
+                        backoff = min(max(backoff * 2, ACCEPT_BACKOFF_MIN), ACCEPT_BACKOFF_MAX)
+                        paused_until = time.monotonic() + backoff
+                        selector.unregister(listener)
+                        break
+                    backoff = 0.0
+                    if self.admission.admit(request, str(address[0])):
+                        self._server.process_request(request, address)  # a thread of its own
+                    else:
+                        request.close()
 
     def stop(self) -> None:
         """Stops serving and closes the socket. Idempotent."""
@@ -128,6 +159,7 @@ class Dashboard:
         self._wake_w.send(b"x")
         self._thread.join(timeout=10)
         self._server.server_close()
+        self.admission.close_all()
         self._wake_w.close()
         self._wake_r.close()
 
@@ -149,7 +181,15 @@ def _ip_literal(host: str, port: int) -> bool:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # the listen backlog: connections the kernel holds until they are accepted
     dashboard: Dashboard
+
+    def shutdown_request(self, request: Any) -> None:
+        self.dashboard.admission.release(request)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a peer that went away or was closed for idling: nothing on the job's (or the command's) stderr
 
 
 class _Server6(_Server):
@@ -158,6 +198,7 @@ class _Server6(_Server):
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    timeout = IO_TIMEOUT  # each read and write; the whole request is bounded by admission.PROVE_WITHIN
     server_version = "fray-dashboard"
     sys_version = ""
 
@@ -195,6 +236,8 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/" and "token" in query:
             if not hmac.compare_digest(query["token"][0].encode(), dashboard.token.encode()):
                 return self._refuse(HTTPStatus.FORBIDDEN)
+            if not dashboard.admission.prove(self.request):
+                return None  # closed meanwhile (it took too long)
             cookie = f"{dashboard.cookie}={dashboard._session}; HttpOnly; SameSite=Strict; Path=/"
             return self._send(HTTPStatus.SEE_OTHER, b"", Location="/", Set_Cookie=cookie)
         session = self._session(dashboard.cookie)
@@ -202,6 +245,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse(HTTPStatus.UNAUTHORIZED)
         if not hmac.compare_digest(session.encode(), dashboard._session.encode()):
             return self._refuse(HTTPStatus.FORBIDDEN)
+        if not dashboard.admission.prove(self.request):
+            return None
         if url.path != "/" and self.headers.get("Sec-Fetch-Site") in ("cross-site", "same-site"):
             return self._refuse(HTTPStatus.FORBIDDEN)  # the page asks its own origin only
         if url.path == "/api/state":
