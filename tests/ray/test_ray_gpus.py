@@ -31,3 +31,21 @@ def test_each_gpu_task_runs_in_a_fresh_worker_process(ctx: RayJobContext) -> Non
     pids = [pid for pid, _ in seen] + [ctx.get(ref, timeout=120)[0] for ref in streamed]
     assert len(set(pids)) == len(pids), seen
     assert all(view in ("0", "1") for _, view in seen), seen
+
+
+def test_work_holding_no_gpu_sees_none(ctx: RayJobContext) -> None:
+    """Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for work given no GPU (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO off):
+    such work saw every device of its node, so a CPU-only reader of a CUDA value got it on a GPU that other work
+    holds, instead of on the CPU with a warning."""
+    assert ctx.get(ctx.create_task(_pid_and_view), timeout=120)[1] == ""
+    actor = ctx.create_actor(_Viewer)
+    try:
+        assert ctx.get(actor.view(), timeout=120) == ""
+    finally:
+        ctx.kill(actor)
+    assert ctx.get(ctx.create_task(_pid_and_view, options=ONE_GPU), timeout=120)[1] in ("0", "1")
+
+
+class _Viewer:
+    def view(self) -> str | None:
+        return os.environ.get("CUDA_VISIBLE_DEVICES")

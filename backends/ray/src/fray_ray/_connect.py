@@ -63,6 +63,19 @@ def _on_a_terminal() -> bool:
         return False
 
 
+# In every worker of this job: work given no GPU sees none (Ray 2.60 leaves CUDA_VISIBLE_DEVICES as the worker
+# inherited it for such work, every device of the node, unless this is set), so CUDA in a CPU-only task or actor
+# never starts on a device that other work holds, and a CUDA value read there arrives on the CPU (fray.cuda_values).
+_WORKERS_ENV = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
+
+
+def _with_env(runtime_env: dict[str, Any] | None, env: dict[str, str]) -> dict[str, Any]:
+    """runtime_env (or none) with `env` added to its env_vars (its own win)."""
+    out = dict(runtime_env or {})
+    out["env_vars"] = {**env, **out.get("env_vars", {})}
+    return out
+
+
 def acquire(
     address: str | None,
     namespace: str | None,
@@ -90,6 +103,7 @@ def acquire(
         if address is None:
             address = os.environ.get("RAY_ADDRESS") or None
         common: dict[str, Any] = {"namespace": namespace, "log_to_driver": log_to_driver}
+        workers_env = dict(_WORKERS_ENV)
         if address and address != "local":
             if init_kwargs:
                 log.warning("joining the Ray cluster at %s: ignoring sizing options %s", address, sorted(init_kwargs))
@@ -102,9 +116,9 @@ def acquire(
                     # A private head of fray's (or any node on loopback): Ray would rewrite 127.0.0.1 to this
                     # machine's outward address, where such a node does not listen.
                     with LocalOnly():
-                        ray.init(address=address, **common)
+                        ray.init(address=address, runtime_env={"env_vars": workers_env}, **common)
                 else:
-                    ray.init(address=address, **common)
+                    ray.init(address=address, runtime_env={"env_vars": workers_env}, **common)
             except BaseException:
                 if ray.is_initialized():
                     ray.shutdown()
@@ -125,7 +139,7 @@ def acquire(
                     include_dashboard=False,
                     _temp_dir=temp_dir,
                     _node_ip_address=LOOPBACK,
-                    runtime_env=driver_path_env(),
+                    runtime_env=_with_env(driver_path_env(), workers_env),
                     **init_kwargs,
                     **common,
                 )

@@ -55,6 +55,9 @@ def enter_worker() -> None:
             # Always installed by now: unpickling anything of fray_ray imports the package, which imports job.
             assert _make_worker_context is not None, "fray_ray.job was not imported"
             _worker_ctx = _make_worker_context()
+            # Work given no GPU sees none from this worker's next task on, where the job's runtime_env did not say
+            # so already (fray_ray._connect; a Ray the user connected to themselves)
+            os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "1")
             current.set_process_gpus(_assigned_gpus)
             attach_worker(ray._private.worker.global_worker.core_worker)  # type: ignore[attr-defined]
     set_job_context(_worker_ctx)
