@@ -179,6 +179,113 @@ def test_a_connection_that_never_proves_itself_is_dropped(monkeypatch: pytest.Mo
         server.close()
 
 
+def _idle(address: str, source: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+
+
+def test_unproven_connections_give_way_and_no_process_takes_them_for_its_drivers_end() -> None:
+    """Before, MAX_UNPROVEN idle connections made the server close every new one at accept, and every process
+    starting then read that close as its driver's end and exited (a kill switch for anyone who reaches the port)."""
+    closed: list[str] = []
+    server = lifeline.LifelineServer("127.0.0.1", on_closed=closed.append)
+    idle: list[socket.socket] = []
+    try:
+        for i in range(lifeline.MAX_UNPROVEN + 16):  # from many addresses: a local user has all of 127/8
+            idle.append(_idle(server.address, f"127.0.{i // 200 + 1}.{i % 200 + 2}"))
+        time.sleep(0.3)
+        start = time.monotonic()
+        holder = _holder(server.address, server.key_for("proc-a"), "proc-a")
+        _until(lambda: server.held == 1, timeout=5)
+        assert time.monotonic() - start < 3
+        time.sleep(0.5)
+        assert holder.poll() is None and closed == []
+        open_now = sum(not _closed(conn) for conn in idle)
+        assert open_now <= lifeline.MAX_UNPROVEN, open_now
+    finally:
+        for conn in idle:
+            conn.close()
+        server.close()
+
+
+def test_one_address_holds_few_unproven_connections() -> None:
+    server = lifeline.LifelineServer("127.0.0.1")
+    idle: list[socket.socket] = []
+    try:
+        idle = [_idle(server.address, "127.0.0.9") for _ in range(lifeline.MAX_UNPROVEN_PER_PEER + 12)]
+        time.sleep(0.3)
+        open_now = sum(not _closed(conn) for conn in idle)
+        assert open_now == lifeline.MAX_UNPROVEN_PER_PEER, open_now
+        assert [_closed(conn) for conn in idle[-lifeline.MAX_UNPROVEN_PER_PEER :]] == [False] * 8  # the newest stay
+    finally:
+        for conn in idle:
+            conn.close()
+        server.close()
+
+
+def test_a_process_whose_connection_closes_before_it_is_held_connects_again() -> None:
+    """Only the end of a connection the server held means the driver's end: one closed before that (as when its
+    place was taken by a newer connection) is tried again."""
+    lost: list[str] = []
+    server = lifeline.LifelineServer("127.0.0.1")
+    try:
+        wire = _Stall(server.address)  # the first connection goes nowhere, the next ones through
+        lifeline.hold(wire.address, server.key_for("proc-a"), on_lost=lost.append, name="proc-a")
+        _until(lambda: server.held == 1, timeout=10)
+        assert lost == []
+        server.close()
+        _until(lambda: lost == [wire.address], timeout=10)
+    finally:
+        server.close()
+
+
+def _closed(conn: socket.socket) -> bool:
+    """The server closed `conn` (what it sent before, the challenge, read and dropped)."""
+    conn.settimeout(0.05)
+    try:
+        while chunk := conn.recv(4096):
+            del chunk
+        return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+class _Stall:
+    """A TCP relay that closes its first connection after reading a little of it, and relays the later ones."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        first = True
+        while True:
+            inside, _ = self.listener.accept()
+            if first:
+                first = False
+                inside.close()  # what an evicted connection sees: closed before any challenge
+                continue
+            threading.Thread(target=self._relay, args=(inside,), daemon=True).start()
+
+    def _relay(self, inside: socket.socket) -> None:
+        outside = socket.create_connection(self.target, timeout=10)
+        sel = selectors.DefaultSelector()
+        sel.register(inside, selectors.EVENT_READ, outside)
+        sel.register(outside, selectors.EVENT_READ, inside)
+        while True:
+            for key, _ in sel.select(timeout=60):
+                data = key.fileobj.recv(4096)  # type: ignore[union-attr]
+                if not data:
+                    key.data.close()
+                    return
+                key.data.sendall(data)
+
+
 def test_the_watchdog_runs_cleanup_commands_when_its_owner_is_killed(tmp_path: Path) -> None:
     marker = tmp_path / "cancelled"
     owner = textwrap.dedent(

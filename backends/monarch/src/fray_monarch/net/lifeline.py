@@ -14,14 +14,22 @@ challenge, and the process answers with its name and an HMAC of challenge and na
 constant time. So a process can only speak for itself, and what a listener on the network sees cannot be replayed
 (the next challenge differs). A name is held by one connection once: a second claim of it, while it is held or
 after its connection closed, is refused, and refused connections never count as a process ending. Beyond the
-challenge the server sends nothing, reads nothing once a connection has proved itself, unpickles nothing, and drops
-connections that do not prove themselves within PROVE_WITHIN seconds (at most MAX_UNPROVEN wait at once). The
-same connections tell the driver at once when a process on another host ends, or its host is lost (`on_closed`):
-Monarch's supervision took up to 30 s to report a host whose processes were killed.
+challenge and one byte of verdict (HELD, or REFUSED before it closes a connection whose proof failed) the server
+sends nothing, reads nothing once a connection has proved itself, and unpickles nothing.
+
+Anyone who can reach the server's port can open connections that never prove themselves, so those give way: at
+most MAX_UNPROVEN wait at once, at most MAX_UNPROVEN_PER_PEER of one peer address, a new one over either bound takes
+the place of the oldest unproven one (of that address, else of any), and each is dropped PROVE_WITHIN seconds after
+its accept. A process takes only the end of a connection the server said HELD for its driver's end; one closed
+before that (its place taken, or the driver busy) is tried again until CONNECT_FOR runs out, and a REFUSED proof
+ends the process at once (its key is not the driver's: nothing will change that). The same connections tell the
+driver at once when a process on another host ends, or its host is lost (`on_closed`): Monarch's supervision took
+up to 30 s to report a host whose processes were killed.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import logging
@@ -40,7 +48,11 @@ log = logging.getLogger("fray_monarch")
 
 KEY_BYTES = 32  # a process's key, the server's challenge and a process's answer (HMAC-SHA256) are this long
 PROVE_WITHIN = 10.0  # seconds a new connection has to prove itself
-MAX_UNPROVEN = 64  # connections that have not proven themselves yet; more are closed at once
+MAX_UNPROVEN = 64  # connections that have not proven themselves yet; a new one beyond takes the oldest's place
+MAX_UNPROVEN_PER_PEER = 8  # of them from one peer address
+HELD, REFUSED = b"\x01", b"\x00"  # the server's verdict on a process's proof
+RETRY_AFTER = 0.2  # seconds a process waits before it connects again after a close before HELD
+ACCEPT_PAUSE_MAX = 1.0  # seconds accepting pauses at most after a failed accept (no file descriptor left)
 CONNECT_FOR = 60.0  # seconds a process keeps trying to reach its driver before it gives up and ends
 _IDLE, _INTERVAL, _COUNT = 5, 2, 3
 KEEPALIVE_BOUND = _IDLE + _INTERVAL * _COUNT  # seconds until a silent peer counts as gone
@@ -71,7 +83,10 @@ class LifelineServer:
         self._secret = secrets.token_bytes(KEY_BYTES)  # never leaves this process: keys are derived from it
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listener, selectors.EVENT_READ, None)
-        self._unproven: dict[socket.socket, tuple[float, bytes, bytearray]] = {}  # -> since, challenge, received
+        # -> since, peer address, challenge, received; in the order they were accepted: the oldest first
+        self._unproven: dict[socket.socket, tuple[float, str, bytes, bytearray]] = {}
+        self._accept_pause = 0.0  # seconds accepting pauses after a failed accept (doubling), 0: accepting
+        self._accept_again = 0.0  # time.monotonic() when a paused server accepts again
         self._held: dict[socket.socket, str] = {}  # proven connections -> the name of their process
         self._claimed: set[str] = set()  # every name proven so far: none is held twice
         self._stop = threading.Event()
@@ -102,18 +117,32 @@ class LifelineServer:
                 else:
                     self._readable(sock)
             now = time.monotonic()
-            for sock, (since, _, _) in list(self._unproven.items()):
+            for sock, (since, _, _, _) in list(self._unproven.items()):
                 if now - since > PROVE_WITHIN:
                     self._drop(sock)
+            if self._accept_again and now >= self._accept_again:
+                self._accept_again = 0.0
+                self._sel.register(self._listener, selectors.EVENT_READ, None)
 
     def _accept(self) -> None:
         try:
-            conn, _ = self._listener.accept()
-        except OSError:
+            conn, address = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
             return
-        if len(self._unproven) >= MAX_UNPROVEN:
-            conn.close()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # the listening socket stays ready: pause rather than spin on it
+                self._accept_pause = min(max(self._accept_pause * 2, 0.01), ACCEPT_PAUSE_MAX)
+                self._accept_again = time.monotonic() + self._accept_pause
+                self._sel.unregister(self._listener)
             return
+        self._accept_pause = 0.0
+        peer = str(address[0])
+        same_peer = [sock for sock, pending in self._unproven.items() if pending[1] == peer]
+        if len(same_peer) >= MAX_UNPROVEN_PER_PEER:
+            self._drop(same_peer[0])
+        elif len(self._unproven) >= MAX_UNPROVEN:
+            self._drop(next(iter(self._unproven)))
         challenge = secrets.token_bytes(KEY_BYTES)
         try:
             conn.send(challenge)  # (blocking: 32 bytes always fit a new connection's empty send buffer)
@@ -122,7 +151,7 @@ class LifelineServer:
             return
         conn.setblocking(False)
         _keepalive(conn)
-        self._unproven[conn] = (time.monotonic(), challenge, bytearray())
+        self._unproven[conn] = (time.monotonic(), peer, challenge, bytearray())
         self._sel.register(conn, selectors.EVENT_READ, "conn")
 
     def _readable(self, sock: socket.socket) -> None:
@@ -138,7 +167,7 @@ class LifelineServer:
         pending = self._unproven.get(sock)
         if pending is None:
             return  # a proven process sends nothing more; ignore anything it does
-        _, challenge, got = pending
+        _, _, challenge, got = pending
         got.extend(data)
         if len(got) < 1 + got[0] + KEY_BYTES:
             return  # (the length of the process's name, the name, then its answer to the challenge)
@@ -149,8 +178,16 @@ class LifelineServer:
         if hmac.compare_digest(answer, expected) and len(got) == 1 + got[0] + KEY_BYTES and name not in self._claimed:
             self._claimed.add(name)
             self._held[sock] = name
+            self._verdict(sock, HELD)
         else:  # a wrong key, a replayed answer, a name claimed before, or more than the protocol sends
+            self._verdict(sock, REFUSED)
             self._drop(sock)
+
+    def _verdict(self, sock: socket.socket, verdict: bytes) -> None:
+        try:
+            sock.send(verdict)  # one byte: a proven connection's send buffer is empty
+        except OSError:
+            pass  # gone already: its end is read next
 
     def _drop(self, sock: socket.socket) -> None:
         self._unproven.pop(sock, None)
@@ -207,38 +244,50 @@ def _receive(sock: socket.socket, size: int) -> bytes:
     return got
 
 
+def _held_until_closed(host: str, port: int, key: bytes, label: bytes) -> bool | None:
+    """One connection to the lifeline, proved with `key`: None if it ended before the server's verdict (try
+    again), False if the server refused the proof, True once a connection the server held has ended."""
+    try:
+        sock = socket.create_connection((host, port), timeout=10)
+    except OSError:
+        return None
+    held = False
+    try:
+        _keepalive(sock)
+        sock.settimeout(PROVE_WITHIN)  # the challenge and the verdict come at once from a live server
+        challenge = _receive(sock, KEY_BYTES)
+        if len(challenge) < KEY_BYTES:
+            return None
+        sock.sendall(bytes([len(label)]) + label + _answer(key, challenge, label))
+        verdict = _receive(sock, 1)
+        if verdict != HELD:
+            return False if verdict == REFUSED else None
+        held = True
+        sock.settimeout(None)  # from here on the connection only waits for its end (keepalive bounds it)
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    return True if held else None
+
+
 def hold(address: str, key: bytes, on_lost: Callable[[str], None] = end_process, name: str = "") -> threading.Thread:
     """This process's end: connect to the driver's lifeline at `address` ("host:port") as `name` (its process key,
     at most 255 bytes), proving it with `key` (the server's key_for(name)), and call on_lost(address) when the
-    connection ends (or when the driver could not be reached for CONNECT_FOR seconds). By default that ends this
-    process at once: its driver is gone, so nothing will ever collect its results."""
+    connection the server said it holds ends, when the server refuses the proof, or when the driver could not be
+    reached and held for CONNECT_FOR seconds. By default that ends this process at once: its driver is gone, so
+    nothing will ever collect its results."""
     label = _label(name)
     host, _, port = address.rpartition(":")
 
     def run() -> None:
         deadline = time.monotonic() + CONNECT_FOR
-        sock: socket.socket | None = None
-        while sock is None:
-            try:
-                sock = socket.create_connection((host.strip("[]"), int(port)), timeout=10)
-            except OSError:
-                if time.monotonic() > deadline:
-                    on_lost(address)
-                    return
-                time.sleep(0.5)
-        try:
-            _keepalive(sock)
-            sock.settimeout(PROVE_WITHIN)  # the challenge comes at once from a live server
-            challenge = _receive(sock, KEY_BYTES)
-            if len(challenge) == KEY_BYTES:
-                sock.sendall(bytes([len(label)]) + label + _answer(key, challenge, label))
-                sock.settimeout(None)  # from here on the connection only waits for its end (keepalive bounds it)
-                while sock.recv(4096):
-                    pass
-        except OSError:
-            pass
-        finally:
-            sock.close()
+        while _held_until_closed(host.strip("[]"), int(port), key, label) is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(RETRY_AFTER)  # not held (yet): the driver's server was busy, or had no place for us
         on_lost(address)
 
     thread = threading.Thread(target=run, name="fray-monarch-lifeline", daemon=True)
