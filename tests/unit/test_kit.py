@@ -154,3 +154,52 @@ def test_a_worker_started_after_its_driver_shut_down_ends_quietly(tmp_path: Path
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+class _LoadsNowhere:
+    """Pickles in the worker, cannot be unpickled by the driver (as a class only the worker can import)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_refuse_to_load, ())
+
+
+def _refuse_to_load() -> None:
+    raise ImportError("no module named 'only_in_the_worker'")
+
+
+def test_a_request_the_driver_cannot_load_fails_that_request_naming_why(service: remote.RemoteService) -> None:
+    worker = remote.worker_context(service.setup)
+    with pytest.raises(SerializationError, match="a worker's request") as info:
+        worker._put(_LoadsNowhere())
+    assert "only_in_the_worker" in str(info.value)
+    ref = worker._put([1, 2])  # the same connection is still served
+    assert worker._get([ref], 10) == [[1, 2]]
+
+
+@pytest.mark.parametrize("where", ["process_pool", "in_memory runtime_env"])
+def test_a_task_whose_worker_crashed_is_rerun_up_to_max_retries(where: str, tmp_path: Path) -> None:
+    """As Ray: a crashed worker's task is re-run up to max_retries, whatever retry_exceptions says."""
+    sys.path.insert(0, str(REPO / "examples"))
+    from process_pool_backend import ProcessPoolBackend
+
+    from fray import RuntimeEnv, TaskOptions, register_backend
+    from fray.errors import WorkerCrashedError
+    from fray.registry import get_backend
+    from fray.testing import workloads
+
+    if where == "process_pool":
+        register_backend("process_pool", ProcessPoolBackend, replace=True)
+        ctx = get_backend("process_pool").job_context(cpus="2")
+        options = TaskOptions()
+    else:
+        ctx = InMemoryJobContext({"CPU": 2.0})
+        options = TaskOptions(runtime_env=RuntimeEnv(env={"FRAY_TEST_CHILD": "1"}))
+    try:
+        again = TaskOptions(max_retries=1, runtime_env=options.runtime_env)
+        ref = ctx.create_task(workloads.crash_first, args=(str(tmp_path / "again"),), options=again)
+        assert ctx.get(ref, timeout=120) == "ok after 1 crash"
+        once = TaskOptions(max_retries=0, runtime_env=options.runtime_env)
+        with pytest.raises(WorkerCrashedError):
+            ctx.get(ctx.create_task(workloads.crash_first, args=(str(tmp_path / "once"),), options=once), timeout=120)
+    finally:
+        ctx.shutdown()

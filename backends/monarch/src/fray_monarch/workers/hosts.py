@@ -237,6 +237,8 @@ class FrayActorHost(Actor):
             self.async_methods = async_methods(klass)
             if self.async_methods:
                 self._start_loop()
+            if call.contained:  # (as after a method: the instance may keep refs it was handed)
+                self.rt.apply_holds_now()
             return ActorReply(ReplyStatus.OK)
         except BaseException as exc:
             err = capture_exception(exc)
@@ -289,6 +291,8 @@ class FrayActorHost(Actor):
                 self._leave(tokens)
                 RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
                 self.rt.events_recorded()
+            if call.contained:  # (as in _invoke, off the loop)
+                await asyncio.to_thread(self.rt.apply_holds_now)
         port.send(reply)
 
     def _iterate_async(self, agen: Any) -> Any:
@@ -331,6 +335,8 @@ class FrayActorHost(Actor):
             self._leave(tokens)
             RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
             self.rt.events_recorded()
+        if call.contained:  # refs arrived inside the arguments: the instance may keep them past this reply
+            self.rt.apply_holds_now()
         return reply
 
     def _ok(self, value: Any, method: str, oid: str) -> ActorReply | PlainReply:

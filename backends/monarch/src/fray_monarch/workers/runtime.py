@@ -154,7 +154,7 @@ class WorkerRuntime:
                 items.append(self.outbox.get_nowait())
             except queue.Empty:
                 break
-        results, holds, due = [], [], []
+        results, holds, due, flushes = [], [], [], []
         for kind, value in items:
             if kind == "result":
                 results.append(value)
@@ -164,21 +164,32 @@ class WorkerRuntime:
                 due.append(value)
             elif kind == "release_later":
                 releases.append(value)
+            elif kind == "flush":
+                flushes.append(value)
             elif kind == "stop":
+                _set_all(flushes)
                 return True
         now = time.monotonic()
         while releases and releases[0][0] <= now:
             due.append(releases.popleft()[1])
         if self.stopped:  # the process is being stopped: sending now would panic inside Monarch (closed mailbox)
+            _set_all(flushes)
             return True
+        events = None
         if results and RECORDER.untaken:  # a task's end goes with its result: it arrives even if the process dies
             events = RECORDER.take().to_json()
             self.events_due, self.events_pushed = None, now
+        if flushes:  # (someone waits until this batch is applied: sent as a call, answered once applied)
+            try:
+                self.coord.done.call_one(self.credential, results, holds, due, events).get(timeout=REPLY_MARGIN)
+            finally:
+                _set_all(flushes)
+        elif events is not None:
             self.coord.done.broadcast(self.credential, results, holds, due, events)
-            return False
-        if results or holds or due:
+        elif results or holds or due:
             self.coord.done.broadcast(self.credential, results, holds, due)
-        self._push_events(now)
+        if events is None:
+            self._push_events(now)
         return False
 
     def _push_events(self, now: float) -> None:
@@ -198,6 +209,14 @@ class WorkerRuntime:
         wakes to push them within EVENTS_PUSH, unless a push is due already."""
         if self.events_due is None:
             self.outbox.put(PUSH_EVENTS)
+
+    def apply_holds_now(self) -> None:
+        """Return once the controller has applied every hold and release sent so far: an actor's reply goes through
+        its caller's response port, not this FIFO, and must not overtake the holds of refs its call kept (the
+        call's own keep of them ends with the reply)."""
+        applied = threading.Event()
+        self.outbox.put(("flush", applied))
+        applied.wait(REPLY_MARGIN)
 
     def report(self, result: Report) -> None:
         """Send a result or stream item to the controller (in order, with the holds and releases around it)."""
@@ -289,3 +308,8 @@ class WorkerRuntime:
         with self.lock:
             if sid in self.streams:
                 self.stop_streams.add(sid)
+
+
+def _set_all(flags: list[threading.Event]) -> None:
+    for flag in flags:
+        flag.set()

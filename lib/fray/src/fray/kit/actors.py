@@ -58,6 +58,9 @@ class Actor:
         self.options = options
         self.namespace = namespace
         self.instance: Any = None
+        # Set once __init__ has returned or failed (or the actor died first): with max_concurrency > 1 its other
+        # threads would otherwise run calls on an instance not made yet.
+        self.started = threading.Event()
         self.death: BaseException | None = None
         self.pending: set[Entry] = set()  # calls submitted, not started (cancel can still drop them)
         self.running: set[Entry] = set()
@@ -207,6 +210,12 @@ class ActorTable:
         )
 
     def _start_actor(self, actor: Actor, call: Any, granted: threading.Event) -> None:
+        try:
+            self._make_instance(actor, call, granted)
+        finally:
+            actor.started.set()
+
+    def _make_instance(self, actor: Actor, call: Any, granted: threading.Event) -> None:
         while not granted.wait(0.5):
             if actor.death is not None:
                 return
@@ -303,6 +312,7 @@ class ActorTable:
     def _run_method(
         self, actor: Actor, method: str, call: Any, entry: Entry, stream: ItemQueue | None = None, life: int = 0
     ) -> None:
+        actor.started.wait()
         with actor.lock:
             if entry not in actor.pending:  # cancelled or the actor was killed
                 return

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from functools import partial
@@ -29,7 +30,7 @@ from fray import current, output
 from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.cuda_values import KEPT
-from fray.errors import TaskCancelledError, attach_remote_traceback
+from fray.errors import TaskCancelledError, WorkerCrashedError, attach_remote_traceback
 from fray.events import RECORDER, Kind, choose_recording, ended
 from fray.gpus import DevicePool, HostGpus
 from fray.groups import Member
@@ -275,7 +276,10 @@ class KitJobContext(EngineHooks, JobContext):
         except BaseException as exc:
             task.attempts += 1
             budget = task.options.max_retries
-            retry = task.options.should_retry(exc) and (budget < 0 or task.attempts <= budget)
+            # (a crashed worker is re-run whatever retry_exceptions says, as Ray does; the task's own errors only
+            # when it asks)
+            wanted = isinstance(exc, WorkerCrashedError) or task.options.should_retry(exc)
+            retry = wanted and (budget < 0 or task.attempts <= budget)
             error = self._remote_error(exc)
         finally:
             if said is not None:
@@ -380,8 +384,11 @@ class KitJobContext(EngineHooks, JobContext):
         else:
             held = self._blocking()
             try:
-                if len(outcomes) == 1:
+                if len(outcomes) == 1:  # (then what is left of the same timeout, never a second one)
+                    started = time.monotonic()
                     self._wait_one(refs[0], timeout)
+                    if timeout is not None:
+                        timeout = max(0.0, timeout - (time.monotonic() - started))
                 failed = wait_for_get(outcomes, timeout)
             finally:
                 if held:

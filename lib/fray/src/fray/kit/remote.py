@@ -97,10 +97,12 @@ class RemoteService:
         with conn:
             while True:
                 try:
-                    task_id, hook, args = _receive(conn, "a worker's request")
+                    data, buffers = conn.recv()  # (bytes only: what they hold is loaded below)
                 except (EOFError, OSError):
                     return
-                try:
+                hook = "a request"
+                try:  # (a request that does not load here fails that request, naming why, not the connection)
+                    task_id, hook, args = loads_data(data, buffers, "a worker's request")
                     if hook not in HOOKS:
                         raise FrayError(f"a worker asked for {hook!r}, which is no hook a worker may call")
                     with self._ctx.acting_for(task_id) as task:

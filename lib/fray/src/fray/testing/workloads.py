@@ -100,6 +100,10 @@ def fail_first(counter_path: str, failures: int) -> int:
     return count
 
 
+def pid_of_worker() -> int:
+    return os.getpid()
+
+
 def crash() -> None:
     os._exit(1)
 
@@ -229,6 +233,49 @@ class Store:
 
     def get(self) -> Any:
         return self.value
+
+
+class SlowInit:
+    """An actor whose __init__ takes a while, as one loading a model's weights does."""
+
+    def __init__(self, seconds: float) -> None:
+        time.sleep(seconds)
+        self.model = {"ready": True}
+
+    def check(self) -> bool:
+        return bool(self.model["ready"])
+
+
+class RefKeeper:
+    """Keeps refs across calls: refs handed to it inside structures, and refs of values it put itself."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, Any] = {}
+
+    def keep(self, key: str, holder: Any) -> None:
+        self.kept[key] = holder
+
+    def put_and_keep(self, key: str, value: Any) -> None:
+        self.kept[key] = get_job_context().put(value)
+
+    def task_and_keep(self, key: str, a: int, b: int) -> None:
+        self.kept[key] = get_job_context().create_task(add, args=(a, b))
+
+    def read(self, key: str) -> Any:
+        """The values behind what is kept under key: a ref, or a list or dict of refs."""
+        ctx, held = get_job_context(), self.kept[key]
+        if isinstance(held, list):
+            return ctx.get(held, timeout=60)
+        if isinstance(held, dict):
+            return {name: ctx.get(ref, timeout=60) for name, ref in held.items()}
+        return ctx.get(held, timeout=60)
+
+    def read_refs(self, key: str) -> Any:
+        """What is kept under key, refs as they are (handed back to the caller)."""
+        return self.kept[key]
+
+    def drop(self, key: str) -> None:
+        del self.kept[key]
 
 
 class FailingInit:

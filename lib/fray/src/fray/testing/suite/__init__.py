@@ -1,5 +1,6 @@
 """The conformance tests. `from fray.testing.suite import *` in a test module collects all of them."""
 
+from fray.testing.suite.test_actor_refs import *  # noqa: F403
 from fray.testing.suite.test_actors import *  # noqa: F403
 from fray.testing.suite.test_async import *  # noqa: F403
 from fray.testing.suite.test_capabilities import *  # noqa: F403
@@ -18,4 +19,5 @@ from fray.testing.suite.test_spmd_failures import *  # noqa: F403
 from fray.testing.suite.test_streaming import *  # noqa: F403
 from fray.testing.suite.test_tasks import *  # noqa: F403
 from fray.testing.suite.test_timeline import *  # noqa: F403
+from fray.testing.suite.test_timeouts import *  # noqa: F403
 from fray.testing.suite.test_wait import *  # noqa: F403
