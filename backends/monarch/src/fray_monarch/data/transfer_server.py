@@ -1,18 +1,22 @@
 """The owner's side of the data plane between hosts: a process serves its live allocations over TCP to readers
 of other hosts that prove their capability (transfer.py says what travels where).
 
-What a connection may hold (issue 29, item 3): a request must be complete and its capability proved within
-AUTH_TIMEOUT of its first byte (of the accept, for a new connection), a deadline however slowly the bytes come;
-at most MAX_HANDSHAKES_PER_PEER connections of one peer address may be at that stage at once; at most
+What a connection may hold: a request must be complete and its capability proved within AUTH_TIMEOUT of its first
+byte (of the accept, for a new connection), a deadline however slowly the bytes come. Connections are counted by
+what they proved, never by their peer's address (a local user has all of 127/8 and of IPv6's loopback and
+link-local addresses to come from): at most MAX_UNPROVEN connections that have proved no capability yet are held,
+and a new one beyond that takes the place of the oldest of them, so strangers only ever replace each other. At most
 MAX_CONNECTIONS are served at once, and when they are all taken a new connection replaces the oldest one that is
 idle (a reader's pooled connection, authenticated, between requests) or still unauthenticated after
 HANDSHAKE_GRACE (a reader proves its capability within a round trip). Otherwise it is closed at accept, and the
-reader waits and tries again (transfer.fetch): readers beyond the cap are served later, not failed.
+reader waits and tries again (transfer.fetch): readers beyond the cap are served later, not failed. A failed
+accept (no file descriptor left) pauses accepting, 10 ms doubling up to a second.
 """
 
 from __future__ import annotations
 
 import enum
+import errno
 import hmac
 import logging
 import secrets
@@ -43,7 +47,8 @@ IO_TIMEOUT = 120.0  # sending one part's bytes (sendall's timeout bounds the who
 AUTH_TIMEOUT = 10.0  # a request must be complete and proved within this of its first byte (or of the accept)
 IDLE_TIMEOUT = 60.0  # an authenticated connection idle this long is closed
 MAX_CONNECTIONS = 64  # connections served at once (a thread each)
-MAX_HANDSHAKES_PER_PEER = 8  # unauthenticated connections of one peer address at once; more are closed at accept
+MAX_UNPROVEN = 32  # connections that proved no capability yet; a new one beyond replaces the oldest of them
+ACCEPT_PAUSE_MAX = 1.0  # seconds accepting pauses at most after a failed accept
 HANDSHAKE_GRACE = 1.0  # when full, a connection unauthenticated this long gives its place to a new one
 # What the bytes carry: a tag each part (transfer_wire.py), or TLS (transfer_tls.py, transport=tls).
 
@@ -62,6 +67,7 @@ class Served:
     peer: str
     stage: Stage
     since: float  # time.monotonic() when it entered its stage
+    proven: bool = False  # it has proved a capability (then its later requests count as a reader's)
 
 
 class TransferServer:
@@ -84,11 +90,17 @@ class TransferServer:
         return capability(self.key, aid, segment, offset, length)
 
     def _accept(self) -> None:
+        pause = 0.0
         while not self.closed:
             try:
                 conn, peer = self.sock.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self.closed or exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return
+                pause = min(max(pause * 2, 0.01), ACCEPT_PAUSE_MAX)  # out of descriptors: wait, do not spin
+                time.sleep(pause)
+                continue
+            pause = 0.0
             entry = Served(conn, str(peer[0]), Stage.HANDSHAKE, time.monotonic())
             refused = self._admit(entry)
             if refused:
@@ -106,10 +118,10 @@ class TransferServer:
     def _admit(self, entry: Served) -> str:
         """Count `entry` in, making room if it may; why not if not ("": admitted)."""
         with self.lock:
-            shaking = [s for s in self.served.values() if s.peer == entry.peer and s.stage is Stage.HANDSHAKE]
-            if len(shaking) >= MAX_HANDSHAKES_PER_PEER:
-                return f"{len(shaking)} of its connections are not authenticated yet"
-            if len(self.served) >= MAX_CONNECTIONS:
+            unproven = [s for s in self.served.values() if not s.proven]
+            if len(unproven) >= MAX_UNPROVEN:
+                self._evict(min(unproven, key=lambda s: s.since))
+            elif len(self.served) >= MAX_CONNECTIONS:
                 victim = self._replaceable(entry.since)
                 if victim is None:
                     return f"{MAX_CONNECTIONS} connections are being served (the reader tries again)"
@@ -123,7 +135,7 @@ class TransferServer:
         idle = [s for s in self.served.values() if s.stage is Stage.IDLE]
         if idle:
             return min(idle, key=lambda s: s.since)
-        stale = [s for s in self.served.values() if s.stage is Stage.HANDSHAKE and now - s.since > HANDSHAKE_GRACE]
+        stale = [s for s in self.served.values() if not s.proven and now - s.since > HANDSHAKE_GRACE]
         return min(stale, key=lambda s: s.since) if stale else None
 
     def _evict(self, victim: Served) -> None:
@@ -135,11 +147,13 @@ class TransferServer:
             pass
 
     def _enter(self, entry: Served, stage: Stage) -> bool:
-        """Move `entry` to `stage`; False if it was evicted (then it must stop)."""
+        """Move `entry` to `stage` (SERVING: it has proved a capability); False if it was evicted (then it must
+        stop)."""
         with self.lock:
             if id(entry) not in self.served:
                 return False
             entry.stage, entry.since = stage, time.monotonic()
+            entry.proven = entry.proven or stage is Stage.SERVING
             return True
 
     def _serve(self, entry: Served) -> None:
