@@ -59,6 +59,7 @@ class RayJobContext(JobContext):
             Capability.DETACHED_ACTORS,
             Capability.TASK_ENV_VARS,
             Capability.TASK_PACKAGES,
+            Capability.TASK_MAX_CALLS,  # _remote.py: ray.remote(max_calls=N), one registration per value
             Capability.CANCEL_RUNNING,
             Capability.STREAMING,
             Capability.SPMD_GROUPS,

@@ -20,6 +20,7 @@ class Capability(enum.Enum):
     # create_job(..., detached=True): a job that outlives the process that submitted it and that another process
     # (another `fray job ...` command) can list, follow, stop and delete
     PERSISTENT_JOBS = "persistent_jobs"
+    TASK_MAX_CALLS = "task_max_calls"  # TaskOptions(max_calls=N): a task's worker process is replaced after N calls
     CANCEL_RUNNING = "cancel_running"  # cancel(ref) of a task that has started running
     STREAMING = "streaming"  # TaskOptions(streaming=True), handle.method.stream(...): ObjectRefStream
     SPMD_GROUPS = "spmd_groups"  # create_actor_group(..., distributed=True): a process per member, torch env set

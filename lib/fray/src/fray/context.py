@@ -100,6 +100,8 @@ class JobContext(JobContextHooks):
                 self.require(Capability.TASK_ENV_VARS, "TaskOptions.runtime_env.env")
             if opts.runtime_env.package_requirements:
                 self.require(Capability.TASK_PACKAGES, "TaskOptions.runtime_env.package_requirements")
+        if opts.max_calls is not None:
+            self.require(Capability.TASK_MAX_CALLS, "TaskOptions.max_calls")
         self.check_feasible(task_resources(opts), f"task {opts.name or getattr(fn, '__name__', fn)!s}")
         if opts.streaming:
             self.require(Capability.STREAMING, "TaskOptions(streaming=True)")
@@ -172,19 +174,19 @@ class JobContext(JobContextHooks):
             return receive_into(out, self.get(refs, timeout, progress))
         if self._shut_down:
             self._refuse_if_shut_down()
-        deadline = None if timeout is None else check_timeout(timeout)
+        seconds = check_timeout(timeout)  # (the whole call's: hooks take what is left of it, never more)
         try:
             if isinstance(refs, ObjectRef):
                 if refs.backend != self.backend:  # (checked inline: an actor round trip's get: each step counts)
                     self._check_ref(refs)
-                return self._get([refs], deadline)[0]
+                return self._get([refs], seconds)[0]
             if isinstance(refs, (list, tuple)):
                 for index, ref in enumerate(refs):
                     if not isinstance(ref, ObjectRef) or ref.backend != self.backend:
                         self._check_ref(ref, index)
                 if check_mode(progress) and refs:
-                    return get_with_progress(self, list(refs), deadline, progress)
-                return self._get(list(refs), deadline) if refs else []
+                    return get_with_progress(self, list(refs), seconds, progress)
+                return self._get(list(refs), seconds) if refs else []
         except KeyboardInterrupt as exc:  # Ctrl-C: the caller's frames and this one (fray.interrupts)
             raise interrupted(
                 exc, f"ctx.get of {count_refs(1 if isinstance(refs, ObjectRef) else len(refs))}"
@@ -201,12 +203,12 @@ class JobContext(JobContextHooks):
         """
         self._refuse_if_shut_down()
         check_wait_args(refs, num_returns, self.backend)
-        deadline = check_timeout(timeout)
+        seconds = check_timeout(timeout)
         if not refs:
             return [], []
         want = min(num_returns, len(refs))
         try:
-            done_indices = self._wait(list(refs), want, deadline)
+            done_indices = self._wait(list(refs), want, seconds)
         except KeyboardInterrupt as exc:
             raise interrupted(exc, f"ctx.wait on {count_refs(len(refs))}") from None
         chosen = set(sorted(done_indices)[:want])

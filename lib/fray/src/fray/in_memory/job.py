@@ -38,6 +38,9 @@ class InMemoryJobContext(KitJobContext):
         {
             Capability.DETACHED_ACTORS,  # detached actors outlive their context, within this process
             Capability.TASK_ENV_VARS,  # such tasks run in a child process with that environment
+            # no worker process outlives a call to be replaced: a task runs on a thread of this process, or in a
+            # child process of its own (runtime_env)
+            Capability.TASK_MAX_CALLS,
             Capability.CANCEL_RUNNING,  # interrupted at the next Python bytecode, as Ray does
             Capability.ZERO_COPY_OBJECTS,  # get of numpy returns read-only views of the stored copy
             Capability.STREAMING,

@@ -33,6 +33,8 @@ def _use(capability: Capability, ctx: JobContext, cluster: ClusterContext, tmp_p
         cluster.create_job("true", env=RuntimeEnv(minimum_resources=[Resource("CPU", 1)]))
     elif capability is Capability.PERSISTENT_JOBS:
         cluster.create_job("true", detached=True)
+    elif capability is Capability.TASK_MAX_CALLS:
+        ctx.create_task(h.add, args=(1, 1), options=TaskOptions(max_calls=1))
     elif capability is Capability.CANCEL_RUNNING:
         marker = str(tmp_path / "started")
         ref = ctx.create_task(h.spin, args=(marker, 5))  # (ends by itself where the cancel is refused)

@@ -9,6 +9,7 @@ import pytest
 
 from fray import GetTimeoutError, SerializationError, TaskOptions
 from fray.context import JobContext
+from fray.testing import requires_capability
 from fray.testing import workloads as h
 
 
@@ -119,8 +120,16 @@ def test_bad_input_is_a_clear_error(fray_ctx: JobContext) -> None:
 
 
 def test_task_options_are_accepted(fray_ctx: JobContext) -> None:
-    options = TaskOptions(resources={"CPU": 1}, name="named-task", max_calls=5, max_retries=0)
+    options = TaskOptions(resources={"CPU": 1}, name="named-task", max_retries=0)
     assert fray_ctx.get(fray_ctx.create_task(h.add, args=(2, 2), options=options), timeout=60) == 4
+
+
+@requires_capability("task_max_calls", "process_isolation")
+def test_max_calls_replaces_the_worker_process(fray_ctx: JobContext) -> None:
+    options = TaskOptions(max_calls=1)
+    first = fray_ctx.get(fray_ctx.create_task(h.pid_of_worker, options=options), timeout=120)
+    second = fray_ctx.get(fray_ctx.create_task(h.pid_of_worker, options=options), timeout=120)
+    assert first != second, "a worker process ran a second call of a max_calls=1 function"
 
 
 def test_nested_submission_10_deep(fray_ctx: JobContext) -> None:
