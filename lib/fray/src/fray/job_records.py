@@ -10,7 +10,10 @@ A callable's return value crosses as plain data only (None, bool, int, float, co
 tuples, sets, frozensets and dicts of them): it is read back with an unpickler that refuses every global, so
 reading a job's record never runs code, whatever the log holds (a job may print anything). Other values are kept
 as their repr. A job may print a line that looks like a record: the reader takes the last well-formed one, so a
-job can misstate its own attempts, never make its reader run anything.
+job can misstate its own attempts, never make its reader run anything. The supervisor marks its last record
+`final`, and the first final record in a log is the one read: a record printed after it (by a process the job left
+running) does not replace it. A malformed record (longer than RECORD_MAX, deeper than JSON can be read, numbers
+out of range, anything that raises) is ignored, never an error for whoever reads the job.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ __all__ = ["JobRecord", "dump_plain", "last_record", "load_plain", "record_line"
 
 _START = "\x1b]fray-job;"
 _END = "\x07"
-_RECORD = re.compile(re.escape(_START) + r"([^\x07\x1b\n]*)" + re.escape(_END))
+RECORD_MAX = 1024 * 1024  # characters of a record's JSON; a longer one is not read
+_RECORD = re.compile(re.escape(_START) + rf"([^\x07\x1b\n]{{0,{RECORD_MAX}}})" + re.escape(_END))
 RESULT_MAX = 64 * 1024  # bytes of a pickled result kept on the record; a bigger one is kept as its repr
 REPR_MAX = 2000
 
@@ -87,8 +91,9 @@ def short_repr(value: Any) -> str:
     return text if len(text) <= REPR_MAX else text[: REPR_MAX - 3] + "..."
 
 
-def record_line(record: JobRecord, result_data: bytes | None = None) -> str:
-    """The log line that carries `record` (its result as dump_plain's bytes, else its result_repr)."""
+def record_line(record: JobRecord, result_data: bytes | None = None, final: bool = False) -> str:
+    """The log line that carries `record` (its result as dump_plain's bytes, else its result_repr); `final`: the
+    supervisor writes no record after this one."""
     body: dict[str, Any] = {
         "replicas": record.replicas,
         "attempts": [
@@ -107,6 +112,8 @@ def record_line(record: JobRecord, result_data: bytes | None = None) -> str:
         body["result"] = base64.b64encode(result_data).decode()
     elif record.result_repr is not None:
         body["result_repr"] = record.result_repr
+    if final:
+        body["final"] = True
     if record.error is not None:
         e = record.error
         body["error"] = {"type": e.type, "message": e.message, "traceback": e.traceback, "rank": e.rank}
@@ -114,7 +121,8 @@ def record_line(record: JobRecord, result_data: bytes | None = None) -> str:
     return _START + json.dumps(body, separators=(",", ":")) + _END
 
 
-def _decode(text: str) -> JobRecord | None:
+def _decode(text: str) -> tuple[JobRecord, bool] | None:
+    """The record in `text` and whether it is final; None for anything that is not a well-formed record."""
     try:
         body = json.loads(text)
         attempts = tuple(
@@ -136,15 +144,21 @@ def _decode(text: str) -> JobRecord | None:
         if body.get("error"):
             e = body["error"]
             error = JobError(str(e["type"]), str(e["message"]), str(e.get("traceback", "")), int(e.get("rank", 0)))
-        return JobRecord(int(body["replicas"]), attempts, result, result_repr, error)
-    except (ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError, AttributeError):
-        return None  # not a record of ours after all (a job may print anything): ignored
+        record = JobRecord(int(body["replicas"]), attempts, result, result_repr, error)
+        return record, body.get("final") is True
+    except Exception:  # RecursionError, OverflowError, MemoryError too: a job may print anything, and it is ignored
+        return None
 
 
 def last_record(log_tail: str) -> JobRecord | None:
-    """The last well-formed record in this piece of a job's raw log (before plain-text cleaning), if any."""
-    for match in reversed(list(_RECORD.finditer(log_tail))):
-        record = _decode(match.group(1))
-        if record is not None:
-            return record
-    return None
+    """The first final record in this piece of a job's raw log (before plain-text cleaning), else the last
+    well-formed one, if any."""
+    last = None
+    for match in _RECORD.finditer(log_tail):
+        decoded = _decode(match.group(1))
+        if decoded is None:
+            continue
+        if decoded[1]:
+            return decoded[0]
+        last = decoded[0]
+    return last

@@ -155,7 +155,8 @@ class Supervisor:
                 self._say(f"attempt {number} of {self.retries + 1} (the last failed: {self.attempts[-1].message})")
             attempt, error, result = self._attempt(number) if self.placement is None else self._group_attempt(number)
             self.attempts.append(attempt)
-            self._record(error, result)
+            ends = attempt.status in (JobStatus.SUCCEEDED, JobStatus.STOPPED) or self.stopping.is_set()
+            self._record(error, result, final=ends or number == self.retries + 1)
             if attempt.status is JobStatus.SUCCEEDED:
                 return 0
             code = attempt.exit_code
@@ -169,7 +170,7 @@ class Supervisor:
             sys.stdout.write(f"[fray] {text}\n")
             sys.stdout.flush()
 
-    def _record(self, error: JobError | None, result: CallOutcome | None) -> None:
+    def _record(self, error: JobError | None, result: CallOutcome | None, final: bool) -> None:
         data = result.result if result is not None else None
         record = JobRecord(
             self.replicas,
@@ -179,7 +180,7 @@ class Supervisor:
         )
         with self.output_lock:
             sys.stdout.flush()
-            sys.stdout.write(record_line(record, data))
+            sys.stdout.write(record_line(record, data, final))
             sys.stdout.flush()
 
     def _start(self, index: int, port: int, number: int) -> _Rank:
