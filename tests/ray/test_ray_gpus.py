@@ -5,9 +5,10 @@ process, so what matters is the view each process has before anything of the wor
 from __future__ import annotations
 
 import os
+import pickle
 from typing import Any
 
-from fray import TaskOptions
+from fray import ActorOptions, TaskOptions
 from fray_ray import RayJobContext
 
 ONE_GPU = TaskOptions(resources={"CPU": 0.5, "GPU": 1})
@@ -49,3 +50,45 @@ def test_work_holding_no_gpu_sees_none(ctx: RayJobContext) -> None:
 class _Viewer:
     def view(self) -> str | None:
         return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+class ViewWhenUnpickled:
+    """A constructor argument that records the process's CUDA_VISIBLE_DEVICES when it is unpickled (where a CUDA
+    tensor's storage is made, and CUDA starts with the view of that moment)."""
+
+    def __init__(self, view: str | None = None) -> None:
+        self.view = view
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_view_now, ())
+
+
+def _view_now() -> ViewWhenUnpickled:
+    return ViewWhenUnpickled(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+class _Member:
+    def __init__(self, arg: ViewWhenUnpickled, kwarg: ViewWhenUnpickled | None = None) -> None:
+        self.at_unpickling = (arg.view, kwarg.view if kwarg is not None else None)
+
+    def views(self) -> tuple[tuple[str | None, str | None], str | None, int]:
+        return self.at_unpickling, os.environ.get("CUDA_VISIBLE_DEVICES"), int(os.environ["LOCAL_RANK"])
+
+
+def test_an_spmd_members_arguments_are_unpickled_after_its_group_view_is_set(ctx: RayJobContext) -> None:
+    """A member's constructor arguments holding a CUDA tensor start CUDA where they are unpickled: before the fix
+    that was before the member widened its view to its group's devices, so CUDA saw only its own device and
+    `torch.cuda.set_device(LOCAL_RANK)` failed for rank 1 (the CUDA half of this: tests/gpu)."""
+    pickle.dumps(ViewWhenUnpickled())  # (it pickles)
+    opts = ActorOptions(resources={"CPU": 0.5, "GPU": 1})
+    group = ctx.create_actor_group(
+        _Member, 2, args=(ViewWhenUnpickled(),), kwargs={"kwarg": ViewWhenUnpickled()}, options=opts, distributed=True
+    )
+    try:
+        views = ctx.get(group.views(), timeout=180)
+        for (arg_view, kwarg_view), view, local_rank in views:
+            assert view is not None and len(view.split(",")) == 2, views
+            assert arg_view == view and kwarg_view == view, views
+            assert 0 <= local_rank < 2
+    finally:
+        ctx.kill(group)

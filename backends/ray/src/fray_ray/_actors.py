@@ -30,6 +30,7 @@ from fray.serialization import check_function, find_unserializable_argument
 from fray.types import ActorOptions, Lifetime
 from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
 from fray_ray._driver_events import DeathWatch
+from fray_ray._gpus import RENDEZVOUS_ENV, GroupView
 from fray_ray._remote import MEMBER_KWARG, Registry
 from fray_ray._translate import actor_options
 
@@ -89,7 +90,10 @@ class RayActors:
         elif name is not None:
             ray_kwargs = {**ray_kwargs, MEMBER_KWARG: (ActorInfo(name=name), {})}
         try:
-            handle = actor_cls.options(**options_).remote(*unwrap_args(args), **ray_kwargs)
+            ray_args = unwrap_args(args)
+            if member is not None and RENDEZVOUS_ENV in member.env:  # (its view is set before the rest unpickle)
+                ray_args = (GroupView(dict(member.env)), *ray_args)
+            handle = actor_cls.options(**options_).remote(*ray_args, **ray_kwargs)
         except TypeError as exc:
             if is_serialization_error(exc):
                 raise find_unserializable_argument(klass.__qualname__, args, kwargs, exc) from None

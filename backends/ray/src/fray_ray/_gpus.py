@@ -5,7 +5,9 @@ starts. torchrun's members, and Ray Train's workers, see every device of their g
 rank order: LOCAL_RANK indexes them, and NCCL can use peer-to-peer copies between them. So before the user's
 __init__, each member that holds GPUs says which in Ray's internal KV (under the group's rendezvous id, made
 afresh for each life of the group), waits until every member has, and widens its CUDA_VISIBLE_DEVICES to its
-node's members' devices in rank order. CUDA reads the variable at its first use, which comes later.
+node's members' devices in rank order. CUDA reads the variable at its first use, which must come later: a
+constructor argument holding a CUDA tensor starts CUDA where it is unpickled, before __init__, so the view is set
+while the arguments are unpickled, by a first argument (`GroupView`) that Ray unpickles before the others.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ray.experimental import internal_kv
 
 from fray.gpus import ENV_HELD, use_held_device
 
-__all__ = ["RENDEZVOUS_ENV", "see_group_gpus"]
+__all__ = ["RENDEZVOUS_ENV", "GroupView", "ViewSeen", "see_group_gpus"]
 
 log = logging.getLogger("fray.ray")
 
@@ -32,12 +34,42 @@ def _key(rendezvous: str, rank: int) -> bytes:
     return f"fray-gpus/{rendezvous}/{rank}".encode()
 
 
+_seen: set[str] = set()  # the rendezvous this process has seen its group's devices at (once each)
+
+
+class ViewSeen:
+    """What a GroupView becomes where it is unpickled: the member's view is set (__init__ drops it)."""
+
+    __slots__ = ()
+
+
+class GroupView:
+    """An SPMD member's first constructor argument: unpickled in the member's process before its other arguments
+    (Ray unpickles them in order, after it has set the member's own CUDA_VISIBLE_DEVICES), it sets the member's
+    view of its group's devices there, so that no argument starts CUDA with the member's own view alone."""
+
+    __slots__ = ("env",)
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_view_on_arrival, (self.env,))
+
+
+def _view_on_arrival(env: dict[str, str]) -> ViewSeen:
+    see_group_gpus(env)
+    return ViewSeen()
+
+
 def see_group_gpus(env: dict[str, str]) -> None:
-    """In an SPMD member's process, before its __init__ (env: its torch.distributed variables)."""
+    """In an SPMD member's process, before its arguments are unpickled (env: its torch.distributed variables).
+    Once per rendezvous: a later call (start_actor's) does nothing."""
     rendezvous = env.get(RENDEZVOUS_ENV)
     mine = [str(i) for i in ray.get_gpu_ids()]
-    if not rendezvous or not mine:
+    if not rendezvous or not mine or rendezvous in _seen:
         return
+    _seen.add(rendezvous)
     rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
     node = ray.get_runtime_context().get_node_id()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(mine))

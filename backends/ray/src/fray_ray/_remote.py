@@ -25,7 +25,7 @@ from fray.current import ActorInfo
 from fray.remote_errors import portable as make_portable
 from fray.rendezvous import serve_store
 from fray_ray._gangs import HEARTBEAT_ENV, start_heartbeat
-from fray_ray._gpus import RENDEZVOUS_ENV, see_group_gpus
+from fray_ray._gpus import RENDEZVOUS_ENV, ViewSeen, see_group_gpus
 from fray_ray._values import pack
 from fray_ray._worker_events import actor_started, attach_worker, call_ended, call_started, task_ended, task_started
 
@@ -140,13 +140,18 @@ def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None, class_name: 
     os.environ.update(env)
     current.set_process_actor(info)
     serve_store(env)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only (fray.rendezvous)
-    if RENDEZVOUS_ENV in env:  # an SPMD member holding GPUs sees its group's devices on its node
+    if RENDEZVOUS_ENV in env:  # an SPMD member holding GPUs sees its group's devices (done already: GroupView)
         see_group_gpus(dict(env))
     if HEARTBEAT_ENV in env:  # an SPMD member says it is alive (fray_ray._gangs watches for silence)
         start_heartbeat(float(env[HEARTBEAT_ENV]))
 
 
 MEMBER_KWARG = "__fray_member__"  # the hidden creation argument carrying (ActorInfo, env) into the actor
+
+
+def user_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An actor's constructor arguments without the GroupView an SPMD member's come after (fray_ray._gpus)."""
+    return args[1:] if args and type(args[0]) is ViewSeen else args
 
 
 def _stream_function(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -303,7 +308,7 @@ def _actor_class(klass: type) -> type:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         # start_actor is referenced by name, so cloudpickle sends it by reference (not _worker_ctx by value)
         start_actor(kwargs.pop(MEMBER_KWARG, None), class_name)
-        base_init(self, *args, **kwargs)
+        base_init(self, *user_args(args), **kwargs)
 
     # __module__ is ours (so pickling by reference fails and cloudpickle sends the class by value), while the
     # names stay the user's, as Ray shows them and as fray reports them.
