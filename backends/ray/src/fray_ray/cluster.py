@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 
 from fray.capabilities import Capability
 from fray.context import ClusterContext
-from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
+from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
 from fray.job_handle import JobHandle
 from fray.resources import format_resources, short_of
 from fray.types import JobInfo, JobStatus, RuntimeEnv
@@ -102,6 +102,11 @@ def _strip_preamble(logs: str, job_id: str, entrypoint: str) -> str:
     if newline and first.endswith(" -- Runtime env is setting up."):
         logs = rest
     return logs
+
+
+# How long a submission waits for the head's job agent (Ray itself waits 10 s before it answers 'No available
+# agent'); a fresh head on a loaded machine starts its agent last.
+AGENT_WAIT = START_TIMEOUT
 
 
 class RayClusterContext(ClusterContext):
@@ -203,7 +208,7 @@ class RayClusterContext(ClusterContext):
             command = given
             if _working_dir_named.get():
                 runtime_env["working_dir"] = working_dir  # uploaded by the client, unpacked on the node
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + AGENT_WAIT
         while True:
             try:
                 return str(
@@ -220,8 +225,15 @@ class RayClusterContext(ClusterContext):
                     raise JobExistsError(
                         f"a job with id {job_id!r} exists on the Ray cluster at {self.address}"
                     ) from None
-                if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                if "No available agent" not in str(exc):
                     raise
+                if time.monotonic() > deadline:
+                    raise FrayError(
+                        f"the Ray cluster at {self.address} took no job for {AGENT_WAIT:.0f} s: its head's job agent "
+                        "is not up (Ray answers 'No available agent'; a head starting on a loaded machine is slow "
+                        "to start it). Submit again once `ray status` shows the head node alive, or see "
+                        "dashboard_agent.log in the head's Ray logs"
+                    ) from None
                 time.sleep(0.5)
 
     def _check_feasible(self, need: dict[str, float]) -> None:
