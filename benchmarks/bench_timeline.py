@@ -72,6 +72,7 @@ class Poller:
         answer = conn.getresponse()
         answer.read()
         self.cookie = (answer.getheader("Set-Cookie") or "").split(";")[0]
+        self.page = answer.getheader("Location") or "/"  # the page's own path: the cookie is sent there only
         conn.close()
         self.period, self.cursor = period, 0
         self.stopped = threading.Event()
@@ -79,7 +80,7 @@ class Poller:
 
     def poll(self) -> None:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
-        conn.request("GET", f"/api/state?since={self.cursor}", headers={"Cookie": self.cookie})
+        conn.request("GET", f"{self.page}api/state?since={self.cursor}", headers={"Cookie": self.cookie})
         answer = json.loads(conn.getresponse().read())
         conn.close()
         self.cursor = answer["cursor"]

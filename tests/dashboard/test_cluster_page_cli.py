@@ -50,9 +50,9 @@ def test_fray_dashboard_serves_the_clusters_page_until_sigterm(tmp_path: Path) -
             assert where.query.startswith("token=")
             status, headers, _ = _get(where.port, f"/?{where.query}")
             assert status == 303
-            cookie = headers["Set-Cookie"].split(";")[0]
-            assert _get(where.port, "/api/state?since=0")[0] == 401  # not without it
-            status, _, body = _get(where.port, "/api/state?since=0", cookie)
+            cookie, page = headers["Set-Cookie"].split(";")[0], headers["Location"]  # the page's own path
+            assert _get(where.port, f"{page}api/state?since=0")[0] == 401  # not without it
+            status, _, body = _get(where.port, f"{page}api/state?since=0", cookie)
             assert status == 200
             state = json.loads(body)
             assert state["backend"] == "in_memory"

@@ -26,8 +26,8 @@ from fray.dashboard import admission
 from fray.testing import workloads as h
 
 
-def _signed_in(ctx: JobContext) -> tuple[int, str]:
-    """The page's port and the cookie its browser sends back."""
+def _signed_in(ctx: JobContext) -> tuple[int, str, str]:
+    """The page's port, the cookie its browser sends back and the page's own path."""
     where = urlsplit(ctx.dashboard())
     assert where.port is not None
     conn = http.client.HTTPConnection("127.0.0.1", where.port, timeout=10)
@@ -35,14 +35,14 @@ def _signed_in(ctx: JobContext) -> tuple[int, str]:
     answer = conn.getresponse()
     assert answer.status == 303
     conn.close()
-    return where.port, answer.headers["Set-Cookie"].split(";")[0]
+    return where.port, answer.headers["Set-Cookie"].split(";")[0], answer.headers["Location"]
 
 
-def _state_took(port: int, cookie: str) -> float:
+def _state_took(port: int, cookie: str, page: str) -> float:
     start = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("GET", "/api/state?since=0", headers={"Cookie": cookie})
+        conn.request("GET", f"{page}api/state?since=0", headers={"Cookie": cookie})
         answer = conn.getresponse()
         assert answer.status == 200 and answer.read().startswith(b"{")
     finally:
@@ -63,7 +63,7 @@ def test_a_connection_that_does_not_prove_itself_is_closed_at_its_deadline(
     ctx: JobContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(admission, "PROVE_WITHIN", 1.0)
-    port, _ = _signed_in(ctx)
+    port, _, _ = _signed_in(ctx)
     idle = socket.create_connection(("127.0.0.1", port), timeout=5)
     trickle = socket.create_connection(("127.0.0.1", port), timeout=5)
     start = time.monotonic()
@@ -84,12 +84,12 @@ def test_a_connection_that_does_not_prove_itself_is_closed_at_its_deadline(
 
 
 def test_one_address_holds_few_unproven_connections_and_the_browser_still_gets_in(ctx: JobContext) -> None:
-    port, cookie = _signed_in(ctx)
+    port, cookie, page = _signed_in(ctx)
     before = open_fds()
     idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
     try:
         time.sleep(0.3)
-        assert _state_took(port, cookie) < 1.0
+        assert _state_took(port, cookie, page) < 1.0
         closed = sum(closed_within(conn, 0.02) for conn in idle)
         assert closed >= 100 - admission.MAX_UNPROVEN_PER_PEER, closed
         # the server's own file descriptors: only the few it holds (the test's 100 are counted here too)
@@ -100,7 +100,7 @@ def test_one_address_holds_few_unproven_connections_and_the_browser_still_gets_i
 
 
 def test_a_failed_accept_is_waited_out_not_spun_on(ctx: JobContext) -> None:
-    port, cookie = _signed_in(ctx)
+    port, cookie, page = _signed_in(ctx)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     fillers: list[int] = []
     knocker = subprocess.Popen(  # another process: it keeps connecting while this one has no descriptor left
@@ -123,7 +123,7 @@ def test_a_failed_accept_is_waited_out_not_spun_on(ctx: JobContext) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert busy < 0.3, f"the server spun on its listening socket: {busy:.0%} of a core"
         time.sleep(1.2)  # the longest pause
-        assert _state_took(port, cookie) < 1.0  # and it accepts again once descriptors are free
+        assert _state_took(port, cookie, page) < 1.0  # and it accepts again once descriptors are free
     finally:
         for fd in fillers:
             os.close(fd)
@@ -148,7 +148,7 @@ while True:
 
 @as_root
 def test_a_flood_of_idle_connections_leaves_the_driver_working_and_the_page_answering(ctx: JobContext) -> None:
-    port, cookie = _signed_in(ctx)
+    port, cookie, page = _signed_in(ctx)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     before = open_fds()
     resource.setrlimit(resource.RLIMIT_NOFILE, (before + 200, hard))  # far fewer than the flood's connections
@@ -160,6 +160,6 @@ def test_a_flood_of_idle_connections_leaves_the_driver_working_and_the_page_answ
             with tempfile.TemporaryFile() as f:
                 f.write(b"the driver's own work")
             assert ctx.get([ctx.create_task(h.add, args=(i, 1)) for i in range(20)], timeout=30) == list(range(1, 21))
-            assert max(_state_took(port, cookie) for _ in range(5)) < 1.0
+            assert max(_state_took(port, cookie, page) for _ in range(5)) < 1.0
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

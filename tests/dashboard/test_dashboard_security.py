@@ -19,6 +19,7 @@ import pytest
 import fray
 from fray import timeline
 from fray.context import ClusterContext, JobContext
+from fray.dashboard.server import page_id
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.testing import workloads as h
 
@@ -45,8 +46,15 @@ class Page:
     port: int
     token: str
     cookie: str  # "name=value", as the browser sends it back
+    prefix: str = "/"  # the page's own path, where the token's redirect leads: every path below is under it
 
     def get(self, path: str, cookie: str | None = None, host: str | None = None, method: str = "GET") -> Answer:
+        """`path` as the page sees it ("/api/state"), under the page's prefix; "/?token=..." and a path that
+        begins with "//" ("//api/state": the server's root) as they are."""
+        if path.startswith("//"):
+            path = path[1:]
+        elif not path.startswith("/?token="):
+            path = self.prefix + path[1:]
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
             conn.putrequest(method, path, skip_host=True)
@@ -68,7 +76,7 @@ def _signed_in(kind: str, ctx: JobContext | ClusterContext) -> Page:
     token = parse_qs(where.query)["token"][0]
     first = Page(kind, ctx, url, where.port, token, "").get(f"/?token={token}")
     set_cookie = first.headers["Set-Cookie"]
-    return Page(kind, ctx, url, where.port, token, set_cookie.split(";")[0])
+    return Page(kind, ctx, url, where.port, token, set_cookie.split(";")[0], first.headers["Location"])
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +128,33 @@ def test_the_url_is_loopback_with_a_long_random_token_and_the_same_each_call(pag
 def test_the_token_is_exchanged_for_a_strict_httponly_cookie_and_a_redirect_without_it(page: Page) -> None:
     answer = page.get(f"/?token={page.token}")
     assert answer.status == 303
-    assert answer.headers["Location"] == "/"
+    assert answer.headers["Location"] == page.prefix == f"/{page_id(page.token)}/"
     flags = [part.strip() for part in answer.headers["Set-Cookie"].split(";")]
     name, _, value = flags[0].partition("=")
-    assert name == f"fray_dashboard_{page.port}"
+    assert name == f"fray_{page_id(page.token)}"
     assert value and value != page.token  # the cookie is a session secret of its own
-    assert set(flags[1:]) == {"HttpOnly", "SameSite=Strict", "Path=/"}
+    assert set(flags[1:]) == {"HttpOnly", "SameSite=Strict", f"Path={page.prefix}"}
     _no_data(answer)
+
+
+def test_the_cookie_is_named_and_scoped_by_the_page_and_serves_nothing_outside_it(job_page: Page) -> None:
+    """Browsers send a host's cookies to every port of it: a cookie named for the port and scoped to `/` reached
+    every other service on localhost (and one of them could read it). Named and scoped by an id derived from the
+    token, it is sent to this page's paths only, and nothing is served outside them."""
+    page = job_page
+    assert len(page_id(page.token)) >= 24 and page.token not in page.prefix
+    assert page.cookie.partition("=")[0] not in (f"fray_dashboard_{page.port}", "fray_dashboard")
+    for path in ("//api/state?since=0", "//", "//static/app.js"):
+        answer = page.get(path, cookie=page.cookie)
+        assert answer.status == 401, path
+        _no_data(answer)
+    assert page.get("/api/state?since=0", cookie=page.cookie).status == 200
+    ctx = fray.init("in_memory")
+    try:
+        other = _signed_in("job", ctx)
+        assert other.prefix != page.prefix and other.cookie.partition("=")[0] != page.cookie.partition("=")[0]
+    finally:
+        ctx.shutdown()
 
 
 @pytest.mark.parametrize("path", [*PATHS, "script"])

@@ -10,12 +10,14 @@ than spinning on a listening socket that stays ready. What a poll reads, and how
 often, is the source's business (each reads at most every so often, whichever tabs ask).
 
 Security (docs/security.md): loopback only unless a host is given; a random token in the first URL is exchanged
-for an HttpOnly SameSite=Strict cookie (and removed from the address bar by a redirect); every other request
-needs that cookie; a Host header that is not this server's (DNS rebinding) gets 403; no CORS; a strict CSP.
+for an HttpOnly SameSite=Strict cookie (and removed from the address bar by a redirect to the page's own path,
+`/<page id>/`, an id derived from the token that names and scopes the cookie); every other request needs that
+cookie; a Host header that is not this server's (DNS rebinding) gets 403; no CORS; a strict CSP.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -102,7 +104,11 @@ class Dashboard:
         self._server.dashboard = self
         self.admission = Admission()
         self.port = int(self._server.server_address[1])
-        self.cookie = f"fray_dashboard_{self.port}"  # cookies ignore ports: one name per server
+        # Browsers send a cookie to every port of a host: the session cookie is named and scoped (Path) by an id
+        # derived from the token, so it reaches this page's paths only, never another service on the same host.
+        self.page_id = page_id(self.token)
+        self.cookie = f"fray_{self.page_id}"
+        self.prefix = f"/{self.page_id}/"
         url_host = host
         # Bound to every interface: any of the machine's addresses may be used; an IP literal in the Host header
         # cannot be DNS rebinding (that needs a name), so one with this port is accepted, and this host's name.
@@ -113,7 +119,7 @@ class Dashboard:
             url_host = f"[{host}]"
         names = {f"127.0.0.1:{self.port}", f"localhost:{self.port}", f"[::1]:{self.port}", f"{url_host}:{self.port}"}
         self.allowed_hosts = frozenset(n.lower() for n in names)
-        self.url = f"http://{url_host}:{self.port}/?token={self.token}"
+        self.url = f"http://{url_host}:{self.port}/?token={self.token}"  # the token sets the cookie and leads there
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._serve, name="fray-dashboard", daemon=True)
         self._thread.start()
@@ -165,6 +171,11 @@ class Dashboard:
 
     def file(self, path: str) -> tuple[bytes, str] | None:
         return self._files.get(path)
+
+
+def page_id(token: str) -> str:
+    """The id of a page with this token: its paths' prefix and its cookie's name (says nothing of the token)."""
+    return hashlib.sha256(b"fray-dashboard-page\0" + token.encode()).hexdigest()[:24]
 
 
 def _ip_literal(host: str, port: int) -> bool:
@@ -233,13 +244,16 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse(HTTPStatus.FORBIDDEN)  # DNS rebinding: a name that is not this server's
         url = urlsplit(self.path)
         query = parse_qs(url.query)
-        if url.path == "/" and "token" in query:
+        if url.path in ("/", dashboard.prefix) and "token" in query:
             if not hmac.compare_digest(query["token"][0].encode(), dashboard.token.encode()):
                 return self._refuse(HTTPStatus.FORBIDDEN)
             if not dashboard.admission.prove(self.request):
                 return None  # closed meanwhile (it took too long)
-            cookie = f"{dashboard.cookie}={dashboard._session}; HttpOnly; SameSite=Strict; Path=/"
-            return self._send(HTTPStatus.SEE_OTHER, b"", Location="/", Set_Cookie=cookie)
+            cookie = f"{dashboard.cookie}={dashboard._session}; HttpOnly; SameSite=Strict; Path={dashboard.prefix}"
+            return self._send(HTTPStatus.SEE_OTHER, b"", Location=dashboard.prefix, Set_Cookie=cookie)
+        if not url.path.startswith(dashboard.prefix):
+            return self._refuse(HTTPStatus.UNAUTHORIZED)  # the cookie is not sent there: nothing is served
+        path = url.path[len(dashboard.prefix) - 1 :]  # "/", "/api/state", "/static/app.js"
         session = self._session(dashboard.cookie)
         if session is None:
             return self._refuse(HTTPStatus.UNAUTHORIZED)
@@ -247,13 +261,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse(HTTPStatus.FORBIDDEN)
         if not dashboard.admission.prove(self.request):
             return None
-        if url.path != "/" and self.headers.get("Sec-Fetch-Site") in ("cross-site", "same-site"):
+        if path != "/" and self.headers.get("Sec-Fetch-Site") in ("cross-site", "same-site"):
             return self._refuse(HTTPStatus.FORBIDDEN)  # the page asks its own origin only
-        if url.path == "/api/state":
+        if path == "/api/state":
             return self._state(query)
-        if url.path == "/api/timeline":
+        if path == "/api/timeline":
             return self._timeline()
-        found = dashboard.file(url.path)
+        found = dashboard.file(path)
         if found is None:
             return self._refuse(HTTPStatus.NOT_FOUND)
         return self._send(HTTPStatus.OK, *found)

@@ -263,7 +263,7 @@ document.addEventListener("DOMContentLoaded", () => {
   }
   window.addEventListener("resize", () => renderStream());
   startPolling({
-    url: () => `/api/state?since=${S.cursor}`,
+    url: () => `api/state?since=${S.cursor}`,
     take: merge,
     render,
     signIn: "not signed in: open the URL that ctx.dashboard() returned",

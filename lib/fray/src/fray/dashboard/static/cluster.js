@@ -170,7 +170,7 @@ document.addEventListener("DOMContentLoaded", () => {
   window.addEventListener("resize", () => renderChart());
   const unreadable = 503;  // the server could not read the cluster: it says so, and the page asks again
   startPolling({
-    url: () => "/api/state?since=0",
+    url: () => "api/state?since=0",
     take: (answer) => { S = answer; },
     render,
     signIn: "not signed in: open the URL that `fray dashboard` printed",
