@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fray import procfs
+from fray_monarch.core.monarch_log import claim_monarch_log_dir
 from fray_monarch.net import tls  # imports no Monarch
 
 # Defaults only: a user who sets these keeps their value.
@@ -26,6 +27,7 @@ os.environ.setdefault("RUST_LOG", "error")
 os.environ.setdefault("HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE", "5s")
 
 tls.runtime_paths()  # Monarch reads its TLS variables once, at import: they name files written when TLS is used
+claim_monarch_log_dir()  # Monarch opens /tmp/<user>/monarch_log.log as it is imported: that directory must be ours
 
 import monarch.actor as _monarch_actor  # noqa: E402
 
