@@ -29,7 +29,8 @@ class Rank:
         dist.init_process_group("gloo")
 
     def where(self) -> dict[str, Any]:
-        env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+        names = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "CUDA_VISIBLE_DEVICES", "FRAY_GPUS")
+        env = {k: os.environ.get(k) for k in names}
         return {"host": socket.gethostname(), "pid": os.getpid(), "restarts": fray.current_actor().restarts, **env}
 
     def reduce(self) -> float:

@@ -57,10 +57,13 @@ def _line(stream: Any, marker: str, log: Path) -> dict[str, Any]:
     return found
 
 
-def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: str) -> tuple[Any, Any, Host]:
+def _run(
+    hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: str, member_gpus: int = 0
+) -> tuple[Any, Any, Host]:
     """Start host workers on hosts 1 and 2, the driver in host 0; once the group answered, SIGKILL every process
     of the host where rank `lose` ("0" or "1") runs, or of both hosts ("all": the driver then runs a task).
-    What the driver saw before and after, and the host left."""
+    member_gpus: each member asks for that many of 2 GPUs declared per host. What the driver saw before and
+    after, and the host left."""
     env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
     workers = [
         h.popen(
@@ -69,12 +72,13 @@ def _run(hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: s
         for h in hosts[1:]
     ]
     spec = f"monarch?hosts=tls://{hosts[1].name}:29500,tls://{hosts[2].name}:29500&procs=1&cpus={cpus}"
+    spec += "&gpus=2" if member_gpus else ""
+    resources = {**({"CPU": member_cpus} if member_cpus else {}), **({"GPU": member_gpus} if member_gpus else {})}
     log = tmp_path / "driver.log"
     try:
         with open(log, "w") as errors:
             driver = hosts[0].popen(
-                [PY, str(DRIVER), spec, json.dumps({"CPU": member_cpus} if member_cpus else {})]
-                + (["task"] if lose == "all" else []),
+                [PY, str(DRIVER), spec, json.dumps(resources)] + (["task"] if lose == "all" else []),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=errors,
@@ -121,6 +125,22 @@ def test_a_group_on_a_lost_host_comes_back_on_the_hosts_left(hosts: list[Host], 
     old = {w["pid"] for w in before["where"] if w["host"] == left.name}
     assert not old & {r["pid"] for r in ranks}, "the ranks on the host left run on fresh processes"
     assert after["seconds"] < 60, after  # the loss is seen through the lifelines at once, not after 30 s
+
+
+def test_a_group_holding_gpus_placed_again_sees_its_new_hosts_devices(hosts: list[Host], tmp_path: Path) -> None:
+    """On 2 declared GPUs per host: rank 1 comes back on rank 0's host, on the device rank 0 does not hold, and
+    both see that host's two devices in rank order (LOCAL_RANK indexes each one's own). Before the fix the
+    restart rewrote LOCAL_RANK but not CUDA_VISIBLE_DEVICES: rank 1 held device 1 and still saw "0", its view on
+    the lost host, so CUDA (and set_device(LOCAL_RANK)) put it on rank 0's device."""
+    before, after, left = _run(hosts, tmp_path, cpus=2, member_cpus=0, lose="1", member_gpus=1)
+    assert [(w["CUDA_VISIBLE_DEVICES"], w["FRAY_GPUS"]) for w in before["where"]] == [("0", "0"), ("0", "0")], before
+    assert "error" not in after, after
+    ranks = after["where"]
+    assert [r["host"] for r in ranks] == [left.name, left.name], ranks
+    assert [(r["LOCAL_RANK"], r["CUDA_VISIBLE_DEVICES"], r["FRAY_GPUS"]) for r in ranks] == [
+        ("0", "0,1", "0"),
+        ("1", "0,1", "1"),
+    ], ranks
 
 
 def test_a_group_the_hosts_left_cannot_hold_dies_naming_the_lost_host(hosts: list[Host], tmp_path: Path) -> None:

@@ -38,6 +38,13 @@ def test_among_limits_the_devices_a_holder_may_get() -> None:
     assert pool.choose(1, among=[1]) is None
 
 
+def test_room_counts_the_requests_that_fit_now() -> None:
+    pool = DevicePool([0, 1, 2])
+    assert pool.room(0) == float("inf") and pool.room(1) == 3 and pool.room(2) == 1 and pool.room(0.5) == 6
+    pool.take(0.5)
+    assert pool.room(1) == 2 and pool.room(0.5) == 5 and pool.room(0.25) == 10
+
+
 def test_declared_gpus_and_their_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # this machine shows no device: gpus= declares them
     assert host_gpus(2).ids == (0, 1) and host_gpus(2).source == "declared"

@@ -39,6 +39,7 @@ __all__ = [
     "discover",
     "held_from_env",
     "host_gpus",
+    "no_gpus_env",
     "process_env",
     "use_held_device",
     "using_gpus",
@@ -172,6 +173,14 @@ class DevicePool:
         count = round(amount)
         return tuple(whole[:count]) if len(whole) >= count else None
 
+    def room(self, amount: float) -> float:
+        """How many requests of `amount` GPUs fit in what is free now (inf for a request of none)."""
+        if amount <= EPS:
+            return math.inf
+        if amount < 1.0:
+            return float(sum(math.floor((free + EPS) / amount) for free in self.free.values()))
+        return float(sum(1 for free in self.free.values() if free >= 1.0 - EPS) // round(amount))
+
     def take(self, amount: float, among: Collection[int] | None = None) -> tuple[int, ...] | None:
         """choose(), and hold them (None, holding nothing, if the request does not fit)."""
         ids = self.choose(amount, among)
@@ -204,6 +213,13 @@ def process_env(held: Sequence[int], host: HostGpus, visible: Sequence[int] | No
         "CUDA_VISIBLE_DEVICES": host.visible(list(visible if visible is not None else held)),
         ENV_HELD: ",".join(str(i) for i in held),
     }
+
+
+def no_gpus_env(host: HostGpus) -> dict[str, str]:
+    """The variables of a process fray starts for work that holds no GPU on a host that has some: it sees none
+    (CUDA_VISIBLE_DEVICES empty), so its CUDA never starts on a device that other work holds, and a CUDA value it
+    reads arrives on the CPU, with a warning (fray.cuda_values). Empty on a host without GPUs."""
+    return {"CUDA_VISIBLE_DEVICES": ""} if host.ids else {}
 
 
 def using_gpus(held: Sequence[int], host: HostGpus) -> contextlib.AbstractContextManager[None]:

@@ -12,7 +12,7 @@ rather than share a device that another holds.
 from __future__ import annotations
 
 from fray.errors import InfeasibleResourcesError
-from fray.gpus import process_env
+from fray.gpus import no_gpus_env, process_env
 from fray.resources import fits
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.proc_rec import Proc, local_part
@@ -104,15 +104,27 @@ class ActorHolds:
         devices = self.pool.devices[host]
         return devices.take(amount, among=previous) or devices.take(amount) or ()
 
-    def for_group(self, hosts: list[int], amount: float, envs: list[dict[str, str]], what: str) -> list[Held]:
+    def for_group(
+        self,
+        hosts: list[int],
+        amount: float,
+        envs: list[dict[str, str]],
+        what: str,
+        prefer: list[Held] | None = None,
+    ) -> list[Held]:
         """Each member's devices on its host (`hosts`: by rank), for members that ask for GPUs; each member sees
         its host's members' devices in rank order (so that LOCAL_RANK indexes its own, as under torchrun) and
-        FRAY_GPUS names its own (written into `envs`). All or nothing: InfeasibleResourcesError if one cannot."""
+        FRAY_GPUS names its own (written into `envs`); members that ask for none see none. `prefer`: by rank, the
+        devices to take where they are free (a group placed again keeps what it can). All or nothing:
+        InfeasibleResourcesError if one cannot."""
         if not amount:
+            for env in envs:  # (else a member would see, and could start CUDA on, every device of its host)
+                env.update(no_gpus_env(self.pool.gpus))
             return [() for _ in hosts]
         held: list[Held] = []
-        for host in hosts:
-            devices = self.pool.devices[host].take(amount)
+        for rank, host in enumerate(hosts):
+            pool, wanted = self.pool.devices[host], prefer[rank] if prefer is not None else ()
+            devices = (wanted and pool.take(amount, among=wanted)) or pool.take(amount)
             if not devices:
                 for h, taken in zip(hosts, held, strict=False):
                     self.give_back(h, taken, amount)

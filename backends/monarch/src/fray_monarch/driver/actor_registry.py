@@ -208,7 +208,9 @@ class ActorRegistry:
         fresh process of its own (a dedicated actor: an SPMD member; a group member coming back). on_init is
         told when its __init__ has returned (an SPMD group's restart waits for every rank's)."""
         previous, amount = rec.gpus, rec.resources.get("GPU", 0.0)
-        self.holds.give_back_gpus(rec)  # (a restart holds its devices afresh)
+        member = rec.dedicated and rec.group is not None  # (a group member keeps the devices its env names)
+        if not member:
+            self.holds.give_back_gpus(rec)  # (a restart holds its devices afresh)
         if amount and rec.group is None:
             placed = self.holds.for_actor(amount, rec.id, rec.resources.get("CPU"))
             if placed is None:
@@ -219,7 +221,7 @@ class ActorRegistry:
             else:
                 self.holds.claim(rec, proc)
         elif rec.dedicated:  # (a group member coming back: on a fresh process, never on its group's mesh)
-            if previous:
+            if previous and not member:
                 rec.gpus = self.holds.again(rec.host, amount, previous)
             proc = self.pool.spawn(rec.host, dedicated=rec.id, cpus=rec.resources.get("CPU"), member=True)
             rec.slot = None

@@ -24,7 +24,7 @@ from typing import Any
 from monarch.actor import Channel
 
 from fray.current import ActorInfo
-from fray.errors import ActorAlreadyExistsError, ActorDiedError, FrayError
+from fray.errors import ActorAlreadyExistsError, ActorDiedError, FrayError, InfeasibleResourcesError
 from fray.gang import group_label, hang_timeout
 from fray.groups import member_name, spmd_env
 from fray.net import free_port
@@ -40,7 +40,7 @@ from fray_monarch.driver.actor_registry import ActorRegistry
 from fray_monarch.driver.directory import ObjectDirectory
 from fray_monarch.driver.group_rec import Block, GroupRec
 from fray_monarch.driver.ids import Ids
-from fray_monarch.driver.proc_rec import Proc
+from fray_monarch.driver.proc_rec import Proc, local_part
 from fray_monarch.driver.processes import ProcessPool, ignore
 
 FrayActorHost = actor_host()  # fray_monarch.workers.hosts.FrayActorHost, by name (core/actor_classes.py)
@@ -65,13 +65,16 @@ class GroupRegistry:
 
     # ------------------------------------------------------------ placement
     def _host_room(self, host: int, resources: dict[str, float]) -> float:
-        """How many members asking `resources` the free share of `host` still holds (inf when they ask none)."""
-        if not any(q > 0 for q in resources.values()):
-            return math.inf
+        """How many members asking `resources` the free share of `host` and its free GPUs (held per host, by
+        device: not in a process's share) still hold (inf when they ask none)."""
+        local = local_part(resources)
+        gpus = self.pool.devices[host].room(resources.get("GPU", 0.0))
+        if not any(q > 0 for q in local.values()):
+            return gpus
         free: dict[str, float] = {}
         for proc in self.pool.general(host):
             add(free, proc.free_capacity)
-        return capacity(free, resources)
+        return min(float(capacity(free, local)), gpus)
 
     def _layout(
         self, count: int, placement: str, resources: dict[str, float], among: list[int] | None = None
@@ -103,20 +106,36 @@ class GroupRegistry:
     def relayout(self, group: GroupRec) -> bool:
         """Under the lock, in a restart: the members of an SPMD group placed again over the hosts that are not
         lost, by the group's placement, with their LOCAL_RANK and LOCAL_WORLD_SIZE (MASTER_ADDR and MASTER_PORT
-        are the restart's). False if those hosts cannot hold every member."""
+        are the restart's) and their GPUs: held afresh on their hosts (a member staying on its host keeps its
+        devices where it can), each seeing its host's members' devices in rank order again, as when the group was
+        made. False if those hosts cannot hold every member."""
         live = self.pool.live_hosts()
         count = len(group.members)
         resources = group.members[0].resources
+        amount = resources.get("GPU", 0.0)
+        previous = [(m.host, m.gpus) for m in group.members]
+        for member in group.members:  # (held on the host each was on, lost or not; held again below, or it dies)
+            self.actors.holds.give_back(member.host, member.gpus, amount)
+            member.gpus = ()
         if not live or sum(self._host_room(h, resources) for h in live) < count:
             return False
-        rank = 0
-        for host, n in self._layout(count, group.placement, resources, live):
-            for local in range(n):
-                member = group.members[rank]
-                member.host = host
-                member.env = {**member.env, **spmd_env(rank, count, "", 0, local, n)}
-                rank += 1
+        layout = self._layout(count, group.placement, resources, live)
+        hosts = self._hosts_of(layout)
+        envs = [spmd_env(rank, count, "", 0, local, n) for rank, (local, n) in enumerate(self._locals(layout))]
+        kept = [gpus if was == host else () for (was, gpus), host in zip(previous, hosts, strict=True)]
+        try:
+            held = self.actors.holds.for_group(hosts, amount, envs, group.label, prefer=kept)
+        except InfeasibleResourcesError:
+            return False
+        for member, host, env, devices in zip(group.members, hosts, envs, held, strict=True):
+            member.host, member.gpus = host, devices
+            member.env = {**member.env, **env}
         return True
+
+    @staticmethod
+    def _locals(layout: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Each rank's (LOCAL_RANK, LOCAL_WORLD_SIZE), in rank order."""
+        return [(local, n) for _, n in layout for local in range(n)]
 
     @staticmethod
     def _hosts_of(layout: list[tuple[int, int]]) -> list[int]:
