@@ -17,6 +17,12 @@ def pytest_configure(config: "pytest.Config") -> None:
     """Monarch contexts refuse a driver without fray's socket guard (fray_monarch.socket_guard), and the tests
     are drivers: pytest starts again under it, as a user's `python -m fray_monarch.socket_guard pytest` would."""
     import os
+    import signal
+
+    # A run started in the background by a non-interactive shell ignores SIGINT, and every process it starts
+    # inherits that: the Ctrl-C tests' drivers would never see theirs. The suite means the same wherever it runs.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     try:
         from fray_monarch import socket_guard
