@@ -51,7 +51,7 @@ def test_the_driver_sends_its_own_view_and_workers_take_only_trusted_entries(tmp
     everyones.chmod(0o777)
     missing = tmp_path / "missing"
     assert import_path.untrusted_reason(str(mine)) is None
-    assert "every user can write" in (import_path.untrusted_reason(str(everyones)) or "")
+    assert "others can write to" in (import_path.untrusted_reason(str(everyones)) or "")
     assert "does not exist" in (import_path.untrusted_reason(str(missing)) or "")
     before = list(sys.path)
     try:

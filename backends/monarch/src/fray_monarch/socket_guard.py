@@ -13,8 +13,10 @@ it. A library can only be preloaded when a process starts, so:
   unless the spec says `unguarded_sockets=true` (on a machine no one else uses).
 
 The library is built once per user from its C source with the machine's C compiler (`cc`, or $CC) into
-~/.fray/lib (0700), named by the hash of the source, and checked (a regular file of this user's, writable by no
-one else, not a link) each time it is used.
+~/.fray/lib (~/.fray and it 0700, whatever the umask), named by the hash of the source, and checked each time it
+is used, and in a process that preloaded it (`active`): a regular file of this user's that no one else can write,
+every directory on the way to it this user's or root's and writable by no one else (fray_monarch.core.trust), so
+no member of a shared group can swap the library every process of this user preloads.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from fray.errors import FrayError
 from fray.jobs import private_dir
+from fray_monarch.core.trust import fray_home, untrusted_reason
 
 __all__ = ["active", "guarded_environ", "library", "require", "restart_guarded"]
 
@@ -45,22 +48,60 @@ def _lib_dir() -> Path:
     return Path.home() / ".fray" / "lib"
 
 
-def active() -> bool:
-    """Whether this process runs with the guard preloaded."""
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def _loaded() -> Path | None:
+    """The file of the guard this process preloaded (the library its marker comes from), if any."""
     try:
-        return hasattr(ctypes.CDLL(None), MARKER)
+        process = ctypes.CDLL(None)
+        marker = getattr(process, MARKER)
+    except (OSError, AttributeError):
+        return None
+    info = _DlInfo()
+    if not process.dladdr(ctypes.cast(marker, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return Path(os.fsdecode(info.dli_fname))
+
+
+def _distrust(path: Path) -> str | None:
+    """Why `path` is not a guard library this user can trust (None: it is); FileNotFoundError if missing."""
+    info = os.lstat(path)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        return f"{path} is not a regular file of this user's that only this user can write"
+    return untrusted_reason(path)
+
+
+def active() -> bool:
+    """Whether this process runs with the guard preloaded, from a library this user can trust (see `_distrust`):
+    a look-alike from anywhere else does not count."""
+    loaded = _loaded()
+    if loaded is None:
+        return False
+    try:
+        return _distrust(loaded) is None
     except OSError:
         return False
 
 
 def _checked(path: Path) -> bool:
-    """True if `path` is a library this user built: a regular file of ours that no one else can write."""
+    """True if `path` is a library this user built and can trust, False if it is missing; FrayError naming what
+    is wrong otherwise."""
     try:
-        info = os.lstat(path)
+        why = _distrust(path)
     except FileNotFoundError:
         return False
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise FrayError(f"{path} is not a file of this user's that only this user can write: remove it")
+    if why is not None:
+        raise FrayError(
+            f"fray's socket guard {path} is not to be trusted: {why}. Someone else may have replaced it: remove "
+            "it, make each directory on the way yours and writable by you only (chmod go-w), and start again"
+        )
     return True
 
 
@@ -70,6 +111,7 @@ def library() -> Path:
     lib_dir = _lib_dir()
     path = lib_dir / f"socket-guard-{hashlib.sha256(source).hexdigest()[:16]}.so"
     try:
+        fray_home()
         private_dir(lib_dir)
         if _checked(path):
             return path
@@ -117,6 +159,17 @@ def require(unguarded_ok: bool) -> None:
     unless the spec accepted that."""
     if unguarded_ok or active():
         return
+    loaded = _loaded()
+    if loaded is not None:
+        try:
+            why = _distrust(loaded)
+        except OSError as exc:
+            why = str(exc)
+        raise FrayError(
+            f"this process preloaded a socket guard from {loaded}, which is not to be trusted ({why}): start it "
+            "again under fray's own (`python -m fray_monarch.socket_guard python ...`), with LD_PRELOAD naming "
+            "nothing else of the kind"
+        )
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "your_script.py"
     raise FrayError(
         "Monarch 0.7 listens on abstract Unix sockets that every user of this machine can connect to, and a "

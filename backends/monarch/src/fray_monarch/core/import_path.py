@@ -7,9 +7,10 @@ absolute, and adds nothing else (it used to add the driver's current directory i
 What a worker takes, on its own host (`take`): the current directory `python -m` put in its own path goes unless
 the driver's has it; entries go in front of its own sys.path, in the driver's order, as
 the driver's are in front of its site-packages: a user's module wins over an installed one there as it does in the
-driver. So an entry must be trusted on that host: a directory or file that exists there, owned by this user or
-root, and not writable by every user (a group-writable one is taken: its group can write this user's code
-anyway, and fray does not second-guess groups). Any other (a driver started in /tmp, a path that on another host is
+driver. So an entry must be trusted on that host: a directory or file that exists there, and it and every
+directory on the way to it (symbolic links followed one by one, each checked) owned by this user or root and
+writable by no one else, neither its group nor every user (fray_monarch.core.trust; a sticky directory such as
+/tmp is passed through). Any other (a driver started in /tmp, a path that on another host is
 someone else's directory) is left out with a warning on the worker's stderr, naming it: whoever can write there
 could otherwise put a module of theirs (json.py, say) in front of every import of the worker.
 
@@ -20,10 +21,10 @@ and a joined cluster gets what its runtime_env names (working_dir, py_modules), 
 from __future__ import annotations
 
 import os
-import stat
 import sys
 
 from fray.worker_env import driver_import_path, keep_driver_view
+from fray_monarch.core.trust import untrusted_reason as path_untrusted
 
 __all__ = ["driver_import_path", "take", "untrusted_reason"]
 
@@ -31,14 +32,12 @@ __all__ = ["driver_import_path", "take", "untrusted_reason"]
 def untrusted_reason(entry: str) -> str | None:
     """Why `entry` may not go on this host's import path (None: it may)."""
     try:
-        info = os.stat(entry)
-    except OSError:
+        os.stat(entry)
+        return path_untrusted(entry)
+    except FileNotFoundError:
         return "it does not exist here"
-    if info.st_uid not in (os.getuid(), 0):
-        return f"it belongs to another user (uid {info.st_uid})"
-    if info.st_mode & stat.S_IWOTH:
-        return f"every user can write to it (mode {stat.S_IMODE(info.st_mode):o})"
-    return None
+    except OSError as exc:
+        return f"it cannot be checked ({exc.strerror})"
 
 
 def take(entries: list[str]) -> list[str]:

@@ -34,6 +34,7 @@ from fray.errors import FrayError
 if TYPE_CHECKING:
     from cryptography import x509
 from fray.jobs import private_dir
+from fray_monarch.core.trust import fray_home
 
 __all__ = ["Identity", "authority", "install", "issue", "own_names", "runtime_paths", "tls_dir"]
 
@@ -69,6 +70,8 @@ class Identity:
 
 def tls_dir() -> Path:
     """The user's TLS directory (FRAY_TLS_DIR, else ~/.fray/tls), private: FrayError if it is not this user's."""
+    if not os.environ.get(TLS_DIR_ENV):
+        fray_home()  # ~/.fray 0700 first: private_dir would make a missing parent with the umask
     path = Path(os.environ.get(TLS_DIR_ENV) or Path.home() / ".fray" / "tls")
     private_dir(path)
     return path
