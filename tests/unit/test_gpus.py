@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import fray
 from fray import ActorOptions
-from fray.gpus import DevicePool, _parse_visible, host_gpus, process_env
+from fray.gpus import DevicePool, _parse_nvidia_smi, _parse_visible, follow_host_order, host_gpus, process_env
 
 
 def test_whole_devices_are_held_by_one_holder_each() -> None:
@@ -61,6 +62,58 @@ def test_visible_devices_keep_uuids_and_hide_all_with_minus_one() -> None:
     assert gpus.ids == (0, 1) and gpus.visible([1]) == "GPU-bbb"
     assert _parse_visible("-1").ids == ()
     assert process_env((5,), _parse_visible("3,5")) == {"CUDA_VISIBLE_DEVICES": "5", "FRAY_GPUS": "5"}
+
+
+def test_uuid_and_mig_entries_keep_the_hosts_ids_in_the_processes_fray_starts() -> None:
+    """A process shown a device by UUID or MIG name cannot tell its host id from its own CUDA_VISIBLE_DEVICES (the
+    entry's position there is 0): before the fix, a member holding host device 1 ("MIG-bbb") took its device to be
+    0, so use_held_device found no ordinal for FRAY_GPUS=1 and a CUDA value it wrote said it came from device 0."""
+    host = _parse_visible("GPU-aaa,MIG-bbb/1/0,GPU-ccc")
+    assert host.ids == (0, 1, 2) and host.visible([1]) == "MIG-bbb/1/0"
+    env = process_env((1,), host, visible=[2, 1])
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": "GPU-ccc,MIG-bbb/1/0",
+        "FRAY_GPU_IDS": "GPU-ccc=2,MIG-bbb/1/0=1",
+        "FRAY_GPUS": "1",
+    }
+    child = _parse_visible(env["CUDA_VISIBLE_DEVICES"], env["FRAY_GPU_IDS"])
+    assert child.ids == (2, 1) and child.ordinal(1) == 1 and child.ordinal(2) == 0
+    # numbers name themselves; a map left from another view (a worker's view widened since) is ignored
+    assert process_env((5,), _parse_visible("3,5")) == {"CUDA_VISIBLE_DEVICES": "5", "FRAY_GPUS": "5"}
+    assert _parse_visible("0,1", "GPU-ccc=2").ids == (0, 1)
+    assert _parse_visible("GPU-aaa,GPU-zzz", "GPU-aaa=4").ids == (0, 1)  # one unnamed: positions, as before
+
+
+def test_nvidia_smi_ids_are_in_pci_bus_order_and_so_is_cuda_where_fray_starts_it() -> None:
+    """nvidia-smi's index follows the PCI bus, CUDA's default order is fastest first: a process started with
+    CUDA_VISIBLE_DEVICES=1 from nvidia-smi's index could get another device than nvidia-smi's 1."""
+    host = _parse_nvidia_smi("0\n1\n2\n")
+    assert host.ids == (0, 1, 2) and host.order == "PCI_BUS_ID"
+    assert process_env((1,), host) == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "FRAY_GPUS": "1"}
+    environ: dict[str, str] = {}
+    follow_host_order(host, environ)
+    assert environ == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    chosen = {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    with pytest.warns(RuntimeWarning, match="CUDA_DEVICE_ORDER=FASTEST_FIRST"):
+        follow_host_order(host, chosen)
+    assert chosen == {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}  # (the driver's own choice stays)
+
+
+_FAKE_NVIDIA_SMI = "#!/bin/sh\nprintf '0\\n1\\n'\n"
+
+
+def test_a_driver_finding_gpus_with_nvidia_smi_numbers_them_in_its_order(tmp_path: Path) -> None:
+    """Discovery in a driver without CUDA_VISIBLE_DEVICES (nvidia-smi: a stand-in printing two indexes) sets
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, so that its own threads' devices (in_memory) are nvidia-smi's."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(_FAKE_NVIDIA_SMI)
+    smi.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    env["PATH"] = f"{tmp_path}{os.pathsep}{env.get('PATH', '')}"
+    code = "import os; from fray.gpus import discover; g = discover(); "
+    code += "print(g.ids, g.source, os.environ['CUDA_DEVICE_ORDER'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert out.stdout.strip() == "(0, 1) nvidia-smi PCI_BUS_ID", out.stdout + out.stderr
 
 
 def test_gpu_requests_above_one_must_be_whole() -> None:

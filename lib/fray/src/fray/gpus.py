@@ -12,6 +12,11 @@
 
 Ids are the host's own numbers for its devices: nvidia-smi's index, or the entries of the driver's
 CUDA_VISIBLE_DEVICES (where those are UUIDs or MIG names, their positions), as `ray.get_gpu_ids()` gives them.
+- nvidia-smi numbers devices in PCI bus order, CUDA by default fastest first: where fray's ids are nvidia-smi's
+  (or the driver's /proc list, also by bus), CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA number them alike, in the
+  processes fray starts and in the driver (set at discovery unless the driver set its own).
+- Where a process is shown devices by UUID or MIG name, FRAY_GPU_IDS ("entry=id,...") tells it the host's id of
+  each, which its own CUDA_VISIBLE_DEVICES cannot (a UUID's position there is not its id on the host).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +40,7 @@ from fray.resources import EPS
 
 __all__ = [
     "ENV_HELD",
+    "ENV_IDS",
     "DevicePool",
     "HostGpus",
     "discover",
@@ -46,6 +53,8 @@ __all__ = [
 ]
 
 ENV_HELD = "FRAY_GPUS"  # in a process fray started for work that holds GPUs: their ids, comma-separated
+ENV_IDS = "FRAY_GPU_IDS"  # beside a CUDA_VISIBLE_DEVICES of UUIDs or MIG names: "entry=id,..." (the host's ids)
+PCI_ORDER = "PCI_BUS_ID"  # CUDA_DEVICE_ORDER that numbers devices as nvidia-smi does
 _NVIDIA_SMI_TIMEOUT = 10.0
 
 
@@ -57,6 +66,7 @@ class HostGpus:
     ids: tuple[int, ...] = ()
     entries: tuple[str, ...] = ()
     source: str = "none"
+    order: str = ""  # the CUDA_DEVICE_ORDER under which entries that are numbers mean these devices ("": any)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -68,25 +78,59 @@ class HostGpus:
         by_id = dict(zip(self.ids, self.entries, strict=True))
         return ",".join(by_id.get(i, str(i)) for i in dict.fromkeys(ids))
 
+    def named(self, ids: Sequence[int]) -> str:
+        """FRAY_GPU_IDS for a process shown `ids`: each entry that is not its id's own number, with that id
+        ("" where every entry is: its CUDA_VISIBLE_DEVICES says the ids itself)."""
+        by_id = dict(zip(self.ids, self.entries, strict=True))
+        pairs = ((by_id.get(i, str(i)), i) for i in dict.fromkeys(ids))
+        return ",".join(f"{entry}={i}" for entry, i in pairs if entry != str(i))
+
+    def env(self, ids: Sequence[int]) -> dict[str, str]:
+        """The variables that show a process fray starts exactly `ids` (CUDA_VISIBLE_DEVICES, and where needed
+        CUDA_DEVICE_ORDER and FRAY_GPU_IDS)."""
+        out = {"CUDA_VISIBLE_DEVICES": self.visible(ids)}
+        if self.order:
+            out["CUDA_DEVICE_ORDER"] = self.order
+        named = self.named(ids)
+        if named:
+            out[ENV_IDS] = named
+        return out
+
     @classmethod
-    def numbered(cls, count: int, source: str) -> HostGpus:
+    def numbered(cls, count: int, source: str, order: str = "") -> HostGpus:
         """`count` devices numbered from 0 (declared, where none are found: gpus=N)."""
         ids = tuple(range(count))
-        return cls(ids, tuple(map(str, ids)), source)
+        return cls(ids, tuple(map(str, ids)), source, order)
 
     def ordinal(self, device: int) -> int | None:
         """`device`'s CUDA ordinal in this process (its place among the ids), or None if it is not one of them."""
         return self.ids.index(device) if device in self.ids else None
 
 
-def _parse_visible(value: str) -> HostGpus:
+def _parse_visible(value: str, named: str = "", order: str = "") -> HostGpus:
+    """The devices a CUDA_VISIBLE_DEVICES value shows. Entries are numbers, UUIDs ("GPU-...") or MIG names
+    ("MIG-..."); `named` (FRAY_GPU_IDS) gives the host's id of such entries, else they are numbered by position.
+    `order`: the process's CUDA_DEVICE_ORDER (what its numbers mean)."""
     entries = tuple(e.strip() for e in value.split(",") if e.strip())
     # CUDA stops at the first entry it cannot parse; "-1" or "" hides every device.
     if not entries or entries[0] == "-1":
-        return HostGpus(source="CUDA_VISIBLE_DEVICES")
-    if all(e.isdigit() for e in entries):
-        return HostGpus(tuple(int(e) for e in entries), entries, "CUDA_VISIBLE_DEVICES")
-    return HostGpus(tuple(range(len(entries))), entries, "CUDA_VISIBLE_DEVICES")
+        return HostGpus(source="CUDA_VISIBLE_DEVICES", order=order)
+    ids_of = dict(_named_pair(item) for item in named.split(",") if "=" in item)
+    ids = [ids_of.get(e, int(e) if e.isdigit() else None) for e in entries]
+    if None not in ids and len(set(ids)) == len(ids):
+        return HostGpus(tuple(i for i in ids if i is not None), entries, "CUDA_VISIBLE_DEVICES", order)
+    return HostGpus(tuple(range(len(entries))), entries, "CUDA_VISIBLE_DEVICES", order)
+
+
+def _named_pair(item: str) -> tuple[str, int | None]:
+    entry, _, number = item.rpartition("=")
+    return entry.strip(), int(number) if number.strip().isdigit() else None
+
+
+def _parse_nvidia_smi(out: str) -> HostGpus:
+    """`nvidia-smi --query-gpu=index --format=csv,noheader`'s devices: its indexes follow the PCI bus order."""
+    ids = tuple(int(line) for line in out.split() if line.strip().isdigit())
+    return HostGpus(ids, tuple(str(i) for i in ids), "nvidia-smi", PCI_ORDER)
 
 
 def _from_nvidia_smi() -> HostGpus | None:
@@ -103,28 +147,61 @@ def _from_nvidia_smi() -> HostGpus | None:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    ids = tuple(int(line) for line in out.split() if line.strip().isdigit())
-    return HostGpus(ids, tuple(str(i) for i in ids), "nvidia-smi")
+    return _parse_nvidia_smi(out)
 
 
 def _from_procfs() -> HostGpus | None:
     try:
-        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+        count = len(os.listdir("/proc/driver/nvidia/gpus"))  # (one directory per device, named by its bus id)
     except OSError:
         return None
-    return HostGpus.numbered(count, "/proc/driver/nvidia/gpus")
+    return HostGpus.numbered(count, "/proc/driver/nvidia/gpus", PCI_ORDER)
 
 
 @functools.lru_cache(maxsize=8)
-def _discover(visible: str | None) -> HostGpus:
+def _discover(visible: str | None, named: str, order: str) -> HostGpus:
     if visible is not None:
-        return _parse_visible(visible)
+        return _parse_visible(visible, named, order)
     return _from_nvidia_smi() or _from_procfs() or HostGpus()
 
 
 def discover() -> HostGpus:
-    """This machine's GPUs as this process may use them, without initializing CUDA (cached)."""
-    return _discover(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    """This machine's GPUs as this process may use them, without initializing CUDA (cached). Found by nvidia-smi
+    (or the driver's /proc list), they are numbered in PCI bus order: so is CUDA here from now on, where this
+    process did not choose its CUDA_DEVICE_ORDER (see follow_host_order)."""
+    environ = os.environ
+    found = _discover(
+        environ.get("CUDA_VISIBLE_DEVICES"), environ.get(ENV_IDS, ""), environ.get("CUDA_DEVICE_ORDER", "")
+    )
+    if found.order:
+        follow_host_order(found)
+    return found
+
+
+def follow_host_order(found: HostGpus, environ: Any = os.environ) -> None:
+    """Make this process's CUDA number devices as `found` does (CUDA_DEVICE_ORDER, read when CUDA starts here), or
+    warn, once, where it cannot: the process chose another order, or its CUDA started already in another."""
+    chosen = environ.get("CUDA_DEVICE_ORDER")
+    if chosen == found.order:
+        return
+    torch = sys.modules.get("torch")
+    started = torch is not None and getattr(getattr(torch, "cuda", None), "is_initialized", lambda: False)()
+    if chosen is None and not started:
+        environ["CUDA_DEVICE_ORDER"] = found.order
+        return
+    if not _warned_order:
+        _warned_order.append(True)
+        why = f"CUDA_DEVICE_ORDER={chosen}" if chosen is not None else "CUDA started here before fray found them"
+        warnings.warn(
+            f"fray: GPU ids here are {found.source}'s, in {found.order} order, but CUDA numbers devices otherwise in "
+            f"this process ({why}): work run on this process's threads may use another device than it holds. "
+            f"Set CUDA_DEVICE_ORDER={found.order} (or CUDA_VISIBLE_DEVICES) before starting",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_warned_order: list[bool] = []
 
 
 def host_gpus(declared: float | None = None) -> HostGpus:
@@ -146,7 +223,7 @@ def host_gpus(declared: float | None = None) -> HostGpus:
             f"gpus={count}, but this host has {len(found)} GPU(s) (ids {list(found.ids)}, from {found.source}); "
             f"say gpus={len(found)} or fewer, or leave gpus out to use them all"
         )
-    return HostGpus(found.ids[:count], found.entries[:count], found.source)
+    return HostGpus(found.ids[:count], found.entries[:count], found.source, found.order)
 
 
 class DevicePool:
@@ -209,10 +286,7 @@ def process_env(held: Sequence[int], host: HostGpus, visible: Sequence[int] | No
     indexes them) and FRAY_GPUS names `held`. Empty for work that holds no GPU (it inherits the driver's view)."""
     if not held:
         return {}
-    return {
-        "CUDA_VISIBLE_DEVICES": host.visible(list(visible if visible is not None else held)),
-        ENV_HELD: ",".join(str(i) for i in held),
-    }
+    return {**host.env(list(visible if visible is not None else held)), ENV_HELD: ",".join(str(i) for i in held)}
 
 
 def no_gpus_env(host: HostGpus) -> dict[str, str]:
@@ -270,4 +344,5 @@ def use_held_device(environ: Mapping[str, str] = os.environ) -> None:
     of this thread, where torch sees CUDA. Nothing is imported or initialized for work that holds none."""
     held = held_from_env(environ)
     if held:
-        _set_cuda_device(_parse_visible(environ.get("CUDA_VISIBLE_DEVICES", "")).ordinal(held[0]))
+        seen = _parse_visible(environ.get("CUDA_VISIBLE_DEVICES", ""), environ.get(ENV_IDS, ""))
+        _set_cuda_device(seen.ordinal(held[0]))

@@ -142,7 +142,7 @@ class ProcessPool:
         none (CUDA_VISIBLE_DEVICES empty), so that no work there uses a device another holds."""
         if not self.gpus.ids:
             return {}
-        return {"CUDA_VISIBLE_DEVICES": self.gpus.visible(gpus)} if gpus else {"CUDA_VISIBLE_DEVICES": ""}
+        return self.gpus.env(gpus) if gpus else {"CUDA_VISIBLE_DEVICES": ""}
 
     def gpu_env_key(self, env_key: EnvKey, gpus: tuple[int, ...]) -> EnvKey:
         """The env key of a process for tasks holding exactly `gpus` (more devices than a general process sees,
