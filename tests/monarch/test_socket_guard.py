@@ -175,3 +175,21 @@ def test_the_guard_runs_a_command_under_it_and_prints_its_path() -> None:
     assert subprocess.run(under, capture_output=True, text=True, timeout=60, env=env).stdout.strip() == "True"
     plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     assert plain.stdout.strip() == "False"
+
+
+def test_the_documented_command_is_quiet() -> None:
+    """`python -m fray_monarch.socket_guard` warned on every call that runpy found the module already imported
+    (importing the fray_monarch package imported it): the command users are told to type says nothing else."""
+    for args in ([], [sys.executable, "-c", "print('ran')"]):
+        done = subprocess.run(
+            [sys.executable, "-W", "default", "-m", "fray_monarch.socket_guard", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == "", done.stderr
+        assert done.stdout.strip() == ("ran" if args else str(socket_guard.library()))
+    from fray_monarch.cluster.topology import SCHEMA
+
+    assert socket_guard.OPT_OUT in SCHEMA  # the spec option, spelled out there

@@ -23,7 +23,6 @@ from fray.options import (
     positive_int,
     seconds,
 )
-from fray_monarch import socket_guard
 from fray_monarch.cluster.launchers import HostSet, launch
 from fray_monarch.core import tempdirs
 from fray_monarch.core.protocol import StoreConfig
@@ -76,7 +75,8 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "insecure": flag,
     "attach_timeout": seconds,
     "mesh": str,
-    socket_guard.OPT_OUT: flag,
+    "unguarded_sockets": flag,  # socket_guard.OPT_OUT (a literal: importing fray_monarch must not import
+    # socket_guard, or `python -m fray_monarch.socket_guard` warns that runpy found it already imported)
 }
 
 
@@ -113,6 +113,8 @@ def _job_mesh(job: Any, name: str | None) -> Any:
 
 def topology(options: dict[str, Any]) -> Topology:
     from monarch.actor import this_host
+
+    from fray_monarch import socket_guard
 
     opts = parse_options("monarch", options, SCHEMA)
     socket_guard.require(bool(opts.get(socket_guard.OPT_OUT, False)))  # before any Monarch socket exists
