@@ -14,6 +14,17 @@ One storage per dump (views sharing it share it again when loaded), moved one of
 The reader's device: the same device as the writer's where the reader sees it (devices are compared by the
 host's ids, fray.gpus: a worker pinned to device 3 calls it cuda:0, the driver cuda:3), else the reader's current
 CUDA device. A reader without CUDA gets the tensor on the CPU, with a warning (once per process) that says so.
+
+Streams (torch orders work per stream; a tensor used on another stream than the one that wrote it needs a wait,
+and `record_stream` so that its memory is not reused while that stream still reads it):
+- A value is dumped once all work queued on its device before the dump is done (`torch.cuda.synchronize` of that
+  device): the writer may have used a side stream that the dump cannot know (a task returning a tensor it made
+  under `torch.cuda.stream(s)`), and a snapshot must hold what was written. Waiting costs nothing where the
+  device is idle; a staged dump waited for its own copy anyway.
+- A kept copy is made on the dumping thread's current stream, with an event recorded after it; a reader (maybe
+  on another stream: another thread, or `torch.cuda.stream(...)`) waits for that event on its current stream and
+  records that stream on the kept memory, so freeing the value while the reader's copy is queued cannot hand that
+  memory to other work first.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ STAGED = "staged"
 
 device_stats = TransferStats()  # this process's loads of CUDA storages (merged into ctx.transfer_stats())
 
-_kept: dict[int, Any] = {}  # token -> a storage copied on its device by a dump in this process
+_kept: dict[int, tuple[Any, Any]] = {}  # token -> (a storage copied on its device by a dump here, the event after it)
 # Re-entrant: a KeptToken freed by a garbage collection that runs inside a section holding the lock (any
 # allocation there may start one) takes it again on the same thread, where a plain Lock would deadlock.
 _kept_lock = threading.RLock()
@@ -73,11 +84,17 @@ class CudaStorage:
         storage = self.storage
         device = storage.device
         source = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+        if source.numel():
+            torch.cuda.synchronize(device)  # every stream's work on it so far, side streams too (module doc)
         if getattr(self.pickler, "device_mode", STAGED) == KEPT:
-            copy = source.clone()  # on the device, ordered after the writer's work on its current stream
+            stream = torch.cuda.current_stream(device)
+            source.record_stream(stream)  # (its memory stays the writer's until this copy has read it)
+            copy = source.clone()  # on the device, on this thread's current stream
+            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]  # (untyped in torch)
+            copied.record(stream)
             token = next(_tokens)
             with _kept_lock:
-                _kept[token] = copy.untyped_storage()
+                _kept[token] = (copy.untyped_storage(), copied)
             self.pickler.keep.append(KeptToken(token))
             return (_rebuild_kept, (token, copy.nbytes))
         if source.numel() == 0:
@@ -147,13 +164,17 @@ def _rebuild_kept(token: int, nbytes: int) -> Any:
 
     start = time.perf_counter()
     with _kept_lock:
-        kept = _kept.get(token)
-    if kept is None:
+        found = _kept.get(token)
+    if found is None:
         raise FrayError(
             "a CUDA tensor serialized for readers in its own process (in_memory) was read elsewhere, or after its "
             "value was freed: this is a bug in the backend that sent it; please report it"
         )
+    kept, copied = found
     source = torch.empty(0, dtype=torch.uint8, device=kept.device).set_(kept)
+    stream = torch.cuda.current_stream(kept.device)  # (the stream this copy runs on: its device's current one)
+    stream.wait_event(copied)  # the kept copy is complete
+    source.record_stream(stream)  # not reused while this stream reads it, even if the value is freed meanwhile
     copy = source.clone()
     device_stats.record("cuda-device-copy", nbytes, time.perf_counter() - start)
     return copy.untyped_storage()

@@ -21,7 +21,7 @@ def test_a_kept_token_freed_by_a_collection_inside_the_locked_section_does_not_d
     """A garbage collection can start at any allocation, also one made while this thread holds the kept table's
     lock; a KeptToken it frees takes that lock again. Before the fix (a plain Lock) this thread hung for good."""
     token = 10**9 + 7
-    cuda_values._kept[token] = object()
+    cuda_values._kept[token] = (object(), None)
     _Cycle(KeptToken(token))  # unreachable now, but alive until a collection
     done = threading.Event()
 
