@@ -237,8 +237,7 @@ class FrayActorHost(Actor):
             self.async_methods = async_methods(klass)
             if self.async_methods:
                 self._start_loop()
-            if call.contained:  # (as after a method: the instance may keep refs it was handed)
-                self.rt.apply_holds_now()
+            self.rt.apply_holds_now(call.contained)  # (as after a method)
             return ActorReply(ReplyStatus.OK)
         except BaseException as exc:
             err = capture_exception(exc)
@@ -292,7 +291,7 @@ class FrayActorHost(Actor):
                 RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
                 self.rt.events_recorded()
             if call.contained:  # (as in _invoke, off the loop)
-                await asyncio.to_thread(self.rt.apply_holds_now)
+                await asyncio.to_thread(self.rt.apply_holds_now, call.contained)
         port.send(reply)
 
     def _iterate_async(self, agen: Any) -> Any:
@@ -335,8 +334,7 @@ class FrayActorHost(Actor):
             self._leave(tokens)
             RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
             self.rt.events_recorded()
-        if call.contained:  # refs arrived inside the arguments: the instance may keep them past this reply
-            self.rt.apply_holds_now()
+        self.rt.apply_holds_now(call.contained)  # (refs in the arguments: the instance may keep them)
         return reply
 
     def _ok(self, value: Any, method: str, oid: str) -> ActorReply | PlainReply:

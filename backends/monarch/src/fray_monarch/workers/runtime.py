@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fray.cuda_values import device_stats
@@ -210,10 +210,12 @@ class WorkerRuntime:
         if self.events_due is None:
             self.outbox.put(PUSH_EVENTS)
 
-    def apply_holds_now(self) -> None:
-        """Return once the controller has applied every hold and release sent so far: an actor's reply goes through
-        its caller's response port, not this FIFO, and must not overtake the holds of refs its call kept (the
-        call's own keep of them ends with the reply)."""
+    def apply_holds_now(self, contained: Sequence[str]) -> None:
+        """Where a call's arguments carried refs (`contained`), return once the controller has applied every hold
+        and release sent so far: an actor's reply goes through its caller's response port, not this FIFO, and
+        must not overtake the holds of refs its call kept (the call's own keep of them ends with the reply)."""
+        if not contained:
+            return
         applied = threading.Event()
         self.outbox.put(("flush", applied))
         applied.wait(REPLY_MARGIN)

@@ -61,6 +61,9 @@ class Actor:
         # Set once __init__ has returned or failed (or the actor died first): with max_concurrency > 1 its other
         # threads would otherwise run calls on an instance not made yet.
         self.started = threading.Event()
+        # What a process of its own was handed by name (fray.kit.remote): kept for its life, since that process
+        # may keep any of it and reports no releases.
+        self.held: list[Any] = []
         self.death: BaseException | None = None
         self.pending: set[Entry] = set()  # calls submitted, not started (cancel can still drop them)
         self.running: set[Entry] = set()
@@ -107,6 +110,12 @@ class Actor:
         close_process = getattr(self.instance, "_fray_close", None)
         if close_process is not None:
             close_process()
+        self.held = []
+
+
+def live_actor(actor_id: int) -> Actor | None:
+    """This process's actor with this id, if it lives."""
+    return _actors.get(actor_id)
 
 
 def _lookup_actor(actor_id: int) -> Actor:

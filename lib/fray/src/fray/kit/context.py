@@ -34,7 +34,7 @@ from fray.errors import TaskCancelledError, WorkerCrashedError, attach_remote_tr
 from fray.events import RECORDER, Kind, choose_recording, ended
 from fray.gpus import DevicePool, HostGpus
 from fray.groups import Member
-from fray.kit.actors import ActorTable, call_owner, end_stream_with_failure
+from fray.kit.actors import Actor, ActorTable, call_owner, end_stream_with_failure, live_actor
 from fray.kit.calls import Interrupt, Task, async_raise, mark_dispatched, this_thread
 from fray.kit.engine import EngineHooks
 from fray.kit.ledger import Ledger, Signature, Work, lendable, signature
@@ -358,13 +358,14 @@ class KitJobContext(EngineHooks, JobContext):
 
     # ------------------------------------------------------------------ get / wait
     @contextlib.contextmanager
-    def acting_for(self, task_id: int) -> Iterator[Task | None]:
-        """Serve, on this thread, a request of task `task_id` running in another process (fray.kit.remote): a get
-        or wait in it lends that task's resources, as the task's own would here."""
-        task, outer = self._tasks.get(task_id), getattr(this_thread, "task", None)
+    def acting_for(self, work_id: int) -> Iterator[Task | Actor | None]:
+        """Serve, on this thread, a request of the task or actor `work_id` living in another process
+        (fray.kit.remote): a get or wait of a task lends its resources, as the task's own would here. Yields what
+        keeps the refs the reply names (`held`): the task until its result is stored, the actor for its life."""
+        task, outer = self._tasks.get(work_id), getattr(this_thread, "task", None)
         this_thread.task = task
         try:
-            yield task
+            yield task if task is not None else live_actor(work_id)
         finally:
             this_thread.task = outer
 

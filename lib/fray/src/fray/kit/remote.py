@@ -9,6 +9,9 @@
   blocks (a get, a wait) lends that task's resources as a get on the driver would.
 - Refs and actor handles reach a worker as `fray.kit.objects.Remote` payloads and go back to the driver by name;
   the driver keeps what it handed to a task (`Task.held`) until the task's result is stored, which then keeps it.
+- An actor may live in a worker process of its own: the engine runs `actor_request(...)`'s call there with
+  `run_call`, and the process's requests name the actor; what it was handed or answered by name is kept with the
+  actor (`Actor.held`) for its life.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Client, Connection, Listener
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +39,7 @@ from fray.remote_errors import RemoteError, capture_exception
 from fray.serialization import Blob, dumps, loads_data
 
 if TYPE_CHECKING:
+    from fray.kit.actors import Actor
     from fray.kit.calls import Task
     from fray.kit.context import KitJobContext
 
@@ -102,20 +107,20 @@ class RemoteService:
                     return
                 hook = "a request"
                 try:  # (a request that does not load here fails that request, naming why, not the connection)
-                    task_id, hook, args = loads_data(data, buffers, "a worker's request")
+                    work_id, hook, args = loads_data(data, buffers, "a worker's request")
                     if hook not in HOOKS:
                         raise FrayError(f"a worker asked for {hook!r}, which is no hook a worker may call")
-                    with self._ctx.acting_for(task_id) as task:
+                    with self._ctx.acting_for(work_id) as holder:
                         result = getattr(self._ctx, hook)(*args)
                     reply: tuple[bool, Any] = (True, result)
                 except BaseException as exc:
-                    task, reply = None, (False, capture_exception(exc))
+                    holder, reply = None, (False, capture_exception(exc))
                 try:
                     blob = dumps(reply, f"the reply to {hook}")
                 except SerializationError as exc:  # (the worker waits for a reply: it gets this error instead)
-                    task, blob = None, dumps((False, capture_exception(exc)), f"the reply to {hook}")
-                if task is not None:
-                    task.held = [*(task.held or ()), *blob.contained]  # what the worker now names: kept for its task
+                    holder, blob = None, dumps((False, capture_exception(exc)), f"the reply to {hook}")
+                if holder is not None:  # what the worker now names: kept with its task, or its actor
+                    holder.held = [*(holder.held or ()), *blob.contained]
                 try:
                     _send(conn, blob)
                 except OSError:
@@ -125,6 +130,15 @@ class RemoteService:
         """The arguments of `run_call` for this task's call, to submit to a worker process."""
         blob = dumps((task.fn, args, kwargs), f"the call of task {task.name}")
         return task.entry.id, task.gpus, self._ctx.gpus, blob.data, _owned(blob)
+
+    def actor_request(self, actor: Actor, method: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Request:
+        """The arguments of `run_call` that make an actor (method None: klass(*args, **kwargs)) or call its method,
+        in a worker process the engine keeps for that actor alone. What the call names by ref is kept with the
+        actor for its life: its process may keep any of it, and reports no releases."""
+        fn = partial(_construct, actor.id, actor.klass) if method is None else partial(_call_method, actor.id, method)
+        blob = dumps((fn, args, kwargs), f"the call of {actor.klass.__name__}.{method or '__init__'}")
+        actor.held = [*actor.held, *blob.contained]
+        return actor.id, actor.gpus, self._ctx.gpus, blob.data, _owned(blob)
 
     @staticmethod
     def result(reply: Reply) -> Serialized:
@@ -244,6 +258,17 @@ def _end_with_driver(lifeline: Connection) -> None:
     except (EOFError, OSError):
         pass
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+_instances: dict[int, Any] = {}  # the actors living in this worker process, by the driver's actor id
+
+
+def _construct(actor_id: int, klass: type, *args: Any, **kwargs: Any) -> None:
+    _instances[actor_id] = klass(*args, **kwargs)
+
+
+def _call_method(actor_id: int, method: str, *args: Any, **kwargs: Any) -> Any:
+    return getattr(_instances[actor_id], method)(*args, **kwargs)
 
 
 def run_call(task_id: int, gpus: tuple[int, ...], host: HostGpus, data: bytes, buffers: list[bytes]) -> Reply:
