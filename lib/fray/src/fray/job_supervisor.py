@@ -39,6 +39,7 @@ from fray.job_group_ranks import RankPoll, RankProcess
 from fray.job_records import JobRecord, record_line
 from fray.jobs import ended_status
 from fray.procfs import Identity, children_of
+from fray.rendezvous import AGENT_STORE_ENV, serve_job_store
 from fray.types import JobAttempt, JobError, JobStatus
 
 __all__ = ["main"]
@@ -142,6 +143,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self.output_lock = threading.Lock()
         self.context: Any = None  # the job backend's JobContext, for --placement
+        self.stores: list[Any] = []  # the rendezvous stores served for the attempts' ranks
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping.set()
@@ -183,8 +185,10 @@ class Supervisor:
             sys.stdout.write(record_line(record, data, final))
             sys.stdout.flush()
 
-    def _start(self, index: int, port: int, number: int) -> _Rank:
+    def _start(self, index: int, port: int, number: int, store_served: bool) -> _Rank:
         env = dict(os.environ)
+        if store_served:  # torch's env:// rendezvous on every rank is a client of the store served here
+            env[AGENT_STORE_ENV] = "True"
         env.update(
             RANK=str(index),
             WORLD_SIZE=str(self.replicas),
@@ -233,11 +237,16 @@ class Supervisor:
 
     def _attempt(self, number: int) -> tuple[JobAttempt, JobError | None, CallOutcome | None]:
         start = time.time()
-        port = _free_port()
+        # Several ranks rendezvous (torch.distributed): their store is served here, on loopback alone (rank 0 would
+        # serve it on every interface); kept until this process ends (an attempt's ranks may outlive it briefly).
+        served = serve_job_store("127.0.0.1", self.replicas) if self.replicas > 1 else None
+        if served is not None:
+            self.stores.append(served[1])
+        port = served[0] if served is not None else _free_port()
         ranks: list[_Rank] = []
         try:
             for index in range(self.replicas):
-                ranks.append(self._start(index, port, number))
+                ranks.append(self._start(index, port, number, served is not None))
         except OSError as exc:
             for rank in ranks:
                 _signal_tree(rank, signal.SIGKILL)

@@ -7,6 +7,9 @@ rendezvous on every rank is a client only, and rank 0's process serves the store
 is made (`serve_store`), on a socket bound to MASTER_ADDR alone: loopback where every member is on one host, else
 rank 0's host address, which the members on other hosts need.
 
+A job's ranks (fray.job_supervisor, `--replicas N` on one host) rendezvous the same way: the supervisor, which
+is none of them, serves their store on loopback (`serve_job_store`) and gives them TORCHELASTIC_USE_AGENT_STORE.
+
 Where torch is not installed nothing is served (nothing there can rendezvous). A member whose code names its own
 `init_method="tcp://..."` must serve that store itself or unset TORCHELASTIC_USE_AGENT_STORE.
 """
@@ -21,7 +24,7 @@ from typing import Any
 
 from fray.errors import FrayError
 
-__all__ = ["AGENT_STORE_ENV", "serve_store", "served_store"]
+__all__ = ["AGENT_STORE_ENV", "serve_job_store", "serve_store", "served_store"]
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 STORE_TIMEOUT = timedelta(minutes=30)  # torch's default for a process group's store operations
@@ -52,7 +55,12 @@ def serve_store(env: Mapping[str, str]) -> None:
             f"rank 0 of an SPMD group could not listen on MASTER_ADDR {addr} port {port} for the group's "
             f"rendezvous ({exc}): is {addr} an address of this host, and the port free?"
         ) from exc
-    store = TCPStore(
+    _served.append((listener, _store(TCPStore, listener, size)))
+
+
+def _store(store_class: Any, listener: socket.socket, size: int) -> Any:
+    addr, port = listener.getsockname()[:2]
+    return store_class(
         addr,
         port,
         size,
@@ -62,7 +70,24 @@ def serve_store(env: Mapping[str, str]) -> None:
         multi_tenant=True,
         master_listen_fd=listener.fileno(),
     )
-    _served.append((listener, store))
+
+
+def serve_job_store(addr: str, size: int) -> tuple[int, Any] | None:
+    """Serves the TCPStore of `size` ranks that this process starts (and is none of) on `addr` alone, on a port of
+    its choosing: (that port, the store; keep it while the ranks run). None where torch cannot serve one here (the
+    ranks then rendezvous as torch does by itself)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    listener = socket.create_server((addr, 0), family=family, backlog=max(128, size))
+    store = _store(TCPStore, listener, size)
+    return int(listener.getsockname()[1]), (listener, store)
 
 
 def served_store() -> Any:
