@@ -24,7 +24,8 @@ def check_mode(progress: Any) -> ProgressMode:
 class Progress:
     """`with Progress(total, mode, what) as bar: bar.advance(done, failed)`."""
 
-    def __init__(self, total: int, mode: ProgressMode, what: str = "refs") -> None:
+    def __init__(self, total: int | None, mode: ProgressMode, what: str = "refs") -> None:
+        """total None: not known ahead (a generator's items); the bar counts without an end."""
         stream = sys.stderr
         self.shown = mode == "always" or (mode is True and stream.isatty())
         self.total, self.what, self.stream = total, what, stream
@@ -51,14 +52,15 @@ class Progress:
                 self._bar.set_postfix(failed=self.failed, refresh=False)
             return
         now = time.monotonic()
-        if now - self._last_text >= 0.2 or self.done >= self.total:
+        if now - self._last_text >= 0.2 or (self.total is not None and self.done >= self.total):
             self._last_text = now
             self._write_text(end="")
 
     def _write_text(self, end: str) -> None:
         rate = self.done / max(1e-9, time.monotonic() - self.started)
         failed = f", {self.failed} failed" if self.failed else ""
-        self.stream.write(f"\r{self.what}: {self.done}/{self.total} done{failed}, {rate:.1f}/s{end}")
+        total = "" if self.total is None else f"/{self.total}"
+        self.stream.write(f"\r{self.what}: {self.done}{total} done{failed}, {rate:.1f}/s{end}")
         self.stream.flush()
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ import io
 import pickle
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -384,15 +385,22 @@ def find_unserializable_argument(
 
 
 def check_function(fn: Callable[..., Any], checked: dict[int, Any]) -> None:
-    """Check once per function that it can travel to a worker (closures over locks, sockets... cannot)."""
+    """Check once per function that it can travel to a worker (closures over locks, sockets... cannot).
+
+    The cache holds a function weakly where it can: a bound method or a closure passed once must not live on
+    (with its object) for as long as the context does."""
     key = id(fn)
-    if checked.get(key) is fn:
+    known = checked.get(key)
+    if known is fn or (isinstance(known, weakref.ref) and known() is fn):
         return
     try:
         cloudpickle.dumps(fn)
     except Exception as exc:
         raise unpicklable_code(fn, exc) from exc
-    checked[key] = fn
+    try:
+        checked[key] = weakref.ref(fn, lambda _: checked.pop(key, None))
+    except TypeError:  # a builtin or an object without weak references: kept (they are long-lived)
+        checked[key] = fn
 
 
 def unpicklable_code(fn: Any, exc: BaseException) -> SerializationError:

@@ -1,12 +1,16 @@
 """The conformance tests. `from fray.testing.suite import *` in a test module collects all of them."""
 
 from fray.testing.suite.test_actor_refs import *  # noqa: F403
+from fray.testing.suite.test_actor_pool import *  # noqa: F403
 from fray.testing.suite.test_actors import *  # noqa: F403
 from fray.testing.suite.test_async import *  # noqa: F403
+from fray.testing.suite.test_bounded_map import *  # noqa: F403
 from fray.testing.suite.test_capabilities import *  # noqa: F403
 from fray.testing.suite.test_cluster import *  # noqa: F403
 from fray.testing.suite.test_dataplane import *  # noqa: F403
 from fray.testing.suite.test_errors import *  # noqa: F403
+from fray.testing.suite.test_executor import *  # noqa: F403
+from fray.testing.suite.test_executor_libraries import *  # noqa: F403
 from fray.testing.suite.test_failures import *  # noqa: F403
 from fray.testing.suite.test_gpus import *  # noqa: F403
 from fray.testing.suite.test_groups import *  # noqa: F403
