@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from _sockets import unguarded_env
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root (setpriv)")
@@ -50,7 +51,7 @@ sys.stdin.read()
 def idle_connections(targets: list[str], count: int = 1000) -> Iterator[int]:
     """`count` idle connections from user nobody to each target ("host:port") while the block runs; yields how
     many connected."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # root's guard: nobody cannot read it
+    env = unguarded_env()  # root's guard: nobody cannot read it
     as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     proc = subprocess.Popen(
         [*as_nobody, sys.executable, "-c", FLOODER, str(count), *targets],

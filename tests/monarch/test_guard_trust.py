@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _sockets import unguarded_env
 
 from fray_monarch.core import import_path, trust
 
 
 def _guard(home: Path, *args: str, umask: int = 0o022, preload: str = "") -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env = unguarded_env()
     env["HOME"] = str(home)
     if preload:
         env["LD_PRELOAD"] = preload

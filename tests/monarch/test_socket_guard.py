@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from _sockets import unguarded_env
 
 from fray.procfs import children_of
 from fray_monarch import socket_guard
 
 NOBODY = 65534
+REPO = Path(__file__).resolve().parents[2]
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root (setpriv)")
 
 DRIVER = """
@@ -83,7 +85,7 @@ def _abstract_listeners(pids: list[int]) -> list[str]:
 
 def _knock(names: list[str], as_nobody: bool) -> dict[str, str]:
     prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if as_nobody else []
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # root's library: nobody cannot read it
+    env = unguarded_env()  # root's library: nobody cannot read it
     done = subprocess.run(
         [*prefix, sys.executable, "-c", KNOCK, *names], capture_output=True, text=True, timeout=120, env=env
     )
@@ -91,8 +93,9 @@ def _knock(names: list[str], as_nobody: bool) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in done.stdout.splitlines())
 
 
-def _start_driver(spec: str, guarded: bool) -> subprocess.Popen[str]:
-    env = socket_guard.guarded_environ() if guarded else {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+def _start_driver(spec: str, guarded: bool, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    if env is None:
+        env = socket_guard.guarded_environ() if guarded else unguarded_env()
     driver = subprocess.Popen(
         [sys.executable, "-c", DRIVER, spec],
         stdin=subprocess.PIPE,
@@ -150,7 +153,7 @@ def test_without_the_guard_the_same_sockets_are_open_to_another_user() -> None:
 
 
 def test_a_driver_without_the_guard_is_refused_naming_the_ways_to_start_it() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env = unguarded_env()
     done = subprocess.run(
         [sys.executable, "-c", "import fray; fray.init('monarch?procs=1')"],
         capture_output=True,
@@ -170,7 +173,7 @@ def test_the_guard_runs_a_command_under_it_and_prints_its_path() -> None:
     info = os.lstat(path)
     assert info.st_uid == os.getuid() and not info.st_mode & 0o022
     probe = "from fray_monarch.socket_guard import active; print(active())"
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env = unguarded_env()
     under = [sys.executable, "-m", "fray_monarch.socket_guard", sys.executable, "-c", probe]
     assert subprocess.run(under, capture_output=True, text=True, timeout=60, env=env).stdout.strip() == "True"
     plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env)
@@ -193,3 +196,55 @@ def test_the_documented_command_is_quiet() -> None:
     from fray_monarch.cluster.topology import SCHEMA
 
     assert socket_guard.OPT_OUT in SCHEMA  # the spec option, spelled out there
+
+
+def _backend_only(spec: str) -> dict[str, str]:
+    """An environment with nothing of the guard's: only FRAY_BACKEND names the backend."""
+    return {**unguarded_env(), "FRAY_BACKEND": spec}
+
+
+def test_fray_backend_monarch_alone_runs_the_readme_example_under_the_guard() -> None:
+    """`FRAY_BACKEND=monarch python app.py` works as on ray: the driver restarts itself under the guard before
+    any of its code runs (fray_monarch_autoguard), keeping its arguments and standard input."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "pipeline.py")],
+        env=_backend_only("monarch"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ok: statistics match" in done.stdout
+    assert done.stdout.count("aggregated") == 1  # (what ran before the restart: nothing of the program's)
+    probe = "import sys; from fray_monarch.socket_guard import active; print(active(), sys.argv[1:], input())"
+    for spec, guarded in (("monarch", True), ("monarch?procs=2", True), ("ray", False)):
+        seen = subprocess.run(
+            [sys.executable, "-c", probe, "a b", "c"],
+            env=_backend_only(spec),
+            input="from stdin\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert seen.stdout.strip() == f"{guarded} ['a b', 'c'] from stdin", (spec, seen.stdout, seen.stderr)
+    opted_out = subprocess.run(
+        [sys.executable, "-c", "from fray_monarch.socket_guard import active; print(active())"],
+        env=_backend_only("monarch?unguarded_sockets=true"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert opted_out.stdout.strip() == "False"  # (the spec accepts a driver without it)
+
+
+@as_root
+def test_a_driver_started_by_fray_backend_alone_refuses_another_user() -> None:
+    driver = _start_driver("monarch?procs=2", guarded=False, env=_backend_only("monarch"))
+    try:
+        time.sleep(0.5)
+        names = _abstract_listeners(_tree(driver.pid))
+        assert names
+        assert set(_knock(names, as_nobody=True).values()) == {"closed"}
+    finally:
+        _stop(driver)
+

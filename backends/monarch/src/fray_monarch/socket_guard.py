@@ -175,8 +175,9 @@ def require(unguarded_ok: bool) -> None:
         "Monarch 0.7 listens on abstract Unix sockets that every user of this machine can connect to, and a "
         "message sent there runs code as you; fray's socket guard closes them to other users, but it must be "
         "loaded when the process starts and this one started without it. Start the driver under it: "
-        f"`python -m fray_monarch.socket_guard python {script}` (or `fray run -- python {script}`, or "
-        "LD_PRELOAD=$(python -m fray_monarch.socket_guard) in its environment). On a machine no one else uses, "
+        f"`FRAY_BACKEND=monarch python {script}` (it restarts itself under the guard as Python starts), "
+        f"`python -m fray_monarch.socket_guard python {script}`, `fray run -- python {script}`, or "
+        "LD_PRELOAD=$(python -m fray_monarch.socket_guard) in its environment. On a machine no one else uses, "
         f"add {OPT_OUT}=true to the monarch spec instead. See docs/security.md."
     )
 

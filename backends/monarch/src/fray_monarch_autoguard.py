@@ -1,0 +1,44 @@
+"""Starts a monarch driver under fray's socket guard by itself: `FRAY_BACKEND=monarch python app.py` works as
+`FRAY_BACKEND=ray python app.py` does, with no wrapper to remember.
+
+fray-monarch installs `fray_monarch_autoguard.pth` beside itself in site-packages, so Python runs `start()` as it
+starts, before any of the program's code. A process whose FRAY_BACKEND names monarch (and does not opt out with
+unguarded_sockets=true) and that has no guard preloaded yet is executed again, at once, as the same command under
+the guard (fray_monarch.socket_guard.guarded_environ). Every other process pays one look at its environment.
+
+This module imports nothing of fray's until it has to: it runs in every Python process of the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+RESTARTED = "FRAY_SOCKET_GUARD_RESTARTED"  # set in the process started again: never a second time
+
+
+def wanted(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether a process with this environment is a monarch driver to start under the guard."""
+    spec = environ.get("FRAY_BACKEND", "")
+    name, _, options = spec.partition("?")
+    if name.strip() != "monarch" or environ.get(RESTARTED):
+        return False
+    if "unguarded_sockets=true" in options.replace(" ", "").lower():
+        return False
+    return "socket-guard-" not in environ.get("LD_PRELOAD", "")  # (preloaded: its trust is checked at use)
+
+
+def start() -> None:
+    if not wanted(os.environ) or not getattr(sys, "orig_argv", None):
+        return
+    try:
+        from fray_monarch.socket_guard import guarded_environ
+
+        env = guarded_environ()
+    except Exception as exc:  # (never breaks Python's start: the monarch context refuses later, naming the ways)
+        print(f"fray: could not start this monarch driver under the socket guard: {exc}", file=sys.stderr)
+        return
+    env[RESTARTED] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
