@@ -26,12 +26,15 @@ __all__ = [
     "auth_state",
     "cluster_auth_mode",
     "is_own_cluster",
+    "is_own_job_api",
     "join_auth_mode",
     "note_own_cluster",
+    "note_own_job_api",
     "own_cluster_mode",
     "restore_auth",
     "set_auth_mode",
     "token_available",
+    "token_chosen",
     "token_headers",
     "token_path",
     "user_auth_mode",
@@ -45,6 +48,7 @@ log = logging.getLogger("fray_ray")
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 _fray_auth_mode: str | None = None  # the RAY_AUTH_MODE value fray itself last wrote into os.environ
 _own_clusters: set[str] = set()  # GCS addresses (host:port) of the heads this process started
+_own_job_apis: set[str] = set()  # Job API (dashboard) addresses of the token-mode heads this process started
 _PROBE_TIMEOUT = 5.0  # seconds the auth probe waits for the cluster's GCS to answer
 _warned_token_files: set[str] = set()  # token files open to other users, warned about once each
 _warned_open: set[str] = set()  # GCS addresses (host:port) of clusters without token auth, warned about once each
@@ -173,6 +177,37 @@ def token_headers() -> dict[str, str]:
 def note_own_cluster(gcs_address: str) -> None:
     """Record the GCS address of a head this process started (joined in token mode without asking it)."""
     _own_clusters.add(gcs_address)
+
+
+def note_own_job_api(address: str) -> None:
+    """Record the Job API (dashboard) address of a head this process started in token mode."""
+    _own_job_apis.add(_job_api_key(address))
+
+
+def _job_api_key(address: str) -> str:
+    return (address if "://" in address else f"http://{address}").rstrip("/").lower()
+
+
+def is_own_job_api(address: str) -> bool:
+    """The Job API of a head fray started in token mode (in this process), or of the cluster `fray cluster start`
+    recorded (still running): the clusters the user's token may go to without being asked for."""
+    if _job_api_key(address) in _own_job_apis:
+        return True
+    try:
+        from fray import state
+
+        record = state.read_cluster("ray")
+        leader = Identity.from_record(record.get("leader")) if record else None
+        recorded = _job_api_key(str(record.get("address", ""))) if record else ""
+        return recorded == _job_api_key(address) and leader is not None and leader.running()
+    except Exception:  # no readable record
+        return False
+
+
+def token_chosen() -> bool:
+    """The user chose token mode (RAY_AUTH_MODE=token): their token goes to every cluster, as Ray's own clients
+    send it in that mode."""
+    return (user_auth_mode() or "").lower() == "token"
 
 
 def is_own_cluster(address: str) -> bool:

@@ -23,9 +23,18 @@ from typing import Any
 from urllib.parse import urlparse
 
 from fray import watchdog
+from fray.errors import FrayError
 from fray.net import free_ports
 from fray.procfs import Identity, stop_group
-from fray_ray._auth import note_own_cluster, own_cluster_mode, token_headers
+from fray_ray._auth import (
+    is_own_job_api,
+    note_own_cluster,
+    note_own_job_api,
+    own_cluster_mode,
+    token_chosen,
+    token_headers,
+    token_path,
+)
 from fray_ray._local import LOCAL_ONLY_ENV, LOOPBACK, is_loopback_address, short_tmp
 
 __all__ = ["START_TIMEOUT", "LocalHead", "job_client"]
@@ -91,7 +100,8 @@ class LocalHead:
             cmd.append(f"--resources={json.dumps(resources)}")
         env = dict(os.environ)
         # token auth (a token made if none exists) unless the user chose a mode; the clients send the token
-        env["RAY_AUTH_MODE"] = own_cluster_mode()
+        mode = own_cluster_mode()
+        env["RAY_AUTH_MODE"] = mode
         # Jobs run `python ...` from the head's PATH: make that this interpreter, so fray and Ray are importable.
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env.pop("RAY_ADDRESS", None)
@@ -121,6 +131,8 @@ class LocalHead:
         self.address = f"http://{host}:{self.dashboard_port}"
         self.gcs_address = f"{host}:{self.port}"
         note_own_cluster(self.gcs_address)  # drivers of this process join it in token mode without asking
+        if mode.lower() == "token":
+            note_own_job_api(self.address)  # the user's token may go to its Job API
 
     def wait_ready(self, client_factory: Any) -> Any:
         deadline = time.monotonic() + START_TIMEOUT
@@ -175,24 +187,32 @@ def _explicit_address() -> Iterator[None]:
 
 
 def job_client(address: str, own: bool = False) -> Any:
-    """A JobSubmissionClient for exactly this dashboard address. The user's Ray token goes only to a cluster that
-    asks for one (its Job API refuses the client without it), or to one fray started (`own`), as Ray's own client
-    sends it only in token mode (issue 29: it went to every address, over plain http too); sent over plain http
-    beyond loopback, with a warning that whoever sees the traffic can read it."""
+    """A JobSubmissionClient for exactly this dashboard address. The user's Ray token goes only to a cluster fray
+    started (`own`, or its record: `is_own_job_api`) or, when the user chose token mode (RAY_AUTH_MODE=token), to
+    any, as Ray's own client sends it then; sent over plain http beyond loopback, with a warning that whoever sees
+    the traffic can read it. Elsewhere it is never sent, not even to a Job API that refuses the client without
+    it (a stale RAY_ADDRESS whose port another user took, a colleague's cluster, a relay): FrayError naming the
+    choice."""
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     with _explicit_address():
         if own:
             return JobSubmissionClient(address, headers=token_headers())
+        if is_own_job_api(address) or token_chosen():
+            headers = token_headers()
+            if headers:
+                _warn_if_plain_http(address)
+            return JobSubmissionClient(address, headers=headers)
         try:
             return JobSubmissionClient(address)
         except AuthenticationError:
-            headers = token_headers()
-            if not headers:
-                raise
-        _warn_if_plain_http(address)
-        return JobSubmissionClient(address, headers=headers)
+            raise FrayError(
+                f"the Ray Job API at {address} asks for a token; fray sends your Ray token ({token_path()}) only to "
+                "clusters it started or recorded (`fray cluster start`), since whoever answers there would get it. "
+                "If this cluster is yours and uses that token, choose token mode: RAY_AUTH_MODE=token (the token "
+                "then goes to every Ray cluster this process reaches, as with Ray's own client)"
+            ) from None
 
 
 def _warn_if_plain_http(address: str) -> None:
