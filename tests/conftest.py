@@ -16,7 +16,6 @@ if str(Path(__file__).parent) not in sys.path:
 def pytest_configure(config: "pytest.Config") -> None:
     """Monarch contexts refuse a driver without fray's socket guard (fray_monarch.socket_guard), and the tests
     are drivers: pytest starts again under it, as a user's `python -m fray_monarch.socket_guard pytest` would."""
-    import os
     import signal
 
     # A run started in the background by a non-interactive shell ignores SIGINT, and every process it starts
@@ -35,4 +34,4 @@ def pytest_configure(config: "pytest.Config") -> None:
         capture.suspend_global_capture(in_=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], socket_guard.guarded_environ())
+    socket_guard.restart_under_guard([sys.executable, *sys.orig_argv[1:]])

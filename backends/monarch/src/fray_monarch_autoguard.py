@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
-RESTARTED = "FRAY_SOCKET_GUARD_RESTARTED"  # set in the process started again: never a second time
+GUARD_NAMES = ("_socket_guard.", "socket-guard-")  # the installed library's name, and a per-user build's
+RESTARTED = "FRAY_SOCKET_GUARD_RESTARTED"  # (socket_guard.RESTARTED: set in the process started again)
 
 
 def wanted(environ: dict[str, str] | os._Environ[str]) -> bool:
@@ -25,20 +26,16 @@ def wanted(environ: dict[str, str] | os._Environ[str]) -> bool:
         return False
     if "unguarded_sockets=true" in options.replace(" ", "").lower():
         return False
-    return "socket-guard-" not in environ.get("LD_PRELOAD", "")  # (preloaded: its trust is checked at use)
+    preloaded = environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    return not any(os.path.basename(p).startswith(GUARD_NAMES) for p in preloaded)  # (its trust: checked at use)
 
 
 def start() -> None:
     if not wanted(os.environ) or not getattr(sys, "orig_argv", None):
         return
     try:
-        from fray_monarch.socket_guard import guarded_environ
+        from fray_monarch.socket_guard import restart_under_guard
 
-        env = guarded_environ()
+        restart_under_guard([sys.executable, *sys.orig_argv[1:]])
     except Exception as exc:  # (never breaks Python's start: the monarch context refuses later, naming the ways)
         print(f"fray: could not start this monarch driver under the socket guard: {exc}", file=sys.stderr)
-        return
-    env[RESTARTED] = "1"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

@@ -49,13 +49,12 @@ class MonarchBackend(Backend):
 
     def prepare_command(self, options: Any) -> None:
         """The `fray` command starts again under the socket guard (socket_guard.py) before a monarch context."""
-        import os
         import sys
 
         from fray_monarch import socket_guard
 
         if not socket_guard.active() and not parse_options("monarch", options, SCHEMA).get(socket_guard.OPT_OUT):
-            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], socket_guard.guarded_environ())
+            socket_guard.restart_under_guard([sys.executable, *sys.orig_argv[1:]])
 
     def job_context(self, **options: Any) -> Any:
         from fray_monarch.driver.client import driver_context

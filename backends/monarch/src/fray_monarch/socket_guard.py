@@ -12,18 +12,24 @@ it. A library can only be preloaded when a process starts, so:
   or `LD_PRELOAD=$(python -m fray_monarch.socket_guard)`. A monarch context in a driver without it is refused
   unless the spec says `unguarded_sockets=true` (on a machine no one else uses).
 
-The library is built once per user from its C source with the machine's C compiler (`cc`, or $CC) into
-~/.fray/lib (~/.fray and it 0700, whatever the umask), named by the hash of the source, and checked each time it
-is used, and in a process that preloaded it (`active`): a regular file of this user's that no one else can write,
-every directory on the way to it this user's or root's and writable by no one else (fray_monarch.core.trust), so
-no member of a shared group can swap the library every process of this user preloads.
+The library is built when fray-monarch is installed (setup.py: fray_monarch/_socket_guard*.so, with the hash of
+its source beside it). Where that build is missing or was made from another source, it is built once per user
+from its C source with the machine's C compiler (`cc`, or $CC) into ~/.fray/lib (~/.fray and it 0700, whatever
+the umask), named by the machine's architecture and the hash of the source. Either is checked each time it is
+used, and in a process that preloaded it (`active`): a regular file of this user's or root's that no one else can
+write, every directory on the way to it this user's or root's and writable by no one else
+(fray_monarch.core.trust), so no member of a shared group can swap the library every process of this user
+preloads. A process started again under the guard that still runs without it (the loader could not preload it)
+fails at once, saying why, instead of starting again.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
 import os
+import platform
 import shutil
 import stat
 import subprocess
@@ -31,17 +37,19 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from fray.errors import FrayError
 from fray.jobs import private_dir
 from fray_monarch.core.trust import fray_home, untrusted_reason
 
-__all__ = ["active", "guarded_environ", "library", "require", "restart_guarded"]
+__all__ = ["active", "guarded_environ", "library", "require", "restart_guarded", "restart_under_guard"]
 
 SOURCE = Path(__file__).with_name("socket_guard.c")
 MARKER = "fray_socket_guard_version"  # a symbol of the library: found in a process that preloaded it
 OPT_OUT = "unguarded_sockets"  # the spec option that accepts a driver without the guard
 BUILD_TIMEOUT = 60.0
+RESTARTED = "FRAY_SOCKET_GUARD_RESTARTED"  # set in a process started again under the guard: never twice
 
 
 def _lib_dir() -> Path:
@@ -73,9 +81,37 @@ def _loaded() -> Path | None:
 def _distrust(path: Path) -> str | None:
     """Why `path` is not a guard library this user can trust (None: it is); FileNotFoundError if missing."""
     info = os.lstat(path)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        return f"{path} is not a regular file of this user's that only this user can write"
+    if not stat.S_ISREG(info.st_mode) or info.st_uid not in (os.getuid(), 0) or info.st_mode & 0o022:
+        return f"{path} is not a regular file of this user's (or root's) that only its owner can write"
     return untrusted_reason(path)
+
+
+def _installed(source_hash: str) -> Path | None:
+    """The guard built when fray-monarch was installed, if it was built from this source and can be trusted."""
+    here = Path(__file__).parent
+    try:
+        if (here / "_socket_guard.sha256").read_text().strip() != source_hash:
+            return None  # (an editable install whose source changed since: the per-user build it is)
+    except OSError:
+        return None
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_socket_guard{suffix}"
+        try:
+            if _distrust(path) is None:
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def _preloadable(path: Path) -> Path:
+    """`path`, unless LD_PRELOAD cannot name it (it splits its list at spaces and colons): FrayError then."""
+    if " " in str(path) or ":" in str(path):
+        raise FrayError(
+            f"fray's socket guard {path} cannot be preloaded: LD_PRELOAD splits paths at spaces and colons. Install "
+            "fray-monarch, or set HOME, in a path without them"
+        )
+    return path
 
 
 def active() -> bool:
@@ -106,10 +142,15 @@ def _checked(path: Path) -> bool:
 
 
 def library() -> Path:
-    """The guard library's path, built here first if this user has none of this source yet."""
+    """The guard library's path: the one installed with fray-monarch, else this user's, built here first if this
+    user has none of this source for this machine's architecture yet (a home shared by machines of two kinds)."""
     source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()
+    installed = _installed(digest)
+    if installed is not None:
+        return _preloadable(installed)
     lib_dir = _lib_dir()
-    path = lib_dir / f"socket-guard-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    path = _preloadable(lib_dir / f"socket-guard-{platform.machine()}-{digest[:16]}.so")
     try:
         fray_home()
         private_dir(lib_dir)
@@ -160,6 +201,8 @@ def require(unguarded_ok: bool) -> None:
     if unguarded_ok or active():
         return
     loaded = _loaded()
+    if loaded is None and os.environ.get(RESTARTED):
+        raise _not_preloaded()
     if loaded is not None:
         try:
             why = _distrust(loaded)
@@ -184,9 +227,30 @@ def require(unguarded_ok: bool) -> None:
 
 def restart_guarded(module: str, argv: list[str]) -> None:
     """Replace this process by `python -m module argv...` under the guard, unless it already runs under it."""
-    if active():
-        return
-    os.execve(sys.executable, [sys.executable, "-m", module, *argv], guarded_environ())
+    if not active():
+        restart_under_guard([sys.executable, "-m", module, *argv])
+
+
+def _not_preloaded() -> FrayError:
+    loaded = os.environ.get("LD_PRELOAD", "")
+    return FrayError(
+        f"this process was started again under fray's socket guard ({loaded}) and still runs without it: the "
+        "loader could not preload the library (its message, above, says why: built for another machine, or gone). "
+        f"Remove {_lib_dir()} and start again; on a machine no one else uses, {OPT_OUT}=true starts without it"
+    )
+
+
+def restart_under_guard(argv: list[str]) -> NoReturn:
+    """Replace this process by `argv` (a Python command) under the guard. FrayError, naming why, if this process
+    is that command started again already: the loader could not preload the library (built for another machine,
+    or removed meanwhile), and starting again would loop."""
+    if os.environ.get(RESTARTED):
+        raise _not_preloaded()
+    env = guarded_environ()
+    env[RESTARTED] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, env)
 
 
 def main(argv: list[str]) -> int:
