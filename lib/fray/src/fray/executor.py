@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -23,7 +24,16 @@ from fray.remote_errors import RemoteError, capture_exception, rebuild
 from fray.resources import task_resources
 from fray.types import TaskOptions
 
-__all__ = ["ChunkResult", "FrayExecutor", "TaskSubmitter", "construct", "default_window", "run_chunk", "task_call"]
+__all__ = [
+    "ChunkResult",
+    "FrayExecutor",
+    "TaskFuture",
+    "TaskSubmitter",
+    "call",
+    "default_window",
+    "run_chunk",
+    "task_call",
+]
 
 # A slot that frees waits for the driver to send the next task; with two tasks per slot on the backend one is
 # always ready there, so the engine never idles on that round trip.
@@ -46,6 +56,8 @@ class TaskSubmitter(Protocol):
 
     def _future_of(self, ref: ObjectRef) -> Future[Any]: ...
 
+    def get(self, refs: ObjectRef, timeout: float | None = None) -> Any: ...
+
 
 def default_window(ctx: TaskSubmitter, options: TaskOptions) -> int:
     """How many tasks with these options to keep on the backend at once by default: as many as fit the cluster's
@@ -58,7 +70,7 @@ def default_window(ctx: TaskSubmitter, options: TaskOptions) -> int:
 
 @dataclass
 class _Work:
-    future: Future[Any]
+    future: TaskFuture
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -72,15 +84,17 @@ class ChunkResult:
     error: RemoteError | None
 
 
-def construct(klass: type, *args: Any, **kwargs: Any) -> Any:
-    """klass(*args, **kwargs) as a task: executors take any callable, `submit(int, "7")` included, while
-    create_task keeps classes for actors."""
-    return klass(*args, **kwargs)
+def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) inside a task whose function is this one (see task_call)."""
+    return fn(*args, **kwargs)
 
 
 def task_call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """The function and arguments of a task that calls fn(*args) (a class is constructed by `construct`)."""
-    return (construct, (fn, *args)) if isinstance(fn, type) else (fn, args)
+    """The function and arguments of a task that calls fn(*args). An executor takes any callable; a plain Python
+    function is the task's function itself, anything else travels as the first argument of `call`: a class
+    (create_task keeps classes for actors), a builtin (Ray cannot register one without a signature: time.sleep),
+    a bound method or a callable object (a backend's per-function registry would keep it, and its object, alive)."""
+    return (fn, args) if isinstance(fn, types.FunctionType) else (call, (fn, *args))
 
 
 def run_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> ChunkResult:
@@ -91,6 +105,24 @@ def run_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> ChunkResu
         except Exception as exc:  # the items before it are still yielded, then this is raised (as map does)
             return ChunkResult(values, capture_exception(exc))
     return ChunkResult(values, None)
+
+
+class TaskFuture(Future[Any]):
+    """The Future `submit` returns (a concurrent.futures.Future). Its `result()` with no timeout, called while the
+    task is on the backend, waits through the context's `get`: in_memory then runs a task that has not started
+    yet on the waiting thread, saving two thread switches a round trip."""
+
+    _task: tuple[Any, ObjectRef] | None = None  # (context, ref) while the task is on the backend
+
+    def result(self, timeout: float | None = None) -> Any:
+        task = self._task
+        if timeout is None and task is not None and not self.done():
+            self._task = None
+            try:
+                task[0].get(task[1])
+            except Exception:  # the same outcome reaches this future through the executor's callback
+                pass
+        return super().result(timeout)
 
 
 class FrayExecutor(Executor):
@@ -121,7 +153,7 @@ class FrayExecutor(Executor):
         """Run fn(*args, **kwargs) as a task; a Future of its value (its exception, raised with the original type)."""
         if not callable(fn):
             raise TypeError(f"submit needs a callable, got {type(fn).__name__}")
-        work = _Work(Future(), *task_call(fn, args), kwargs)
+        work = _Work(TaskFuture(), *task_call(fn, args), kwargs)
         with self._lock:
             if self._shut_down:
                 raise RuntimeError("cannot schedule new futures after shutdown")
@@ -209,10 +241,12 @@ class FrayExecutor(Executor):
             future.set_exception(exc)
             self._slot_freed()
             return
+        future._task = (self._ctx, ref)
         del work, ref
         settling.add_done_callback(lambda settled: self._settled(future, settled))
 
-    def _settled(self, future: Future[Any], settled: Future[Any]) -> None:
+    def _settled(self, future: TaskFuture, settled: Future[Any]) -> None:
+        future._task = None
         try:
             future.set_result(settled.result())
         except BaseException as exc:  # the task's own exception, with its original type

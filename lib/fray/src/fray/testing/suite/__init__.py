@@ -1,7 +1,7 @@
 """The conformance tests. `from fray.testing.suite import *` in a test module collects all of them."""
 
-from fray.testing.suite.test_actor_refs import *  # noqa: F403
 from fray.testing.suite.test_actor_pool import *  # noqa: F403
+from fray.testing.suite.test_actor_refs import *  # noqa: F403
 from fray.testing.suite.test_actors import *  # noqa: F403
 from fray.testing.suite.test_async import *  # noqa: F403
 from fray.testing.suite.test_bounded_map import *  # noqa: F403
