@@ -27,9 +27,12 @@ from urllib.parse import urlencode
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
+from fray.job_call import stash_call
 from fray.job_handle import JobHandle
 from fray.resources import format_resources, short_of
+from fray.state import state_subdir
 from fray.types import JobInfo, JobStatus, RuntimeEnv
+from fray_ray._auth import is_own_job_api
 from fray_ray._connect import http_link
 from fray_ray._head import START_TIMEOUT, LocalHead, job_client
 from fray_ray._local import is_loopback_address
@@ -199,6 +202,10 @@ class RayClusterContext(ClusterContext):
         # calls fray.init() lands on this cluster's Ray. A job's log is a file, never a terminal: Ray colours the
         # prefixes it writes there ("(raylet)", "(task pid=N)") unless RAY_COLOR_PREFIX=0 (issue 28).
         runtime_env["env_vars"] = {"RAY_COLOR_PREFIX": "0", **runtime_env.get("env_vars", {})}
+        if self._local and (self._head is not None or is_own_job_api(self.address or "")):
+            # Ray keeps a job's environment in its record, shown by the cluster's dashboard and Job API: a
+            # callable's pickle goes by a private file instead (the job runs here, as this user)
+            stash_call(runtime_env["env_vars"], state_subdir("ray-job-calls"))
         reserved = entrypoint_options(env) if env.minimum_resources else {}
         if env.minimum_resources:
             self._check_feasible({r.name: float(r.quantity) for r in env.minimum_resources})

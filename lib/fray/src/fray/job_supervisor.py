@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, Any
 
-from fray.job_call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome
+from fray.job_call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome, take_stashed_call
 from fray.job_group_ranks import RankPoll, RankProcess
 from fray.job_records import JobRecord, record_line
 from fray.jobs import ended_status
@@ -391,6 +391,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    take_stashed_call()  # (the call kept out of a job record that others may read: fray.job_call)
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
         supervisor = Supervisor(
