@@ -23,6 +23,7 @@ import io
 import pickle
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -343,7 +344,7 @@ def loads(blob: Blob, what: str = "a value") -> Any:
 def loads_data(data: bytes, buffers: Sequence[Any] = (), what: str = "a value") -> Any:
     """loads of a value's in-band bytes and buffers, without a Blob around them (a small value in a message)."""
     try:
-        return pickle.loads(data, buffers=buffers)
+        return _loads_past_import_races(data, buffers)
     except FrayError:  # fray's own (a ref to a freed object...): already says what is wrong
         raise
     except Exception as exc:
@@ -351,6 +352,25 @@ def loads_data(data: bytes, buffers: Sequence[Any] = (), what: str = "a value") 
             f"cannot deserialize {what} where it arrived: {type(exc).__name__}: {exc}. It was pickled where it "
             "was made; the receiving process must be able to rebuild it (same modules and versions installed)."
         ) from exc
+
+
+# Pauses before loading again after an ImportError other than a missing module (see _loads_past_import_races).
+IMPORT_RACE_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+
+def _loads_past_import_races(data: bytes, buffers: Sequence[Any]) -> Any:
+    """pickle.loads, again after an ImportError that is not a missing module: threads of one worker that load
+    values of a package none has imported yet race in its imports, and one can see it half initialized
+    ("cannot import name 'array' from 'dask'" on a worker running several tasks in threads). Once the other
+    thread's import is done, the same bytes load."""
+    for pause in IMPORT_RACE_PAUSES:
+        try:
+            return pickle.loads(data, buffers=buffers)
+        except ModuleNotFoundError:
+            raise
+        except ImportError:
+            time.sleep(pause)
+    return pickle.loads(data, buffers=buffers)
 
 
 def dumps_call(where: str, args: Sequence[Any], kwargs: Mapping[str, Any], device_mode: str = STAGED) -> Blob:
