@@ -248,3 +248,18 @@ def test_a_driver_started_by_fray_backend_alone_refuses_another_user() -> None:
     finally:
         _stop(driver)
 
+
+def test_unguarded_sockets_warns_once_naming_what_it_reaches() -> None:
+    code = (
+        "import fray\n"
+        "for _ in range(2):\n"
+        "    ctx = fray.init('monarch?procs=1&unguarded_sockets=true')\n"
+        "    ctx.get(ctx.create_task(abs, args=(-1,)), timeout=120)\n"
+        "    fray.shutdown()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=unguarded_env(), capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("unguarded_sockets=true: this driver and what it starts run without") == 1
+    assert "host workers it launches over ssh or Slurm" in done.stderr and "the jobs of a cluster" in done.stderr

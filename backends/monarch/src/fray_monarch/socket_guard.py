@@ -35,6 +35,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
@@ -43,7 +44,15 @@ from fray.errors import FrayError
 from fray.jobs import private_dir
 from fray_monarch.core.trust import fray_home, untrusted_reason
 
-__all__ = ["active", "guarded_environ", "library", "require", "restart_guarded", "restart_under_guard"]
+__all__ = [
+    "active",
+    "guarded_environ",
+    "library",
+    "require",
+    "restart_guarded",
+    "restart_under_guard",
+    "warn_unguarded",
+]
 
 SOURCE = Path(__file__).with_name("socket_guard.c")
 MARKER = "fray_socket_guard_version"  # a symbol of the library: found in a process that preloaded it
@@ -222,6 +231,25 @@ def require(unguarded_ok: bool) -> None:
         f"`python -m fray_monarch.socket_guard python {script}`, `fray run -- python {script}`, or "
         "LD_PRELOAD=$(python -m fray_monarch.socket_guard) in its environment. On a machine no one else uses, "
         f"add {OPT_OUT}=true to the monarch spec instead. See docs/security.md."
+    )
+
+
+_warned_unguarded: list[bool] = []
+
+
+def warn_unguarded() -> None:
+    """Say once per process, when a monarch context starts with unguarded_sockets=true, what runs without the
+    guard: the option travels to every process the context starts."""
+    if _warned_unguarded:
+        return
+    _warned_unguarded.append(True)
+    warnings.warn(
+        f"fray: {OPT_OUT}=true: this driver and what it starts run without fray's socket guard: its Monarch worker "
+        "processes, the host workers it launches over ssh or Slurm (they are given the option), and the jobs of a "
+        "cluster made with it. Any user of these machines who finds their abstract socket names (listed to all in "
+        "/proc/net/unix) can run code as you. Use it only where no one else has an account (docs/security.md)",
+        RuntimeWarning,
+        stacklevel=3,
     )
 
 

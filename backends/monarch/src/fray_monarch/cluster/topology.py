@@ -117,7 +117,10 @@ def topology(options: dict[str, Any]) -> Topology:
     from fray_monarch import socket_guard
 
     opts = parse_options("monarch", options, SCHEMA)
-    socket_guard.require(bool(opts.get(socket_guard.OPT_OUT, False)))  # before any Monarch socket exists
+    unguarded = bool(opts.get(socket_guard.OPT_OUT, False))
+    socket_guard.require(unguarded)  # before any Monarch socket exists
+    if unguarded:
+        socket_guard.warn_unguarded()
     cpus = os.cpu_count() or 1
     gpus = host_gpus(opts.get("gpus"))  # this machine's (attached hosts are taken to be alike, as for memory)
     procs = int(opts.get("procs", len(gpus) or cpus))  # one process per GPU on a GPU host, as Monarch's convention
