@@ -85,4 +85,3 @@ def test_a_real_supervisors_final_record_outlives_a_grandchilds_fake_one() -> No
     found = last_record(done.stdout)
     assert found is not None
     assert [(a.number, a.status) for a in found.attempts] == [(1, JobStatus.SUCCEEDED)]
-
