@@ -25,7 +25,7 @@ from fray._validation import (
     refuse_infeasible,
 )
 from fray.actor_pool import ActorPool
-from fray.bounded_map import bounded_map
+from fray.bounded_map import DEFAULT_IN_FLIGHT, bounded_map
 from fray.capabilities import Capability
 from fray.cluster_context import ClusterContext
 from fray.completion import RefWatcher, get_with_progress, outcomes
@@ -34,7 +34,7 @@ from fray.current import clear_job_context
 from fray.errors import FrayError, UnsupportedFeatureError
 from fray.event_store import EventStore
 from fray.events import RECORDER, not_recording, record_for_a_page
-from fray.executor import FrayExecutor, default_window
+from fray.executor import FrayExecutor
 from fray.groups import PLACEMENTS, ActorGroup, admit_group, create_one_by_one
 from fray.hooks import JobContextHooks
 from fray.interrupts import interrupted
@@ -294,7 +294,8 @@ class JobContext(JobContextHooks):
 
     def executor(self, max_workers: int | None = None, **task_options: Any) -> FrayExecutor:
         """A concurrent.futures.Executor whose submits are tasks with these TaskOptions (fray.executor): at most
-        `max_workers` on the backend at once (default: twice what fits the cluster), the rest queued in it."""
+        `max_workers` on the backend at once (default: twice what the cluster runs together, at least 32), the
+        rest queued in it."""
         self._refuse_if_shut_down()
         return FrayExecutor(self, TaskOptions(**task_options), max_workers)
 
@@ -308,13 +309,12 @@ class JobContext(JobContextHooks):
         progress: ProgressMode = False,
         **task_options: Any,
     ) -> Iterator[Any]:
-        """fn(item) as a task per item, read lazily with at most `max_in_flight` submitted (default: twice what
-        fits the cluster); results in order, or as they finish (ordered=False). A failed item raises its own
-        exception, noted with its index (`exc.item_index`). fray.bounded_map."""
+        """fn(item) as a task per item, read lazily with at most `max_in_flight` submitted (default 1000);
+        results in order, or as they finish (ordered=False). A failed item raises its own exception, noted with
+        its index (`exc.item_index`). fray.bounded_map."""
         self._refuse_if_shut_down()
-        opts = TaskOptions(**task_options)
-        window = default_window(self, opts) if max_in_flight is None else max_in_flight
-        return bounded_map(self, fn, iterable, window, ordered, progress, opts)
+        window = DEFAULT_IN_FLIGHT if max_in_flight is None else max_in_flight
+        return bounded_map(self, fn, iterable, window, ordered, progress, TaskOptions(**task_options))
 
     def actor_pool(self, klass: type, size: int, *args: Any, **actor_options: Any) -> ActorPool:
         """`size` actors klass(*args) with these ActorOptions, fed by the pool's map and submit (fray.actor_pool)."""

@@ -31,14 +31,18 @@ __all__ = [
     "TaskFuture",
     "TaskSubmitter",
     "call",
-    "default_window",
+    "cluster_slots",
+    "default_workers",
     "run_chunk",
     "task_call",
 ]
 
-# A slot that frees waits for the driver to send the next task; with two tasks per slot on the backend one is
-# always ready there, so the engine never idles on that round trip.
+# The default number of tasks an executor keeps on the backend: twice what the cluster runs at once, and at least
+# MIN_WORKERS (a ThreadPoolExecutor's largest default). A freed slot waits a driver round trip for its next task;
+# with a backend of slow round trips (Ray: ~1 ms) too few in flight leave it idle: 10k tiny tasks on a 2-CPU Ray
+# took 1.77x create_task + get with 4, 1.31x with 64 (docs/executors.md, "Cost").
 TASKS_PER_SLOT = 2
+MIN_WORKERS = 32
 
 
 class TaskSubmitter(Protocol):
@@ -64,13 +68,16 @@ class TaskSubmitter(Protocol):
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]: ...
 
 
-def default_window(ctx: TaskSubmitter, options: TaskOptions) -> int:
-    """How many tasks with these options to keep on the backend at once by default: as many as fit the cluster's
-    CPUs together, TASKS_PER_SLOT times."""
+def cluster_slots(ctx: TaskSubmitter, options: TaskOptions) -> int:
+    """How many tasks with these options the cluster's CPUs run together (at least 1)."""
     cpus = sum(float(node.get("CPU", 0.0)) for node in ctx.node_resources())
     need = task_resources(options).get("CPU", 1.0)
-    fits = int(cpus // need) if need > 0 else int(cpus)
-    return max(1, fits) * TASKS_PER_SLOT
+    return max(1, int(cpus // need) if need > 0 else int(cpus))
+
+
+def default_workers(ctx: TaskSubmitter, options: TaskOptions) -> int:
+    """An executor's max_workers when none is given (see TASKS_PER_SLOT)."""
+    return max(MIN_WORKERS, TASKS_PER_SLOT * cluster_slots(ctx, options))
 
 
 @dataclass
@@ -142,7 +149,7 @@ class FrayExecutor(Executor):
         self._ctx = ctx
         self._options = options
         # `_max_workers` is the attribute name Dask's local scheduler reads to size its own queue.
-        self._max_workers = max_workers if max_workers is not None else default_window(ctx, options)
+        self._max_workers = max_workers if max_workers is not None else default_workers(ctx, options)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._queue: deque[_Work] = deque()

@@ -18,7 +18,7 @@ except ImportError as exc:  # an optional extra
     raise ImportError("fray.joblib needs joblib: pip install 'fray-core[joblib]'") from exc
 
 from fray.context import JobContext, get_job_context
-from fray.executor import FrayExecutor, default_window
+from fray.executor import FrayExecutor, cluster_slots
 from fray.types import TaskOptions
 
 __all__ = ["FrayBackend", "register"]
@@ -47,8 +47,7 @@ class FrayBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
         if n_jobs is None:
             return 1
         if n_jobs < 0:  # joblib's convention: -1 all, -2 all but one...
-            slots = default_window(_context(), self._task_options) // 2
-            return max(slots + 1 + n_jobs, 1)
+            return max(cluster_slots(_context(), self._task_options) + 1 + n_jobs, 1)
         return int(n_jobs)
 
     def configure(self, n_jobs: int = 1, parallel: Any = None, **backend_kwargs: Any) -> int:
