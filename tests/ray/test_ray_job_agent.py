@@ -49,7 +49,9 @@ _KV_TOOL = textwrap.dedent(
 
 def _kv(cluster: RayClusterContext, verb: str, given: str = "") -> str:
     assert cluster.gcs_address is not None
-    env = dict(os.environ, RAY_AUTH_MODE="token")  # (fray's own head runs in token mode)
+    token = cluster._head.token_file  # type: ignore[attr-defined]  # (fray's own head: a token of its own)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     done = subprocess.run(
         [sys.executable, "-c", _KV_TOOL, cluster.gcs_address, verb],
         env=env,

@@ -164,7 +164,7 @@ def test_temp_base_leaves_room_for_rays_socket_paths(monkeypatch: pytest.MonkeyP
 
 def test_private_head_starts_with_a_long_tmpdir_and_a_driver_joins_it() -> None:
     """Also: on a machine without a Ray token (a fresh HOME, no RAY_AUTH_*), the head fray starts still runs in
-    token mode (a token is made, as ray.init does), and a driver joins it in token mode."""
+    token mode (with a token of its own, fray_ray._tokens), and a driver joins it in token mode."""
     long_tmp = tempfile.mkdtemp(prefix="fray-long-tmpdir", dir="/tmp")  # 29 characters
     home = tempfile.mkdtemp(prefix="fray-home-")
     try:
@@ -175,9 +175,9 @@ def test_private_head_starts_with_a_long_tmpdir_and_a_driver_joins_it() -> None:
             import fray
             from fray_ray import _auth
             with fray.cluster("ray?num_cpus=1&object_store_memory=80000000") as cluster:
-                assert os.path.isfile(os.path.expanduser("~/.ray/auth_token"))  # made for the head, private
-                assert os.stat(os.path.expanduser("~/.ray/auth_token")).st_mode & 0o777 == 0o600
-                assert os.stat(os.path.expanduser("~/.ray")).st_mode & 0o777 == 0o700
+                token = cluster._head.token_file  # made for the head alone, private; none in ~/.ray
+                assert os.stat(token).st_mode & 0o777 == 0o600 and os.stat(token.parent).st_mode & 0o777 == 0o700
+                assert not os.path.exists(os.path.expanduser("~/.ray/auth_token"))
                 assert _auth.cluster_auth_mode(cluster.gcs_address) == "token"
                 job = cluster.create_job("echo hello")
                 assert cluster.wait_job(job, timeout=120).status == "SUCCEEDED"

@@ -20,6 +20,7 @@ import ray._private.services as ray_services
 
 from fray.procfs import Identity
 from fray_ray._local import is_loopback_address
+from fray_ray._tokens import cluster_token, header_for
 
 __all__ = [
     "AUTH_MODE_ENV",
@@ -160,10 +161,14 @@ def own_cluster_mode() -> str:
     return "token"
 
 
-def token_headers() -> dict[str, str]:
-    """For a client of a cluster's HTTP APIs (Job API, dashboard): the header carrying the token, whatever
-    this process's mode (it may be joined to a cluster without token auth meanwhile); {} if no token is
-    available or the user chose RAY_AUTH_MODE=disabled. A dashboard without token auth ignores the header."""
+def token_headers(address: str | None = None) -> dict[str, str]:
+    """For a client of a cluster's HTTP APIs (Job API, dashboard) at `address`: the header carrying that
+    cluster's own token where fray started it (fray_ray._tokens), else the user's, whatever this process's mode
+    (it may be joined to a cluster without token auth meanwhile); {} if no token is available or the user chose
+    RAY_AUTH_MODE=disabled. A dashboard without token auth ignores the header."""
+    own = cluster_token(address) if address else None
+    if own is not None:
+        return header_for(own)
     if (user_auth_mode() or "").lower() == "disabled" or not token_available():
         return {}
     try:

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -25,7 +26,7 @@ import ray
 
 from fray import watchdog
 from fray.procfs import Identity
-from fray_ray._auth import auth_state, join_auth_mode, own_cluster_mode, restore_auth, set_auth_mode, user_auth_mode
+from fray_ray._auth import auth_state, join_auth_mode, restore_auth, set_auth_mode, user_auth_mode
 from fray_ray._local import (
     LOOPBACK,
     GroupedSpawn,
@@ -35,6 +36,10 @@ from fray_ray._local import (
     short_tmp,
     stop_private,
 )
+from fray_ray._tokens import cluster_token, new_token_file
+from fray_ray._tokens import remove as remove_token
+from fray_ray._tokens import restore as restore_tokens
+from fray_ray._tokens import use as use_token
 
 __all__ = ["acquire", "dashboard_url", "http_link", "release"]
 
@@ -51,6 +56,8 @@ class _Connection:
     users: int = 0
     leader: Identity | None = None  # the leader of a private instance's process group (its first process)
     auth: tuple[str | None, str | None] | None = None  # RAY_AUTH_MODE before we connected (restored after)
+    tokens: dict[str, str | None] | None = None  # where Ray's token came from before we connected (restored after)
+    token_file: Path | None = None  # the private instance's own token (removed with it)
 
 
 _conn: _Connection | None = None
@@ -111,6 +118,8 @@ def acquire(
             mode = join_auth_mode(address)
             if mode is not None:
                 set_auth_mode(mode)
+            # (a cluster fray started: its own token)
+            tokens: dict[str, str | None] | None = use_token(cluster_token(address))
             try:
                 if is_loopback_address(address):
                     # A private head of fray's (or any node on loopback): Ray would rewrite 127.0.0.1 to this
@@ -122,15 +131,21 @@ def acquire(
             except BaseException:
                 if ray.is_initialized():
                     ray.shutdown()
+                restore_tokens(tokens)
                 restore_auth(saved)
                 raise
-            _conn = _Connection(started_here=False, connected_here=True, temp_dir=None, users=1, auth=saved)
+            _conn = _Connection(
+                started_here=False, connected_here=True, temp_dir=None, users=1, auth=saved, tokens=tokens
+            )
             return
         saved = auth_state()
-        if user_auth_mode() is None:  # token, as Ray would for a new cluster, but undone when we disconnect
-            set_auth_mode(own_cluster_mode())
         temp_dir = tempfile.mkdtemp(prefix="fray-ray-", dir=short_tmp())
         watchdog.watch_path(temp_dir)
+        tokens, token = None, None
+        if (user_auth_mode() or "token").lower() == "token":  # token, as Ray for a new cluster: one of its own
+            set_auth_mode("token")
+            token = new_token_file(owned=True)
+            tokens = use_token(token)  # (its processes inherit RAY_AUTH_TOKEN_PATH)
         spawn = GroupedSpawn()
         try:
             with spawn:
@@ -147,10 +162,19 @@ def acquire(
             if ray.is_initialized():
                 ray.shutdown()
             stop_private(spawn.leader, temp_dir)
+            remove_token(token, owned=True)
+            restore_tokens(tokens)
             restore_auth(saved)
             raise
         _conn = _Connection(
-            started_here=True, connected_here=True, temp_dir=temp_dir, users=1, leader=spawn.leader, auth=saved
+            started_here=True,
+            connected_here=True,
+            temp_dir=temp_dir,
+            users=1,
+            leader=spawn.leader,
+            auth=saved,
+            tokens=tokens,
+            token_file=token,
         )
 
 
@@ -167,6 +191,9 @@ def release() -> None:
             ray.shutdown()
         if conn.started_here and conn.temp_dir:
             stop_private(conn.leader, conn.temp_dir)
+        remove_token(conn.token_file, owned=True)
+        if conn.tokens is not None:
+            restore_tokens(conn.tokens)
         if conn.auth is not None:
             restore_auth(conn.auth)
 

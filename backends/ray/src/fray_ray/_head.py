@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -34,8 +35,11 @@ from fray_ray._auth import (
     token_chosen,
     token_headers,
     token_path,
+    user_auth_mode,
 )
 from fray_ray._local import LOCAL_ONLY_ENV, LOOPBACK, is_loopback_address, short_tmp
+from fray_ray._tokens import TOKEN_VARS, new_token_file, note_cluster_token
+from fray_ray._tokens import remove as remove_token
 
 __all__ = ["START_TIMEOUT", "LocalHead", "job_client"]
 
@@ -99,8 +103,17 @@ class LocalHead:
 
             cmd.append(f"--resources={json.dumps(resources)}")
         env = dict(os.environ)
-        # token auth (a token made if none exists) unless the user chose a mode; the clients send the token
-        mode = own_cluster_mode()
+        # token auth unless the user chose a mode; the clients send the token. On loopback, a token of its own
+        # (fray_ray._tokens: a leaked one opens this cluster alone); beyond, the user's, which other nodes join with.
+        self.token_file: Path | None = None
+        if local_only and (user_auth_mode() or "token").lower() == "token":
+            mode = "token"
+            self.token_file = new_token_file(owned)
+            for name in TOKEN_VARS:
+                env.pop(name, None)
+            env["RAY_AUTH_TOKEN_PATH"] = str(self.token_file)
+        else:
+            mode = own_cluster_mode()
         env["RAY_AUTH_MODE"] = mode
         # Jobs run `python ...` from the head's PATH: make that this interpreter, so fray and Ray are importable.
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -133,6 +146,8 @@ class LocalHead:
         note_own_cluster(self.gcs_address)  # drivers of this process join it in token mode without asking
         if mode.lower() == "token":
             note_own_job_api(self.address)  # the user's token may go to its Job API
+        if self.token_file is not None:
+            note_cluster_token(self.token_file, self.gcs_address, self.address)
 
     def wait_ready(self, client_factory: Any) -> Any:
         deadline = time.monotonic() + START_TIMEOUT
@@ -163,6 +178,7 @@ class LocalHead:
         if self.leader is not None:  # whatever is left of exactly this process group, until it is gone
             stop_group(self.leader, grace=2.0)
         shutil.rmtree(self.temp_dir, ignore_errors=True)  # only now: Ray's processes write there while they stop
+        remove_token(self.token_file, self.owned)
         if self.owned:
             watchdog.forget_group(self.proc.pid)
             watchdog.forget_path(self.temp_dir)
@@ -198,9 +214,9 @@ def job_client(address: str, own: bool = False) -> Any:
 
     with _explicit_address():
         if own:
-            return JobSubmissionClient(address, headers=token_headers())
+            return JobSubmissionClient(address, headers=token_headers(address))
         if is_own_job_api(address) or token_chosen():
-            headers = token_headers()
+            headers = token_headers(address)
             if headers:
                 _warn_if_plain_http(address)
             return JobSubmissionClient(address, headers=headers)

@@ -14,12 +14,14 @@ import shutil
 import signal
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from fray import state
 from fray.procfs import Identity, stop_group
 from fray_ray._head import LocalHead, job_client
 from fray_ray._local import LOOPBACK
+from fray_ray._tokens import remove as remove_token
 
 __all__ = ["recorded", "start", "stop"]
 
@@ -57,6 +59,7 @@ def start(
         "pid": head.proc.pid,
         "leader": head.leader.record() if head.leader else None,  # the head's process: its group's leader
         "temp_dir": head.temp_dir,
+        "token_file": str(head.token_file) if head.token_file else None,  # (its own token: fray_ray._tokens)
         "listen": listen,
         "started": time.time(),
     }
@@ -101,4 +104,6 @@ def _clean(record: dict[str, Any]) -> None:
         stop_group(leader, grace=3.0)
     if record.get("temp_dir"):
         shutil.rmtree(record["temp_dir"], ignore_errors=True)
+    if record.get("token_file"):
+        remove_token(Path(record["token_file"]), owned=False)
     state.forget_cluster(NAME)
