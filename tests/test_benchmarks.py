@@ -94,3 +94,9 @@ def test_events_bench_runs_quick(backend: str) -> None:
     out = run_bench(str(BENCH / "bench_events.py"), "--quick", "--backend", backend)
     assert "recording off: records in" in out and "recording on: records in" in out
     assert "task round trip" in out and "actor call round trip" in out
+
+
+def test_executors_bench_runs_quick() -> None:
+    out = run_bench(str(BENCH / "bench_executors.py"), "--quick")
+    assert "executor.map" in out and "ctx.map" in out
+    assert "ThreadPoolExecutor" in out and "driver RSS growth" in out
