@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
+
+from fray.dashboard.server import page_id
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -54,3 +56,9 @@ def watch(page: Any, url: str) -> Watched:
 
     page.on("request", on_request)
     return seen
+
+
+def page_address(url: str) -> str:
+    """Where a page's tokened URL leads: its own path (named by a hash of the token), the token gone."""
+    origin = urlsplit(url)
+    return f"http://{origin.hostname}:{origin.port}/{page_id(parse_qs(origin.query)['token'][0])}/"

@@ -15,10 +15,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
-from _browser import CHROMIUM, SCREENSHOTS, launched_chromium, watch
+from _browser import CHROMIUM, SCREENSHOTS, launched_chromium, page_address, watch
 
 import fray
 from fray import ActorOptions, timeline
@@ -93,13 +92,12 @@ def test_the_page_shows_a_real_workload(browser: Any, backend: str) -> None:
 
 def _check_page(browser: Any, url: str, backend: str, expected: dict[str, Any]) -> None:
     expect = sync_api.expect
-    origin = urlsplit(url)
     page_context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
     page = page_context.new_page()
     seen = watch(page, url)
     try:
         page.goto(url)
-        assert page.url == f"http://{origin.hostname}:{origin.port}/", "the token stays in the address bar"
+        assert page.url == page_address(url), "the token leaves the address bar, for the page's own path"
         expect(page.locator("#backend")).to_have_text(backend, timeout=SHOWN_WITHIN_MS)
         if backend == "monarch":  # (why no link to Monarch's own dashboard)
             expect(page.locator("#engine-note")).to_contain_text("Monarch's own dashboard is not started")
