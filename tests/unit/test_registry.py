@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,7 +96,8 @@ def test_set_and_clear_job_context() -> None:
         ctx.shutdown()
 
 
-def test_cluster_accepts_the_same_spec_as_init() -> None:
+def test_cluster_accepts_the_same_spec_as_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRAY_STATE_DIR", str(tmp_path / "state"))  # (not the user's: jobs they left there)
     with fray.cluster("in_memory?cpus=2") as cluster:
         assert cluster.list_jobs() == []
 
