@@ -18,9 +18,8 @@ from pathlib import Path
 
 import ray._private.services as ray_services
 
-from fray.procfs import Identity
 from fray_ray._local import is_loopback_address
-from fray_ray._tokens import cluster_token, header_for
+from fray_ray._tokens import address_key, cluster_token, header_for, running_head_record
 
 __all__ = [
     "AUTH_MODE_ENV",
@@ -186,27 +185,16 @@ def note_own_cluster(gcs_address: str) -> None:
 
 def note_own_job_api(address: str) -> None:
     """Record the Job API (dashboard) address of a head this process started in token mode."""
-    _own_job_apis.add(_job_api_key(address))
-
-
-def _job_api_key(address: str) -> str:
-    return (address if "://" in address else f"http://{address}").rstrip("/").lower()
+    _own_job_apis.add(address_key(address))
 
 
 def is_own_job_api(address: str) -> bool:
     """The Job API of a head fray started in token mode (in this process), or of the cluster `fray cluster start`
     recorded (still running): the clusters the user's token may go to without being asked for."""
-    if _job_api_key(address) in _own_job_apis:
+    if address_key(address) in _own_job_apis:
         return True
-    try:
-        from fray import state
-
-        record = state.read_cluster("ray")
-        leader = Identity.from_record(record.get("leader")) if record else None
-        recorded = _job_api_key(str(record.get("address", ""))) if record else ""
-        return recorded == _job_api_key(address) and leader is not None and leader.running()
-    except Exception:  # no readable record
-        return False
+    record = running_head_record()
+    return record is not None and address_key(str(record.get("address", ""))) == address_key(address)
 
 
 def token_chosen() -> bool:
@@ -219,14 +207,8 @@ def is_own_cluster(address: str) -> bool:
     """A head fray started: in this process, or the one `fray cluster start` recorded (still running)."""
     if address in _own_clusters:
         return True
-    try:
-        from fray import state
-
-        record = state.read_cluster("ray")
-        leader = Identity.from_record(record.get("leader")) if record else None
-        return bool(record and record.get("gcs_address") == address and leader is not None and leader.running())
-    except Exception:  # no readable record
-        return False
+    record = running_head_record()
+    return record is not None and record.get("gcs_address") == address
 
 
 def _gcs_target(address: str) -> str | None:

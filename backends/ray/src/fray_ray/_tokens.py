@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from fray import watchdog
 from fray.procfs import Identity
@@ -22,12 +23,14 @@ from fray_ray._local import short_tmp
 
 __all__ = [
     "TOKEN_VARS",
+    "address_key",
     "cluster_token",
     "header_for",
     "new_token_file",
     "note_cluster_token",
     "remove",
     "restore",
+    "running_head_record",
     "use",
 ]
 
@@ -36,9 +39,21 @@ TOKEN_FILE = "auth_token"
 _tokens: dict[str, Path] = {}  # GCS addresses and Job API addresses of clusters this process started -> token
 
 
-def _key(address: str) -> str:
-    """One spelling of an address: a Job API URL without its trailing slash, or a GCS host:port."""
-    return address.rstrip("/").lower()
+def address_key(address: str) -> str:
+    """One spelling of an address (a Job API URL, or a GCS host:port): `http://host:port`, in lower case."""
+    return (address if "://" in address else f"http://{address}").rstrip("/").lower()
+
+
+def running_head_record() -> dict[str, Any] | None:
+    """The record of the head `fray cluster start` made, while its process still runs (else None)."""
+    try:
+        from fray import state
+
+        record = state.read_cluster("ray")
+        leader = Identity.from_record(record.get("leader")) if record else None
+        return record if record and leader is not None and leader.running() else None
+    except Exception:  # no readable record
+        return None
 
 
 def new_token_file(owned: bool) -> Path:
@@ -70,28 +85,20 @@ def remove(path: Path | None, owned: bool) -> None:
 def note_cluster_token(path: Path, *addresses: str) -> None:
     """The token of a cluster this process started, reached at these addresses (its GCS, its Job API)."""
     for address in addresses:
-        _tokens[_key(address)] = path
+        _tokens[address_key(address)] = path
 
 
 def cluster_token(address: str) -> Path | None:
     """The token file of the cluster at `address` if fray started it: in this process, or the one `fray cluster
     start` recorded (still running)."""
-    found = _tokens.get(_key(address))
+    found = _tokens.get(address_key(address))
     if found is not None:
         return found
-    try:
-        from fray import state
-
-        record = state.read_cluster("ray")
-        if not record or not record.get("token_file"):
-            return None
-        leader = Identity.from_record(record.get("leader"))
-        ours = {_key(str(record.get("address", ""))), _key(str(record.get("gcs_address", "")))}
-        if _key(address) in ours and leader is not None and leader.running():
-            return Path(str(record["token_file"]))
-    except Exception:  # no readable record
-        pass
-    return None
+    record = running_head_record()
+    if not record or not record.get("token_file"):
+        return None
+    ours = {address_key(str(record.get("address", ""))), address_key(str(record.get("gcs_address", "")))}
+    return Path(str(record["token_file"])) if address_key(address) in ours else None
 
 
 def use(path: Path | None) -> dict[str, str | None]:
