@@ -10,6 +10,15 @@ import socket
 _GUARD_VARS = ("LD_PRELOAD", "FRAY_BACKEND", "FRAY_SOCKET_GUARD_RESTARTED")
 
 
+# `python -m fray_monarch.socket_guard` with the per-user build in HOME (the one installed with fray-monarch lives
+# in the package's own directory, not in HOME): what the guard's HOME tests run
+PER_USER_GUARD = (
+    "-c",
+    "import sys; from fray_monarch import socket_guard as g; g._installed = lambda digest: None; "
+    "sys.exit(g.main(sys.argv[1:]))",
+)
+
+
 def unguarded_env() -> dict[str, str]:
     """This process's environment for a child that must start without the socket guard."""
     return {k: v for k, v in os.environ.items() if k not in _GUARD_VARS}

@@ -10,15 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _sockets import unguarded_env
+from _sockets import PER_USER_GUARD, unguarded_env
 
 from fray_monarch import socket_guard
-
-PER_USER = (  # (as in test_guard_trust: the per-user build, in HOME)
-    "-c",
-    "import sys; from fray_monarch import socket_guard as g; g._installed = lambda digest: None; "
-    "sys.exit(g.main(sys.argv[1:]))",
-)
 
 
 def _digest() -> str:
@@ -38,7 +32,7 @@ def test_a_guard_path_with_a_space_is_refused_naming_why(tmp_path: Path) -> None
     home = tmp_path / "my home"
     home.mkdir(mode=0o755)
     done = subprocess.run(
-        [sys.executable, *PER_USER],
+        [sys.executable, *PER_USER_GUARD],
         env={**unguarded_env(), "HOME": str(home)},
         capture_output=True,
         text=True,

@@ -13,17 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _sockets import unguarded_env
+from _sockets import PER_USER_GUARD, unguarded_env
 
 from fray_monarch.core import import_path, trust
-
-# `python -m fray_monarch.socket_guard` with the per-user build in HOME (the one installed with fray-monarch
-# lives in the package's own directory, not in HOME)
-PER_USER = (
-    "-c",
-    "import sys; from fray_monarch import socket_guard as g; g._installed = lambda digest: None; "
-    "sys.exit(g.main(sys.argv[1:]))",
-)
 
 
 def _guard(home: Path, *args: str, umask: int = 0o022, preload: str = "") -> subprocess.CompletedProcess[str]:
@@ -49,27 +41,27 @@ def home(tmp_path: Path) -> Path:
 
 
 def test_fray_home_is_private_whatever_the_umask(home: Path) -> None:
-    done = _guard(home, *PER_USER, umask=0o002)
+    done = _guard(home, *PER_USER_GUARD, umask=0o002)
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).parent == home / ".fray" / "lib"
     assert oct((home / ".fray").stat().st_mode & 0o777) == oct(0o700)
     assert oct((home / ".fray" / "lib").stat().st_mode & 0o777) == oct(0o700)
     # one an old umask left open is closed at the next load
     (home / ".fray").chmod(0o775)
-    assert _guard(home, *PER_USER).returncode == 0
+    assert _guard(home, *PER_USER_GUARD).returncode == 0
     assert oct((home / ".fray").stat().st_mode & 0o777) == oct(0o700)
 
 
 def test_the_library_is_refused_when_a_directory_on_its_way_is_writable_by_others(home: Path) -> None:
-    assert _guard(home, *PER_USER).returncode == 0
+    assert _guard(home, *PER_USER_GUARD).returncode == 0
     home.chmod(0o775)  # a group member could rename ~/.fray and put a directory of theirs in its place
-    done = _guard(home, *PER_USER)
+    done = _guard(home, *PER_USER_GUARD)
     assert done.returncode == 2, done.stdout
     assert f"others can write to {home} (mode 775)" in done.stderr and "chmod go-w" in done.stderr
 
 
 def test_a_look_alike_library_does_not_count_as_the_guard(home: Path, tmp_path: Path) -> None:
-    built = _guard(home, *PER_USER)
+    built = _guard(home, *PER_USER_GUARD)
     assert built.returncode == 0, built.stderr
     shared = tmp_path / "shared"
     shared.mkdir()
