@@ -3,9 +3,11 @@ loopback port can open against a server of the driver's."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -75,3 +77,16 @@ def idle_connections(targets: list[str], count: int = 1000) -> Iterator[int]:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def page_state_took(port: int, cookie: str, page: str) -> float:
+    """Seconds the live page at `page` (its own path) on `port` took to answer a signed-in state request."""
+    start = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", f"{page}api/state?since=0", headers={"Cookie": cookie})
+        answer = conn.getresponse()
+        assert answer.status == 200 and answer.read().startswith(b"{")
+    finally:
+        conn.close()
+    return time.monotonic() - start

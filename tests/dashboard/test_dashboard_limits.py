@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-from _flood import as_root, idle_connections, open_fds
+from _flood import as_root, idle_connections, open_fds, page_state_took
 from _sockets import closed_within
 
 import fray
@@ -36,18 +36,6 @@ def _signed_in(ctx: JobContext) -> tuple[int, str, str]:
     assert answer.status == 303
     conn.close()
     return where.port, answer.headers["Set-Cookie"].split(";")[0], answer.headers["Location"]
-
-
-def _state_took(port: int, cookie: str, page: str) -> float:
-    start = time.monotonic()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", f"{page}api/state?since=0", headers={"Cookie": cookie})
-        answer = conn.getresponse()
-        assert answer.status == 200 and answer.read().startswith(b"{")
-    finally:
-        conn.close()
-    return time.monotonic() - start
 
 
 @pytest.fixture()
@@ -89,7 +77,7 @@ def test_one_address_holds_few_unproven_connections_and_the_browser_still_gets_i
     idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
     try:
         time.sleep(0.3)
-        assert _state_took(port, cookie, page) < 1.0
+        assert page_state_took(port, cookie, page) < 1.0
         closed = sum(closed_within(conn, 0.02) for conn in idle)
         assert closed >= 100 - admission.MAX_UNPROVEN_PER_PEER, closed
         # the server's own file descriptors: only the few it holds (the test's 100 are counted here too)
@@ -123,7 +111,7 @@ def test_a_failed_accept_is_waited_out_not_spun_on(ctx: JobContext) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert busy < 0.3, f"the server spun on its listening socket: {busy:.0%} of a core"
         time.sleep(1.2)  # the longest pause
-        assert _state_took(port, cookie, page) < 1.0  # and it accepts again once descriptors are free
+        assert page_state_took(port, cookie, page) < 1.0  # and it accepts again once descriptors are free
     finally:
         for fd in fillers:
             os.close(fd)
@@ -160,6 +148,6 @@ def test_a_flood_of_idle_connections_leaves_the_driver_working_and_the_page_answ
             with tempfile.TemporaryFile() as f:
                 f.write(b"the driver's own work")
             assert ctx.get([ctx.create_task(h.add, args=(i, 1)) for i in range(20)], timeout=30) == list(range(1, 21))
-            assert max(_state_took(port, cookie, page) for _ in range(5)) < 1.0
+            assert max(page_state_took(port, cookie, page) for _ in range(5)) < 1.0
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
-from _flood import as_root, idle_connections, open_fds
+from _flood import as_root, idle_connections, open_fds, page_state_took
 
 import fray
 from fray.serialization import dumps
@@ -37,18 +37,6 @@ def servers() -> Iterator[tuple[fray.JobContext, lifeline.LifelineServer, Object
         store.close()
         server.close()
         ctx.shutdown()
-
-
-def _page_took(port: int, cookie: str, page: str) -> float:
-    start = time.monotonic()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", f"{page}api/state?since=0", headers={"Cookie": cookie})
-        answer = conn.getresponse()
-        assert answer.status == 200 and answer.read().startswith(b"{")
-    finally:
-        conn.close()
-    return time.monotonic() - start
 
 
 @as_root
@@ -81,7 +69,7 @@ def test_a_flood_of_idle_connections_against_every_server_leaves_the_driver_work
                 f.write(b"the driver's own work")
             assert ctx.get([ctx.create_task(h.add, args=(i, 1)) for i in range(20)], timeout=30) == list(range(1, 21))
 
-            assert max(_page_took(where.port, cookie, page) for _ in range(3)) < 1.0
+            assert max(page_state_took(where.port, cookie, page) for _ in range(3)) < 1.0
 
             start = time.monotonic()
             lifeline.hold(server.address, server.key_for("proc-a"), on_lost=lost.append, name="proc-a")
