@@ -29,7 +29,6 @@ from fray.bounded_map import DEFAULT_IN_FLIGHT, bounded_map
 from fray.capabilities import Capability
 from fray.cluster_context import ClusterContext
 from fray.completion import RefWatcher, get_with_progress, outcomes
-from fray.cuda_values import device_stats
 from fray.current import clear_job_context
 from fray.errors import FrayError, UnsupportedFeatureError
 from fray.event_store import EventStore
@@ -45,7 +44,7 @@ from fray.refs import ActorHandle, ObjectRef, async_methods
 from fray.resources import actor_resources, task_resources
 from fray.streams import ObjectRefStream
 from fray.timeline import TimelineSummary
-from fray.transfers import TransferReport, merge
+from fray.transfers import TransferReport, device_stats, merge
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
 __all__ = [

@@ -1,7 +1,7 @@
 """CUDA tensors in fray's serializer: never through torch's own pickle (a pageable device-to-host copy and the
 bytes in-band: 0.1-0.5 GB/s measured on an H200), and never silently back on the CPU.
 
-One storage per dump (views sharing it share it again when loaded), moved one of two ways, as the dump asks:
+One storage per dump (views sharing it share it again when loaded), moved one of three ways, as the dump asks:
 - ``kept`` (a reader in this same process: in_memory's tasks and actors): the storage is copied on its device
   at dump time and kept in a table of this process while the serialized value lives; each load copies it again
   on the device. A value sent stays a snapshot, and no reader's writes reach another's (``cuda-device-copy``).
@@ -10,6 +10,10 @@ One storage per dump (views sharing it share it again when loaded), moved one of
   pageable one ran at ~1.3 GB/s), carried as an out-of-band buffer by the backend's data plane like a CPU
   tensor's bytes (shared memory, sockets, Ray's object store), and copied onto the reader's device
   (``cuda-staged``).
+- ``shared`` (a reader in another process of this host): snapshotted once on the device and served by this
+  process's share server; each reader opens a share of its own (CUDA IPC), copies into its own memory and lets
+  go, or has the producer stage it where it cannot open one (fray.device_shares: ``cuda-ipc``,
+  ``cuda-ipc-staged``). The snapshot is served while the serialized value lives.
 
 The reader's device: the same device as the writer's where the reader sees it (devices are compared by the
 host's ids, fray.gpus: a worker pinned to device 3 calls it cuda:0, the driver cuda:3), else the reader's current
@@ -37,16 +41,17 @@ import time
 import warnings
 from typing import Any
 
+from fray.device_shares.cuda_memory import cuda_memory
+from fray.device_shares.producer import publish
+from fray.device_shares.reader import rebuild_shared
+from fray.device_shares.values import KEPT, SHARED, STAGED
+from fray.device_shares.wire import ShareRef
 from fray.errors import FrayError
 from fray.gpus import discover
-from fray.transfers import TransferStats
+from fray.transfers import device_stats
 
-__all__ = ["KEPT", "STAGED", "CudaStorage", "KeptToken", "device_stats"]
+__all__ = ["KEPT", "SHARED", "STAGED", "CudaStorage", "KeptToken", "device_stats"]
 
-KEPT = "kept"
-STAGED = "staged"
-
-device_stats = TransferStats()  # this process's loads of CUDA storages (merged into ctx.transfer_stats())
 
 _kept: dict[int, tuple[Any, Any]] = {}  # token -> (a storage copied on its device by a dump here, the event after it)
 # Re-entrant: a KeptToken freed by a garbage collection that runs inside a section holding the lock (any
@@ -99,6 +104,10 @@ class CudaStorage:
             return (_rebuild_kept, (token, copy.nbytes))
         if source.numel() == 0:
             return (_rebuild_staged, (b"", _host_id(device.index)))
+        if getattr(self.pickler, "device_mode", STAGED) == SHARED:
+            ref, share_token = publish(cuda_memory, storage, _host_id(device.index))
+            self.pickler.keep.append(share_token)  # the snapshot is served while the serialized value lives
+            return (_rebuild_shared, (ref,))
         pinned = torch.empty(source.numel(), dtype=torch.uint8, pin_memory=True)
         with torch.cuda.device(device):
             pinned.copy_(source)  # pinned destination: a DMA at the bus's speed; returns once the bytes are here
@@ -157,6 +166,12 @@ def _rebuild_staged(buf: Any, host_id: int) -> Any:
         out.copy_(host)
     device_stats.record("cuda-staged", view.nbytes, time.perf_counter() - start)
     return out.untyped_storage()
+
+
+def _rebuild_shared(ref: ShareRef) -> Any:
+    """A storage shared by another process of this host, copied into this process's memory on the device the
+    writer's maps to here (fray.device_shares)."""
+    return rebuild_shared(ref, _target(ref.device if ref.device is not None else 0))
 
 
 def _rebuild_kept(token: int, nbytes: int) -> Any:

@@ -32,6 +32,7 @@ from typing import Any
 import cloudpickle
 
 from fray.cuda_values import STAGED, CudaStorage, KeptToken
+from fray.device_shares import MemfdBuffer, ShareToken, reduce_memfd_buffer
 from fray.errors import FrayError, SerializationError
 from fray.pool import pool_copy
 from fray.remote_errors import RemoteError, capture_exception
@@ -55,6 +56,7 @@ OOB_THRESHOLD = 64 * 1024
 _SCAN_LIMIT = 256  # containers scanned for large bytes: up to this many items, two levels deep
 
 _local = threading.local()
+_LIFETIME_TOKENS = (KeptToken, ShareToken)  # what a serialized value keeps for as long as it lives
 
 
 @dataclass
@@ -223,6 +225,8 @@ class _Reducers:
             return (_rebuild_memoryview, (pickle.PickleBuffer(obj), fmt, shape))
         if self.tensors and t in self.tensors:
             return _reduce_tensor(obj, self)
+        if t is MemfdBuffer:
+            return reduce_memfd_buffer(obj, self.device_mode, self.keep)
         return NotImplemented
 
 
@@ -327,7 +331,7 @@ def dumps(obj: Any, what: str = "value", copy: bool = True, device_mode: str = S
     finally:
         _local.contained = outer
     private = frozenset(i for i, b in enumerate(buffers) if id(b) in pickler.private_ids)
-    kept = [k for k in pickler.keep if type(k) is KeptToken]  # device copies live as long as the value
+    kept = [k for k in pickler.keep if type(k) in _LIFETIME_TOKENS]  # device copies and shares live as the value
     if not buffers:
         return Blob(data, [], contained, keep=kept)
     if copy:  # large buffers are copied into pooled memory: a fresh allocation would cost more than the copy

@@ -10,7 +10,10 @@ path the bytes took to reach the reader:
 - ``in-process`` (in_memory) and ``ray-object-store`` (ray): the engine's own store;
 - ``cuda-device-copy`` / ``cuda-staged``: a CUDA tensor's storage copied on its device for a reader in the same
   process, or carried through pinned host memory and copied onto the reader's device (fray.cuda_values; its
-  host bytes are also counted under the path they took).
+  host bytes are also counted under the path they took);
+- ``cuda-ipc`` / ``cuda-ipc-staged``: a CUDA tensor's snapshot read by another process of its host, through a
+  share of its device memory, or staged through host memory by its producer where the reader cannot open one
+  (fray.device_shares); ``memfd-ipc`` / ``memfd-ipc-staged``: the same for the CPU stand-in of device memory.
 
 Those are the names fray's own backends use (`KNOWN_PATHS`); the set is open: a backend names its own paths
 with any short lowercase name (`PATH_NAME`: `my-engine-store`), and should reuse one of these where its bytes
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 from fray.events import RECORDER, Kind
 
-__all__ = ["KNOWN_PATHS", "PATH_NAME", "PathStats", "TransferReport", "TransferStats", "merge"]
+__all__ = ["KNOWN_PATHS", "PATH_NAME", "PathStats", "TransferReport", "TransferStats", "device_stats", "merge"]
 
 PATH_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")  # what a path's name looks like (the suite checks it)
 KNOWN_PATHS = (
@@ -42,6 +45,10 @@ KNOWN_PATHS = (
     "ray-object-store",
     "cuda-device-copy",
     "cuda-staged",
+    "cuda-ipc",
+    "cuda-ipc-staged",
+    "memfd-ipc",
+    "memfd-ipc-staged",
 )
 
 
@@ -126,3 +133,6 @@ def merge(*parts: Mapping[str, PathStats]) -> dict[str, PathStats]:
         for path, stats in part.items():
             out[path] = out.get(path, PathStats()) + stats
     return out
+
+
+device_stats = TransferStats()  # this process's loads of device values (merged into ctx.transfer_stats())

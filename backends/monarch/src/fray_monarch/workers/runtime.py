@@ -16,11 +16,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fray.cuda_values import device_stats
 from fray.events import RECORDER
 from fray.remote_errors import capture_exception
 from fray.serialization import Blob, dumps
-from fray.transfers import PathStats, merge
+from fray.transfers import PathStats, device_stats, merge
 from fray_monarch.core import import_path
 from fray_monarch.core.calls import contained_ids
 from fray_monarch.core.objects import RefPayload, Tracker, set_tracker
