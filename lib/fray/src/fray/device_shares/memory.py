@@ -124,6 +124,10 @@ class MemfdBuffer:
         with self.segment.view() as view:
             return bytes(view)
 
+    def write_at(self, offset: int, data: bytes) -> None:
+        with self.segment.view() as view:
+            view[offset : offset + len(data)] = data
+
     @property
     def nbytes(self) -> int:
         return self.segment.nbytes
@@ -136,6 +140,10 @@ class MemfdBuffer:
 
     def __repr__(self) -> str:
         return f"MemfdBuffer({self.nbytes} bytes)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (a pickler other than fray's, which chooses the way by its device mode: the bytes travel in the value)
+        return (MemfdBuffer, (self.tobytes(),))
 
     def __del__(self) -> None:
         self.segment.close()

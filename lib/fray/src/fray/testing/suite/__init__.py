@@ -8,6 +8,7 @@ from fray.testing.suite.test_bounded_map import *  # noqa: F403
 from fray.testing.suite.test_capabilities import *  # noqa: F403
 from fray.testing.suite.test_cluster import *  # noqa: F403
 from fray.testing.suite.test_dataplane import *  # noqa: F403
+from fray.testing.suite.test_device_values import *  # noqa: F403
 from fray.testing.suite.test_errors import *  # noqa: F403
 from fray.testing.suite.test_executor import *  # noqa: F403
 from fray.testing.suite.test_executor_libraries import *  # noqa: F403

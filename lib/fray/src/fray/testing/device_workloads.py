@@ -1,0 +1,35 @@
+"""Functions and actors the device-value cases run, on the CPU stand-in of device memory (fray.device_shares:
+a MemfdBuffer travels between processes as a CUDA tensor does)."""
+
+from __future__ import annotations
+
+from fray.device_shares import MemfdBuffer
+
+
+def make_buffer(byte: int, nbytes: int) -> MemfdBuffer:
+    return MemfdBuffer(bytes([byte]) * nbytes)
+
+
+def buffer_summary(buf: MemfdBuffer) -> tuple[int, int, int]:
+    """(size, first byte, last byte) of the buffer this reader got."""
+    data = buf.tobytes()
+    return len(data), data[0], data[-1]
+
+
+def overwrite_and_summarize(buf: MemfdBuffer) -> tuple[int, int, int]:
+    """Write this reader's copy, then summarize it: no other reader may see the write."""
+    buf.write_at(0, b"\xff")
+    return buffer_summary(buf)
+
+
+class BufferHolder:
+    """An actor that makes a buffer and hands it to others."""
+
+    def __init__(self, byte: int, nbytes: int) -> None:
+        self.buf = make_buffer(byte, nbytes)
+
+    def get(self) -> MemfdBuffer:
+        return self.buf
+
+    def summarize(self, buf: MemfdBuffer) -> tuple[int, int, int]:
+        return buffer_summary(buf)
