@@ -2,7 +2,8 @@
 
 fray --version                         fray's version
 fray backends                          which backends are known, installed, and their capabilities
-fray capabilities                      the capabilities table (markdown) of the installed backends
+fray capabilities [--results FILE]     the capabilities table (markdown) of the installed backends: as they
+                                       declare them, or as a conformance run's results show them
 fray job submit|list|status|logs|stop|delete ...   jobs (see fray.cli.commands)
 fray run [--backend SPEC] -- CMD ...   run CMD as a job, follow its log, exit with its exit code (job submit)
 fray cluster start|stop [--backend SPEC]           a cluster that outlives one command (ray, monarch)
@@ -15,10 +16,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fray.capabilities import Capability
 from fray.errors import BackendNotAvailableError
 from fray.registry import FIRST_PARTY, available_backends, get_backend
+
+if TYPE_CHECKING:
+    from fray.backend import Backend
 
 
 def _backends() -> int:
@@ -39,19 +45,32 @@ def _backends() -> int:
     return 0
 
 
-def capabilities_table() -> str:
-    """A markdown table: one row per capability, one column per installed backend."""
+def _installed() -> dict[str, Backend]:
     backends = {}
     for name in sorted(available_backends(registered=False)):  # (not one a test registered here)
         try:
             backends[name] = get_backend(name)
         except BackendNotAvailableError:
             continue
+    return backends
+
+
+def capabilities_table() -> str:
+    """A markdown table: one row per capability, one column per installed backend, as the backends declare them."""
+    backends = _installed()
     lines = ["| capability | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends)]
     for cap in Capability:
         cells = ["yes" if cap in b.capabilities else "**no**" for b in backends.values()]
         lines.append(f"| `{cap.value}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def capabilities_table_from_results(*paths: Path) -> str:
+    """The table as the conformance runs whose results are in `paths` (`--fray-capability-results`) showed it."""
+    from fray.capability_table import CapabilityResults, render_table
+
+    declared = {name: backend.capabilities for name, backend in _installed().items()}
+    return render_table(CapabilityResults.read(*paths), declared)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,7 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"fray {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("backends", help="list known backends and whether they are installed")
-    sub.add_parser("capabilities", help="print the capabilities table of the installed backends (markdown)")
+    caps = sub.add_parser("capabilities", help="print the capabilities table of the installed backends (markdown)")
+    caps.add_argument(
+        "--results",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="build it from conformance runs' results (pytest --fray-capability-results=FILE; repeat for one file "
+        "per backend) instead of the backends' declarations",
+    )
     add_commands(sub)  # job, run, cluster, status
     doctor = sub.add_parser("doctor", help="versions, shared memory, bandwidth probes and each backend's state")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -75,7 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "backends":
         return _backends()
     if args.command == "capabilities":
-        print(capabilities_table())
+        if args.results is None:
+            print(capabilities_table())
+            return 0
+        try:
+            print(capabilities_table_from_results(*args.results))
+        except (OSError, ValueError) as exc:
+            print(f"fray capabilities: {exc}", file=sys.stderr)
+            return 2
         return 0
     return run_command(args)
 

@@ -4,23 +4,36 @@ Which backends run: `--fray-backend=a,b`, else FRAY_BACKEND, else every installe
 its own with a module attribute `fray_backends = ["name"]` (a backend it registers itself: `register_backend`).
 Each backend gets one session-wide JobContext and ClusterContext built from its `test_spec` (`cluster_test_spec`)
 attribute.
+
+It also records what the run showed of each backend's capabilities (`fray.capability_table`): written as JSON with
+`--fray-capability-results=FILE`, and compared with a documented capability table when the ini option
+`fray_capabilities_doc` names a markdown file (a disagreement fails the run, naming the cell).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fray.capabilities import Capability
+from fray.capability_table import CapabilityResults, disagreements, documented_table
 from fray.context import ClusterContext, JobContext
 from fray.current import using
 from fray.errors import BackendNotAvailableError
 from fray.registry import ENV_VAR, available_backends, get_backend, parse_spec
 
 requires_capability = pytest.mark.fray_capability
+# A case that checks every capability the backend lacks is refused; it names each one it saw refused in its
+# report's user_properties as ("fray_refused", value).
+refusal_check = pytest.mark.fray_refusals
+REFUSED = "fray_refused"
+_LACKING = pytest.StashKey[Capability]()
+_RESULTS = pytest.StashKey[CapabilityResults]()
+_PROBLEMS = pytest.StashKey[list[str]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,12 +44,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="comma-separated fray backends to run the conformance suite on (default: FRAY_BACKEND, else all "
         "installed backends)",
     )
+    group.addoption(
+        "--fray-capability-results",
+        default=None,
+        metavar="FILE",
+        help="write what this run showed of each backend's capabilities to FILE (JSON; `fray capabilities "
+        "--results FILE` makes the table from it)",
+    )
+    parser.addini(
+        "fray_capabilities_doc",
+        "a markdown file whose capabilities table must agree with what the conformance suite shows (cells this run "
+        "touched); relative to the rootdir",
+        default="",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fray_capability(name): needs this backend capability; skipped, naming it, where missing"
     )
+    config.addinivalue_line("markers", "fray_refusals: checks that each capability a backend lacks is refused")
+    config.stash[_RESULTS] = CapabilityResults()
 
 
 def selected_backends(config: pytest.Config) -> list[str]:
@@ -86,6 +114,7 @@ def _skip_missing(request: pytest.FixtureRequest, have: frozenset[Capability], b
         for cap in marker.args:
             capability = cap if isinstance(cap, Capability) else Capability(cap)
             if capability not in have:
+                request.node.stash[_LACKING] = capability
                 pytest.skip(f"backend {backend!r} lacks capability {capability.value!r}")
 
 
@@ -116,3 +145,97 @@ def fray_cluster(request: pytest.FixtureRequest, fray_session_cluster: ClusterCo
 
 def pytest_report_header(config: pytest.Config) -> Any:
     return f"fray backends: {', '.join(selected_backends(config)) or 'none'}"
+
+
+def _case_id(function: Any) -> str:
+    return f"{function.__module__}::{function.__name__}"
+
+
+def suite_capability_cases() -> frozenset[str]:
+    """The conformance suite's cases that show a capability ("module::function"): marked with one, or the refusal
+    check."""
+    import importlib
+    import pkgutil
+
+    import fray.testing.suite as suite
+
+    cases = set()
+    for info in pkgutil.iter_modules(suite.__path__):
+        module = importlib.import_module(f"{suite.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            marks = getattr(value, "pytestmark", ()) if name.startswith("test_") else ()
+            if getattr(value, "__module__", None) == module.__name__ and any(
+                m.name in ("fray_capability", "fray_refusals") for m in marks
+            ):
+                cases.add(_case_id(value))
+    return frozenset(cases)
+
+
+def _capabilities_of(item: pytest.Item) -> list[Capability]:
+    return [
+        cap if isinstance(cap, Capability) else Capability(cap)
+        for marker in item.iter_markers("fray_capability")
+        for cap in marker.args
+    ]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    callspec = getattr(item, "callspec", None)
+    backend = callspec.params.get("fray_backend_name") if callspec is not None else None
+    refusals = item.get_closest_marker("fray_refusals") is not None
+    capabilities = _capabilities_of(item)
+    if backend is None or not (capabilities or refusals):
+        return
+    results = item.config.stash[_RESULTS]
+    function = getattr(item, "function", None)
+    if function is not None and (report.when == "call" or report.skipped or report.failed):
+        results.mark_ran(backend, _case_id(function))
+    if report.failed:
+        results.record(backend, report.nodeid, "failed", capabilities)
+    elif report.skipped and report.when == "setup" and _LACKING in item.stash:
+        results.record(backend, report.nodeid, "lacking", [item.stash[_LACKING]])
+    elif report.passed and report.when == "call":
+        results.record(backend, report.nodeid, "passed", capabilities)
+        refused = [Capability(value) for key, value in report.user_properties if key == REFUSED]
+        for capability in refused:
+            results.record(backend, report.nodeid, "refused", [capability])
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    results = config.stash.get(_RESULTS, None)
+    if results is None or not results.backends():
+        return
+    results.expected = suite_capability_cases()
+    target = config.getoption("--fray-capability-results", None)
+    if target:
+        results.write(Path(target))
+    doc = config.getini("fray_capabilities_doc")
+    if not doc:
+        return
+    path = Path(doc) if Path(doc).is_absolute() else config.rootpath / doc
+    declared = {}
+    for name in results.backends():
+        try:
+            declared[name] = get_backend(name).capabilities
+        except BackendNotAvailableError:  # (one a test registered and dropped: not a column of the docs anyway)
+            continue
+    problems = disagreements(documented_table(path.read_text()), results, declared)
+    if problems:
+        config.stash[_PROBLEMS] = [f"{path}: {p}" for p in problems]
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    problems = config.stash.get(_PROBLEMS, None)
+    if problems:
+        terminalreporter.section("fray capabilities table disagrees with the conformance suite", red=True)
+        for problem in problems:
+            terminalreporter.line(problem, red=True)
+        terminalreporter.line(
+            "regenerate it: pytest tests/test_conformance.py -m 'fray_capability or fray_refusals' "
+            "--fray-capability-results=FILE, then `fray capabilities --results FILE`, and paste the table"
+        )

@@ -11,6 +11,7 @@ from fray import ActorOptions, Capability, Lifetime, Resource, RuntimeEnv, TaskO
 from fray.context import ClusterContext, JobContext
 from fray.testing import group_workloads as g
 from fray.testing import workloads as h
+from fray.testing.plugin import REFUSED, refusal_check
 
 
 def test_capabilities_are_declared(fray_ctx: JobContext, fray_cluster: ClusterContext) -> None:
@@ -64,8 +65,9 @@ def test_every_capability_with_an_api_has_a_use_here() -> None:
     assert missing == [], f"_use has no branch for {missing}"
 
 
+@refusal_check
 def test_missing_capabilities_are_refused_by_name(
-    fray_ctx: JobContext, fray_cluster: ClusterContext, tmp_path: Path
+    fray_ctx: JobContext, fray_cluster: ClusterContext, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     have = fray_ctx.capabilities | fray_cluster.capabilities
     for capability in Capability:
@@ -76,3 +78,4 @@ def test_missing_capabilities_are_refused_by_name(
         with pytest.raises(UnsupportedFeatureError, match=capability.value) as info:
             _use(capability, fray_ctx, fray_cluster, tmp_path)
         assert info.value.capability is capability
+        request.node.user_properties.append((REFUSED, capability.value))  # (the capabilities table's evidence)

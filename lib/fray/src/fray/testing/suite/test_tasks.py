@@ -132,6 +132,13 @@ def test_max_calls_replaces_the_worker_process(fray_ctx: JobContext) -> None:
     assert first != second, "a worker process ran a second call of a max_calls=1 function"
 
 
+@requires_capability("task_max_calls")
+def test_max_calls_tasks_run_and_return(fray_ctx: JobContext) -> None:
+    """Accepted where declared, with or without worker processes (in_memory has none to replace)."""
+    refs = [fray_ctx.create_task(h.add, args=(i, 1), options=TaskOptions(max_calls=1)) for i in range(3)]
+    assert fray_ctx.get(refs, timeout=120) == [1, 2, 3]
+
+
 def test_nested_submission_10_deep(fray_ctx: JobContext) -> None:
     assert fray_ctx.get(fray_ctx.create_task(h.nested_depth, args=(10,)), timeout=240) == 10
 
