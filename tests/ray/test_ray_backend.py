@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -51,6 +53,34 @@ def test_function_is_registered_once(ctx: RayJobContext) -> None:
     first = _registry.lookup(square)
     ctx.get(ctx.create_task(square, args=(3,)), timeout=60)
     assert _registry.lookup(square) is first
+
+
+class Holder:
+    def __init__(self) -> None:
+        self.payload = bytearray(1000)
+
+    def size(self, extra: int) -> int:
+        return len(self.payload) + extra
+
+    def count(self, n: int) -> object:
+        yield from range(n)
+
+    def __call__(self, extra: int) -> int:
+        return self.size(extra)
+
+
+def test_a_bound_method_or_callable_task_does_not_keep_its_object(ctx: RayJobContext) -> None:
+    """The registration cache keeps a registration per function, not the object a bound method is bound to."""
+    holder = Holder()
+    alive = weakref.ref(holder)
+    assert ctx.get(ctx.create_task(holder.size, args=(1,)), timeout=60) == 1001
+    assert ctx.get(ctx.create_task(holder.size, args=(2,)), timeout=60) == 1002
+    assert ctx.get(ctx.create_task(holder, args=(3,)), timeout=60) == 1003
+    stream = ctx.create_task(holder.count, args=(3,), options=TaskOptions(streaming=True))
+    assert [ctx.get(ref, timeout=60) for ref in stream] == [0, 1, 2]
+    del holder, stream
+    gc.collect()
+    assert alive() is None, "a task of a bound method or callable object kept its object alive after it ended"
 
 
 class Unpicklable(Exception):

@@ -13,6 +13,7 @@ import functools
 import inspect
 import os
 import threading
+import types
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
@@ -323,9 +324,23 @@ def _actor_class(klass: type) -> type:
 
 
 # --------------------------------------------------------------------------------------- registration cache
+def registered_callable(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The function Ray registers for a task of fn, and that task's arguments. A bound method (or a callable
+    object) is registered as its class's function, its object travelling as the first argument: registered as
+    itself, its Registry entry (weakly keyed by it, but the registration holds it) would keep the method, and its
+    object, alive as long as the process."""
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return fn.__func__, (fn.__self__, *args)
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    if not isinstance(fn, (types.FunctionType, type)) and isinstance(call, types.FunctionType):
+        return call, (fn, *args)
+    return fn, args
+
+
 class Registry:
-    """ray.remote(...) once per function or class, not per call. Weakly keyed where possible, so functions
-    created per call (lambdas) do not pile up; else keyed by id with an identity check."""
+    """ray.remote(...) once per function or class, not per call. Weakly keyed where possible, else keyed by id
+    with an identity check. A registration holds its function, so an entry lives as long as the process: bound
+    methods and callable objects come here as their class's function (registered_callable)."""
 
     def __init__(self) -> None:
         self._weak: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

@@ -36,7 +36,7 @@ from fray_ray._cancel import CancelTracker
 from fray_ray._driver_events import generator_ref, submitted, task_name
 from fray_ray._gangs import raise_refusals
 from fray_ray._groups import RayGroups
-from fray_ray._remote import Registry
+from fray_ray._remote import Registry, registered_callable
 from fray_ray._resend import remaining
 from fray_ray._streams import RayStreamSource
 from fray_ray._translate import is_default_task, task_options, translate, worker_calls
@@ -113,14 +113,15 @@ class RayJobContext(JobContext):
     def _create_task(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
     ) -> ObjectRef:
-        remote = _registry.lookup(fn)
+        target, args = registered_callable(fn, args)
+        remote = _registry.lookup(target)
         if remote is None:
             check_function(fn, _checked_functions)
-            remote = _registry.remote_function(fn)
+            remote = _registry.remote_function(target)
         if not is_default_task(options):
             max_calls = worker_calls(options)
             if max_calls is not None:  # Ray takes max_calls only at registration
-                remote = _registry.remote_function(fn, max_calls)
+                remote = _registry.remote_function(target, max_calls)
             remote = remote.options(**task_options(options))
         ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
         try:
@@ -211,13 +212,14 @@ class RayJobContext(JobContext):
     ) -> ObjectRefStream:
         """A Ray generator task. Never retried (max_retries=0): a retry would run the generator's side effects
         again after items were delivered; Ray cannot retry only before the first item."""
-        remote = _stream_registry.lookup(fn)
+        target, args = registered_callable(fn, args)
+        remote = _stream_registry.lookup(target)
         if remote is None:
             check_function(fn, _checked_functions)
-            remote = _stream_registry.stream_function(fn)
+            remote = _stream_registry.stream_function(target)
         max_calls = worker_calls(options)
         if max_calls is not None:
-            remote = _stream_registry.stream_function(fn, max_calls)
+            remote = _stream_registry.stream_function(target, max_calls)
         ray_options = task_options(options)
         ray_options["max_retries"] = 0
         ray_options["retry_exceptions"] = False
