@@ -278,3 +278,20 @@ def test_a_forked_child_serves_its_own_values(value: MemfdBuffer) -> None:
         address, ok = pickle.loads(f.read())
     os.waitpid(pid, 0)
     assert ok and address != parent_address
+
+
+def test_a_context_counts_the_device_loads_of_its_own_time_only(value: MemfdBuffer) -> None:
+    import fray
+    from fray.transfers import device_stats
+
+    device_stats.record("memfd-ipc", 123, 0.001)  # a load before the context began
+    ctx = fray.init("in_memory")
+    try:
+        assert "memfd-ipc" not in ctx.transfer_stats()
+        ref, token = publish(memfd_memory, value, None)
+        rebuild_shared(ref)
+        stats = ctx.transfer_stats()
+        assert stats["memfd-ipc"].count == 1 and stats["memfd-ipc"].bytes == value.nbytes
+        del token
+    finally:
+        ctx.shutdown()

@@ -44,7 +44,7 @@ from fray.refs import ActorHandle, ObjectRef, async_methods
 from fray.resources import actor_resources, task_resources
 from fray.streams import ObjectRefStream
 from fray.timeline import TimelineSummary
-from fray.transfers import TransferReport, device_stats, merge
+from fray.transfers import TransferReport, device_stats, merge, since
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
 __all__ = [
@@ -74,6 +74,7 @@ class JobContext(JobContextHooks):
         self._watcher: RefWatcher | None = None  # made on first need (fray.completion)
         self._event_store = EventStore(self._pull_events)
         self._dashboard: Any = None  # its live page's server, once asked for (fray.dashboard)
+        self._device_base = device_stats.snapshot()  # (this process's device loads before this context)
 
     @property
     def is_shut_down(self) -> bool:
@@ -258,10 +259,11 @@ class JobContext(JobContextHooks):
     def transfer_stats(self) -> TransferReport:
         """How the values read so far reached their readers, by path (see fray.transfers): how many transfers,
         their bytes and seconds, summed over every process of this context that the backend can ask: a dict of
-        path -> PathStats that prints as one line a path. CUDA tensors loaded in this process are counted by
-        fray.cuda_values (`cuda-device-copy`, `cuda-staged`)."""
+        path -> PathStats that prints as one line a path. Device values loaded in this process since this
+        context began are counted by fray.cuda_values and fray.device_shares (`cuda-device-copy`, `cuda-staged`,
+        `cuda-ipc`, ...)."""
         self._refuse_if_shut_down()
-        return TransferReport(merge(self._transfer_stats(), device_stats.snapshot()))
+        return TransferReport(merge(self._transfer_stats(), since(device_stats.snapshot(), self._device_base)))
 
     def events(self) -> EventStore:
         """What this job did so far, from each of its processes that the backend can read (fray.events): read

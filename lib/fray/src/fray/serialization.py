@@ -78,6 +78,11 @@ class Blob:
     def nbytes(self) -> int:
         return len(self.data) + sum(memoryview(b).nbytes for b in self.buffers)
 
+    def share_tokens(self) -> list[Any]:
+        """What keeps the device snapshots this value refers to served (fray.device_shares): a store that keeps
+        the value keeps these with it, whatever it does with the value's bytes."""
+        return [k for k in self.keep if type(k) is ShareToken]
+
 
 def note_contained(obj: Any) -> None:
     """Called from a payload's __reduce__ while `dumps` runs, so the Blob keeps that object alive."""

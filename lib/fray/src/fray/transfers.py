@@ -32,7 +32,16 @@ from dataclasses import dataclass
 
 from fray.events import RECORDER, Kind
 
-__all__ = ["KNOWN_PATHS", "PATH_NAME", "PathStats", "TransferReport", "TransferStats", "device_stats", "merge"]
+__all__ = [
+    "KNOWN_PATHS",
+    "PATH_NAME",
+    "PathStats",
+    "TransferReport",
+    "TransferStats",
+    "device_stats",
+    "merge",
+    "since",
+]
 
 PATH_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")  # what a path's name looks like (the suite checks it)
 KNOWN_PATHS = (
@@ -125,6 +134,18 @@ class TransferStats:
     def reset(self) -> None:
         with self._lock:
             self._paths.clear()
+
+
+def since(now: Mapping[str, PathStats], base: Mapping[str, PathStats]) -> dict[str, PathStats]:
+    """What was counted after `base` was read (of one set of counters, read again as `now`)."""
+    out: dict[str, PathStats] = {}
+    for path, stats in now.items():
+        before = base.get(path, PathStats())
+        if stats.count > before.count:
+            out[path] = PathStats(
+                stats.count - before.count, stats.bytes - before.bytes, max(0.0, stats.seconds - before.seconds)
+            )
+    return out
 
 
 def merge(*parts: Mapping[str, PathStats]) -> dict[str, PathStats]:

@@ -49,12 +49,12 @@ def fill_deps(
     return tuple(fill(a) for a in args), {k: fill(v) for k, v in kwargs.items()}
 
 
-def pack_call(what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Blob, list[Any]]:
-    """The call's arguments serialized (views of the caller's buffers, written out at once), and the payloads of
-    its top-level ref arguments."""
+def pack_call(what: str, args: tuple[Any, ...], kwargs: dict[str, Any], device_mode: str) -> tuple[Blob, list[Any]]:
+    """The call's arguments serialized (views of the caller's buffers, written out at once; device values in
+    `device_mode`), and the payloads of its top-level ref arguments."""
     args, kwargs, deps = split_refs(args, kwargs)
     try:
-        blob = dumps((args, kwargs), f"the arguments of {what}", copy=False)
+        blob = dumps((args, kwargs), f"the arguments of {what}", copy=False, device_mode=device_mode)
     except FrayError as exc:
         raise find_unserializable_argument(what, args, kwargs, exc) from exc
     return blob, deps

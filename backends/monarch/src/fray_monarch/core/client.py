@@ -37,6 +37,11 @@ class ControllerClient(Protocol):
 
     def put(self, blob: Blob) -> RefPayload: ...
 
+    @property
+    def device_mode(self) -> str:
+        """How this process serializes device values (fray.device_shares.values): its store decides."""
+        ...
+
     def submit(self, fn: Callable[..., Any], call: Call, options: TaskOptions) -> RefPayload: ...
 
     def stream(self, sid: str) -> StreamSource:

@@ -164,7 +164,8 @@ class MonarchJobContext(JobContext):
 
     # ------------------------------------------------------------ objects
     def _put(self, obj: Any) -> ObjectRef:
-        return self._ref(self.client.put(dumps(obj, f"put value {type(obj).__name__}", copy=False)))
+        blob = dumps(obj, f"put value {type(obj).__name__}", copy=False, device_mode=self.client.device_mode)
+        return self._ref(self.client.put(blob))
 
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
         return self.client.get(refs, timeout)

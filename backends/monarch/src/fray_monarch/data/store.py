@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fray.device_shares.values import SHARED, STAGED
 from fray.errors import ObjectLostError, ObjectStoreFullError
 from fray.pool import align as _align
 from fray.serialization import Blob, loads, loads_data
@@ -78,13 +79,19 @@ class ObjectStore:
         # With one fray host (no hosts= spec) every read is shm: nothing to register for RDMA.
         self.rdma = choose_transport(transport) if several_hosts else None
         self.several_hosts = several_hosts  # else no reader is on another host: no transfer server at all
+        # How device values are serialized here: with one host every reader is a process of this one, and reads a
+        # share of the producer's device snapshot (fray.device_shares); with several, their bytes travel.
+        self.device_mode = STAGED if several_hosts else SHARED
+        self.share_tokens: dict[int, list[Any]] = {}  # alloc -> what keeps its value's device snapshots served
         self.rdma_buffers: dict[int, Any] = {}
         self.decided: set[str] = set()
 
     # ----------------------------------------------------------- owner
     def encode(self, blob: Blob, oid: str | None) -> Value:
-        """The value to send for blob: inline below the limit (or without an oid to pin), else stored here."""
-        if oid is None or blob.nbytes < self.inline_limit:
+        """The value to send for blob: inline below the limit (or without an oid to pin), else stored here. A
+        value that refers to device snapshots of this process is stored here whatever its size: its allocation
+        keeps them served, until it is freed."""
+        if oid is None or (blob.nbytes < self.inline_limit and not blob.share_tokens()):
             return Inline.of(blob)
         return self.put(blob, oid)
 
@@ -95,6 +102,9 @@ class ObjectStore:
             offsets.append(total)
             total += _align(n)
         aid, chunk, base = self.arena.alloc(total)
+        tokens = blob.share_tokens()
+        if tokens:
+            self.share_tokens[aid] = tokens
         view = chunk.view
         view[base : base + sizes[0]] = blob.data
         for off, n, buf in zip(offsets[1:], sizes[1:], blob.buffers, strict=True):
@@ -133,6 +143,7 @@ class ObjectStore:
 
     def free(self, allocs: list[int]) -> None:
         for aid in allocs:
+            self.share_tokens.pop(aid, None)
             rdma = self.rdma_buffers.pop(aid, None)
             if rdma is not None:
                 try:
@@ -236,6 +247,7 @@ class ObjectStore:
     # ----------------------------------------------------------- lifetime
     def close(self) -> None:
         self.free(list(self.rdma_buffers))
+        self.share_tokens.clear()
         if self.server is not None:
             self.server.close()
         self.conns.close()

@@ -72,6 +72,10 @@ class DriverClient:
             entry.keep = list(blob.contained)
         return payload
 
+    @property
+    def device_mode(self) -> str:
+        return self.ctl.store.device_mode
+
     def encode_call(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         """The call keeps alive its ref arguments, the refs inside its arguments and, when they are large, their
         object (stored like a put), until it is sent."""
@@ -86,9 +90,9 @@ class DriverClient:
 
     def _pack(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         """encode_call of arguments that are not small and plain: refs, buffers, anything large."""
-        blob, deps = pack_call(what, args, kwargs)
+        blob, deps = pack_call(what, args, kwargs, self.ctl.store.device_mode)
         contained = contained_ids(blob)
-        if blob.nbytes < self.ctl.store.inline_limit:
+        if blob.nbytes < self.ctl.store.inline_limit and not blob.share_tokens():
             return Call(WireValue(Inline.of(blob), contained), [d.id for d in deps], [*blob.contained, *deps])
         payload = self.put(blob)
         wire = WireValue(self.ctl.directory.get(payload.id).stored(), contained)

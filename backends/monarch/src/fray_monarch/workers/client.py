@@ -83,13 +83,17 @@ class WorkerClient:
     def encode_call(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         """Large arguments are registered as an object of this process's (the call keeps it until sent); the
         coordinator keeps the ref arguments alive from there."""
-        blob, deps = pack_call(what, args, kwargs)
+        blob, deps = pack_call(what, args, kwargs, self.rt.store.device_mode)
         wire, payload = self.rt.encode_call(blob)
         return Call(wire, [d.id for d in deps], [] if payload is None else [payload])
 
     def put(self, blob: Blob) -> RefPayload:
         payload, _ = self.rt.register(blob)
         return payload
+
+    @property
+    def device_mode(self) -> str:
+        return self.rt.store.device_mode
 
     # ------------------------------------------------------------ tasks, actors, groups, streams
     def submit(self, fn: Callable[..., Any], call: Call, options: TaskOptions) -> RefPayload:

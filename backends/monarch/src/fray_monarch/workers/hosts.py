@@ -343,9 +343,8 @@ class FrayActorHost(Actor):
         data = plain_pickle(value)
         if data is not None and len(data) < self.rt.store.inline_limit:
             return (data,)
-        return ActorReply(
-            ReplyStatus.OK, self.rt.encode_reply(dumps(value, f"the return value of {method}", copy=False), oid)
-        )
+        blob = dumps(value, f"the return value of {method}", copy=False, device_mode=self.rt.store.device_mode)
+        return ActorReply(ReplyStatus.OK, self.rt.encode_reply(blob, oid))
 
     def _stream(self, sid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply:
         """Run a generator method, reporting its items as they come (WorkerRuntime.produce); the reply only says

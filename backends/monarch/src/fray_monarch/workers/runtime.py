@@ -255,7 +255,7 @@ class WorkerRuntime:
 
     def encode_call(self, blob: Blob) -> tuple[WireValue, RefPayload | None]:
         """A call's arguments: inline when small, else a registered object the call keeps alive."""
-        if blob.nbytes < self.store.inline_limit:
+        if blob.nbytes < self.store.inline_limit and not blob.share_tokens():
             return WireValue(Inline.of(blob), contained_ids(blob)), None
         payload, wire = self.register(blob)
         return WireValue(wire.value, (*wire.contained, payload.id)), payload
@@ -287,7 +287,8 @@ class WorkerRuntime:
                 except StopIteration:
                     break
                 oid = self.new_oid()
-                wire = self.encode(dumps(value, f"item {index} of {what}", copy=False), oid)
+                blob = dumps(value, f"item {index} of {what}", copy=False, device_mode=self.store.device_mode)
+                wire = self.encode(blob, oid)
                 self.report(StreamItem(sid, index, oid, wire))
                 index += 1
         except BaseException as exc:

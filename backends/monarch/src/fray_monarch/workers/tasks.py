@@ -190,7 +190,7 @@ class TaskRunner:
             if item.stream:
                 result = None  # its items and its end were reported as they came
             else:
-                blob = dumps(value, f"the return value of {name}", copy=False)
+                blob = dumps(value, f"the return value of {name}", copy=False, device_mode=self.rt.store.device_mode)
                 result = TaskResult(tid, TaskStatus.OK, self.rt.encode(blob, tid))
         except BaseException as exc:
             result = TaskResult(tid, TaskStatus.ERR, error=capture_exception(exc))
