@@ -14,6 +14,12 @@ call's argument: `send_call`) are not copied at all but lent: the receiver maps 
 pieces it has dropped; until then the sender keeps them leased. A 32 MiB batch read by two members cost each
 4 ms of copying per step (bench_rlhf.py); monarch's members map it the same way.
 
+A value holding device memory (a CUDA tensor) is sent in the channel's device mode: `shared` between the
+driver and a long-lived child (an SPMD member; the driver's side of a runtime_env task), where the value carries a
+share of the sender's device snapshot (fray.device_shares) and the sender holds the snapshot until the receiver
+says, in a later message, that the value is gone (`holds`, `released_holds`, as lent pieces are returned);
+`staged` from a child that ends with its reply (a runtime_env task's result), where the bytes travel.
+
 Messages alternate (a call, its reply): whoever sends, the other end is reading, so it answers a `_Want` at once.
 Chunks are memfds: nothing in the file system to clean up, gone with the last process that maps them. Where
 there are no memfds (not Linux) every buffer goes through the socket.
@@ -32,6 +38,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from fray.device_shares.values import STAGED
 from fray.errors import FrayError, SerializationError
 from fray.kit.objects import Serialized
 from fray.pool import PAGE, POOL_MIN, Piece, align, buffer_address, live_chunks, locate, pool_piece
@@ -68,7 +75,9 @@ class _Message:
     bytes, how many buffers each has and which must be private; small buffers inline, large ones in the pieces
     of the `_Given` before it (`placed`: index -> position) or lent from the sender's pool (`lent`: index ->
     chunk key, offset, size, lend id). `new`: the sender's chunks whose fds come with it; `live`: the sender's chunks
-    still in its pool (when it lends); `released`: lend ids of the receiver's pieces the sender no longer maps."""
+    still in its pool (when it lends); `released`: lend ids of the receiver's pieces the sender no longer maps.
+    `holds`: value index -> hold id, of values that refer to device snapshots the sender holds until told;
+    `released_holds`: hold ids of the receiver's values the sender no longer has."""
 
     data: tuple[bytes, ...]
     counts: tuple[int, ...]
@@ -79,6 +88,8 @@ class _Message:
     new: tuple[int, ...]
     live: frozenset[int] | None
     released: tuple[int, ...]
+    holds: dict[int, int]
+    released_holds: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,8 @@ class _Part:
 
 
 class _Returned:
-    """Set on the mapping of a lent piece: when the mapping is gone, the lender is told (in the next message)."""
+    """Set on the mapping of a lent piece (on a value whose device snapshots the sender holds): when it is gone,
+    the other end is told (in the next message)."""
 
     __slots__ = ("lend_id", "released")
 
@@ -104,8 +116,12 @@ class Channel:
     """One end of a connected Unix stream socket carrying serialized values. Not thread-safe: one sender and
     one reader at a time, messages alternating between the two ends."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, device_mode: str = STAGED) -> None:
         self.sock = sock
+        self.device_mode = device_mode  # how values sent from here carry device memory (module doc)
+        self._holds: dict[int, list[Any]] = {}  # hold id -> what keeps a sent value's device snapshots served
+        self._hold_ids = itertools.count()
+        self._released_holds: deque[int] = deque()  # hold ids of the peer's values this end no longer has
         self._peer: dict[int, int] = {}  # the other end's chunks whose fds this end holds, by key
         self._peer_maps: dict[int, mmap.mmap] = {}  # ... mapped shared, where this end writes pieces it was given
         self._shared: set[int] = set()  # keys of this end's chunks whose fds the peer has
@@ -119,7 +135,7 @@ class Channel:
     def send(self, value: Any, what: str) -> None:
         """Serialize `value` and send it. Raises SerializationError (naming `what`) if it cannot be pickled, and
         OSError if the peer is gone."""
-        self.send_blobs([dumps(value, what, copy=False)])
+        self.send_blobs([dumps(value, what, copy=False, device_mode=self.device_mode)])
 
     def recv(self, what: str) -> Any:
         """The next value. Raises EOFError if the peer closed its end, OSError if the socket failed, and
@@ -139,7 +155,7 @@ class Channel:
             return _Part(len(parts) - 1)
 
         call = (method, tuple(part(a) for a in args), {k: part(v) for k, v in kwargs.items()})
-        self.send_blobs([dumps(call, what, copy=False)], stored=parts)
+        self.send_blobs([dumps(call, what, copy=False, device_mode=self.device_mode)], stored=parts)
 
     def recv_call(self, what: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         """What send_call sent, every argument rebuilt here."""
@@ -155,7 +171,7 @@ class Channel:
         """A call's outcome, from the child: whether it succeeded, then its result (or RemoteError). A result
         that cannot be pickled fails the call instead (the child goes on)."""
         try:
-            blob = dumps(value, what, copy=False)
+            blob = dumps(value, what, copy=False, device_mode=self.device_mode)
         except SerializationError as exc:
             ok, blob = False, dumps(capture_exception(exc), f"the error of {what}")
         self.send(ok, "a call's status")
@@ -204,6 +220,15 @@ class Channel:
         released = []
         while self._released:
             released.append(self._released.popleft())
+        holds = {}
+        for k, blob in enumerate(blobs):
+            tokens = blob.share_tokens()
+            if tokens:
+                holds[k] = next(self._hold_ids)
+                self._holds[holds[k]] = tokens
+        released_holds = []
+        while self._released_holds:
+            released_holds.append(self._released_holds.popleft())
         message = _Message(
             tuple(b.data for b in blobs),
             tuple(len(b.buffers) for b in blobs),
@@ -214,6 +239,8 @@ class Channel:
             tuple(new_chunks),
             live,
             tuple(released),
+            holds,
+            tuple(released_holds),
         )
         self._send_frame(message, list(new_chunks.values()))
         self._shared.update(new_chunks)
@@ -237,6 +264,8 @@ class Channel:
             raise FrayError(f"{what}: the other end sent {type(frame).__name__} instead of a value")
         for lend_id in frame.released:
             self._lent.pop(lend_id, None)
+        for hold_id in frame.released_holds:
+            self._holds.pop(hold_id, None)
         self._hold_fds(frame.new, fds, frame.live)
         private = {sum(frame.counts[:k]) + i for k, indices in enumerate(frame.private) for i in indices}
         buffers: list[Any] = []
@@ -247,8 +276,10 @@ class Channel:
             view = pieces[frame.placed[i]].view if i in frame.placed else self._borrow(*frame.lent[i])
             buffers.append(view if readers == 1 and i in private else view.toreadonly())
         blobs, start = [], 0
-        for data, count, own in zip(frame.data, frame.counts, frame.private, strict=True):
-            blobs.append(Blob(data, buffers[start : start + count], private=own))
+        for k, (data, count, own) in enumerate(zip(frame.data, frame.counts, frame.private, strict=True)):
+            hold = frame.holds.get(k)
+            keep: list[Any] = [] if hold is None else [_Returned(self._released_holds, hold)]
+            blobs.append(Blob(data, buffers[start : start + count], private=own, keep=keep))
             start += count
         return blobs
 
@@ -351,4 +382,5 @@ class Channel:
             os.close(fd)
         self._peer.clear()
         self._lent.clear()  # (the peer is gone, or going: its mappings hold the memory it still uses)
+        self._holds.clear()
         self.sock.close()

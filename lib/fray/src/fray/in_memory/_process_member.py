@@ -24,6 +24,7 @@ from typing import Any
 
 from fray import watchdog
 from fray.current import ActorInfo, set_process_actor
+from fray.device_shares.values import SHARED
 from fray.errors import ActorDiedError, ActorUnavailableError
 from fray.events import RECORDER, Kind
 from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
@@ -88,7 +89,7 @@ class ProcessMember:
             os.close(beat_out)
         watchdog.watch_group(proc.pid)
         RECORDER.record(Kind.WORKER_START, proc.pid, f"process of {self._label}", {"pid": proc.pid})
-        self._proc, self._channel, self._generation = proc, Channel(parent_sock), generation
+        self._proc, self._channel, self._generation = proc, Channel(parent_sock, SHARED), generation
         if self._gang is not None:
             self._gang.watch(info.rank, proc, generation, beats)
         else:
@@ -216,7 +217,7 @@ def _beat(fd: int, interval: float) -> None:
 def _main(fd: int, beat_fd: int, interval: float) -> None:
     keep_driver_view(os.environ.get("PYTHONPATH", "").split(os.pathsep))  # (its parent's path: _start)
     threading.Thread(target=_beat, args=(beat_fd, interval), name="fray-heartbeat", daemon=True).start()
-    conn = Channel(socket.socket(fileno=fd))
+    conn = Channel(socket.socket(fileno=fd), SHARED)  # (a member lives on: its values are served from here)
     klass, args, kwargs, info = conn.recv("the actor's class and arguments")
     set_process_actor(info)
     try:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fray import watchdog
+from fray.device_shares.values import SHARED
 from fray.errors import WorkerCrashedError
 from fray.events import RECORDER, Kind
 from fray.in_memory._channel import Channel
@@ -24,7 +25,7 @@ from fray.worker_env import driver_import_path, keep_driver_view, worker_env_def
 
 def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, str]) -> Any:
     parent_sock, child_sock = socket.socketpair()
-    channel = Channel(parent_sock)
+    channel = Channel(parent_sock, device_mode=SHARED)  # (the child reads its arguments before it replies)
     with child_sock:
         proc = subprocess.Popen(
             [sys.executable, "-m", "fray.in_memory._subprocess", str(child_sock.fileno())],

@@ -13,6 +13,7 @@ from typing import Any
 
 from fray.capabilities import Capability
 from fray.cuda_values import KeptToken
+from fray.device_shares.values import SHARED
 from fray.gang import group_label, hang_timeout
 from fray.gpus import process_env
 from fray.groups import ActorGroup, create_one_by_one
@@ -104,7 +105,7 @@ class InMemoryJobContext(KitJobContext):
         """A ref's object as stored: a Serialized blob, or the value itself; raises Failure if its task failed."""
         stored = self._entry_of(ref).result()
         if isinstance(stored, Blob) and any(type(k) is KeptToken for k in stored.keep):  # CUDA copies kept here:
-            stored = dumps(loads(stored, "a stored value"), "a stored value")  # staged for the other process
+            stored = dumps(loads(stored, "a stored value"), "a stored value", device_mode=SHARED)  # (its share)
         return Serialized(stored) if isinstance(stored, Blob) else stored
 
     def _member_gpu_env(self, actor: Actor) -> dict[str, str]:

@@ -3,7 +3,8 @@ a MemfdBuffer travels between processes as a CUDA tensor does)."""
 
 from __future__ import annotations
 
-from fray.device_shares import MemfdBuffer
+from fray.device_shares import MemfdBuffer, share_server
+from fray.transfers import device_stats
 
 
 def make_buffer(byte: int, nbytes: int) -> MemfdBuffer:
@@ -33,3 +34,11 @@ class BufferHolder:
 
     def summarize(self, buf: MemfdBuffer) -> tuple[int, int, int]:
         return buffer_summary(buf)
+
+    def device_paths(self) -> list[str]:
+        """The paths by which device values reached this process (fray.transfers)."""
+        return sorted(device_stats.snapshot())
+
+    def snapshots_held(self) -> int:
+        """How many device snapshots this process serves (fray.device_shares)."""
+        return share_server().held()
