@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,3 +39,24 @@ def run_fray(
     env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([FRAY, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def race_one_name(env: dict[str, str], backend: list[str], name: str, each: int = 5) -> set[str]:
+    """4 processes at once, each submitting `name` `each` times (--no-wait): the ids they were given. (The issue's
+    20 from 4 on in_memory; 8 on Ray and monarch, whose `fray` commands take seconds each to reach the cluster.)"""
+    script = (
+        "import subprocess, sys\n"
+        f"for _ in range({each}):\n"
+        "    done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=120)\n"
+        "    print(done.stdout.strip() if done.returncode == 0 else 'ERROR ' + done.stderr, flush=True)\n"
+    )
+    argv = [sys.executable, "-c", script, FRAY, "job", "submit", *backend, "--no-wait", "--name", name, "--",
+            "sleep", "60"]  # fmt: skip
+
+    def one(_: int) -> list[str]:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300).stdout.splitlines()
+
+    with ThreadPoolExecutor(4) as pool:
+        ids = [line for lines in pool.map(one, range(4)) for line in lines]
+    assert len(ids) == 4 * each and not [i for i in ids if i.startswith("ERROR")], ids
+    return set(ids)

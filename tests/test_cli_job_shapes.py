@@ -1,20 +1,18 @@
 """`fray job submit` with a job's shape (issue 30): --name, --retries, --replicas, --call, resources; `fray job
 list|status|logs` showing names, attempts, ranks and tails; and one name submitted from 4 processes at once making
-one job, on each backend where other processes reach the jobs (in_memory's state directory, a Ray cluster, a
-monarch head). The real `fray` entry point in subprocesses, each test with a state directory of its own."""
+one job, on each backend where other processes reach the jobs (in_memory's state directory, a monarch head; the
+Ray cluster's case is in tests/test_cli_jobs.py, on that module's one Ray head). The real `fray` entry point in
+subprocesses, each test with a state directory of its own."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
 import pytest
-from _fray_cli import FRAY, run_fray, state_env
+from _fray_cli import race_one_name, run_fray, state_env
 
 TRAIN = """\
 import os
@@ -76,45 +74,11 @@ def _id_in(stderr: str) -> str:
     )
 
 
-def _race(env: dict[str, str], backend: list[str], name: str, each: int = 5) -> set[str]:
-    """4 processes at once, each submitting `name` `each` times (--no-wait): the ids they were given. (The issue's
-    20 from 4 on in_memory; 8 on Ray and monarch, whose `fray` commands take seconds each to reach the cluster.)"""
-    script = (
-        "import subprocess, sys\n"
-        f"for _ in range({each}):\n"
-        "    done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=120)\n"
-        "    print(done.stdout.strip() if done.returncode == 0 else 'ERROR ' + done.stderr, flush=True)\n"
-    )
-    argv = [sys.executable, "-c", script, FRAY, "job", "submit", *backend, "--no-wait", "--name", name, "--",
-            "sleep", "60"]  # fmt: skip
-
-    def one(_: int) -> list[str]:
-        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300).stdout.splitlines()
-
-    with ThreadPoolExecutor(4) as pool:
-        ids = [line for lines in pool.map(one, range(4)) for line in lines]
-    assert len(ids) == 4 * each and not [i for i in ids if i.startswith("ERROR")], ids
-    return set(ids)
-
-
 def test_one_name_from_four_processes_is_one_job_in_memory(env: dict[str, str]) -> None:
-    assert _race(env, [], "race") == {"race.1"}
+    assert race_one_name(env, [], "race") == {"race.1"}
     listed = json.loads(_fray(env, "job", "list", "--json").stdout)
     assert [job["id"] for job in listed if job["name"] == "race"] == ["race.1"]
     assert _fray(env, "job", "stop", "race").returncode == 0
-
-
-def test_one_name_from_four_processes_is_one_job_on_ray(env: dict[str, str]) -> None:
-    pytest.importorskip("fray_ray")
-    started = _fray(env, "cluster", "start", "--backend", "ray?num_cpus=2&object_store_memory=200000000")
-    assert started.returncode == 0, started.stderr
-    try:
-        assert _race(env, ["--backend", "ray"], "race", each=2) == {"race.1"}
-        listed = json.loads(_fray(env, "job", "list", "--backend", "ray", "--json").stdout)
-        assert [job["id"] for job in listed if job["name"] == "race"] == ["race.1"]
-        assert _fray(env, "job", "stop", "race", "--backend", "ray").returncode == 0
-    finally:
-        assert _fray(env, "cluster", "stop", "--backend", "ray").returncode == 0
 
 
 def test_one_name_from_four_processes_is_one_job_on_a_monarch_head(env: dict[str, str]) -> None:
@@ -122,7 +86,7 @@ def test_one_name_from_four_processes_is_one_job_on_a_monarch_head(env: dict[str
     started = _fray(env, "cluster", "start", "--backend", "monarch?procs=1", timeout=240)
     assert started.returncode == 0, started.stderr
     try:
-        assert _race(env, ["--backend", "monarch"], "race", each=2) == {"race.1"}
+        assert race_one_name(env, ["--backend", "monarch"], "race", each=2) == {"race.1"}
         listed = json.loads(_fray(env, "job", "list", "--backend", "monarch", "--json").stdout)
         assert [job["id"] for job in listed if job["name"] == "race"] == ["race.1"]
         # a supervised job of the head: its record (attempts) reaches this client through the head

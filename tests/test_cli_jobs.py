@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fray_cli import FRAY, state_env
+from _fray_cli import FRAY, race_one_name, state_env
 from _fray_cli import cli_env as _env
 from _fray_cli import run_fray as _fray
 
@@ -332,6 +332,14 @@ def test_ray_a_deleted_running_job_is_never_listed_again(ray_env: dict[str, str]
         listed = _json(_fray(ray_env, "job", "list", "--backend", "ray", "--json"))
         assert job not in [info["id"] for info in listed], listed  # type: ignore[index, union-attr]
     assert _fray(ray_env, *status).returncode == 1
+
+
+def test_one_name_from_four_processes_is_one_job_on_ray(ray_env: dict[str, str]) -> None:
+    """tests/test_cli_job_shapes.py's race (4 processes submitting one name make one job), on this module's head."""
+    assert race_one_name(ray_env, ["--backend", "ray"], "race", each=2) == {"race.1"}
+    listed = _json(_fray(ray_env, "job", "list", "--backend", "ray", "--json"))
+    assert [job["id"] for job in listed if job["name"] == "race"] == ["race.1"]  # type: ignore[attr-defined, index]
+    assert _fray(ray_env, "job", "stop", "race", "--backend", "ray").returncode == 0
 
 
 def test_ray_without_a_cluster_says_how_to_start_one(tmp_path: Path) -> None:
