@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import fray
 from fray import ActorOptions, ActorUnavailableError, TaskOptions
+from fray.registry import get_backend, parse_spec
 from fray_monarch.driver import group_rec
 
 
@@ -33,11 +35,15 @@ class Caster:
         os._exit(1)
 
 
-@pytest.fixture
-def ctx() -> Any:
-    context = fray.init("monarch?procs=2")
-    yield context
-    fray.shutdown()
+@pytest.fixture(scope="module")
+def ctx() -> Iterator[Any]:
+    """One context for the module's tests: each kills what it made, and the next checks that nothing is left."""
+    context = get_backend("monarch").job_context(**parse_spec("monarch?procs=2")[1])
+    try:
+        with fray.using(context):
+            yield context
+    finally:
+        context.shutdown()
 
 
 @pytest.fixture
@@ -175,4 +181,7 @@ class AsyncItems:
 
 def test_async_generator_method_streams(ctx: Any) -> None:
     actor = ctx.create_actor(AsyncItems)
-    assert ctx.get(list(actor.items.stream(3)), timeout=60) == [0, 1, 2]
+    try:
+        assert ctx.get(list(actor.items.stream(3)), timeout=60) == [0, 1, 2]
+    finally:
+        ctx.kill(actor)
