@@ -13,29 +13,47 @@ from typing import Any
 
 import ray
 
+from fray.device_shares.values import STAGED
 from fray.refs import ObjectRef
 from fray_ray._values import Packed, known_nbytes, pack_args, pack_kwargs
 
-__all__ = ["SHARE_BYTES", "is_serialization_error", "share_args", "share_kwargs", "unwrap_args", "unwrap_kwargs"]
+__all__ = [
+    "SHARE_BYTES",
+    "hold_shares",
+    "is_serialization_error",
+    "share_args",
+    "share_kwargs",
+    "unwrap_args",
+    "unwrap_kwargs",
+]
 
 SHARE_BYTES = 100 * 1024  # a group call's argument at least this big is put once and read by every member
 
 
-def unwrap_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Top-level fray refs become Ray refs (Ray resolves them); arguments holding torch tensors are packed."""
+def unwrap_args(args: tuple[Any, ...], device_mode: str = STAGED) -> tuple[Any, ...]:
+    """Top-level fray refs become Ray refs (Ray resolves them); arguments holding torch tensors are packed
+    (device memory in `device_mode`: the caller then holds its shares with `hold_shares`)."""
     for arg in args:
         if type(arg) is ObjectRef:
             args = tuple(a.payload if type(a) is ObjectRef else a for a in args)
             break
-    return pack_args(args)
+    return pack_args(args, device_mode)
 
 
-def unwrap_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def unwrap_kwargs(kwargs: dict[str, Any], device_mode: str = STAGED) -> dict[str, Any]:
     for value in kwargs.values():
         if type(value) is ObjectRef:
             kwargs = {k: v.payload if type(v) is ObjectRef else v for k, v in kwargs.items()}
             break
-    return pack_kwargs(kwargs)
+    return pack_kwargs(kwargs, device_mode)
+
+
+def hold_shares(ref: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The device snapshots that packed arguments refer to (fray.device_shares) stay served until the call
+    behind `ref` is done: its reader has copied them by then (a retry included)."""
+    tokens = [t for a in (*args, *kwargs.values()) if type(a) is Packed for t in a.blob.share_tokens()]
+    if tokens:
+        ref.future().add_done_callback(lambda _done, held=tokens: held.clear())
 
 
 def _worth_sharing(value: Any) -> bool:

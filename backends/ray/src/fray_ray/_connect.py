@@ -41,7 +41,7 @@ from fray_ray._tokens import remove as remove_token
 from fray_ray._tokens import restore as restore_tokens
 from fray_ray._tokens import use as use_token
 
-__all__ = ["acquire", "dashboard_url", "http_link", "release"]
+__all__ = ["acquire", "dashboard_url", "http_link", "on_a_private_instance", "release"]
 
 log = logging.getLogger("fray_ray")
 
@@ -176,6 +176,13 @@ def acquire(
             tokens=tokens,
             token_file=token,
         )
+
+
+def on_a_private_instance() -> bool:
+    """This process runs on a private Ray instance fray started: its one node is on loopback, so every worker
+    is a process of this host."""
+    with _lock:
+        return _conn is not None and _conn.started_here
 
 
 def release() -> None:

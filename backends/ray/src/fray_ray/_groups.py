@@ -49,7 +49,7 @@ from fray.resources import EPS, actor_resources, format_amount, format_resources
 from fray.serialization import find_unserializable_argument
 from fray.types import ActorOptions, Lifetime
 from fray_ray._actors import RayActors
-from fray_ray._args import is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
+from fray_ray._args import hold_shares, is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
 from fray_ray._gangs import HEARTBEAT_ENV, GangWatch, RayGang
 from fray_ray._gpus import RENDEZVOUS_ENV
@@ -214,8 +214,9 @@ class RayGroups:
     """The actor groups of one context (`ctx`, which their handles call through): created through `actors`,
     their calls' pending arguments noted in `cancels`; the placement groups of non-detached groups made here."""
 
-    def __init__(self, ctx: JobContext, actors: RayActors, cancels: CancelTracker) -> None:
+    def __init__(self, ctx: JobContext, actors: RayActors, cancels: CancelTracker, device_mode: str) -> None:
         self._ctx = ctx
+        self._device_mode = device_mode  # how a call's device values travel (fray.device_shares)
         self._actors = actors
         self._cancels = cancels
         self._placement_groups: dict[Any, Any] = {}  # placement group id -> placement group
@@ -313,7 +314,7 @@ class RayGroups:
     def call(self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[ObjectRef]:
         """One Ray call per member, with the arguments converted once; a large argument is put once and every
         member reads that one object (Ray resolves a top-level ref argument to its value)."""
-        ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
+        ray_args, ray_kwargs = unwrap_args(args, self._device_mode), unwrap_kwargs(kwargs, self._device_mode)
         if len(group.handles) > 1:
             ray_args, ray_kwargs = share_args(ray_args), share_kwargs(ray_kwargs)
         noted = ray_args is not args or ray_kwargs is not kwargs
@@ -331,6 +332,8 @@ class RayGroups:
                 if is_serialization_error(exc):
                     raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
                 raise
+            if noted:
+                hold_shares(ref, ray_args, ray_kwargs)
             result = ObjectRef(ref, "ray")
             if self.gangs.is_member(handle.payload):  # (an SPMD member: its call may outlive a death unsent)
                 self.resend.note(result, handle.payload, method, ray_args, ray_kwargs)

@@ -31,6 +31,8 @@ import sys
 import threading
 from typing import Any
 
+from fray.device_shares import MemfdBuffer
+from fray.device_shares.values import STAGED
 from fray.serialization import Blob, dumps, loads
 
 __all__ = ["Packed", "known_nbytes", "pack", "pack_args", "pack_kwargs", "take_unpacked_bytes", "unpack"]
@@ -100,13 +102,14 @@ def known_nbytes(value: Any) -> int:
     return 0
 
 
-_PLAIN_KINDS: tuple[type, ...] = (bytearray, memoryview)
+_PLAIN_KINDS: tuple[type, ...] = (bytearray, memoryview, MemfdBuffer)
 _kinds_with_torch: tuple[type, ...] | None = None
 
 
 def _kinds() -> tuple[type, ...]:
     """The types whose presence makes a value worth packing: torch.Tensor (once torch is imported; never
-    import it ourselves: no tensors exist without it), bytearray and memoryview."""
+    import it ourselves: no tensors exist without it), bytearray, memoryview, and the CPU stand-in of device
+    memory (fray.device_shares.MemfdBuffer: it travels as CUDA tensors do)."""
     global _kinds_with_torch
     if _kinds_with_torch is None:
         tensor = getattr(sys.modules.get("torch"), "Tensor", None)
@@ -147,13 +150,13 @@ def _worth_packing(value: Any, kinds: tuple[type, ...]) -> bool:
     return found
 
 
-def pack(value: Any, kinds: tuple[type, ...] | None = None) -> Any:
-    """value itself, or a Packed standing in for it when it holds torch tensors, bytearrays or memoryviews
-    (see the module doc)."""
+def pack(value: Any, kinds: tuple[type, ...] | None = None, device_mode: str = STAGED) -> Any:
+    """value itself, or a Packed standing in for it when it holds torch tensors, bytearrays, memoryviews or
+    device values (see the module doc; device memory travels in `device_mode`: fray.device_shares)."""
     if not _worth_packing(value, kinds or _kinds()):
         return value
     try:
-        blob = dumps(value, "a value", copy=False)
+        blob = dumps(value, "a value", copy=False, device_mode=device_mode)
     except Exception:
         return value  # let Ray try (and report) it the way it always does
     if blob.contained or any(marker in blob.data for marker in _REF_MARKERS):
@@ -161,20 +164,20 @@ def pack(value: Any, kinds: tuple[type, ...] | None = None) -> Any:
     return Packed(blob)
 
 
-def pack_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+def pack_args(args: tuple[Any, ...], device_mode: str = STAGED) -> tuple[Any, ...]:
     """args with each argument worth packing packed; the same tuple when none is."""
     kinds = _kinds()
     for arg in args:
         if _worth_packing(arg, kinds):
-            return tuple(pack(a, kinds) for a in args)
+            return tuple(pack(a, kinds, device_mode) for a in args)
     return args
 
 
-def pack_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def pack_kwargs(kwargs: dict[str, Any], device_mode: str = STAGED) -> dict[str, Any]:
     if not kwargs:
         return kwargs
     kinds = _kinds()
     for value in kwargs.values():
         if _worth_packing(value, kinds):
-            return {k: pack(v, kinds) for k, v in kwargs.items()}
+            return {k: pack(v, kinds, device_mode) for k, v in kwargs.items()}
     return kwargs

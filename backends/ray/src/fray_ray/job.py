@@ -21,6 +21,7 @@ import ray
 
 from fray.capabilities import Capability
 from fray.context import JobContext
+from fray.device_shares.values import SHARED, STAGED
 from fray.errors import ActorUnavailableError, SerializationError, TaskCancelledError
 from fray.events import RECORDER, Kind, ProcessEvents
 from fray.groups import ActorGroup, Member
@@ -31,7 +32,7 @@ from fray.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_ray import _connect, _events, _remote
 from fray_ray._actors import RayActors
-from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
+from fray_ray._args import hold_shares, is_serialization_error, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
 from fray_ray._driver_events import generator_ref, submitted, task_name
 from fray_ray._gangs import raise_refusals
@@ -87,11 +88,14 @@ class RayJobContext(JobContext):
         if self._owns_connection:
             _connect.acquire(address, namespace, init_kwargs, log_to_driver)
         self.namespace: str = ray.get_runtime_context().namespace
+        # A driver on a private instance (every worker on this host) sends a call's device values as shares of
+        # its snapshots, held until the call is done (fray.device_shares); elsewhere their bytes travel.
+        self.device_mode = SHARED if self._owns_connection and _connect.on_a_private_instance() else STAGED
         self._gets = PathStats()  # this process's reads of stored values (ctx.get)
         self._gets_lock = threading.Lock()
         self._cancels = CancelTracker(lambda: self.is_shut_down)
         self._actors = RayActors(self, self.namespace, _registry, _checked_functions, self._owns_connection)
-        self._groups = RayGroups(self, self._actors, self._cancels)
+        self._groups = RayGroups(self, self._actors, self._cancels, self.device_mode)
         # Events (fray_ray._events): the workers' come through the GCS KV, under this Ray job's namespace
         self._events_ns = _events.namespace(ray.get_runtime_context().get_job_id())
         self._last_result_at = 0.0  # time.monotonic() when a get or wait last returned (see _pull_events)
@@ -123,7 +127,7 @@ class RayJobContext(JobContext):
             if max_calls is not None:  # Ray takes max_calls only at registration
                 remote = _registry.remote_function(target, max_calls)
             remote = remote.options(**task_options(options))
-        ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
+        ray_args, ray_kwargs = unwrap_args(args, self.device_mode), unwrap_kwargs(kwargs, self.device_mode)
         try:
             ref = remote.remote(*ray_args, **ray_kwargs)
         except TypeError as exc:
@@ -131,6 +135,8 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
+        if ray_args is not args or ray_kwargs is not kwargs:
+            hold_shares(ref, ray_args, ray_kwargs)
         submitted(Kind.TASK_SUBMIT, ref, options.name or task_name(fn))
         result = ObjectRef(ref, BACKEND)
         if ray_args is not args or ray_kwargs is not kwargs:
@@ -154,7 +160,7 @@ class RayJobContext(JobContext):
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         resend = self._groups.resend
         actor, refused = self._groups.gangs.route(handle.payload)  # an SPMD group restarted, restarting or dead
-        ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
+        ray_args, ray_kwargs = unwrap_args(args, self.device_mode), unwrap_kwargs(kwargs, self.device_mode)
         if refused is not None:
             waiting = ObjectRef(refused, BACKEND)
             resend.note(waiting, handle.payload, method, ray_args, ray_kwargs)  # (sent once its group is back)
@@ -167,6 +173,8 @@ class RayJobContext(JobContext):
             if is_serialization_error(exc):
                 raise find_unserializable_argument(f"{handle.class_name}.{method}", args, kwargs, exc) from None
             raise
+        if ray_args is not args or ray_kwargs is not kwargs:
+            hold_shares(ref, ray_args, ray_kwargs)
         submitted(Kind.CALL_SUBMIT, ref, f"{handle.class_name}.{method}")
         result = ObjectRef(ref, BACKEND)
         if self._groups.gangs.is_member(handle.payload):  # an SPMD member: its call may outlive a death unsent
