@@ -12,7 +12,7 @@ from fray.context import JobContext
 from fray.testing import gpu_workloads as w
 
 ON_GPU = TaskOptions(resources={"CPU": 0.5, "GPU": 0.5})
-CUDA_PATHS = {"cuda-device-copy", "cuda-staged"}
+CUDA_PATHS = {"cuda-device-copy", "cuda-staged", "cuda-ipc", "cuda-ipc-staged"}
 
 
 def _torch() -> Any:

@@ -79,8 +79,7 @@ class Blob:
         return len(self.data) + sum(memoryview(b).nbytes for b in self.buffers)
 
     def share_tokens(self) -> list[Any]:
-        """What keeps the device snapshots this value refers to served (fray.device_shares): a store that keeps
-        the value keeps these with it, whatever it does with the value's bytes."""
+        """What keeps this value's device snapshots served (fray.device_shares): its keeper keeps these."""
         return [k for k in self.keep if type(k) is ShareToken]
 
 

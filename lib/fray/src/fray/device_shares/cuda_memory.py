@@ -4,7 +4,8 @@
   after the storage's writers are done (the caller synchronizes the device: fray.cuda_values), with an
   interprocess event recorded after the copy.
 - A share is torch's `_share_cuda_()` handle of the snapshot's storage, made anew for each reader (torch counts
-  each handle's use once), and the event's IPC handle.
+  each handle's use once), and the event's IPC handle, with the device named by the host's id (fray.gpus): a
+  reader numbers devices by its own CUDA_VISIBLE_DEVICES, and one that does not see the device stages.
 - A reader opens the handle (`_new_shared_cuda`), waits for the event on its current stream, copies into memory
   of its own on the target device and drops the alias, so the producer's memory is never the reader's value.
   A handle this process cannot open (the device not visible here, another container, a MIG slice) is
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fray.device_shares.memory import DeviceOpenError, Share
+from fray.gpus import discover
 
 __all__ = ["CudaMemory", "CudaSnapshot", "cuda_memory"]
 
@@ -49,17 +51,24 @@ class CudaMemory:
     def share(self, snapshot: Any) -> Share:
         import torch
 
-        with torch.cuda.device(snapshot.storage.device):
+        device = snapshot.storage.device
+        with torch.cuda.device(device):
             handle = snapshot.storage._share_cuda_()
             event = snapshot.event.ipc_handle()
-        return Share((snapshot.storage.device.index, tuple(handle), event))
+        ids = discover().ids
+        index = device.index or 0
+        return Share((ids[index] if index < len(ids) else index, tuple(handle), event))
 
     def open_copy(self, share: Share, fds: list[int], where: Any) -> Any:
         import torch
 
-        device, handle, event_handle = share.handle
+        host_id, handle, event_handle = share.handle
         if not torch.cuda.is_available():
             raise DeviceOpenError("this process has no CUDA device")
+        ordinal = discover().ordinal(host_id)  # (the producer's device as this process numbers it)
+        if ordinal is None or ordinal >= torch.cuda.device_count():
+            raise DeviceOpenError(f"the host's device {host_id} is not visible in this process")
+        handle = (ordinal, *handle[1:])
         target = where if where is not None else torch.device("cuda", torch.cuda.current_device())
         if target.type != "cuda":
             raise DeviceOpenError(f"the value is read onto {target}")
@@ -68,7 +77,7 @@ class CudaMemory:
                 alias = torch.UntypedStorage._new_shared_cuda(*handle)  # type: ignore[attr-defined]
                 event = torch.cuda.Event.from_ipc_handle(alias.device, event_handle)  # type: ignore[no-untyped-call]
         except (RuntimeError, TypeError) as exc:  # (cudaErrorInvalidDevice, a handle from another container)
-            raise DeviceOpenError(f"the share of a value on device {device} cannot be opened here: {exc}") from None
+            raise DeviceOpenError(f"the share of a value on device {host_id} cannot be opened here: {exc}") from None
         with torch.cuda.device(target):
             stream = torch.cuda.current_stream(target)
             stream.wait_event(event)
