@@ -9,16 +9,20 @@ standard library's contract; `ctx.cancel` of a running task is a separate, stron
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
 import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import CancelledError, Executor, Future
+from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
+from fray.completion import WatchedContext, outcomes
+from fray.errors import GetTimeoutError
 from fray.refs import ObjectRef
 from fray.remote_errors import RemoteError, capture_exception, rebuild
 from fray.resources import task_resources
@@ -58,6 +62,9 @@ class TaskSubmitter(Protocol):
 
     def node_resources(self) -> list[dict[str, float]]: ...
 
+    @property
+    def outcome_callbacks_may_submit(self) -> bool: ...
+
     def _future_of(self, ref: ObjectRef) -> Future[Any]: ...
 
     def get(self, refs: ObjectRef, timeout: float | None = None) -> Any: ...
@@ -81,6 +88,69 @@ class _Work:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+
+
+class _MapRun:
+    """What the items of one `map` share: the consumer waits here for the item it reached to leave the queue."""
+
+    __slots__ = ("changed", "waiting")
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition(threading.Lock())
+        self.waiting = False
+
+    def wake(self) -> None:
+        # An item's state is set before `waiting` is read, and `waiting` before the consumer reads the state, so
+        # either the consumer sees the new state or this sees it waiting (and then waits for it to be in wait()).
+        if self.waiting:
+            with self.changed:
+                self.changed.notify_all()
+
+
+class _MapItem:
+    """One task of a `map`: queued in the executor like a submit's work, but with no Future: its consumer reads
+    the value with the context's `get` (a Future per item made map 2x create_task + get on in_memory)."""
+
+    __slots__ = ("args", "cancelled", "error", "fn", "ref", "run")
+
+    def __init__(self, run: _MapRun, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.run, self.fn, self.args = run, fn, args
+        self.ref: ObjectRef | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+
+    def started(self, end: float | None) -> ObjectRef:
+        """The item's ref once it is on the backend; its refusal, CancelledError, or TimeoutError at `end`."""
+        if self.ref is None and self.error is None and not self.cancelled:
+            run = self.run
+            with run.changed:
+                run.waiting = True
+                try:
+                    while self.ref is None and self.error is None and not self.cancelled:
+                        left = None if end is None else end - time.monotonic()
+                        if left is not None and left <= 0:
+                            raise FuturesTimeoutError()
+                        run.changed.wait(left)
+                finally:
+                    run.waiting = False
+        if self.error is not None:
+            raise self.error
+        if self.ref is None:
+            raise CancelledError()
+        ref, self.ref, self.args = self.ref, None, ()
+        return ref
+
+
+def _map_items(fn: Callable[..., Any], items: Iterator[tuple[Any, ...]], chunksize: int) -> Iterator[_MapItem]:
+    run = _MapRun()
+    if chunksize == 1:
+        for args in items:
+            if not callable(fn):
+                raise TypeError(f"submit needs a callable, got {type(fn).__name__}")
+            yield _MapItem(run, *task_call(fn, args))
+        return
+    for chunk in iter(lambda: list(itertools.islice(items, chunksize)), []):
+        yield _MapItem(run, run_chunk, (fn, chunk))
 
 
 @dataclass
@@ -147,7 +217,7 @@ class FrayExecutor(Executor):
         self._max_workers = max_workers if max_workers is not None else default_workers(ctx, options)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._queue: deque[_Work] = deque()
+        self._queue: deque[_Work | _MapItem] = deque()
         self._on_backend = 0
         self._shut_down = False
         self._draining = threading.local()
@@ -190,13 +260,9 @@ class FrayExecutor(Executor):
             raise ValueError("buffersize must be None or > 0.")
         end = None if timeout is None else timeout + time.monotonic()
         items: Iterator[tuple[Any, ...]] = zip(*iterables, strict=False)  # the shortest iterable ends it, as in map()
-        if chunksize == 1:
-            submitted = (self.submit(fn, *args) for args in items)
-        else:
-            chunks = iter(lambda: list(itertools.islice(items, chunksize)), [])
-            submitted = (self.submit(run_chunk, fn, chunk) for chunk in chunks)
-        futures = deque(submitted if buffersize is None else itertools.islice(submitted, buffersize))
-        return self._results(futures, submitted if buffersize is not None else None, end, chunksize > 1)
+        submitted = (self._enqueue(work) for work in _map_items(fn, items, chunksize))
+        queued = deque(submitted if buffersize is None else itertools.islice(submitted, buffersize))
+        return self._map_results(queued, submitted if buffersize is not None else None, end, chunksize > 1)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No submit after this. cancel_futures: cancel the futures still queued here (not yet on the backend).
@@ -207,31 +273,83 @@ class FrayExecutor(Executor):
             if cancel_futures:
                 self._queue.clear()
         for work in cancelled:
-            work.future.cancel()
+            if isinstance(work, _MapItem):
+                work.cancelled = True
+                work.run.wake()
+            else:
+                work.future.cancel()
         if wait:
             with self._idle:
                 self._idle.wait_for(lambda: self._on_backend == 0 and not self._queue)
 
     # ----------------------------------------------------------------- running work
-    def _results(
-        self, futures: deque[Future[Any]], more: Iterator[Future[Any]] | None, end: float | None, chunked: bool
+    def _enqueue(self, work: _MapItem) -> _MapItem:
+        """A map item goes the way a submit does (a slot, else the queue), without a Future of its own."""
+        with self._lock:
+            if self._shut_down:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if self._on_backend >= self._max_workers:
+                self._queue.append(work)
+                return work
+            self._on_backend += 1
+        self._start_item(work)
+        return work
+
+    def _map_results(
+        self, queued: deque[_MapItem], more: Iterator[_MapItem] | None, end: float | None, chunked: bool
     ) -> Iterator[Any]:
+        """Each item's value in order, read with the context's `get`; at an error, a timeout or a close, the items
+        still queued here are cancelled (as map's futures are)."""
         try:
-            while futures:
+            while queued:
                 if more is not None:
-                    futures.extend(itertools.islice(more, 1))
-                timeout = None if end is None else end - time.monotonic()
+                    queued.extend(itertools.islice(more, 1))
+                ref = queued[0].started(end)
+                queued.popleft()
                 if not chunked:
                     # no local name holds the value while the caller has it (a result can be large)
-                    yield _result_or_cancel(futures.popleft(), timeout)
+                    yield self._get(ref, end)
                     continue
-                chunk: ChunkResult = _result_or_cancel(futures.popleft(), timeout)
+                chunk: ChunkResult = self._get(ref, end)
                 yield from chunk.values
                 if chunk.error is not None:
                     raise rebuild(chunk.error)
         finally:
-            for future in futures:
-                future.cancel()
+            for work in queued:
+                work.cancelled = True
+
+    def _get(self, ref: ObjectRef, end: float | None) -> Any:
+        if end is None:
+            return self._ctx.get(ref)
+        try:
+            return self._ctx.get(ref, timeout=max(0.0, end - time.monotonic()))
+        except GetTimeoutError:
+            if issubclass(GetTimeoutError, FuturesTimeoutError):  # Python 3.11+: one TimeoutError
+                raise
+            raise FuturesTimeoutError() from None
+
+    def _start_item(self, work: _MapItem) -> None:
+        """Send a map item to the backend (it holds a slot already), unless its map was closed meanwhile."""
+        if work.cancelled:
+            self._slot_freed()
+            work.run.wake()
+            return
+        try:
+            ref = self._ctx.create_task(work.fn, work.args, None, self._options)
+            if self._ctx.outcome_callbacks_may_submit:  # (no Future, no value loaded: the consumer's get loads it)
+                outcomes(cast(WatchedContext, self._ctx), [ref])[0].add_callback(self._item_settled)
+            else:
+                self._ctx._future_of(ref).add_done_callback(self._item_settled)  # (the context's own: see _start)
+        except BaseException as exc:  # refused: raised where the caller reaches this item
+            work.error = exc
+            self._slot_freed()
+            work.run.wake()
+            return
+        work.ref = ref
+        work.run.wake()
+
+    def _item_settled(self, settled: object) -> None:
+        self._slot_freed()
 
     def _start(self, work: _Work) -> None:
         """Send work to the backend (it holds a slot already), unless its future was cancelled while queued."""
@@ -241,18 +359,34 @@ class FrayExecutor(Executor):
         future = work.future
         try:
             ref = self._ctx.create_task(work.fn, work.args, work.kwargs, self._options)
-            # The context's own future of ref, settled where the backend chooses (monarch loads values on a loop
-            # of its own, outside its controller's lock: loading here from its bare outcome's callback cost 2.1x
-            # create_task + get against 1.4x); not ref.future(), which asks the context current in this thread,
-            # and that can be the engine's thread that settled the previous task.
-            settling = self._ctx._future_of(ref)
+            # Where outcome callbacks may submit (fray.hooks), the bare outcome: one Future fewer per task. Else
+            # the context's own future of ref, settled where the backend chooses (monarch settles outcomes under
+            # its controller's lock and loads values on a loop of its own); not ref.future(), which asks the
+            # context current in this thread, and that can be the engine's thread that settled the previous task.
+            if self._ctx.outcome_callbacks_may_submit:
+                outcome, settling = outcomes(cast(WatchedContext, self._ctx), [ref])[0], None
+            else:
+                outcome, settling = None, self._ctx._future_of(ref)
         except BaseException as exc:  # refused (unserializable argument, shut-down context): the future says it
             future.set_exception(exc)
             self._slot_freed()
             return
         future._task = (self._ctx, ref)
-        del work, ref
-        settling.add_done_callback(lambda settled: self._settled(future, settled))
+        del work
+        if outcome is not None:
+            outcome.add_callback(functools.partial(self._settled_outcome, future, ref))
+            return
+        del ref
+        if settling is not None:
+            settling.add_done_callback(lambda settled: self._settled(future, settled))
+
+    def _settled_outcome(self, future: TaskFuture, ref: ObjectRef, _settled: object) -> None:
+        future._task = None
+        try:
+            future.set_result(self._ctx.get(ref))
+        except BaseException as exc:  # the task's own exception, with its original type
+            future.set_exception(exc)
+        self._slot_freed()
 
     def _settled(self, future: TaskFuture, settled: Future[Any]) -> None:
         future._task = None
@@ -280,13 +414,9 @@ class FrayExecutor(Executor):
                             self._idle.notify_all()
                         continue
                     work = self._queue.popleft()
-                self._start(work)
+                if isinstance(work, _MapItem):
+                    self._start_item(work)
+                else:
+                    self._start(work)
         finally:
             state.active = False
-
-
-def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:
-    try:
-        return future.result(timeout)
-    finally:
-        future.cancel()

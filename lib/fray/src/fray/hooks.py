@@ -32,6 +32,10 @@ class JobContextHooks(ABC):
 
     backend: ClassVar[str] = "?"
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # True where `_outcomes` callbacks run outside the backend's locks, so one may submit work (the executor
+    # starts its next queued task there); else the executor waits for `_future` (monarch settles outcomes under
+    # its controller's lock).
+    outcome_callbacks_may_submit: ClassVar[bool] = False
 
     # ----------------------------------------------------------------- required
     @abstractmethod

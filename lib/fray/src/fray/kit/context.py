@@ -57,6 +57,7 @@ class KitJobContext(EngineHooks, JobContext):
     `_run_task` (and where needed `_load`, `_new_instance`, `_run_method`); see this module's docstring."""
 
     records_by_default: ClassVar[bool] = True  # events (fray.events.choose_recording), unless `events` says
+    outcome_callbacks_may_submit: ClassVar[bool] = True  # (a task's outcome settles after its locks are let go)
 
     def __init__(
         self,

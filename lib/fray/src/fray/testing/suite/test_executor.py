@@ -98,6 +98,16 @@ def test_executor_map_buffersize_reads_lazily(fray_ctx: JobContext) -> None:
             executor.map(abs, [1], chunksize=0)
 
 
+def test_executor_map_items_still_queued_are_cancelled_by_shutdown(fray_ctx: JobContext) -> None:
+    """As a ThreadPoolExecutor's: the item on the backend finishes, the queued ones raise CancelledError."""
+    executor = fray_ctx.executor(max_workers=1)
+    results = executor.map(time.sleep, [0.5] + [0] * 20, timeout=TIMEOUT)
+    executor.shutdown(wait=False, cancel_futures=True)
+    assert next(results) is None
+    with pytest.raises(futures.CancelledError):
+        next(results)
+
+
 def test_executor_shutdown_race_issue12456(fray_ctx: JobContext) -> None:
     executor = fray_ctx.executor(max_workers=2)
     executor.map(str, [2] * 3)
