@@ -1,8 +1,8 @@
 """Every fenced Python block in README.md and docs/ runs, so a snippet that fails fails CI.
 
-A block runs in a fresh interpreter on the backend it names (`fray.init("ray...")`, `fray.cluster("monarch")`),
-else on in_memory. A block that needs what CI cannot have (a remote cluster) starts with a visible comment,
-`# not run in CI: <why>`, and is only compiled.
+A block runs in a fresh interpreter on the backend its code names (`fray.init("ray...")`,
+`fray.cluster("monarch")`; a name in a comment does not count), else on in_memory. A block that needs what CI
+cannot have (a remote cluster) starts with a visible comment, `# not run in CI: <why>`, and is only compiled.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import os
 import re
 import subprocess
 import sys
+import tokenize
+from io import StringIO
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,24 @@ def _blocks() -> list[tuple[str, str]]:
 BLOCKS = _blocks()
 
 
+def _without_comments(code: str) -> str:
+    """`code` with its comments blanked out (a comment may mention `fray.init("ray")` without calling it)."""
+    lines = code.splitlines(keepends=True)
+    for token in tokenize.generate_tokens(StringIO(code).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            lines[row - 1] = lines[row - 1][:col] + "\n"
+    return "".join(lines)
+
+
+def test_a_backend_named_only_in_a_comment_is_not_the_blocks() -> None:
+    commented = 'import fray\nctx = fray.init()  # fray.init("ray") names one\nprint("#", fray.init("monarch"))\n'
+    assert _NAMED.search(commented) is not None
+    found = _NAMED.search(_without_comments(commented))
+    assert found is not None and found.group(1) == "monarch"
+    assert _NAMED.search(_without_comments('ctx = fray.init()  # fray.init("ray") names one\n')) is None
+
+
 def test_the_docs_have_snippets() -> None:
     assert len(BLOCKS) >= 8
 
@@ -48,7 +68,7 @@ def test_snippet_runs(where: str, code: str, tmp_path: Path) -> None:
         assert why, f"{where}: say why the block is not run"
         compile(code, where, "exec")
         return
-    named = _NAMED.search(code)
+    named = _NAMED.search(_without_comments(code))
     backend = named.group(1) if named else "in_memory"
     try:
         get_backend(backend)
