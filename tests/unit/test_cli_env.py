@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 
 NOBODY = 65534
-JOB = "import os, time; print(os.environ['JOB_TOKEN'], flush=True); time.sleep(5)"
+# The job prints its token, then runs until the test has looked at fray's arguments (the gate file), 60 s at most.
+JOB = (
+    "import os, sys, time\nprint(os.environ['JOB_TOKEN'], flush=True)\nend = time.time() + 60\n"
+    "while not os.path.exists(sys.argv[1]) and time.time() < end:\n    time.sleep(0.02)\n"
+)
 
 
 def _cmdline_as_another_user(pid: int) -> str:
@@ -32,13 +36,19 @@ def _run_and_look(env_args: list[str], tmp_path: Path, secret: str, exported: st
     check that its job printed `secret`; what another user saw of fray's argv while the job ran, and its stderr."""
     env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "JOB_TOKEN": exported or secret}
     argv = [sys.executable, "-m", "fray.cli", "run", "--backend", "in_memory", *env_args, "--"]
+    gate = tmp_path / "looked"
     fray = subprocess.Popen(
-        [*argv, sys.executable, "-c", JOB], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        [*argv, sys.executable, "-c", JOB, str(gate)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         assert fray.stdout is not None
-        printed = fray.stdout.readline().strip()  # the job runs now
+        printed = fray.stdout.readline().strip()  # the job runs now, and until the gate opens
         seen = _cmdline_as_another_user(fray.pid) if printed else ""
+        gate.touch()
         _, errors = fray.communicate(timeout=120)
     finally:
         fray.kill()
