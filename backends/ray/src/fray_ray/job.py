@@ -70,6 +70,7 @@ class RayJobContext(JobContext):
             Capability.PROCESS_ISOLATION,
             Capability.MULTI_HOST,
             Capability.ZERO_COPY_OBJECTS,
+            Capability.DEVICE_SHARES,  # a private instance's (device_mode below); a joined cluster's are staged
         }
     )
 

@@ -35,6 +35,10 @@ class Capability(enum.Enum):
     # an SPMD member whose process stops answering without dying (SIGSTOP, a machine gone quiet) is treated as
     # dead after FRAY_SPMD_HANG_TIMEOUT seconds (fray.gang.hang_timeout; 30 by default)
     SPMD_HANG_DETECTION = "spmd_hang_detection"
+    # device values (CUDA tensors) the driver sends to another process of its host go as shares of its device
+    # snapshot (fray.device_shares), not through host memory, in a context that knows every reader is on its host
+    # (docs/gpus.md says which contexts and values, backend by backend)
+    DEVICE_SHARES = "device_shares"
 
     @property
     def has_api(self) -> bool:
@@ -48,5 +52,6 @@ _PROPERTIES = frozenset(
         Capability.MULTI_HOST,
         Capability.ZERO_COPY_OBJECTS,
         Capability.SPMD_HANG_DETECTION,
+        Capability.DEVICE_SHARES,
     }
 )

@@ -49,6 +49,7 @@ class InMemoryJobContext(KitJobContext):
             Capability.SPMD_GANG_RESTART,  # those processes fail and restart together (in_memory/_gang.py)
             Capability.SPMD_HANG_DETECTION,  # and send heartbeats
             Capability.ASYNC_ACTORS,
+            Capability.DEVICE_SHARES,  # with its child processes (in_memory/_channel.py)
         }
     )
 

@@ -1,12 +1,17 @@
 """Device values on every path, with the CPU stand-in of device memory (fray.device_shares.MemfdBuffer: it
 travels as a CUDA tensor does, in the backend's device mode): put -> get, driver -> task, task -> driver,
-actor -> actor; each reader gets a copy of its own, and a value sent stays what it was when sent."""
+actor -> actor; each reader gets a copy of its own, and a value sent stays what it was when sent; where the
+backend declares device_shares, what the driver sends to another process goes by shares and is let go."""
 
 from __future__ import annotations
 
+import gc
+import time
+
 from fray.context import JobContext
-from fray.device_shares import MemfdBuffer
+from fray.device_shares import MemfdBuffer, share_server
 from fray.testing import device_workloads as d
+from fray.testing import requires_capability
 
 SIZE = 1 << 20  # large enough to travel out of band on every backend
 
@@ -40,3 +45,23 @@ def test_a_device_value_goes_from_actor_to_actor(fray_ctx: JobContext) -> None:
     made = holder.get()
     assert fray_ctx.get(reader.summarize(made), timeout=120) == (SIZE, 11, 11)
     assert d.buffer_summary(fray_ctx.get(made, timeout=120)) == (SIZE, 11, 11)
+
+
+@requires_capability("device_shares")
+@requires_capability("spmd_groups")
+def test_device_values_the_driver_sends_to_other_processes_go_by_shares_and_are_let_go(fray_ctx: JobContext) -> None:
+    """(SPMD members: in another process on every backend.) Each member copies from a share of its own; the
+    driver serves the snapshot until the calls are done and the value is gone."""
+    before = share_server().held()
+    group = fray_ctx.create_actor_group(d.BufferHolder, 2, args=(0, 1), distributed=True)
+    try:
+        assert fray_ctx.get(group.summarize(d.make_buffer(13, SIZE)), timeout=120) == [(SIZE, 13, 13)] * 2
+        assert fray_ctx.get(group.device_paths(), timeout=60) == [["memfd-ipc"]] * 2
+        deadline = time.monotonic() + 60
+        while share_server().held() != before:  # (let go when the call's object is freed, or the members say so)
+            assert time.monotonic() < deadline, "the driver still serves a device value its calls are done with"
+            gc.collect()
+            fray_ctx.get(group.snapshots_held(), timeout=60)
+            time.sleep(0.05)
+    finally:
+        fray_ctx.kill(group)
