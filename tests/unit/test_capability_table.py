@@ -135,3 +135,37 @@ def test_the_plugin_passes_a_partial_run_that_agrees(tmp_path: Path) -> None:
     rows = "\n".join(f"| `{c.value}` | {YES if c is Capability.STREAMING else NO} |" for c in Capability)
     done = _run_plugin(tmp_path, DOC.format(rows=rows).replace("one", "in_memory", 1))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_fray_capabilities_builds_the_table_from_results_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fray.cli import main
+    from fray.errors import BackendNotAvailableError
+    from fray.registry import FIRST_PARTY, get_backend
+
+    installed = {}
+    for name in FIRST_PARTY:
+        try:
+            installed[name] = get_backend(name).capabilities
+        except BackendNotAvailableError:
+            continue
+    first = sorted(installed)[0]
+    partial = CapabilityResults(expected=frozenset({"s::a"}))
+    partial.record(first, "t::a", "passed", [Capability.STREAMING])
+    partial.write(tmp_path / "partial.json")
+    assert main(["capabilities", "--results", str(tmp_path / "partial.json")]) == 2
+    assert "do not cover every capability case" in capsys.readouterr().err
+    files = []
+    for name in installed:  # one file per backend, as one run per backend writes them
+        results = CapabilityResults(expected=frozenset({"s::a"}))
+        results.mark_ran(name, "s::a")
+        results.write(tmp_path / f"{name}.json")
+        files += ["--results", str(tmp_path / f"{name}.json")]
+    assert main(["capabilities", *files]) == 0
+    table = documented_table(
+        DOC.format(rows="").replace("| capability | one |\n| --- | --- |\n", capsys.readouterr().out)
+    )
+    assert sorted(table) == sorted(installed)
+    for name, have in installed.items():  # nothing exercised: what the backend declares reads untested
+        assert table[name] == {c.value: UNTESTED if c in have else NO for c in Capability}
