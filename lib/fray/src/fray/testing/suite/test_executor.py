@@ -21,6 +21,7 @@ import pytest
 
 from fray.context import JobContext
 from fray.testing import executor_workloads as w
+from fray.testing import group_workloads as g
 from fray.testing import workloads as h
 
 TIMEOUT = 120.0
@@ -68,14 +69,21 @@ def test_executor_map_exception_in_a_chunk_after_its_earlier_items(fray_ctx: Job
             next(results)
 
 
-def test_executor_map_timeout(fray_ctx: JobContext) -> None:
+def test_executor_map_timeout(fray_ctx: JobContext, tmp_path: Path) -> None:
+    # CPython's third item sleeps 8 s; here it waits for a gate opened once the timeout was seen, so that leaving
+    # the executor (which waits for its work) does not wait out those 8 s too.
+    ready, gate = tmp_path / "ready", tmp_path / "gate"
+    ready.touch()
     with fray_ctx.executor() as executor:
-        executor.submit(int).result(TIMEOUT)  # warm: the timeout below is about the sleep, not a cold start
+        executor.submit(int).result(TIMEOUT)  # warm: the timeout below is about the wait, not a cold start
         results = []
-        with pytest.raises(futures.TimeoutError):
-            for value in executor.map(time.sleep, [0, 0, 8], timeout=3):
-                results.append(value)
-        assert results == [None, None]
+        try:
+            with pytest.raises(futures.TimeoutError):
+                for value in executor.map(g.wait_then, [str(ready), str(ready), str(gate)], [0, 1, 2], timeout=3):
+                    results.append(value)
+        finally:
+            gate.touch()
+        assert results == [0, 1]
         executor.shutdown(wait=False)
 
 
