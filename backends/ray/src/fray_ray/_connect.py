@@ -93,7 +93,7 @@ def acquire(
     global _conn
     if "RAY_COLOR_PREFIX" not in os.environ and not _on_a_terminal():
         # Ray colours the prefixes of the lines it relays ("(raylet)", "(task pid=N)") even into a file or a pipe,
-        # where the codes are noise (issue 28); on a terminal they stay.
+        # where the codes are noise; on a terminal they stay.
         os.environ["RAY_COLOR_PREFIX"] = "0"
     with _lock:
         if ray.is_initialized():

@@ -1,4 +1,4 @@
-"""SPMD groups on Ray fail and restart as one (issue 19; see fray.gang).
+"""SPMD groups on Ray fail and restart as one (see fray.gang).
 
 Ray tells the driver nothing when an idle actor dies, so the members of each live SPMD group are watched: one
 thread per context asks Ray's GCS for their states every `POLL` seconds (~0.2 ms per member asked) while any such

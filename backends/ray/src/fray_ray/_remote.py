@@ -168,7 +168,7 @@ def _stream_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _task_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     # One frame of fray's between Ray's and the user's, its line short: Ray prints a retried task's traceback cut
-    # to its last ~500 characters, and fray's frames (two, one with a long line) had it cut mid-word (issue 28).
+    # to its last ~500 characters, and fray's frames (two, one with a long line) had it cut mid-word.
     def fray_task(*args: Any, **kwargs: Any) -> Any:
         if _worker_ctx is None:
             enter_worker()

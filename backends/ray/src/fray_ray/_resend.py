@@ -1,4 +1,4 @@
-"""Calls made while an actor or an SPMD group restarts wait for the restart and then run (issue 29), bounded by the
+"""Calls made while an actor or an SPMD group restarts wait for the restart and then run, bounded by the
 get that reads them; only the calls in flight at the death fail.
 
 Plain actors (Ray's own restarts, `max_task_retries` 0 so that a call in flight is never silently run twice): Ray

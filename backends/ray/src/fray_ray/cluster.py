@@ -200,7 +200,7 @@ class RayClusterContext(ClusterContext):
         runtime_env: dict[str, Any] = runtime_env_dict(env) or {}
         # FRAY_BACKEND=ray is set by ClusterContext.create_job; Ray sets RAY_ADDRESS for the job, so a job that
         # calls fray.init() lands on this cluster's Ray. A job's log is a file, never a terminal: Ray colours the
-        # prefixes it writes there ("(raylet)", "(task pid=N)") unless RAY_COLOR_PREFIX=0 (issue 28).
+        # prefixes it writes there ("(raylet)", "(task pid=N)") unless RAY_COLOR_PREFIX=0.
         runtime_env["env_vars"] = {"RAY_COLOR_PREFIX": "0", **runtime_env.get("env_vars", {})}
         if self._local and (self._head is not None or is_own_job_api(self.address or "")):
             # Ray keeps a job's environment in its record, shown by the cluster's dashboard and Job API: a

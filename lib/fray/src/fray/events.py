@@ -6,7 +6,7 @@ the ring is full the oldest events fall out and are counted as dropped, never ke
 Whether a process records is its backend's choice, made when a job context starts in it (`choose_recording`):
 on for ray and monarch, whose round trips recording costs under 1.03x; off for in_memory, whose no-op round trip
 it costs 1.09x and 10k tiny tasks 1.21x (three events a task, each a Python call, a tuple and three ints among
-the task's own work: about 3 us of ~36 us on a 2-core VM), over issue 31's 1.05x. The context's `events` option
+the task's own work: about 3 us of ~36 us on a 2-core VM), over the budget for recording. The context's `events` option
 (`in_memory?events=on`) or `FRAY_EVENTS=1` / `FRAY_EVENTS=0` in the environment (read when the context starts
 and, by workers, when they import fray) say otherwise; `ctx.dashboard()` turns it on. A process with no context
 records from import.

@@ -14,7 +14,7 @@ __all__ = ["free_port", "free_ports", "is_loopback"]
 # Ports handed to a listener that binds them later (a Ray head's, an SPMD group's MASTER_PORT) are picked at
 # random below the kernel's ephemeral range: a port there is taken meanwhile only by another explicit bind, never
 # by a connect or a bind to port 0, which every process does all the time (a gloo rendezvous failed with
-# EADDRINUSE on a port the kernel had just handed to something else: CI, issue 21). Above Ray's default worker
+# EADDRINUSE on a port the kernel had just handed to something else: CI). Above Ray's default worker
 # ports (10002-19999), which its workers bind explicitly.
 _PICK_FROM = 20000
 _PICK_TRIES = 64

@@ -2,7 +2,7 @@
 
 A job's log is a file, read back as text (`get_job_logs`, `fray job logs`, a CI artifact), never a terminal: the
 codes Ray writes into it for its own lines ("View the dashboard at <bold green URL>", coloured "(raylet)" prefixes),
-or a program's own colours, are noise there (issue 28). One rule for every backend: `get_job_logs` and
+or a program's own colours, are noise there. One rule for every backend: `get_job_logs` and
 `tail_job_logs` give the text without them; the pieces of a tail, joined, are the same text.
 """
 

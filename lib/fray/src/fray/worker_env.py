@@ -3,7 +3,7 @@
 - OMP_NUM_THREADS: the CPUs the process's actor holds (its `resources["CPU"]`, at least 1), and 1 for a process
   that runs tasks, as Ray sets it for its workers. torch and numpy's BLAS otherwise start a thread per core in
   every process: on a 2-core machine three such processes made a 256 MiB `torch.full` take 0.2-0.5 s now and then
-  instead of 0.02 s (threads spinning while a sibling waits for a core; issue 21, bench_rlhf.py).
+  instead of 0.02 s (threads spinning while a sibling waits for a core).
 - THP_MEM_ALLOC_ENABLE=1: torch's CPU allocator aligns large tensors to 2 MiB and asks for transparent huge pages,
   as numpy does for its arrays by default: a fresh 100 MiB tensor costs ~4 ms of page faults instead of ~17 ms
   (measured on this project's 2-core machine kind), most of what a task returning a new tensor pays. torch reads

@@ -210,7 +210,7 @@ class TaskResult:
 class ActorCall:
     """One call of an actor's method, as its host's `call` endpoint gets it: one argument, compacted (see
     compact): Monarch pickled four arguments (two of them dataclasses) in ~40 us of every call, against ~10 us
-    for one int (issue 21)."""
+    for one int."""
 
     oid: str
     method: str

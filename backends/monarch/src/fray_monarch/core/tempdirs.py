@@ -38,7 +38,7 @@ def private_dir() -> str:
     with TMPDIR pointing into it): `<TMPDIR>/fray-mXXXXXXXX`, or `/tmp/fray-mXXXXXXXX` if TMPDIR is too long for
     Monarch's socket paths below it. It stays for the life of the process, also once every context is shut down:
     Monarch's runtime in this process lives on (0.7 cannot stop it) with its socket directory in there, which
-    Monarch used directly after fray still needs (issue 29); and a directory removed while the process lives
+    Monarch used directly after fray still needs; and a directory removed while the process lives
     leaves its name, which others can list in the temp directory, free for another user to make again. Removed
     by fray's watchdog when this process ends; one left by a process whose watchdog did not run is removed by the
     next start."""
@@ -73,7 +73,7 @@ def reclaim_private_dirs(base: str) -> int:
     `base` is shared with other users (/tmp): only a real directory of this user's (no symlink, mode 0700) is
     looked into, and its owner file is read only if it is a regular file of this user's, opened without following
     a link or blocking (a FIFO or a link to /dev/zero planted by another user once hung or exhausted every
-    monarch driver's start: issue 29)."""
+    monarch driver's start)."""
     removed = 0
     try:
         names = os.listdir(base)

@@ -44,7 +44,7 @@ _checked: dict[str, str] = {}  # root -> this user's directory there, once check
 
 def shm_dir(root: str = SHM_ROOT) -> str:
     """This user's private directory for store files under `root`: `fray-<uid>`, made (0700) if missing. If
-    another user made that name first (a denial of service to every user of the machine: issue 29), a name
+    another user made that name first (a denial of service to every user of the machine), a name
     with a random part only this user's processes know (`fray-<uid>-<suffix>`, the suffix in ~/.fray, chosen
     again if that name is taken too). FrayError if neither can be had, naming what is in the way."""
     found = _checked.get(root)
@@ -281,7 +281,7 @@ class Arena:
         path = os.path.join(self.dir, name)
         # The store directory itself is the lock of the host's budget (flock on its fd): a lock file of its own
         # could outlive its users (a host worker that SIGKILLs its processes before their lifelines remove their
-        # files left one behind; issue 21's CI run).
+        # files left one behind).
         lock_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)

@@ -2,7 +2,7 @@
 or offers them as Monarch RDMABuffers where the transport is RDMA. Which one is chosen, and why, is here; the
 reader's side of the sockets too (the owner's: transfer_server.py; the wire format: transfer_wire.py).
 
-What travels where (issue 20): a value's pickle stream rides the control plane, in its locator (or, when large,
+What travels where: a value's pickle stream rides the control plane, in its locator (or, when large,
 its SHA-256 does, and the reader checks the bytes before unpickling); the socket carries only raw bytes of
 allocations. A locator carries a capability per allocation: an HMAC, under a secret key of the owner process,
 of (allocation id, segment, offset, length). It never crosses the socket: reader and owner each prove they know
@@ -10,8 +10,8 @@ it (challenge-response, a fresh nonce from each side), so a reader never hands i
 stranger, and the owner serves only an allocation that is still live in its table (a freed one is refused, and
 a new allocation at the same place has another id, hence another capability). The bytes of each pull carry a
 tag the reader checks (transfer_wire.py), or travel inside TLS with `transport=tls` (transfer_tls.py), so a relay
-on the path cannot change them either (issue 29, item 4). A server that is full closes a new connection before
-answering it; the reader then waits and tries again, for up to REFUSED_WAIT (issue 29, item 3).
+on the path cannot change them either. A server that is full closes a new connection before
+answering it; the reader then waits and tries again, for up to REFUSED_WAIT.
 """
 
 from __future__ import annotations

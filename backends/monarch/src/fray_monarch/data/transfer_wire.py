@@ -2,7 +2,7 @@
 a challenge and a proof each way, then a grant, the raw bytes and their tag. Shared by both ends, with the reads
 that keep a deadline.
 
-The tag (issue 29, item 4) makes the bytes as trustworthy as the ends: after the bytes of each request comes
+The tag makes the bytes as trustworthy as the ends: after the bytes of each request comes
 their GMAC (AES-256-GCM over no plaintext, the bytes as associated data: NIST SP 800-38D), under a key only the two
 ends can derive: HMAC-SHA256, under the capability (which never crosses the socket), of both fresh nonces and the
 part, hence a new key for every request (so GCM's fixed nonce never serves two messages). GMAC through

@@ -228,7 +228,7 @@ class Controller:
         self.groups.close()
         self.pool.release()  # after the stops: any process they missed ends now
         # A stop that failed or timed out (Monarch's, on a loaded machine) must not leave this context's
-        # processes behind (issue 29): those of this machine still running are SIGKILLed, proven ours first.
+        # processes behind: those of this machine still running are SIGKILLed, proven ours first.
         left = end_children(self.pool.started_here)
         if left:
             runtime.log.warning("fray: worker processes %s outlived the shutdown of their context", left)

@@ -26,7 +26,7 @@ from fray_monarch.core.protocol import Stored, Value
 # that left it in an actor's reply (worker_runtime.RELEASE_DELAY). 0: the free runs on the loop thread as soon as it
 # can (never in the finalizer that dropped the count). It was 2 s, then 50 ms: a loop putting a 100 MiB value every
 # ~5 ms then had ~10 of them alive and kept growing the store by fresh chunks (~55 ms of page zeroing and faults
-# each, every 3-6 puts); now the previous value's memory is free before the next put but one (issue 21).
+# each, every 3-6 puts); now the previous value's memory is free before the next put but one.
 FREE_GRACE = 0.0
 
 
@@ -184,7 +184,7 @@ class ObjectDirectory:
     def _nothing_to_free(entry: Entry) -> bool:
         """Dropping it frees no memory and drops no other ref (a small value or a failure, keeping nothing): safe
         even in the finalizer that dropped its count. Each actor call's ref ends this way; handing it to the loop
-        thread cost a cross-thread wake-up per call (issue 21: ~0.05 ms of a 0.7 ms round trip)."""
+        thread cost a cross-thread wake-up per call (~0.05 ms of a 0.7 ms round trip)."""
         return entry.outcome.done() and not entry.keep and not isinstance(entry.outcome.value, Stored)
 
     def _sweep(self) -> None:

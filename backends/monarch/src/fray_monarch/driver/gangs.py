@@ -1,4 +1,4 @@
-"""SPMD groups on monarch fail and restart as one (issue 19; see fray.gang), a part of the Controller.
+"""SPMD groups on monarch fail and restart as one (see fray.gang), a part of the Controller.
 
 `ActorRegistry.proc_died` hands a member's death here (`gang_died`). The group's every process is stopped (a
 survivor blocked in a collective cannot leave it otherwise) and every call pending on any member fails with the

@@ -99,7 +99,7 @@ def install(identity: Identity) -> None:
     """Write this process's identity where Monarch reads it (before the first TLS channel opens), once: the files
     stay for the life of the process (fray's watchdog removes them when it ends; `remove` when a host worker
     ends), so that their directory's name, which others can list in the temp directory, is never free for another
-    user to make it again with an authority of theirs in it (issue 29). A directory inherited from a parent
+    user to make it again with an authority of theirs in it. A directory inherited from a parent
     process is the parent's identity, in use: checked, not written. Any directory or file that is not this
     user's and private is a FrayError, never used."""
     from fray import watchdog

@@ -32,8 +32,8 @@ __all__ = ["InMemoryJobContext"]
 
 class InMemoryJobContext(KitJobContext):
     backend = "in_memory"
-    # Events off unless asked: three a task cost a no-op task round trip 1.09x here (10k at once 1.21x), over
-    # issue 31's 1.05x (fray.events); the kit's other users pay them beside work that crosses a process
+    # Events off unless asked: three a task cost a no-op in-process task more than recording may (fray.events);
+    # the kit's other users pay them beside work that crosses a process
     records_by_default = False
     capabilities = frozenset(
         {

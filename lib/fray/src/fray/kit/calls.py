@@ -49,7 +49,7 @@ class Task:
         self.options, self.request, self.entry = options, request, entry
         self.attempts = 0
         self.name: str = options.name or _name_of(fn)  # how its events name it
-        # Guards its state: a lock of its own, not the ledger's, which the workers contend for (issue 21).
+        # Guards its state: a lock of its own, not the ledger's, which the workers contend for.
         self.lock = threading.Lock()
         # waiting (for its ref arguments) -> queued (for resources) -> dispatched (resources held, on the workers'
         # queue) -> running [-> cancelling] -> finishing -> done; or -> cancelled before running.

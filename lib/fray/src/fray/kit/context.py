@@ -1,4 +1,4 @@
-"""The kit's JobContext: every hook of a JobContext, for an engine that only runs calls (issue 32).
+"""The kit's JobContext: every hook of a JobContext, for an engine that only runs calls.
 
 It owns what every such backend would write again: the object table (fray.kit.objects), resources and lending
 (fray.kit.ledger), a task's life (waiting for its arguments, queueing, retries, events, cancel: fray.kit.calls),

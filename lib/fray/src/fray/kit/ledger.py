@@ -9,7 +9,7 @@ One lock guards the ledger and the workers' counts (a task's state has a lock of
 once a task, to release; a thread submitting while every CPU is taken stages its work without it (Ledger.submit).
 Under the GIL a contended lock is a hand-over of the interpreter: the submitting thread and the workers convoyed on
 it (~25% of the acquisitions blocked when it also guarded the tasks' states and was taken ~4 times a task) and 10k
-tiny tasks ran at 0.19-0.28x a ThreadPoolExecutor (issue 21).
+tiny tasks ran at 0.19-0.28x a ThreadPoolExecutor.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class Ledger:
             # Its resources are all taken, so a worker will release some: leave the work for that release
             # instead of taking the lock, which the workers take several times a task. A thread submitting
             # thousands of tiny tasks otherwise queued behind them for the lock (a lock convoy: ~25% of the
-            # acquisitions blocked, each a hand-over of the GIL; issue 21). Checked again once staged: a release
+            # acquisitions blocked, each a hand-over of the GIL). Checked again once staged: a release
             # that freed them meanwhile may have come before the work was staged.
             self._staged.append((request, work, on_dispatch))
             if self._fits(request):

@@ -80,7 +80,7 @@ def test_a_jobs_bare_init_reaches_the_backend_it_was_submitted_to(
 
 def test_a_jobs_log_is_plain_text(fray_cluster: ClusterContext) -> None:
     """What the job's tasks print reaches its log with the prefix saying who printed it, and no terminal colour
-    codes: a job's log is a file (issue 28: Ray coloured its prefixes there)."""
+    codes: a job's log is a file (Ray coloured its prefixes there)."""
     code = (
         "import fray\n"
         "def hello():\n    print('hello from a task', flush=True)\n"

@@ -237,7 +237,7 @@ def test_spmd_group_gloo_all_reduce(fray_ctx: JobContext, size: int) -> None:
 
 @requires_capability("spmd_groups")
 def test_spmd_rendezvous_listens_on_master_addr_alone(fray_ctx: JobContext) -> None:
-    """torch's env:// rendezvous served its TCPStore on every interface of rank 0's host (issue 29, item 7); fray
+    """torch's env:// rendezvous served its TCPStore on every interface of rank 0's host; fray
     serves it in rank 0's process on MASTER_ADDR alone, loopback when every member is on one host."""
     pytest.importorskip("torch", reason="torch is not installed (the rendezvous is torch.distributed's)")
     group = fray_ctx.create_actor_group(g.GlooMember, 2, distributed=True)

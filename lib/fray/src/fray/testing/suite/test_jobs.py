@@ -1,4 +1,4 @@
-"""Jobs as training runs: callables, names, retries, ranks, resources per rank, handles, tails (issue 30)."""
+"""Jobs as training runs: callables, names, retries, ranks, resources per rank, handles, tails."""
 
 from __future__ import annotations
 

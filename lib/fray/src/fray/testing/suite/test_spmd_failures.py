@@ -1,4 +1,4 @@
-"""SPMD groups fail as one (issue 19): a rank's death fails every pending call of every member, survivors blocked in
+"""SPMD groups fail as one: a rank's death fails every pending call of every member, survivors blocked in
 a collective included, naming the rank; with max_restarts the whole group comes back together.
 
 Bounds are generous (a loaded 2-core machine must never make them flaky); the measured times are printed."""
