@@ -357,13 +357,13 @@ def test_an_spmd_group_restart_is_recorded_with_its_reason(ctx: RayJobContext, t
     assert [len(_recorded(ctx, Kind.ACTOR_DIED, key, timeout=0)) for key in first] == [1, 1]  # not again at the kill
 
 
-def test_fray_s_private_ray_has_no_engine_link(ctx: RayJobContext) -> None:
-    """(A cluster with a dashboard: test_ray_lifecycle.py, on its private head.)"""
-    assert ctx._engine_links() == {}  # include_dashboard=False: Ray's KV holds no dashboard address
-
-
 def test_an_engine_link_is_plain_http_with_no_credentials() -> None:
     assert http_link("127.0.0.1:8265") == "http://127.0.0.1:8265"
     assert http_link("https://user:secret@ray.example:443/x?token=abc#f") == "https://ray.example:443/x"
     assert http_link("http://[::1]:8265") == "http://[::1]:8265"
     assert http_link("ray://head:10001") is None and http_link("") is None and http_link(None) is None
+
+
+def test_fray_s_private_ray_has_no_engine_link(ctx: RayJobContext) -> None:
+    """(A cluster with a dashboard: test_ray_lifecycle.py, on its private head.)"""
+    assert ctx._engine_links() == {}  # include_dashboard=False: Ray's KV holds no dashboard address
