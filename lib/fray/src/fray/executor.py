@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import queue
 import threading
 import time
 import types
@@ -46,6 +47,8 @@ __all__ = [
 # took 1.77x create_task + get with 4, 1.31x with 64 (docs/executors.md, "Cost").
 TASKS_PER_SLOT = 2
 MIN_WORKERS = 32
+# How long the feeder thread (see FrayExecutor._settled_elsewhere) waits for the next settle before it ends.
+FEEDER_IDLE_SECONDS = 1.0
 
 
 class TaskSubmitter(Protocol):
@@ -221,6 +224,8 @@ class FrayExecutor(Executor):
         self._on_backend = 0
         self._shut_down = False
         self._draining = threading.local()
+        self._feed: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._feeding = False
 
     def __repr__(self) -> str:
         return f"FrayExecutor(max_workers={self._max_workers}, options={self._options!r})"
@@ -336,10 +341,19 @@ class FrayExecutor(Executor):
             return
         try:
             ref = self._ctx.create_task(work.fn, work.args, None, self._options)
-            if self._ctx.outcome_callbacks_may_submit:  # (no Future, no value loaded: the consumer's get loads it)
-                outcomes(cast(WatchedContext, self._ctx), [ref])[0].add_callback(self._item_settled)
+            # No Future and no value loaded where the backend has outcomes of its own (the consumer's get loads
+            # it): their callbacks free the slot, or, where they run under the backend's locks, hand it to
+            # the executor's feeder thread; else the context's own future (see _start).
+            # The callback holds the ref until it settles: a backend may forget the task of a ref no one holds
+            # (monarch), and a map whose caller dropped it still frees its slots.
+            ctx = cast(WatchedContext, self._ctx)
+            native = ctx._outcomes([ref])
+            if native is not None and self._ctx.outcome_callbacks_may_submit:
+                native[0].add_callback(functools.partial(self._item_settled, ref))
+            elif native is not None:
+                native[0].add_callback(functools.partial(self._settled_elsewhere, ref))
             else:
-                self._ctx._future_of(ref).add_done_callback(self._item_settled)  # (the context's own: see _start)
+                self._ctx._future_of(ref).add_done_callback(functools.partial(self._item_settled, ref))
         except BaseException as exc:  # refused: raised where the caller reaches this item
             work.error = exc
             self._slot_freed()
@@ -348,8 +362,29 @@ class FrayExecutor(Executor):
         work.ref = ref
         work.run.wake()
 
-    def _item_settled(self, settled: object) -> None:
+    def _item_settled(self, ref: ObjectRef, settled: object) -> None:
         self._slot_freed()
+
+    def _settled_elsewhere(self, ref: ObjectRef, settled: object) -> None:
+        """A settle reported under the backend's lock: the feeder thread starts the next work."""
+        self._feed.put(None)
+        with self._lock:
+            if self._feeding:
+                return
+            self._feeding = True
+        threading.Thread(target=self._feed_loop, name="fray-executor-feeder", daemon=True).start()
+
+    def _feed_loop(self) -> None:
+        while True:
+            try:
+                self._feed.get(timeout=FEEDER_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._feed.empty():  # (a settle after this starts a new feeder)
+                        self._feeding = False
+                        return
+                continue
+            self._slot_freed()
 
     def _start(self, work: _Work) -> None:
         """Send work to the backend (it holds a slot already), unless its future was cancelled while queued."""
