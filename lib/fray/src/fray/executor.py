@@ -17,13 +17,14 @@ import time
 import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import CancelledError, Executor, Future
+from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from fray.completion import WatchedContext, outcomes
 from fray.errors import GetTimeoutError
+from fray.map_item import MapItem, MapRun
 from fray.refs import ObjectRef
 from fray.remote_errors import RemoteError, capture_exception, rebuild
 from fray.resources import task_resources
@@ -93,67 +94,16 @@ class _Work:
     kwargs: dict[str, Any]
 
 
-class _MapRun:
-    """What the items of one `map` share: the consumer waits here for the item it reached to leave the queue."""
-
-    __slots__ = ("changed", "waiting")
-
-    def __init__(self) -> None:
-        self.changed = threading.Condition(threading.Lock())
-        self.waiting = False
-
-    def wake(self) -> None:
-        # An item's state is set before `waiting` is read, and `waiting` before the consumer reads the state, so
-        # either the consumer sees the new state or this sees it waiting (and then waits for it to be in wait()).
-        if self.waiting:
-            with self.changed:
-                self.changed.notify_all()
-
-
-class _MapItem:
-    """One task of a `map`: queued in the executor like a submit's work, but with no Future: its consumer reads
-    the value with the context's `get` (a Future per item made map 2x create_task + get on in_memory)."""
-
-    __slots__ = ("args", "cancelled", "error", "fn", "ref", "run")
-
-    def __init__(self, run: _MapRun, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.run, self.fn, self.args = run, fn, args
-        self.ref: ObjectRef | None = None
-        self.error: BaseException | None = None
-        self.cancelled = False
-
-    def started(self, end: float | None) -> ObjectRef:
-        """The item's ref once it is on the backend; its refusal, CancelledError, or TimeoutError at `end`."""
-        if self.ref is None and self.error is None and not self.cancelled:
-            run = self.run
-            with run.changed:
-                run.waiting = True
-                try:
-                    while self.ref is None and self.error is None and not self.cancelled:
-                        left = None if end is None else end - time.monotonic()
-                        if left is not None and left <= 0:
-                            raise FuturesTimeoutError()
-                        run.changed.wait(left)
-                finally:
-                    run.waiting = False
-        if self.error is not None:
-            raise self.error
-        if self.ref is None:
-            raise CancelledError()
-        ref, self.ref, self.args = self.ref, None, ()
-        return ref
-
-
-def _map_items(fn: Callable[..., Any], items: Iterator[tuple[Any, ...]], chunksize: int) -> Iterator[_MapItem]:
-    run = _MapRun()
+def _map_items(fn: Callable[..., Any], items: Iterator[tuple[Any, ...]], chunksize: int) -> Iterator[MapItem]:
+    run = MapRun()
     if chunksize == 1:
         for args in items:
             if not callable(fn):
                 raise TypeError(f"submit needs a callable, got {type(fn).__name__}")
-            yield _MapItem(run, *task_call(fn, args))
+            yield MapItem(run, *task_call(fn, args))
         return
     for chunk in iter(lambda: list(itertools.islice(items, chunksize)), []):
-        yield _MapItem(run, run_chunk, (fn, chunk))
+        yield MapItem(run, run_chunk, (fn, chunk))
 
 
 @dataclass
@@ -220,7 +170,7 @@ class FrayExecutor(Executor):
         self._max_workers = max_workers if max_workers is not None else default_workers(ctx, options)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._queue: deque[_Work | _MapItem] = deque()
+        self._queue: deque[_Work | MapItem] = deque()
         self._on_backend = 0
         self._shut_down = False
         self._draining = threading.local()
@@ -278,7 +228,7 @@ class FrayExecutor(Executor):
             if cancel_futures:
                 self._queue.clear()
         for work in cancelled:
-            if isinstance(work, _MapItem):
+            if isinstance(work, MapItem):
                 work.cancelled = True
                 work.run.wake()
             else:
@@ -288,7 +238,7 @@ class FrayExecutor(Executor):
                 self._idle.wait_for(lambda: self._on_backend == 0 and not self._queue)
 
     # ----------------------------------------------------------------- running work
-    def _enqueue(self, work: _MapItem) -> _MapItem:
+    def _enqueue(self, work: MapItem) -> MapItem:
         """A map item goes the way a submit does (a slot, else the queue), without a Future of its own."""
         with self._lock:
             if self._shut_down:
@@ -301,7 +251,7 @@ class FrayExecutor(Executor):
         return work
 
     def _map_results(
-        self, queued: deque[_MapItem], more: Iterator[_MapItem] | None, end: float | None, chunked: bool
+        self, queued: deque[MapItem], more: Iterator[MapItem] | None, end: float | None, chunked: bool
     ) -> Iterator[Any]:
         """Each item's value in order, read with the context's `get`; at an error, a timeout or a close, the items
         still queued here are cancelled (as map's futures are)."""
@@ -333,7 +283,7 @@ class FrayExecutor(Executor):
                 raise
             raise FuturesTimeoutError() from None
 
-    def _start_item(self, work: _MapItem) -> None:
+    def _start_item(self, work: MapItem) -> None:
         """Send a map item to the backend (it holds a slot already), unless its map was closed meanwhile."""
         if work.cancelled:
             self._slot_freed()
@@ -449,7 +399,7 @@ class FrayExecutor(Executor):
                             self._idle.notify_all()
                         continue
                     work = self._queue.popleft()
-                if isinstance(work, _MapItem):
+                if isinstance(work, MapItem):
                     self._start_item(work)
                 else:
                     self._start(work)
