@@ -47,6 +47,9 @@ __all__ = [
 # with a backend of slow round trips (Ray: ~1 ms) too few in flight leave it idle: 10k tiny tasks on a 2-CPU Ray
 # took 1.77x create_task + get with 4, 1.31x with 64 (docs/executors.md, "Cost").
 TASKS_PER_SLOT = 2
+# A map's values are read with one `get` for as many items as are on the backend when the next is reached, up
+# to this many (a get per item cost more than the items' tasks did).
+MAP_BATCH = 64
 MIN_WORKERS = 32
 # How long the feeder thread (see FrayExecutor._settled_elsewhere) waits for the next settle before it ends.
 FEEDER_IDLE_SECONDS = 1.0
@@ -71,7 +74,7 @@ class TaskSubmitter(Protocol):
 
     def _future_of(self, ref: ObjectRef) -> Future[Any]: ...
 
-    def get(self, refs: ObjectRef, timeout: float | None = None) -> Any: ...
+    def get(self, refs: ObjectRef | list[ObjectRef], timeout: float | None = None) -> Any: ...
 
 
 def cluster_slots(ctx: TaskSubmitter, options: TaskOptions) -> int:
@@ -168,6 +171,10 @@ class FrayExecutor(Executor):
         self._options = options
         # `_max_workers` is the attribute name Dask's local scheduler reads to size its own queue.
         self._max_workers = max_workers if max_workers is not None else default_workers(ctx, options)
+        # A map on an executor made without max_workers sends every item to the backend at once, as a thread
+        # pool queues every item at once: the backend runs what its resources allow, and a map's items have no
+        # future to cancel one by one (kept to a slot each, the next item waited for a slot to free).
+        self._map_limit = max_workers
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._queue: deque[_Work | MapItem] = deque()
@@ -239,11 +246,12 @@ class FrayExecutor(Executor):
 
     # ----------------------------------------------------------------- running work
     def _enqueue(self, work: MapItem) -> MapItem:
-        """A map item goes the way a submit does (a slot, else the queue), without a Future of its own."""
+        """A map item goes the way a submit does (a slot, else the queue), without a Future of its own (on an
+        executor made without max_workers, straight to the backend)."""
         with self._lock:
             if self._shut_down:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            if self._on_backend >= self._max_workers:
+            if self._map_limit is not None and self._on_backend >= self._map_limit:
                 self._queue.append(work)
                 return work
             self._on_backend += 1
@@ -262,8 +270,11 @@ class FrayExecutor(Executor):
                 ref = queued[0].started(end)
                 queued.popleft()
                 if not chunked:
-                    # no local name holds the value while the caller has it (a result can be large)
-                    yield self._get(ref, end)
+                    refs = [ref]  # with the items after it already on the backend: one get for them all
+                    while more is None and queued and len(refs) < MAP_BATCH and queued[0].ref is not None:
+                        refs.append(queued.popleft().started(end))  # (with a buffersize: one by one)
+                    del ref
+                    yield from self._values(refs, end)
                     continue
                 chunk: ChunkResult = self._get(ref, end)
                 yield from chunk.values
@@ -273,7 +284,23 @@ class FrayExecutor(Executor):
             for work in queued:
                 work.cancelled = True
 
-    def _get(self, ref: ObjectRef, end: float | None) -> Any:
+    def _values(self, refs: list[ObjectRef], end: float | None) -> Iterator[Any]:
+        """The values of refs in order. Where one of them failed (or the time ran out), they are read one by one,
+        so that the values before it are given and its error is raised when it is reached."""
+        if len(refs) > 1:
+            try:
+                values = deque(self._get(refs, end))
+            except Exception:
+                values = None
+            if values is not None:
+                refs.clear()
+                while values:  # (each value leaves the batch as it is given: the caller may drop it)
+                    yield values.popleft()
+                return
+        while refs:
+            yield self._get(refs.pop(0), end)
+
+    def _get(self, ref: ObjectRef | list[ObjectRef], end: float | None) -> Any:
         if end is None:
             return self._ctx.get(ref)
         try:

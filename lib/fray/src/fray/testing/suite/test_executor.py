@@ -61,6 +61,16 @@ def test_executor_map_exception(fray_ctx: JobContext) -> None:
             next(results)
 
 
+def test_executor_map_gives_every_value_before_a_failed_item_among_many(fray_ctx: JobContext) -> None:
+    """(Values are read many items at a time where they are ready: a failure among them still comes in order.)"""
+    divisors = [1] * 150 + [0] + [1] * 49
+    with fray_ctx.executor() as executor:
+        results = executor.map(divmod, range(200), divisors, timeout=TIMEOUT)
+        assert [next(results) for _ in range(150)] == [(i, 0) for i in range(150)]
+        with pytest.raises(ZeroDivisionError):
+            next(results)
+
+
 def test_executor_map_exception_in_a_chunk_after_its_earlier_items(fray_ctx: JobContext) -> None:
     with fray_ctx.executor() as executor:
         results = executor.map(divmod, [1, 1, 1, 1], [2, 3, 0, 5], chunksize=4, timeout=TIMEOUT)
