@@ -6,14 +6,28 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import pytest
+
+import fray
 from fray.device_shares import share_server
 from fray.device_shares.values import SHARED
+from fray.registry import parse_spec
 from fray.testing import device_workloads as d
-from fray_ray import RayJobContext
+from fray_ray import RayBackend, RayJobContext
 
 SIZE = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def own_ctx() -> Iterator[RayJobContext]:
+    """A private Ray of this module's own (not conftest's `ctx`, which the next module's tests may keep: the
+    device loads its workers recorded here would be drawn on that module's timeline)."""
+    context = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
+    with fray.using(context):
+        yield context
+    context.shutdown()
 
 
 def _eventually(check: Callable[[], bool], what: str, within: float = 30.0) -> None:
@@ -24,7 +38,8 @@ def _eventually(check: Callable[[], bool], what: str, within: float = 30.0) -> N
         time.sleep(0.05)
 
 
-def test_a_private_instance_sends_device_arguments_as_shares(ctx: RayJobContext) -> None:
+def test_a_private_instance_sends_device_arguments_as_shares(own_ctx: RayJobContext) -> None:
+    ctx = own_ctx
     assert ctx.device_mode == SHARED
     before = share_server().held()
     holder = ctx.create_actor(d.BufferHolder, args=(0, 1))
@@ -39,7 +54,8 @@ def test_a_private_instance_sends_device_arguments_as_shares(ctx: RayJobContext)
     ctx.kill(group)
 
 
-def test_results_and_puts_of_device_values_travel_as_bytes(ctx: RayJobContext) -> None:
+def test_results_and_puts_of_device_values_travel_as_bytes(own_ctx: RayJobContext) -> None:
+    ctx = own_ctx
     made = ctx.get(ctx.create_task(d.make_buffer, args=(2, SIZE)), timeout=120)
     assert d.buffer_summary(made) == (SIZE, 2, 2)
     ref = ctx.put(d.make_buffer(6, SIZE))
