@@ -35,6 +35,7 @@ from fray.device_shares.wire import (
     ShareRef,
     Staged,
     StageSnapshot,
+    at_unix_path,
     check_peer_is_this_user,
     read_message,
     send_message,
@@ -95,7 +96,7 @@ class ShareServer:
         self._threads: set[threading.Thread] = set()
         self._stopped = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        _bind(self._listener, self.address)
+        at_unix_path(self.address, self._listener.bind)
         self._listener.listen(64)
         self._acceptor = threading.Thread(target=self._accept, name="fray-device-shares", daemon=True)
         self._acceptor.start()
@@ -244,18 +245,6 @@ class ShareServer:
             os.unlink(self.address)
         except OSError:
             pass
-
-
-def _bind(sock: socket.socket, address: str) -> None:
-    """Bind to `address`, through the directory's descriptor where the path is too long for a Unix socket."""
-    if len(address.encode()) < 100:
-        sock.bind(address)
-        return
-    directory = os.open(os.path.dirname(address), os.O_PATH | os.O_DIRECTORY)
-    try:
-        sock.bind(f"/proc/self/fd/{directory}/{os.path.basename(address)}")
-    finally:
-        os.close(directory)
 
 
 _server: list[ShareServer] = []

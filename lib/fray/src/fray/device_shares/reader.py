@@ -26,6 +26,7 @@ from fray.device_shares.wire import (
     ShareRef,
     Staged,
     StageSnapshot,
+    at_unix_path,
     check_peer_is_this_user,
     read_exactly,
     read_message,
@@ -62,7 +63,7 @@ class _Connection:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(_CONNECT_TIMEOUT_S)
         try:
-            _connect(self.sock, address)
+            at_unix_path(address, self.sock.connect)
             check_peer_is_this_user(self.sock)
         except BaseException:
             self.sock.close()
@@ -71,17 +72,6 @@ class _Connection:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def _connect(sock: socket.socket, address: str) -> None:
-    if len(address.encode()) < 100:
-        sock.connect(address)
-        return
-    directory = os.open(os.path.dirname(address), os.O_PATH | os.O_DIRECTORY)
-    try:
-        sock.connect(f"/proc/self/fd/{directory}/{os.path.basename(address)}")
-    finally:
-        os.close(directory)
 
 
 def _connection(address: str) -> _Connection:

@@ -10,6 +10,7 @@ import os
 import pickle
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "ShareRef",
     "StageSnapshot",
     "Staged",
+    "at_unix_path",
     "check_peer_is_this_user",
     "read_exactly",
     "read_message",
@@ -92,6 +94,19 @@ def check_peer_is_this_user(sock: socket.socket) -> None:
     pid, uid, _gid = _PEERCRED.unpack(raw)
     if uid != os.getuid():
         raise FrayError(f"a device-share connection from pid {pid} of uid {uid}, not this user's: refused")
+
+
+def at_unix_path(address: str, act: Callable[[str], None]) -> None:
+    """`act` (a socket's bind or connect) on the Unix socket path `address`, through its directory's descriptor
+    where the path is too long for a Unix socket address."""
+    if len(address.encode()) < 100:
+        act(address)
+        return
+    directory = os.open(os.path.dirname(address), os.O_PATH | os.O_DIRECTORY)
+    try:
+        act(f"/proc/self/fd/{directory}/{os.path.basename(address)}")
+    finally:
+        os.close(directory)
 
 
 def send_message(sock: socket.socket, message: object, fds: tuple[int, ...] | list[int] = ()) -> None:
