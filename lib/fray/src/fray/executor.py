@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -24,21 +25,18 @@ from typing import Any, Protocol, cast
 
 from fray.completion import WatchedContext, outcomes
 from fray.errors import GetTimeoutError
-from fray.map_item import MapItem, MapRun
+from fray.executor_map import MapItem, MapRun, MapsInFlight, read_map, run_chunk
 from fray.refs import ObjectRef
-from fray.remote_errors import RemoteError, capture_exception, rebuild
 from fray.resources import task_resources
 from fray.types import TaskOptions
 
 __all__ = [
-    "ChunkResult",
     "FrayExecutor",
     "TaskFuture",
     "TaskSubmitter",
     "call",
     "cluster_slots",
     "default_workers",
-    "run_chunk",
     "task_call",
 ]
 
@@ -47,9 +45,6 @@ __all__ = [
 # with a backend of slow round trips (Ray: ~1 ms) too few in flight leave it idle: 10k tiny tasks on a 2-CPU Ray
 # took 1.77x create_task + get with 4, 1.31x with 64 (docs/executors.md, "Cost").
 TASKS_PER_SLOT = 2
-# A map's values are read with one `get` for as many items as are on the backend when the next is reached, up
-# to this many (a get per item cost more than the items' tasks did).
-MAP_BATCH = 64
 MIN_WORKERS = 32
 # How long the feeder thread (see FrayExecutor._settled_elsewhere) waits for the next settle before it ends.
 FEEDER_IDLE_SECONDS = 1.0
@@ -98,7 +93,7 @@ class _Work:
 
 
 def _map_items(fn: Callable[..., Any], items: Iterator[tuple[Any, ...]], chunksize: int) -> Iterator[MapItem]:
-    run = MapRun()
+    run = MapRun()  # (what a consumer waiting for a queued item waits on)
     if chunksize == 1:
         for args in items:
             if not callable(fn):
@@ -107,14 +102,6 @@ def _map_items(fn: Callable[..., Any], items: Iterator[tuple[Any, ...]], chunksi
         return
     for chunk in iter(lambda: list(itertools.islice(items, chunksize)), []):
         yield MapItem(run, run_chunk, (fn, chunk))
-
-
-@dataclass
-class ChunkResult:
-    """What a task running a chunk of `map` items returns: the values up to the first failure, and that failure."""
-
-    values: list[Any]
-    error: RemoteError | None
 
 
 def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -128,16 +115,6 @@ def task_call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Callable[.
     (create_task keeps classes for actors), a builtin (Ray cannot register one without a signature: time.sleep),
     a bound method or a callable object (a backend's per-function registry would keep it, and its object, alive)."""
     return (fn, args) if isinstance(fn, types.FunctionType) else (call, (fn, *args))
-
-
-def run_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> ChunkResult:
-    values = []
-    for args in chunk:
-        try:
-            values.append(fn(*args))
-        except Exception as exc:  # the items before it are still yielded, then this is raised (as map does)
-            return ChunkResult(values, capture_exception(exc))
-    return ChunkResult(values, None)
 
 
 class TaskFuture(Future[Any]):
@@ -173,8 +150,12 @@ class FrayExecutor(Executor):
         self._max_workers = max_workers if max_workers is not None else default_workers(ctx, options)
         # A map on an executor made without max_workers sends every item to the backend at once, as a thread
         # pool queues every item at once: the backend runs what its resources allow, and a map's items have no
-        # future to cancel one by one (kept to a slot each, the next item waited for a slot to free).
+        # future to cancel one by one (kept to a slot each, the next item waited for a slot to free). Those
+        # items hold no slot: they are listed in `_maps` until read, and followed (`_unread`) only where a map
+        # ends without reading them all, or at shutdown.
         self._map_limit = max_workers
+        self._maps = MapsInFlight()
+        self._unread = 0  # the refs being followed for `_maps` (their settles count down)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._queue: deque[_Work | MapItem] = deque()
@@ -221,10 +202,18 @@ class FrayExecutor(Executor):
         ):
             raise ValueError("buffersize must be None or > 0.")
         end = None if timeout is None else timeout + time.monotonic()
+        self._follow_unread(self._maps.left())
         items: Iterator[tuple[Any, ...]] = zip(*iterables, strict=False)  # the shortest iterable ends it, as in map()
         submitted = (self._enqueue(work) for work in _map_items(fn, items, chunksize))
         queued = deque(submitted if buffersize is None else itertools.islice(submitted, buffersize))
-        return self._map_results(queued, submitted if buffersize is not None else None, end, chunksize > 1)
+        reading: list[ObjectRef] = []
+        key = self._maps.open(queued, reading) if self._map_limit is None else None
+        more = submitted if buffersize is not None else None
+        closed = None if key is None else functools.partial(self._maps.close, key)
+        results = read_map(self._get, queued, reading, more, end, chunksize > 1, closed)
+        if key is not None:  # (a map dropped before its first item is read never runs its generator's finally)
+            weakref.finalize(results, self._maps.close, key)
+        return results
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No submit after this. cancel_futures: cancel the futures still queued here (not yet on the backend).
@@ -234,6 +223,7 @@ class FrayExecutor(Executor):
             cancelled = list(self._queue) if cancel_futures else []
             if cancel_futures:
                 self._queue.clear()
+        self._follow_unread([*self._maps.left(), *self._maps.unread()])
         for work in cancelled:
             if isinstance(work, MapItem):
                 work.cancelled = True
@@ -242,7 +232,7 @@ class FrayExecutor(Executor):
                 work.future.cancel()
         if wait:
             with self._idle:
-                self._idle.wait_for(lambda: self._on_backend == 0 and not self._queue)
+                self._idle.wait_for(lambda: self._on_backend == 0 and not self._queue and self._unread == 0)
 
     # ----------------------------------------------------------------- running work
     def _enqueue(self, work: MapItem) -> MapItem:
@@ -251,54 +241,22 @@ class FrayExecutor(Executor):
         with self._lock:
             if self._shut_down:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            if self._map_limit is not None and self._on_backend >= self._map_limit:
+            if self._map_limit is None:
+                slotted = False
+            elif self._on_backend >= self._map_limit:
                 self._queue.append(work)
                 return work
-            self._on_backend += 1
-        self._start_item(work)
-        return work
-
-    def _map_results(
-        self, queued: deque[MapItem], more: Iterator[MapItem] | None, end: float | None, chunked: bool
-    ) -> Iterator[Any]:
-        """Each item's value in order, read with the context's `get`; at an error, a timeout or a close, the items
-        still queued here are cancelled (as map's futures are)."""
-        try:
-            while queued:
-                if more is not None:
-                    queued.extend(itertools.islice(more, 1))
-                ref = queued[0].started(end)
-                queued.popleft()
-                if not chunked:
-                    refs = [ref]  # with the items after it already on the backend: one get for them all
-                    while more is None and queued and len(refs) < MAP_BATCH and queued[0].ref is not None:
-                        refs.append(queued.popleft().started(end))  # (with a buffersize: one by one)
-                    del ref
-                    yield from self._values(refs, end)
-                    continue
-                chunk: ChunkResult = self._get(ref, end)
-                yield from chunk.values
-                if chunk.error is not None:
-                    raise rebuild(chunk.error)
-        finally:
-            for work in queued:
-                work.cancelled = True
-
-    def _values(self, refs: list[ObjectRef], end: float | None) -> Iterator[Any]:
-        """The values of refs in order. Where one of them failed (or the time ran out), they are read one by one,
-        so that the values before it are given and its error is raised when it is reached."""
-        if len(refs) > 1:
+            else:
+                slotted = True
+                self._on_backend += 1
+        if slotted:
+            self._start_item(work)
+        else:  # (its consumer reads it with `get`, and `_maps` lists it until then)
             try:
-                values = deque(self._get(refs, end))
-            except Exception:
-                values = None
-            if values is not None:
-                refs.clear()
-                while values:  # (each value leaves the batch as it is given: the caller may drop it)
-                    yield values.popleft()
-                return
-        while refs:
-            yield self._get(refs.pop(0), end)
+                work.ref = self._ctx.create_task(work.fn, work.args, None, self._options)
+            except BaseException as exc:  # refused: raised where the caller reaches this item
+                work.error = exc
+        return work
 
     def _get(self, ref: ObjectRef | list[ObjectRef], end: float | None) -> Any:
         if end is None:
@@ -341,6 +299,32 @@ class FrayExecutor(Executor):
 
     def _item_settled(self, ref: ObjectRef, settled: object) -> None:
         self._slot_freed()
+
+    def _follow_unread(self, refs: list[ObjectRef]) -> None:
+        """Follow the tasks of map items without a slot that no consumer will read (or has not read yet, at
+        shutdown) until they settle. The callback holds each ref until then: a backend may forget the task of a
+        ref no one holds (monarch)."""
+        if not refs:
+            return
+        with self._lock:
+            self._unread += len(refs)
+        ctx = cast(WatchedContext, self._ctx)
+        for ref in refs:
+            settled = functools.partial(self._unread_settled, ref)
+            try:
+                native = ctx._outcomes([ref])  # (the callback takes only this executor's lock: fine under the
+                if native is not None:  # backend's own)
+                    native[0].add_callback(settled)
+                else:
+                    self._ctx._future_of(ref).add_done_callback(settled)
+            except Exception:  # (the context is shut down: nothing of it runs any more)
+                settled(None)
+
+    def _unread_settled(self, ref: ObjectRef, settled: object) -> None:
+        with self._lock:
+            self._unread -= 1
+            if self._unread == 0:
+                self._idle.notify_all()
 
     def _settled_elsewhere(self, ref: ObjectRef, settled: object) -> None:
         """A settle reported under the backend's lock: the feeder thread starts the next work."""

@@ -62,6 +62,14 @@ def fail_at(item: int, bad: int) -> int:
     return item * 2
 
 
+def fail_first_then_wait(item: int, gate: str) -> int:
+    """Item 0 raises at once; the others return once `gate` exists."""
+    if item == 0:
+        raise ValueError("item 0 is bad")
+    wait_for_file(gate, 60)
+    return item
+
+
 def fail_at_six(item: int) -> int:
     return fail_at(item, 6)
 

@@ -219,6 +219,43 @@ def test_executor_shutdown_no_wait(fray_ctx: JobContext) -> None:
     assert all(r == abs(v) for r, v in zip(results, range(-5, 5), strict=True))  # computed all the same
 
 
+def _shutdown_waits_for(executor: futures.Executor, gate: Path) -> None:
+    """shutdown(wait=True) returns only once the tasks behind `gate` have ended (they wait for it)."""
+    waiter = threading.Thread(target=executor.shutdown, kwargs={"wait": True}, daemon=True)
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive(), "shutdown(wait=True) returned while the map's tasks were still running"
+    gate.touch()
+    waiter.join(TIMEOUT)
+    assert not waiter.is_alive()
+
+
+def test_executor_shutdown_waits_for_the_items_of_a_map_not_read_yet(fray_ctx: JobContext, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    executor = fray_ctx.executor()  # (no max_workers: a map's items are on the backend at once, with no slot)
+    results = executor.map(g.wait_then, [str(gate)] * 3, [0, 1, 2])
+    _shutdown_waits_for(executor, gate)
+    assert list(results) == [0, 1, 2]  # (read after shutdown, as a thread pool's map allows)
+
+
+def test_executor_shutdown_waits_for_a_map_dropped_unread(fray_ctx: JobContext, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    executor = fray_ctx.executor()
+    results = executor.map(g.wait_then, [str(gate)] * 3, [0, 1, 2])
+    del results
+    gc.collect()
+    _shutdown_waits_for(executor, gate)
+
+
+def test_executor_shutdown_waits_for_the_items_a_failed_map_left(fray_ctx: JobContext, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    executor = fray_ctx.executor()
+    results = executor.map(w.fail_first_then_wait, [0, 1, 2, 3], [str(gate)] * 4)
+    with pytest.raises(ValueError, match="item 0"):
+        next(results)  # (the map ends here, its other items still running)
+    _shutdown_waits_for(executor, gate)
+
+
 # ----------------------------------------------------------------- Future.cancel and other callers' use
 def test_executor_cancel_takes_a_queued_task_out(fray_ctx: JobContext, tmp_path: Path) -> None:
     gate, ran = tmp_path / "gate", tmp_path / "ran"
