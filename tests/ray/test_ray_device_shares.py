@@ -15,6 +15,7 @@ from fray.device_shares import share_server
 from fray.device_shares.values import SHARED
 from fray.registry import parse_spec
 from fray.testing import device_workloads as d
+from fray.transfers import PathStats
 from fray_ray import RayBackend, RayJobContext
 
 SIZE = 1 << 20
@@ -52,6 +53,24 @@ def test_a_private_instance_sends_device_arguments_as_shares(own_ctx: RayJobCont
     _eventually(lambda: share_server().held() == before, "the driver's snapshots freed once the calls were done")
     ctx.kill(holder)
     ctx.kill(group)
+
+
+def test_the_device_loads_of_workers_are_in_transfer_stats(own_ctx: RayJobContext) -> None:
+    """A worker's load of a shared device value is counted by its process; the driver counts it from the
+    worker's events (the timeline draws the same events)."""
+    ctx = own_ctx
+    before = ctx.transfer_stats().get("memfd-ipc", PathStats())
+    holder = ctx.create_actor(d.BufferHolder, args=(0, 1))
+    for fill in (1, 2, 3):
+        assert ctx.get(holder.summarize(d.make_buffer(fill, SIZE)), timeout=120) == (SIZE, fill, fill)
+
+    def loaded() -> PathStats:
+        return ctx.transfer_stats().get("memfd-ipc", PathStats())
+
+    _eventually(lambda: loaded().count - before.count >= 3, "the worker's three loads counted by the driver")
+    after = loaded()
+    assert (after.count - before.count, after.bytes - before.bytes) == (3, 3 * SIZE)
+    ctx.kill(holder)
 
 
 def test_results_and_puts_of_device_values_travel_as_bytes(own_ctx: RayJobContext) -> None:

@@ -28,7 +28,7 @@ from fray.groups import ActorGroup, Member
 from fray.refs import ActorHandle, ObjectRef
 from fray.serialization import check_function, find_unserializable_argument
 from fray.streams import ObjectRefStream
-from fray.transfers import PathStats
+from fray.transfers import PathStats, device_loads_in, merge
 from fray.types import ActorOptions, TaskOptions
 from fray_ray import _connect, _events, _remote
 from fray_ray._actors import RayActors
@@ -93,6 +93,8 @@ class RayJobContext(JobContext):
         # its snapshots, held until the call is done (fray.device_shares); elsewhere their bytes travel.
         self.device_mode = SHARED if self._owns_connection and _connect.on_a_private_instance() else STAGED
         self._gets = PathStats()  # this process's reads of stored values (ctx.get)
+        self._workers_device_loads: dict[str, PathStats] = {}  # (from their events: see _pull_events)
+        self._began_ns = time.time_ns()
         self._gets_lock = threading.Lock()
         self._cancels = CancelTracker(lambda: self.is_shut_down)
         self._actors = RayActors(self, self.namespace, _registry, _checked_functions, self._owns_connection)
@@ -346,10 +348,12 @@ class RayJobContext(JobContext):
     def _transfer_stats(self) -> dict[str, PathStats]:
         """This process's gets, all by Ray's object store: count of values, bytes where known without a walk
         (out-of-band buffers of packed values, numpy arrays, bytes; 0 for other values) and seconds in
-        ray.get. Task and actor arguments resolved inside workers are not counted (Ray resolves them)."""
+        ray.get; and the workers' loads of device values, counted from their events (none where recording is
+        off). Task and actor arguments resolved inside workers are not counted (Ray resolves them)."""
+        self._event_store.refresh()  # (what the workers recorded so far, the device loads with it)
         with self._gets_lock:
-            stats = self._gets
-        return {_STORE_PATH: stats} if stats.count else {}
+            stats, device = self._gets, self._workers_device_loads
+        return merge({_STORE_PATH: stats} if stats.count else {}, device)
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         self._refuse_if_shut_down()  # (fray.completion and progress bars poll this outside the public checks)
@@ -400,7 +404,14 @@ class RayJobContext(JobContext):
         _events.settle(self._last_result_at)
         with self._events_lock:
             self._actors.deaths.poll()  # the deaths Ray reports that no failed get showed
-            return _events.pull(self._events_ns)
+            batches = _events.pull(self._events_ns)
+        # The workers' loads of device values: their counters are in their processes, but each load is also
+        # one of their events, and this is where every event of theirs passes once
+        loads = device_loads_in(batches, self._began_ns)
+        if loads:
+            with self._gets_lock:
+                self._workers_device_loads = merge(self._workers_device_loads, loads)
+        return batches
 
     def _engine_links(self) -> dict[str, str]:
         url = _connect.dashboard_url()  # (fray's private Ray runs none)

@@ -26,24 +26,34 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from fray.events import RECORDER, Kind
+from fray.events import RECORDER, Kind, ProcessEvents
 
 __all__ = [
+    "DEVICE_PATHS",
     "KNOWN_PATHS",
     "PATH_NAME",
     "PathStats",
     "TransferReport",
     "TransferStats",
+    "device_loads_in",
     "device_stats",
     "merge",
     "since",
 ]
 
 PATH_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")  # what a path's name looks like (the suite checks it)
+DEVICE_PATHS = (  # the loads of device values (`device_stats`)
+    "cuda-device-copy",
+    "cuda-staged",
+    "cuda-ipc",
+    "cuda-ipc-staged",
+    "memfd-ipc",
+    "memfd-ipc-staged",
+)
 KNOWN_PATHS = (
     "inline",
     "shm",
@@ -52,12 +62,7 @@ KNOWN_PATHS = (
     "tcp-direct",
     "in-process",
     "ray-object-store",
-    "cuda-device-copy",
-    "cuda-staged",
-    "cuda-ipc",
-    "cuda-ipc-staged",
-    "memfd-ipc",
-    "memfd-ipc-staged",
+    *DEVICE_PATHS,
 )
 
 
@@ -154,6 +159,21 @@ def merge(*parts: Mapping[str, PathStats]) -> dict[str, PathStats]:
         for path, stats in part.items():
             out[path] = out.get(path, PathStats()) + stats
     return out
+
+
+def device_loads_in(batches: Iterable[ProcessEvents], since_ns: int = 0) -> dict[str, PathStats]:
+    """The loads of device values that the processes of `batches` recorded (their transfer events on
+    DEVICE_PATHS) from `since_ns` on: how a backend that cannot ask its workers' counters, but pulls their
+    events, counts what they loaded."""
+    out: dict[str, list[float]] = {}
+    for batch in batches:
+        for event in batch.events:
+            if event.kind == Kind.TRANSFER and event.key in DEVICE_PATHS and event.t >= since_ns and event.data:
+                counts = out.setdefault(str(event.key), [0, 0, 0.0])
+                counts[0] += 1
+                counts[1] += int(event.data.get("bytes", 0))
+                counts[2] += float(event.data.get("seconds", 0.0))
+    return {path: PathStats(int(c[0]), int(c[1]), c[2]) for path, c in out.items()}
 
 
 device_stats = TransferStats()  # this process's loads of device values (merged into ctx.transfer_stats())
