@@ -20,8 +20,8 @@ from fray.progress import Progress, ProgressMode, check_mode
 from fray.refs import ObjectRef
 from fray.types import TaskOptions
 
-# ctx.map's max_in_flight when none is given: enough to keep a backend of slow round trips busy (Ray: 10k tiny
-# tasks 1.13x create_task + get with 1000, 2.01x with 4), a driver's memory no one notices (about 1 MiB).
+# ctx.map's max_in_flight when none is given: enough to keep a backend of slow round trips (Ray) busy, in a
+# driver's memory no one notices (docs/executors.md, "Cost").
 DEFAULT_IN_FLIGHT = 1000
 
 __all__ = ["DEFAULT_IN_FLIGHT", "Canceller", "MapContext", "bounded_map", "check_window", "drop_refs", "note_item"]

@@ -1,15 +1,14 @@
 """CUDA tensors in fray's serializer: never through torch's own pickle (a pageable device-to-host copy and the
-bytes in-band: 0.1-0.5 GB/s measured on an H200), and never silently back on the CPU.
+bytes in-band, far below the bus's speed), and never silently back on the CPU.
 
 One storage per dump (views sharing it share it again when loaded), moved one of three ways, as the dump asks:
 - ``kept`` (a reader in this same process: in_memory's tasks and actors): the storage is copied on its device
   at dump time and kept in a table of this process while the serialized value lives; each load copies it again
   on the device. A value sent stays a snapshot, and no reader's writes reach another's (``cuda-device-copy``).
 - ``staged`` (a reader in another process, on this host or another): copied once into pinned host memory
-  (torch's caching host allocator: the pinned copy runs at the bus's speed, ~55 GB/s on an H200, where a
-  pageable one ran at ~1.3 GB/s), carried as an out-of-band buffer by the backend's data plane like a CPU
-  tensor's bytes (shared memory, sockets, Ray's object store), and copied onto the reader's device
-  (``cuda-staged``).
+  (torch's caching host allocator: the pinned copy runs at the bus's speed, many times a pageable one's),
+  carried as an out-of-band buffer by the backend's data plane like a CPU tensor's bytes (shared memory,
+  sockets, Ray's object store), and copied onto the reader's device (``cuda-staged``).
 - ``shared`` (a reader in another process of this host): snapshotted once on the device and served by this
   process's share server; each reader opens a share of its own (CUDA IPC), copies into its own memory and lets
   go, or has the producer stage it where it cannot open one (fray.device_shares: ``cuda-ipc``,

@@ -4,9 +4,9 @@ Every process that runs fray code (the driver, a Ray worker, a Monarch worker) h
 one append of a small tuple to a `collections.deque` with a maximum length (atomic under the GIL, no lock); when
 the ring is full the oldest events fall out and are counted as dropped, never kept.
 Whether a process records is its backend's choice, made when a job context starts in it (`choose_recording`):
-on for ray and monarch, whose round trips recording costs under 1.03x; off for in_memory, whose no-op round trip
-it costs 1.09x and 10k tiny tasks 1.21x (three events a task, each a Python call, a tuple and three ints among
-the task's own work: about 3 us of ~36 us on a 2-core VM), over the budget for recording. The context's `events` option
+on for ray and monarch, whose round trips are long beside what recording costs; off for in_memory, whose no-op
+round trip is short enough that three events a task (each a Python call, a tuple and three ints) take more of it
+than recording may (docs/timeline.md, "How events are recorded, and what it costs"). The context's `events` option
 (`in_memory?events=on`) or `FRAY_EVENTS=1` / `FRAY_EVENTS=0` in the environment (read when the context starts
 and, by workers, when they import fray) say otherwise; `ctx.dashboard()` turns it on. A process with no context
 records from import.
@@ -48,12 +48,12 @@ __all__ = [
     "events_setting",
 ]
 
-DEFAULT_CAPACITY = 100_000  # per process: ~10 MB of tuples at most
+DEFAULT_CAPACITY = 100_000  # per process (the memory it takes at most: docs/timeline.md)
 
 
 class Kind:
     """What an event says happened (its `data`, where it has any, in brackets). Plain str constants, not an
-    enum: a member of a 3.11 enum costs ~85 ns to look up, a third of recording an event."""
+    enum: looking up an enum's member costs a large share of recording an event."""
 
     TASK_SUBMIT: Final = "task.submit"
     TASK_START: Final = "task.start"
@@ -76,8 +76,8 @@ OK, ERROR, CANCELLED = "ok", "error", "cancelled"
 
 
 # An event as the ring holds it, in Event's field order: a plain tuple, which the garbage collector stops tracking
-# once it holds only plain values (it never stops tracking a NamedTuple's instances: 300k of those held by the
-# driver made each full collection ~90 ms). `Event._make(row)` is the named view.
+# once it holds only plain values (it never stops tracking a NamedTuple's instances, and every full collection
+# would walk each one the driver holds). `Event._make(row)` is the named view.
 Row = tuple[int, int, str, str | int, str, int, Mapping[str, Any] | None]
 
 
@@ -309,7 +309,7 @@ _ident = threading.get_ident
 
 def _appender(ring: deque[Row], seq: itertools.count[int]) -> Any:
     """`Recorder.record` while recording: a closure over the ring's append and the seq counter, which saves the
-    attribute lookups of a method (~10% of an event's cost, which is ~0.2 us in all)."""
+    attribute lookups of a method (a noticeable share of an event's cost)."""
     append, next_seq, now, ident = ring.append, seq.__next__, _now, _ident
 
     def record(kind: str, key: str | int, name: str, data: Mapping[str, Any] | None = None) -> None:

@@ -42,8 +42,7 @@ __all__ = [
 
 # The default number of tasks an executor keeps on the backend: twice what the cluster runs at once, and at least
 # MIN_WORKERS (a ThreadPoolExecutor's largest default). A freed slot waits a driver round trip for its next task;
-# with a backend of slow round trips (Ray: ~1 ms) too few in flight leave it idle: 10k tiny tasks on a 2-CPU Ray
-# took 1.77x create_task + get with 4, 1.31x with 64 (docs/executors.md, "Cost").
+# with a backend of slow round trips (Ray) too few in flight leave it idle (docs/executors.md, "Cost").
 TASKS_PER_SLOT = 2
 MIN_WORKERS = 32
 # How long the feeder thread (see FrayExecutor._settled_elsewhere) waits for the next settle before it ends.

@@ -102,7 +102,7 @@ _PF_EXITING = 0x4  # (linux/sched.h) the process has begun to exit
 
 def exiting(pid: int) -> bool:
     """Process `pid` of this machine has begun to exit (SIGKILLed, say), or is gone: what is sent to it now is
-    lost, though fray may not know of its death yet (a process with torch loaded takes ~0.1 s to end)."""
+    lost, though fray may not know of its death yet (a process with torch loaded takes a while to end)."""
     fields = _stat_fields(pid)
     if fields is None:
         return True

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 # bytes / bytearray at least this large travel out of band. Below it a buffer's bookkeeping costs more than
-# the copy it saves (measured: pickling 64 KiB in-band takes ~5 us).
+# the copy it saves (.agents/measured.md).
 OOB_THRESHOLD = 64 * 1024
 _SCAN_LIMIT = 256  # containers scanned for large bytes: up to this many items, two levels deep
 
@@ -263,8 +263,8 @@ def _pickle_with(
         pickler.dump(obj)
     finally:
         # pickler.storages -> _Storage -> pickler is a cycle: left alone, every tensor pickled stays alive until
-        # the cyclic GC runs, which a loop of few large tensors rarely triggers (an RLHF trainer grew 256 MiB a
-        # step and its fresh allocations slowed from 0.05 to 0.35 s).
+        # the cyclic GC runs, which a loop of few large tensors rarely triggers (a trainer's memory would grow every
+        # step, and its allocations land on fresh pages).
         for box in pickler.storages.values():
             box.pickler = None
         pickler.storages.clear()
@@ -272,8 +272,8 @@ def _pickle_with(
 
 
 # Values that hold no refs, buffers or tensors: pickled by the plain C pickler, without a Pickler object of
-# fray's own (6.5 -> 0.8 us for an int; a group call to 8 members pays it 8 times in 8 processes, and every
-# call's (args, kwargs) once).
+# fray's own, whose setup costs several times the pickling of a small value (a group call pays it once for each
+# member, in that member's process, and every call's (args, kwargs) once).
 _SCALARS = frozenset({int, float, bool, complex, str, type(None)})
 _PLAIN_ITEMS = 16  # containers up to this many items, two levels deep, are checked for plainness
 
@@ -281,7 +281,7 @@ _PLAIN_ITEMS = 16  # containers up to this many items, two levels deep, are chec
 def _plain(obj: Any, depth: int = 0) -> bool:
     """obj is a scalar, small bytes, or a small tuple/list/dict of such (two levels): nothing fray's pickler
     would treat specially. (Loops rather than all() over generators: this runs for every call's arguments, and
-    the generator frames were most of its cost.)"""
+    the generator frames would be most of its cost.)"""
     t = type(obj)
     if t in _SCALARS:
         return True
@@ -294,7 +294,7 @@ def _plain(obj: Any, depth: int = 0) -> bool:
             if type(k) not in _SCALARS or (type(v) not in _SCALARS and not _plain(v, depth + 1)):
                 return False
         return True
-    for v in obj:  # noqa: SIM110 (a loop: all() over a generator was most of its cost)
+    for v in obj:  # noqa: SIM110 (a loop: all() over a generator would be most of its cost)
         if type(v) not in _SCALARS and not _plain(v, depth + 1):
             return False
     return True
@@ -322,7 +322,7 @@ def dumps(obj: Any, what: str = "value", copy: bool = True, device_mode: str = S
     _local.contained = contained
     value = _substitute_large_bytes(obj)
     try:
-        try:  # the C pickler is ~6x faster; cloudpickle handles what it cannot (lambdas, local functions...)
+        try:  # the C pickler is several times faster; cloudpickle handles what it cannot (lambdas, local functions...)
             data, pickler = _pickle_with(_Pickler, value, buffers, device_mode)
             if b"__main__" in data:  # pickled by reference to __main__: another process could not load it
                 raise pickle.PicklingError("refers to __main__")

@@ -2,18 +2,18 @@
 
 - OMP_NUM_THREADS: the CPUs the process's actor holds (its `resources["CPU"]`, at least 1), and 1 for a process
   that runs tasks, as Ray sets it for its workers. torch and numpy's BLAS otherwise start a thread per core in
-  every process: on a 2-core machine three such processes made a 256 MiB `torch.full` take 0.2-0.5 s now and then
-  instead of 0.02 s (threads spinning while a sibling waits for a core).
+  every process: with several such processes on a machine of few cores, a large tensor operation now and then
+  takes many times its usual time (threads spinning while a sibling waits for a core).
 - THP_MEM_ALLOC_ENABLE=1: torch's CPU allocator aligns large tensors to 2 MiB and asks for transparent huge pages,
-  as numpy does for its arrays by default: a fresh 100 MiB tensor costs ~4 ms of page faults instead of ~17 ms
-  (measured on this project's 2-core machine kind), most of what a task returning a new tensor pays. torch reads
-  it once, at its first allocation, so it is set when the process starts.
+  as numpy does for its arrays by default: a fresh large tensor then takes a fraction of the page faults of 4 KiB
+  pages, which are most of what a task returning a new tensor pays. torch reads it once, at its first allocation,
+  so it is set when the process starts.
 
 A variable already set (in the driver's environment, which fray's processes inherit, or a task's env_vars) wins.
 
 in_memory runs tasks and actors as threads of the user's own process, which gets the THP default too
-(`huge_pages_in_this_process`, at fray.init): a rollout thread's fresh 32 MiB batch took 18-20 ms without it,
-7-8 ms with it (bench_rlhf.py). It takes effect only if torch has not allocated anything yet (and costs nothing
+(`huge_pages_in_this_process`, at fray.init), so a thread's fresh batch tensors take fewer page faults there
+too (bench_rlhf.py). It takes effect only if torch has not allocated anything yet (and costs nothing
 otherwise); OMP_NUM_THREADS is left alone there (it would slow the user's own computing).
 
 The import path: a worker process imports from where its driver does (`driver_import_path`, `keep_driver_view`).

@@ -81,8 +81,8 @@ class Aggregates:
     # ----------------------------------------------------------------- taking events in
     def add(self, page: RowPage, processes: list[ProcessInfo]) -> None:
         """Takes in events as the store keeps them (`EventStore.rows`, in its order). A task's three events are
-        handled in this loop, not by a method each (a call with eight arguments was a third of their cost):
-        under 0.6 us an event, so a poll's work follows the job's rate."""
+        handled in this loop, not by a method each (a call with eight arguments would be a large share of their
+        cost): an event costs little, so a poll's work follows the job's rate."""
         rows = page.rows
         if not rows:
             self._processes(processes)

@@ -4,15 +4,15 @@ A message is a value serialized by fray.serialization (protocol 5): its small in
 socket, its large buffers (arrays, tensors, big bytes) straight into the receiver's own pooled memory (fray.pool):
 the sender asks for room (`_Want`), the receiver takes pieces of its pool and says where they are (`_Given`: chunk
 and offset; a chunk's memfd crosses the socket once, SCM_RIGHTS), the sender copies each buffer there, then sends
-the message. One copy, into warm pages the receiver keeps as the value's memory (a store keeps them as they are).
-Before: the sender copied into an arena of its own and the receiver out of it into its pool (two copies), and
-before that a value was pickled, written through the socket, read and unpickled (four, into fresh memory).
+the message. One copy, into warm pages the receiver keeps as the value's memory (a store keeps them as they are),
+where a sender's own arena in between would take two, and pickling the value through the socket four (into
+fresh memory).
 
 A stored value's buffers that already lie in the sender's pool (an in_memory object sent to an SPMD member as a
 call's argument: `send_call`) are not copied at all but lent: the receiver maps the sender's piece copy-on-write
 (it reads the sender's pages and writes only private ones) and says, in a later message of its own, which lent
-pieces it has dropped; until then the sender keeps them leased. A 32 MiB batch read by two members cost each
-4 ms of copying per step (bench_rlhf.py); monarch's members map it the same way.
+pieces it has dropped; until then the sender keeps them leased. So a batch that every member reads costs none of
+them a copy (bench_rlhf.py); monarch's members map it the same way.
 
 A value holding device memory (a CUDA tensor) is sent in the channel's device mode: `shared` between the
 driver and a long-lived child (an SPMD member; the driver's side of a runtime_env task), where the value carries a

@@ -102,7 +102,7 @@ class Gang:
     def life(self) -> int:
         """The group's life a call submitted now belongs to: the current one; while the group restarts, the one
         the restart brings; and the next one when a member's process has begun to exit but its death is not seen
-        yet (a process with torch takes ~0.1 s to end after a SIGKILL: the call was in flight at no death). Its
+        yet (a process with torch takes a while to end after a SIGKILL: the call was in flight at no death). Its
         calls wait for that life (`ready`)."""
         with self.cond:
             if self.error is None and not self.dead and any(m.exiting() for m in self.members.values()):

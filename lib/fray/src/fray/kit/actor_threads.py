@@ -1,8 +1,8 @@
 """The threads of one kit actor: up to max_concurrency daemon threads running its calls in the order sent.
 
 Not a concurrent.futures.ThreadPoolExecutor: Python joins every executor thread at exit (an atexit hook), so a
-script that ended, or was interrupted with Ctrl-C, while an actor method ran waited for that method to return
-(40 s for a 40 s call, also after fray.shutdown()). An actor's threads are daemons, as in_memory's task workers
+script that ends, or is interrupted with Ctrl-C, while an actor method runs would wait for that method to return
+(for as long as the call takes, also after fray.shutdown()). An actor's threads are daemons, as in_memory's task workers
 are: when the program ends, a call still running is abandoned with the process, as Ray's driver exit ends its
 workers mid-call.
 """

@@ -1,4 +1,4 @@
-"""Resource accounting and threads for the kit's backends (fray.kit; in_memory's figures below).
+"""Resource accounting and threads for the kit's backends (fray.kit).
 
 Work waits until its resources are free, then runs on a worker thread. A worker that finishes a task and frees
 resources runs the next ready work itself (no queue hop, no thread wake-up), which is most of in_memory's
@@ -7,9 +7,9 @@ task's CPU), so nested work cannot deadlock: a new thread is started whenever wo
 
 One lock guards the ledger and the workers' counts (a task's state has a lock of its own), and a worker takes it
 once a task, to release; a thread submitting while every CPU is taken stages its work without it (Ledger.submit).
-Under the GIL a contended lock is a hand-over of the interpreter: the submitting thread and the workers convoyed on
-it (~25% of the acquisitions blocked when it also guarded the tasks' states and was taken ~4 times a task) and 10k
-tiny tasks ran at 0.19-0.28x a ThreadPoolExecutor.
+Under the GIL a contended lock is a hand-over of the interpreter: a lock that also guarded the tasks' states,
+taken several times a task, would convoy the submitting thread and the workers on it, and tiny tasks would run at
+a fraction of a ThreadPoolExecutor's rate.
 """
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ class Ledger:
         if not self._fits(request):
             # Its resources are all taken, so a worker will release some: leave the work for that release
             # instead of taking the lock, which the workers take several times a task. A thread submitting
-            # thousands of tiny tasks otherwise queued behind them for the lock (a lock convoy: ~25% of the
-            # acquisitions blocked, each a hand-over of the GIL). Checked again once staged: a release
+            # thousands of tiny tasks otherwise queues behind them for the lock (a lock convoy: many of the
+            # acquisitions block, each a hand-over of the GIL). Checked again once staged: a release
             # that freed them meanwhile may have come before the work was staged.
             self._staged.append((request, work, on_dispatch))
             if self._fits(request):
