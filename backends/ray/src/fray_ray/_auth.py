@@ -225,7 +225,7 @@ def _gcs_target(address: str) -> str | None:
 
 def cluster_auth_mode(address: str, timeout: float = _PROBE_TIMEOUT) -> str | None:
     """What the cluster at `address` enforces, asked of its GCS with one request that carries no token
-    (GetClusterId, ~1-5 ms): "token" if it refuses the request (UNAUTHENTICATED), "disabled" if it answers it,
+    (GetClusterId, one round trip): "token" if it refuses the request (UNAUTHENTICATED), "disabled" if it answers it,
     None if that cannot be told (Ray Client address, unreachable, not a GCS, ...)."""
     target = _gcs_target(address)
     if target is None:

@@ -12,9 +12,9 @@ stream's producer is cancelled the same way when the stream is closed (fray_ray.
 
 Holding a ray.ObjectRef pins its object in the store, so the arguments kept are only those that may be pending
 (not refs made by put here, which are ready at once) and only while they might matter: an entry goes when the
-task's ref is dropped (weak key) or when a prune finds its arguments ready. (Fray used to keep every argument
-until 256 tasks had been submitted: each 100 MiB put -> task object stayed pinned, fray's puts landed on fresh
-store memory and then spilled to disk, 6-7x slower than raw Ray.)
+task's ref is dropped (weak key) or when a prune finds its arguments ready. (Keeping every argument for a
+fixed number of submits instead would pin each put -> task object: a loop's puts would land on fresh store memory
+and then spill to disk.)
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ class CancelTracker:
             self.deps[result] = deps
 
     def _prune(self) -> None:
-        """Drop the entries whose arguments are all ready (one ray.wait for all: ~3 us if all are ready,
-        ~0.1 ms otherwise); prune again once the survivors have doubled (O(1) amortized per task)."""
+        """Drop the entries whose arguments are all ready (one ray.wait for all, cheapest when all are
+        ready); prune again once the survivors have doubled (O(1) amortized per task)."""
         entries = list(self.deps.items())
         every = list(dict.fromkeys(dep for _, deps in entries for dep in deps))
         if every:

@@ -214,7 +214,7 @@ class DeathWatch:
     def poll(self) -> None:
         """At a pull of the events: the deaths Ray reports that no failed get showed (one query for the actors,
         only while actors made here are thought alive; the worker table while a task's crash is unexplained). The
-        actors' query costs ~70 us per dead actor of the job (measured: 7 ms for 100): it is made again only once
+        actors' query costs more with every dead actor of the job: it is made again only once
         POLL_SHARE_INVERSE times its last duration has passed (<= 5% of the time in queries, however many)."""
         if not self._on:
             return

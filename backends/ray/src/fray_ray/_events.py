@@ -47,7 +47,7 @@ __all__ = ["FLUSH_PERIOD", "namespace", "pull", "settle", "start_worker", "wake"
 
 FLUSH_PERIOD = 0.2  # a worker flushes at most this often (seconds)
 MARGIN = 0.1  # the driver's allowance for a put to land after a flush
-CHUNK_EVENTS = 4096  # events per chunk (~0.5 MB of JSON)
+CHUNK_EVENTS = 4096  # events per chunk (one KV value of JSON)
 WINDOW = 16  # a worker's chunks waiting unread at most
 MAX_RETRY = 5.0  # seconds between a blocked worker's tries, at most
 MAX_PULL = 256  # chunks the driver reads in one pull, at most (~1M events: twice its store's capacity)

@@ -1,7 +1,7 @@
 """SPMD groups on Ray fail and restart as one (see fray.gang).
 
 Ray tells the driver nothing when an idle actor dies, so the members of each live SPMD group are watched: one
-thread per context asks Ray's GCS for their states every `POLL` seconds (~0.2 ms per member asked) while any such
+thread per context asks Ray's GCS for their states every `POLL` seconds (a cost per member asked) while any such
 group lives. When a member is DEAD (or RESTARTING) and fray did not kill the whole group itself, every member is
 killed with ray.kill (a survivor blocked in a collective cannot leave it otherwise) and every get of a call sent
 to the group in that life raises the group's error: ActorDiedError naming the rank that died, or, with a restart
@@ -276,7 +276,7 @@ class GangWatch:
             pids = gang.local_pids
             if not (pids and any(exiting(pid) for pid in pids.values() if pid)):
                 return gang.actors[rank], None
-            # A member's process has begun to exit (SIGKILLed: a torch process takes ~0.1 s to end, Ray and the
+            # A member's process has begun to exit (SIGKILLed: a torch process takes a while to end, Ray and the
             # watcher see the death after that): the call waits for the group's next life instead.
             self.refusing = True
             coming = ActorUnavailableError(f"{gang.label}: a member's process is ending; the group will restart")

@@ -3,8 +3,8 @@ get that reads them; only the calls in flight at the death fail.
 
 Plain actors (Ray's own restarts, `max_task_retries` 0 so that a call in flight is never silently run twice): Ray
 fails a call made just after the actor's process died, before the driver has learnt of the death, with
-ActorUnavailableError ~1-2 s later, although the call never ran (measured on 2.60: raw Ray does the same at 50
-ms; a call made once Ray knows of the restart, 500 ms after, is held until the restart and runs). Ray's message
+ActorUnavailableError once it learns of the death, although the call never ran (raw Ray does the same; a call
+made once Ray knows of the restart is held until the restart and runs). Ray's message
 does not tell such a call from one in flight at the death ("Socket closed", "Connection reset by peer" or "The
 actor is restarting" for either). So fray looks when the call is made: a call to a restartable plain actor whose
 process on this machine has begun to exit (PF_EXITING) or is gone, or which Ray's GCS says is restarting, is

@@ -1,6 +1,6 @@
 """Values on their way into Ray: torch CPU tensors travel out of band, through fray's serializer.
 
-Ray pickles a torch tensor in-band (its storage bytes inside the pickle stream: ~0.6 GB/s here, and a second
+Ray pickles a torch tensor in-band (its storage bytes inside the pickle stream, slowly, and a second
 copy on the way out). Fray's serializer (`fray.serialization.dumps(copy=False)`) instead turns every tensor
 storage, numpy array and large bytes into an out-of-band buffer. A value that holds torch tensors is therefore
 handed to Ray as a `Packed` object whose `__reduce__` returns those buffers as `pickle.PickleBuffer`s: Ray's own
@@ -10,8 +10,8 @@ buffer once into memory of the reader's own (torch has no read-only tensors, and
 memory would let one reader's writes reach every other reader) and hands it to `fray.serialization.loads`,
 which then uses it in place; numpy arrays stay zero-copy read-only views.
 
-That one copy goes into memory allocated by numpy, which asks the kernel for transparent huge pages: 100 MiB
-copies in ~12 ms here, against 45-90 ms into bytearray / torch.empty memory (4 KiB page faults).
+That one copy goes into memory allocated by numpy, which asks the kernel for transparent huge pages: a large
+copy there is several times faster than one into bytearray / torch.empty memory (4 KiB page faults).
 
 Nothing is registered with Ray (no `register_serializer`, no `copyreg`): raw Ray in the same process keeps its
 own behaviour, and only values going through fray-ray are packed.

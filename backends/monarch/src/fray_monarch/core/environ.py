@@ -2,7 +2,7 @@
 
 `os.environ.update` calls setenv once per variable, and glibc's setenv grows the `environ` array with realloc:
 a Rust thread reading a variable at that moment (Monarch's telemetry thread reads HYPERACTOR_PROCESS_NAME on its
-first event) walks a freed array and the process dies of SIGSEGV. Seen in ~1 of 20 fresh SPMD member
+first event) walks a freed array and the process dies of SIGSEGV. Seen now and then in fresh SPMD member
 processes, whose torch.distributed variables fray sets before `__init__` (core dump: getenv in
 hyperactor_telemetry's worker loop).
 

@@ -2,7 +2,7 @@
 
 What goes: the driver's own sys.path, as the driver sees it. Python puts the current directory there only for
 `python -c`, `python -m` and the REPL (as ''), a script's own directory otherwise; fray sends the same, '' made
-absolute, and adds nothing else (it used to add the driver's current directory in every case).
+absolute, and adds nothing else (not the driver's current directory, unless the driver's path has it).
 
 What a worker takes, on its own host (`take`): the current directory `python -m` put in its own path goes unless
 the driver's has it; entries go in front of its own sys.path, in the driver's order, as

@@ -47,7 +47,7 @@ _T = TypeVar("_T")
 
 def _positional(cls: type[_T]) -> type[_T]:
     """Pickle instances as (class, field values). A dataclass's default pickling (a state dict, set field by
-    field) took 5 of the 8 us of packing an actor's reply; these messages ride in every call."""
+    field) is most of the cost of packing an actor's reply; these messages ride in every call."""
     get = operator.attrgetter(*(f.name for f in fields(cls)))  # type: ignore[arg-type]
     if len(fields(cls)) == 1:  # type: ignore[arg-type]
         reduce: Callable[[Any], Any] = lambda self: (cls, (get(self),))  # noqa: E731
@@ -58,13 +58,13 @@ def _positional(cls: type[_T]) -> type[_T]:
 
 
 # A message's status (a StrEnum member) is pickled as the plain str it equals: a member pickles as a call of its
-# class, ~2 us more to pack a reply and ~3 us more to unpack it (measured), where a str is a few bytes. The
+# class, which packing and unpacking every reply would pay, where a str is a few bytes. The
 # receiver's plain str compares equal to the member. (str.__str__ of a member is its value, an exact str.)
 _plain_str = str.__str__
 
 
-# Smaller values ride in control messages; larger ones stay in their owner's store. Measured (actor round trip
-# of a numpy result, median): inline 3.05 ms vs stored 3.67 ms at 1 MiB, 7.18 vs 5.07 ms at 4 MiB.
+# Smaller values ride in control messages; larger ones stay in their owner's store: about where an actor's result
+# starts to come back faster stored than inline (docs/backends/monarch.md, "The data plane").
 INLINE_LIMIT = 1024 * 1024
 
 
@@ -209,8 +209,8 @@ class TaskResult:
 @dataclass(frozen=True)
 class ActorCall:
     """One call of an actor's method, as its host's `call` endpoint gets it: one argument, compacted (see
-    compact): Monarch pickled four arguments (two of them dataclasses) in ~40 us of every call, against ~10 us
-    for one int."""
+    compact): Monarch's pickling of four arguments (two of them dataclasses) costs every call several times that
+    of one int."""
 
     oid: str
     method: str
@@ -226,7 +226,7 @@ class ReplyStatus(enum.StrEnum):
     DEAD = "dead"  # the actor is dead (the reason says why)
 
 
-# Bound once: looking a member up on its class costs ~0.13 us on Python 3.11, and calls compare per reply.
+# Bound once: looking a member up on its class costs more than the compare, and calls compare per reply.
 _OK = ReplyStatus.OK
 
 
@@ -271,7 +271,7 @@ def send_reply(port: Any, reply: Reply) -> None:
 
 def compact(message: Any, value: Value | None) -> Any:
     """A message whose value is Inline (or absent), pickled here with the C pickler: Monarch's own pickling of
-    these dataclasses cost ~0.1 ms per message (measured on a group broadcast). A Stored value may carry an
+    these dataclasses costs far more per message (a group broadcast sends many). A Stored value may carry an
     RDMABuffer, which only Monarch's pickling handles: such a message goes as it is."""
     if isinstance(value, Stored):
         return message
@@ -293,8 +293,8 @@ def plain_data(value: WireValue | None) -> bytes | None:
 
 
 # The plain forms of an actor call and its reply, for the usual case of small arguments and results without
-# buffers or refs: tuples of strings and bytes, which pickle in ~1 us, where the dataclasses around them
-# (ActorCall(WireValue(Inline(...)))) cost ~8 us to pickle and as much to rebuild, on each side of every call.
+# buffers or refs: tuples of strings and bytes, which pickle several times faster than the dataclasses around them
+# (ActorCall(WireValue(Inline(...)))) and rebuild as fast, on each side of every call.
 PlainCall = tuple[str, str, bytes]  # (object id, method, the arguments' pickle)
 PlainReply = tuple[bytes]  # (the value's pickle,): an ok reply
 

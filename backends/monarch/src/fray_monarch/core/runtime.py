@@ -135,8 +135,8 @@ def receive_each(receiver: Any, handle: Callable[[Any], None], name: str) -> thr
     message is None (the owner sends one to stop it).
 
     One Monarch coroutine receives them all. A public `receiver.recv().get()` per message makes a Monarch task
-    and wakes a Python thread each time: ~0.25 ms a message, which made a group call to 8 members 1.5x Monarch's
-    own `call` of the same mesh. The loop uses two Monarch 0.7 internals (`Future._from_coro`,
+    and wakes a Python thread each time, which would make a group call to many members much slower than
+    Monarch's own `call` of the same mesh. The loop uses two Monarch 0.7 internals (`Future._from_coro`,
     `PortReceiver._recv`) and falls back to the public way if they are gone. Messages are handled on fray's loop,
     not on the Tokio thread that received them: handlers take the controller's lock, and a Tokio worker must
     never block on it."""

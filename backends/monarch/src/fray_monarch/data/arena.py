@@ -36,7 +36,7 @@ from fray.pool import align as _align
 SHM_ROOT = "/dev/shm"
 CHUNK = 64 * 1024 * 1024
 # Fully free chunks are kept for reuse up to this much per process (or a quarter of the host's budget, if more):
-# a new 100 MiB chunk costs ~90 ms in page allocation and faults here, a reused one ~10 ms (one memcpy).
+# a new chunk costs page allocation and faults, several times the one memcpy into a reused one.
 RETAIN_FREE = 512 * 1024 * 1024
 
 _checked: dict[str, str] = {}  # root -> this user's directory there, once checked

@@ -43,10 +43,9 @@ class _Mapping:
                 length = os.fstat(fd).st_size
             # Neither kind is populated: a get must not cost O(size), and pages are faulted in as the reader
             # touches them (a read fault maps the file's page, with the kernel's fault-around; only a write to a
-            # private page copies it). Populating a private 100 MiB span (read-only, then mprotect RW)
-            # cost ~8 ms at map time and ~2 ms more to unmap whatever was read; faulting lazily costs nothing for
-            # what is not read, and reading or writing every page costs the same or less (100 MiB summed: 35 ms
-            # lazily vs 8 + 30 ms populated; a byte written per page: 43 vs 8 + 45 ms).
+            # private page copies it). Populating a private span (read-only, then mprotect RW) costs time at map
+            # time and more to unmap whatever was read; faulting lazily costs nothing for what is not read, and
+            # reading or writing every page costs the same or less.
             flags = mmap.MAP_PRIVATE if private else mmap.MAP_SHARED
             prot = mmap.PROT_READ | mmap.PROT_WRITE if private else mmap.PROT_READ
             addr = _libc.mmap(None, length, prot, flags, fd, offset)

@@ -208,7 +208,7 @@ class ObjectStore:
 
     def _landing(self, length: int) -> memoryview:
         """Private memory for a copy pulled from another host: an allocation of this process's arena (its pages
-        are reused, already faulted in: fresh memory costs ~0.7 ms per MiB in page faults here), freed when the
+        are reused, already faulted in, where fresh memory pays a page fault for each page), freed when the
         last view of it is gone; anonymous memory if the store is full."""
         try:
             aid, chunk, offset = self.arena.alloc(length)

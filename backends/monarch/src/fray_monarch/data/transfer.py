@@ -47,7 +47,7 @@ __all__ = ["TransferServer", "choose_transport", "fetch", "pickle_digest", "valu
 log = logging.getLogger("fray_monarch")
 
 STREAM_MIN = 32 * 1024 * 1024  # pulls larger than this are split over parallel streams
-STREAMS = 2  # parallel streams per pull: 2 reached ~2 GB/s over loopback on 2 cores, 1 ~1.6, 4 ~1.7
+STREAMS = 2  # parallel streams per pull: the fastest count measured (.agents/measured.md)
 CONNECT_TIMEOUT = 10.0
 IO_TIMEOUT = 120.0
 POOL_IDLE = 30.0  # a reader reuses a pooled connection only if it was idle less than this (owner: 60 s)
@@ -55,8 +55,8 @@ REFUSED_WAIT = 30.0  # how long a reader keeps trying an owner that closes its c
 
 
 class Connections:
-    """Idle connections to transfer servers, reused (a new TCP connection per transfer costs ~0.1 ms) while the
-    owner keeps them (it closes those idle 60 s, or sooner when a new reader needs the place)."""
+    """Idle connections to transfer servers, reused (a new TCP connection per transfer would add its setup to
+    each) while the owner keeps them (it closes those idle 60 s, or sooner when a new reader needs the place)."""
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.idle: dict[str, list[tuple[float, socket.socket]]] = {}
@@ -190,8 +190,9 @@ def _ibverbs() -> bool:
 def choose_transport(transport: str) -> str | None:
     """The RDMA backend this process's values are offered over (None: direct TCP).
 
-    auto: RDMA where ibverbs exists; else direct TCP, because Monarch 0.7's RDMA TCP fallback moves ~0.25 GB/s
-    here (one stream), against ~1-2 GB/s for fray's own sockets. rdma: RDMABuffer even over its TCP fallback.
+    auto: RDMA where ibverbs exists; else direct TCP, because Monarch 0.7's RDMA TCP fallback (one stream) is
+    several times slower than fray's own sockets (docs/backends/monarch.md). rdma: RDMABuffer even over its TCP
+    fallback.
     tls: direct TCP inside TLS (encrypted; transfer_tls.py), never RDMA.
     """
     if transport in ("tcp", "tls"):

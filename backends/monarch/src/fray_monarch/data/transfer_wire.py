@@ -6,11 +6,10 @@ The tag makes the bytes as trustworthy as the ends: after the bytes of each requ
 their GMAC (AES-256-GCM over no plaintext, the bytes as associated data: NIST SP 800-38D), under a key only the two
 ends can derive: HMAC-SHA256, under the capability (which never crosses the socket), of both fresh nonces and the
 part, hence a new key for every request (so GCM's fixed nonce never serves two messages). GMAC through
-cryptography's streaming cipher context: ~16-19 GB/s on one core here, against Poly1305's ~12 and HMAC-SHA256's
-~0.6, and it releases the GIL. On benchmarks/bench_hosts.py it kept 0.95x (100 MiB) and 1.00x (1 GiB) of the
-untagged pull's p50 rate, against Poly1305's 0.82x and 0.99x (medians of 3 interleaved runs each; tagging a chunk
-in a second thread while the next one moves was slower on these 2 cores: 0.66x at 100 MiB). docs/backends/monarch.md
-has the runs. Over TLS (transport=tls) the bytes carry no tag: TLS protects them, and encrypts them too.
+cryptography's streaming cipher context: it tags faster than Poly1305 and far faster than HMAC-SHA256, releases
+the GIL, and keeps a pull close to the untagged rate; tagging a chunk in a second thread while the next one moves
+is slower on few cores (benchmarks/bench_hosts.py; docs/backends/monarch.md, "The data plane", has the runs).
+Over TLS (transport=tls) the bytes carry no tag: TLS protects them, and encrypts them too.
 """
 
 from __future__ import annotations

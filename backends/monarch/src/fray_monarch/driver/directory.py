@@ -24,9 +24,9 @@ from fray_monarch.core.protocol import Stored, Value
 # An unreferenced object is dropped this long after its last reference goes. What keeps a ref in flight alive is
 # ordering and keeps (see .agents/monarch-backend.md), not this delay; a worker delays only the release of a ref
 # that left it in an actor's reply (worker_runtime.RELEASE_DELAY). 0: the free runs on the loop thread as soon as it
-# can (never in the finalizer that dropped the count). It was 2 s, then 50 ms: a loop putting a 100 MiB value every
-# ~5 ms then had ~10 of them alive and kept growing the store by fresh chunks (~55 ms of page zeroing and faults
-# each, every 3-6 puts); now the previous value's memory is free before the next put but one.
+# can (never in the finalizer that dropped the count). Any delay keeps the values a loop has dropped alive while
+# it puts new ones, so the store grows by fresh chunks whose page zeroing and faults cost more than the puts; with
+# none, the previous value's memory is free before the next put but one.
 FREE_GRACE = 0.0
 
 
@@ -184,11 +184,11 @@ class ObjectDirectory:
     def _nothing_to_free(entry: Entry) -> bool:
         """Dropping it frees no memory and drops no other ref (a small value or a failure, keeping nothing): safe
         even in the finalizer that dropped its count. Each actor call's ref ends this way; handing it to the loop
-        thread cost a cross-thread wake-up per call (~0.05 ms of a 0.7 ms round trip)."""
+        thread would cost a cross-thread wake-up per call, a noticeable share of an actor round trip."""
         return entry.outcome.done() and not entry.keep and not isinstance(entry.outcome.value, Stored)
 
     def _sweep(self) -> None:
-        """One timer for all pending frees (a timer per object cost ~0.1 ms of every actor call)."""
+        """One timer for all pending frees (a timer per object would add a timer's start to every actor call)."""
         freed: list[Stored] = []
         with self.lock:
             now = time.monotonic()

@@ -85,8 +85,9 @@ class GroupRec:
 
     def wait_for_restart(self, rec: ActorRec, entry: Entry, method: str, args: WireValue, deps: list[str]) -> bool:
         """Under the lock: a call to member `rec` made while the SPMD group restarts, or after a member's process
-        began to exit (fray learns of that death ~0.1 s later: the call was in flight at no death), waits for the
-        restart; False when the group is dead (the call fails with its error) or nothing is wrong."""
+        began to exit (fray learns of that death only once the process has ended: the call was in flight at no
+        death), waits for the restart; False when the group is dead (the call fails with its error) or nothing is
+        wrong."""
         if self.dead or (self.error is None and not self.member_exiting()):
             return False
         self.waiting.append((rec, entry, method, args, deps))
