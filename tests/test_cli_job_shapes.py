@@ -51,7 +51,8 @@ def test_submit_a_named_retried_two_rank_call_then_list_status_and_tail(env: dic
     assert status["name"] == "demo" and status["result"] == 2 and status["replicas"] == 2
     assert [a["exit_code"] for a in status["attempts"]] == [4, 0]
     text = _fray(env, "job", "status", "demo").stdout
-    assert "attempt 1: FAILED exit code 4 rank 1 exited with code 4" in text and "result: 2" in text, text
+    assert "attempt 1: FAILED exit code 4 rank 1 exited with code 4 [failed]" in text and "result: 2" in text, text
+    assert "attempt 2: SUCCEEDED exit code 0 [succeeded]" in text, text
     tail = _fray(env, "job", "logs", "demo", "--tail", "1")
     assert tail.returncode == 0 and len(tail.stdout.splitlines()) == 1 and "attempt 2" in tail.stdout
 
@@ -98,3 +99,23 @@ def test_one_name_from_four_processes_is_one_job_on_a_monarch_head(env: dict[str
         assert [a["exit_code"] for a in status["attempts"]] == [5, 5]
     finally:
         assert _fray(env, "cluster", "stop", "--backend", "monarch").returncode == 0
+
+
+def test_submit_with_budgets_and_grace_then_status_shows_each_attempts_class(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    codes = "import os, sys; sys.exit([3, 4][int(os.environ['FRAY_JOB_ATTEMPT']) - 1])"
+    done = _fray(
+        env, "job", "submit", "--name", "codes", "--retries", "5", "--retry-on-exit-codes", "3", "--recoveries", "2",
+        "--grace", "1.5", "--", "python", "-c", codes,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stderr  # 3 was retried, 4 was not
+    text = _fray(env, "job", "status", "codes").stdout
+    assert "--recoveries 2 --grace 1.5 --retry-on-exit-codes 3" in text, text
+    assert "attempt 1: FAILED exit code 3 it exited with code 3 [failed]" in text, text
+    assert "attempt 2: FAILED exit code 4 it exited with code 4 [failed]" in text, text
+    both = _fray(env, "job", "submit", "--retries", "1", "--retry-on-exit-codes", "3", "--no-retry-on-exit-codes",
+                 "4", "--", "true")  # fmt: skip
+    assert both.returncode == 2 and "not both" in both.stderr, both.stderr
+    bad = _fray(env, "job", "submit", "--retries", "1", "--retry-on-exit-codes", "x", "--", "true")
+    assert bad.returncode == 2 and "separated by commas" in bad.stderr, bad.stderr

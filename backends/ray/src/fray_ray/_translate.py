@@ -3,6 +3,7 @@ fray's."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -10,6 +11,7 @@ import ray.exceptions as rex
 
 from fray import errors
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
+from fray.job_policy import OWNER_SIGNALS_ALL_VAR, kill_delay
 from fray.resources import task_resources
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
 
@@ -50,6 +52,12 @@ def runtime_env_dict(env: RuntimeEnv | None) -> dict[str, Any] | None:
     if env.package_requirements:
         out["pip"] = list(env.package_requirements)
     return out or None
+
+
+def stop_vars(grace: float) -> dict[str, str]:
+    """A supervised job's variables for Ray's stop: Ray's JobSupervisor reads its wait before SIGKILL from its
+    own environment (a job's env_vars), in whole seconds; and its SIGTERM reaches every rank (fray.job_policy)."""
+    return {"RAY_JOB_STOP_WAIT_TIME_S": str(math.ceil(kill_delay(grace))), OWNER_SIGNALS_ALL_VAR: "1"}
 
 
 def is_default_task(options: TaskOptions) -> bool:

@@ -29,6 +29,7 @@ from fray.context import ClusterContext
 from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
 from fray.job_call import stash_call
 from fray.job_handle import JobHandle
+from fray.job_policy import GRACE_VAR, grace_of, kill_delay
 from fray.resources import format_resources, short_of
 from fray.state import state_subdir
 from fray.types import JobInfo, JobStatus, RuntimeEnv
@@ -36,7 +37,7 @@ from fray_ray._auth import is_own_job_api
 from fray_ray._connect import http_link
 from fray_ray._head import START_TIMEOUT, LocalHead, job_client
 from fray_ray._local import is_loopback_address
-from fray_ray._translate import entrypoint_options, runtime_env_dict
+from fray_ray._translate import entrypoint_options, runtime_env_dict, stop_vars
 
 _STATUS = {s.value: s for s in JobStatus}
 # Whether the create_job call under way named its working directory (the call's or the context's): the core
@@ -202,6 +203,8 @@ class RayClusterContext(ClusterContext):
         # calls fray.init() lands on this cluster's Ray. A job's log is a file, never a terminal: Ray colours the
         # prefixes it writes there ("(raylet)", "(task pid=N)") unless RAY_COLOR_PREFIX=0.
         runtime_env["env_vars"] = {"RAY_COLOR_PREFIX": "0", **runtime_env.get("env_vars", {})}
+        if GRACE_VAR in env.env:  # a supervised job: Ray's stop (which signals every process of it) waits its grace
+            runtime_env["env_vars"].update(stop_vars(float(env.env[GRACE_VAR])))
         if self._local and (self._head is not None or is_own_job_api(self.address or "")):
             # Ray keeps a job's environment in its record, shown by the cluster's dashboard and Job API: a
             # callable's pickle goes by a private file instead (the job runs here, as this user)
@@ -310,10 +313,11 @@ class RayClusterContext(ClusterContext):
         return self._info(self._details(job_id))
 
     def _stop_job(self, job_id: str) -> None:
-        # Ray sends SIGTERM to the job's process group, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s)
-        if not self._get_job(job_id).status.is_terminal:
+        # Ray sends SIGTERM to the job's processes, SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s, else stop_vars)
+        info = self._get_job(job_id)
+        if not info.status.is_terminal:
             self._client.stop_job(job_id)
-            self._wait_job(job_id, 60.0)
+            self._wait_job(job_id, 60.0 + kill_delay(grace_of(info.entrypoint)))
 
     def _delete_job(self, job_id: str) -> None:
         self._stop_job(job_id)  # Ray refuses to delete a job that has not ended

@@ -22,11 +22,13 @@ from fray.capabilities import Capability
 from fray.errors import FrayError, JobExistsError, JobNotFoundError, UnsupportedFeatureError
 from fray.interrupts import interrupted
 from fray.job_handle import JobHandle
+from fray.job_policy import JobPolicy
 from fray.job_records import last_record
 from fray.job_requests import (
     IF_EXISTS,
     SUPERVISOR,
     check_name,
+    checked_command,
     is_name,
     latest_run,
     launch_of,
@@ -48,18 +50,6 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _NAME_TRIES = 20
 _RECORD_LINES = 20  # a supervised job's record is among its log's last lines (only stragglers write after it)
 _DASHBOARD_LOCK = threading.Lock()  # (one for every context: a page is started once in a context's life)
-
-
-def _checked_command(entrypoint: object) -> str | list[str]:
-    if isinstance(entrypoint, str):
-        if not entrypoint.strip():
-            raise ValueError("entrypoint must not be empty")
-        return entrypoint
-    if isinstance(entrypoint, (list, tuple)):
-        if not entrypoint or not all(isinstance(a, str) for a in entrypoint):
-            raise TypeError("an argv entrypoint must be a non-empty list of strings")
-        return list(entrypoint)
-    raise TypeError(f"entrypoint must be a str, a list of str or a callable, got {type(entrypoint).__name__}")
 
 
 def _interruptible(pieces: Iterator[str], what: str) -> Iterator[str]:
@@ -100,6 +90,10 @@ class ClusterContext(ABC):
         replicas: int = 1,
         resources: Mapping[str, float] | None = None,
         placement: str | None = None,
+        max_recoveries: int | None = None,
+        retry_on_exit_codes: Sequence[int] | None = None,
+        no_retry_on_exit_codes: Sequence[int] | None = None,
+        stop_grace: float | None = None,
     ) -> JobHandle:
         """Start a job; return its handle (which is also its id, a str).
 
@@ -117,7 +111,10 @@ class ClusterContext(ABC):
         (JobExistsError). Its runs' ids are `name.1`, `name.2`...; every verb takes the name for its latest run.
         job_id: the id to give it (JobExistsError if taken), as Ray's submission_id.
         max_retries: run it again after a failed attempt (non-zero exit or exception; not after stop), up to this
-        many times. replicas: start that many ranks, with torch.distributed's variables set (RANK, WORLD_SIZE,
+        many times; retry_on_exit_codes / no_retry_on_exit_codes: only those / all but those exit codes.
+        max_recoveries: run it again after a lost attempt (preempted: SIGTERM not from fray's stop; a node lost),
+        up to this many times (default 10). stop_grace: seconds a rank has between SIGTERM and SIGKILL (default 5).
+        replicas: start that many ranks, with torch.distributed's variables set (RANK, WORLD_SIZE,
         LOCAL_RANK, MASTER_ADDR, MASTER_PORT); one failing fails the attempt, and the others are stopped.
         resources: what each rank needs (CPU, GPU, memory in bytes, custom); the job holds it for all its ranks.
         placement: where the ranks run. None (default): all on the job's host where they fit one node, else over
@@ -125,10 +122,11 @@ class ClusterContext(ABC):
         (as create_actor_group places one), each rank holding its own resources.
         Ranks, retries and callables run under fray.job_supervisor.
         """
-        launch = launch_of(entrypoint, args, kwargs, max_retries, replicas, resources, placement)
+        policy = JobPolicy.of(max_retries, max_recoveries, retry_on_exit_codes, no_retry_on_exit_codes, stop_grace)
+        launch = launch_of(entrypoint, args, kwargs, policy, replicas, resources, placement)
         # where the ranks go, checked against the nodes' totals (asked only for several ranks with resources)
         launch = place(launch, self.node_status, Capability.MULTI_HOST in self.capabilities, self.backend)
-        command = None if launch.call is not None else _checked_command(entrypoint)
+        command = None if launch.call is not None else checked_command(entrypoint)
         if env is not None and not isinstance(env, RuntimeEnv):
             raise TypeError(f"env must be a fray.RuntimeEnv, got {type(env).__name__}")
         env = env or RuntimeEnv()

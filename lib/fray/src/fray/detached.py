@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
+from fray.job_policy import GRACE_VAR, kill_delay
+from fray.job_signals import STOP_MARK_VAR
 from fray.jobs import ended_status, follow_log, job_command, job_environment, missing_dir_message, read_log_end
 from fray.procfs import Identity, group_members, stop_group
 from fray.state import private_dir, read_json, state_subdir, write_json
@@ -83,7 +85,7 @@ class DetachedJobs:
                 "id": job_id,
                 "entrypoint": entrypoint,
                 "text": entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint),
-                "env": dict(env.env),
+                "env": _with_stop_mark(dict(env.env), job_dir),
                 "packages": list(env.package_requirements),
                 "working_dir": working_dir,
                 "submission_time": time.time(),
@@ -237,7 +239,7 @@ class DetachedJobs:
             time.sleep(0.05)  # its runner is about to start it (or to see the stop request first)
             state = read_json(job_dir / "state.json") or {}
         if not JobStatus(state.get("status", "PENDING")).is_terminal:
-            self._stop_leader(state)
+            self._stop_leader(state, job_dir)
         runner = Identity.from_record(state.get("runner"))
         deadline = time.monotonic() + 10.0  # its runner records the end once it has reaped the job
         while time.monotonic() < deadline:
@@ -259,9 +261,20 @@ class DetachedJobs:
                 },
             )
 
-    def _stop_leader(self, state: dict[str, Any]) -> None:
+    def _stop_leader(self, state: dict[str, Any], job_dir: Path | None = None) -> None:
         leader = Identity.from_record(state.get("leader"))
-        if leader is not None:
+        grace = ((read_json(job_dir / "job.json") or {}).get("env") or {}).get(GRACE_VAR) if job_dir else None
+        if leader is not None and grace is not None and leader.running():
+            # a supervised job: its supervisor gives its ranks their grace (fray.jobs.LocalJobs.stop says why)
+            try:
+                os.kill(leader.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + kill_delay(float(grace))
+            while group_members(leader.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            stop_group(leader, 1.0)
+        elif leader is not None:
             stop_group(leader, self.stop_grace)
 
     def delete(self, job_id: str) -> None:
@@ -279,6 +292,11 @@ def _runner_gone(job_id: str, state: dict[str, Any]) -> str:
     if leader is not None and leader.group_is_ours() and group_members(leader.pid):
         message += f"; its processes (group {leader.pid}) still run: `fray job stop {job_id}` ends them"
     return message
+
+
+def _with_stop_mark(env: dict[str, str], job_dir: Path) -> dict[str, str]:
+    """A supervised job's variables name its stop mark (fray.job_signals: a SIGTERM with the mark is a stop)."""
+    return {**env, STOP_MARK_VAR: str(job_dir / "stop")} if GRACE_VAR in env else env
 
 
 def _mark_stop(job_dir: Path, reason: str) -> None:

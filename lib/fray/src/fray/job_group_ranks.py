@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from typing import IO
 
 from fray import watchdog
 from fray.job_call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome
+from fray.job_signals import unblock_in_child
 
 __all__ = ["RankPoll", "RankProcess"]
 
@@ -76,6 +78,7 @@ class RankProcess:
                 env=env,
                 pass_fds=(write_fd,) if write_fd >= 0 else (),
                 start_new_session=True,  # its own group: the watchdog ends all of it with this member
+                preexec_fn=unblock_in_child,  # a member started by the supervisor inherits its blocked SIGTERM
             )
         except OSError as exc:
             self._add(f"fray: could not start {argv[0]!r}: {exc}\n")
@@ -106,6 +109,16 @@ class RankProcess:
         for line in iter(stream.readline, b""):
             self._add(line.decode(errors="replace"))
         stream.close()
+
+    def terminate(self) -> None:
+        """SIGTERM the rank's process group (a stop or preemption: it has the job's grace to end before the
+        supervisor kills the group)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # its own group (start_new_session), not yet reaped: still its own
+            except ProcessLookupError:
+                pass
 
     def poll(self) -> RankPoll:
         """The lines since the last poll; the exit code once the rank has ended and all its lines are given."""

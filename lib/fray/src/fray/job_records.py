@@ -104,6 +104,8 @@ def record_line(record: JobRecord, result_data: bytes | None = None, final: bool
                 "start_time": a.start_time,
                 "end_time": a.end_time,
                 "message": a.message,
+                "outcome": a.outcome,
+                "grace": a.grace,
             }
             for a in record.attempts
         ],
@@ -133,6 +135,8 @@ def _decode(text: str) -> tuple[JobRecord, bool] | None:
                 start_time=a.get("start_time"),
                 end_time=a.get("end_time"),
                 message=str(a.get("message", "")),
+                outcome=str(a.get("outcome", "")),
+                grace=None if a.get("grace") is None else float(a["grace"]),
             )
             for a in body["attempts"]
         )

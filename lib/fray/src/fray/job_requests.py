@@ -18,6 +18,7 @@ import cloudpickle
 
 from fray.errors import InfeasibleResourcesError
 from fray.job_call import CALL_VAR, encode_call
+from fray.job_policy import GRACE_VAR, JobPolicy
 from fray.resources import format_resources, ranks_fitting, short_of
 from fray.serialization import find_unserializable_argument, unpicklable_code
 from fray.types import JobInfo, Resource, normalize_resources
@@ -26,6 +27,7 @@ __all__ = [
     "IF_EXISTS",
     "JobLaunch",
     "check_name",
+    "checked_command",
     "is_name",
     "latest_run",
     "launch_of",
@@ -79,6 +81,18 @@ def latest_run(jobs: Sequence[JobInfo], name: str) -> str:
     return max(jobs, key=lambda info: run_of(info.id, name)).id
 
 
+def checked_command(entrypoint: object) -> str | list[str]:
+    if isinstance(entrypoint, str):
+        if not entrypoint.strip():
+            raise ValueError("entrypoint must not be empty")
+        return entrypoint
+    if isinstance(entrypoint, (list, tuple)):
+        if not entrypoint or not all(isinstance(a, str) for a in entrypoint):
+            raise TypeError("an argv entrypoint must be a non-empty list of strings")
+        return list(entrypoint)
+    raise TypeError(f"entrypoint must be a str, a list of str or a callable, got {type(entrypoint).__name__}")
+
+
 def parse_resources(resources: Mapping[str, float] | None) -> dict[str, float]:
     """Resources of one rank, by name (CPU, GPU, memory in bytes, custom), checked as tasks' are."""
     return normalize_resources(resources, "create_job(resources=...)")
@@ -86,20 +100,20 @@ def parse_resources(resources: Mapping[str, float] | None) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class JobLaunch:
-    """A job's shape beyond its command: its ranks, retries, callable and each rank's resources."""
+    """A job's shape beyond its command: its ranks, budgets and grace (fray.job_policy), callable and each rank's
+    resources."""
 
     replicas: int = 1
-    max_retries: int = 0
+    policy: JobPolicy = field(default_factory=JobPolicy)
     per_rank: dict[str, float] = field(default_factory=dict)
     call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None
     placement: str | None = None  # None: every rank on the job's host; "pack"/"spread": a group over the nodes
 
     def __post_init__(self) -> None:
-        for what, value, least in (("replicas", self.replicas, 1), ("max_retries", self.max_retries, 0)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{what} must be an int, got {type(value).__name__}")
-            if value < least:
-                raise ValueError(f"{what} must be >= {least}, got {value}")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise TypeError(f"replicas must be an int, got {type(self.replicas).__name__}")
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, got {self.placement!r}")
         gpus = self.per_rank.get("GPU", 0.0)
@@ -108,7 +122,7 @@ class JobLaunch:
 
     @property
     def supervised(self) -> bool:
-        return self.call is not None or self.replicas > 1 or self.max_retries > 0
+        return self.call is not None or self.replicas > 1 or self.policy.max_retries > 0 or self.policy.asked
 
     def whole_job(self) -> list[Resource]:
         """What the job's own process holds: each rank's resources times the ranks, on one host; nothing when its
@@ -125,8 +139,9 @@ class JobLaunch:
         argv = [python, *SUPERVISOR]
         if self.replicas > 1:
             argv += ["--replicas", str(self.replicas)]
-        if self.max_retries:
-            argv += ["--retries", str(self.max_retries)]
+        if self.policy.max_retries:
+            argv += ["--retries", str(self.policy.max_retries)]
+        argv += self.policy.argv()
         if self.placement is not None:
             argv += ["--placement", self.placement, "--rank-resources", json.dumps(self.per_rank)]
         elif self.per_rank.get("GPU"):
@@ -141,10 +156,12 @@ class JobLaunch:
         return [*argv, "--", *entrypoint]
 
     def call_env(self) -> dict[str, str]:
-        """FRAY_JOB_CALL for a callable job: SerializationError (naming what) or ValueError (too big) now, at
-        submission, rather than in the job."""
+        """The variables of a supervised job: its ranks' grace (which its backend waits for before SIGKILL), and
+        FRAY_JOB_CALL for a callable: SerializationError (naming what) or ValueError (too big) now, at submission,
+        rather than in the job."""
+        grace = {GRACE_VAR: repr(self.policy.stop_grace)}
         if self.call is None:
-            return {}
+            return grace
         fn, args, kwargs = self.call
         where = getattr(fn, "__qualname__", repr(fn))
         try:
@@ -155,14 +172,14 @@ class JobLaunch:
             payload = cloudpickle.dumps((fn, args, kwargs))
         except Exception as exc:
             raise find_unserializable_argument(where, args, kwargs, exc) from exc
-        return {CALL_VAR: encode_call(payload)}
+        return {**grace, CALL_VAR: encode_call(payload)}
 
 
 def launch_of(
     entrypoint: object,
     args: Sequence[Any],
     kwargs: Mapping[str, Any] | None,
-    max_retries: int,
+    policy: JobPolicy,
     replicas: int,
     resources: Mapping[str, float] | None,
     placement: str | None,
@@ -177,7 +194,7 @@ def launch_of(
         call = (entrypoint, tuple(args), dict(kwargs or {}))
     elif args or kwargs:
         raise TypeError("args and kwargs go with a callable entrypoint; a command takes its arguments in it")
-    return JobLaunch(replicas, max_retries, parse_resources(resources), call, placement)
+    return JobLaunch(replicas, policy, parse_resources(resources), call, placement)
 
 
 def place(launch: JobLaunch, nodes: Callable[[], list[dict[str, Any]]], multi_host: bool, backend: str) -> JobLaunch:

@@ -24,6 +24,7 @@ from pathlib import Path
 from fray import watchdog
 from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
 from fray.gpus import DevicePool, HostGpus, discover, process_env
+from fray.job_policy import GRACE_VAR, kill_delay
 from fray.plain_text import last_lines
 from fray.procfs import Identity, stop_group
 from fray.resources import add, fits, format_resources, short_of, subtract
@@ -54,6 +55,7 @@ class _Job:
     working_dir: str | None = None  # where it runs (None: its own directory)
     leader: Identity | None = None  # its process (pid, start time, boot): what proves its group is still its own
     devices: tuple[int, ...] = ()  # the GPUs it holds (its CUDA_VISIBLE_DEVICES)
+    grace: float | None = None  # a supervised job's ranks' grace (fray.job_policy): its stop goes to the supervisor
 
 
 def host_resources(gpus: HostGpus | None = None) -> dict[str, float]:
@@ -192,6 +194,8 @@ class LocalJobs:
         job.need = need
         job.detached = detached
         job.working_dir = working_dir
+        if GRACE_VAR in env.env:
+            job.grace = float(env.env[GRACE_VAR])
         # Taken and listed in one step: a racing submitter of the same name that is refused this id must find the
         # job when it lists again (create_job's named runs count on it).
         with self._lock:
@@ -304,7 +308,9 @@ class LocalJobs:
     def stop(self, job_id: str) -> None:
         """SIGTERM the job's process group; SIGKILL what is left of it after stop_grace seconds. The group is
         signalled only while it is proven the job's (fray.procfs.stop_group): once the job and its group have
-        ended, the number may already be another process's group."""
+        ended, the number may already be another process's group. A supervised job's SIGTERM goes to its
+        supervisor alone, which gives its ranks their grace (each gets one SIGTERM) and ends them: its group is
+        killed after that grace and a margin (fray.job_policy.kill_delay)."""
         job = self._job(job_id)
         with self._lock:
             job.stop_requested = True
@@ -313,7 +319,15 @@ class LocalJobs:
         if proc is None or job.ended.is_set():
             job.ended.wait(self.stop_grace)
             return
-        if leader is not None:
+        if leader is not None and job.grace is not None:
+            if leader.running():  # (proven ours: pid, start time and boot)
+                try:
+                    os.kill(leader.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            job.ended.wait(kill_delay(job.grace))
+            stop_group(leader, 1.0)  # whatever the supervisor left
+        elif leader is not None:
             stop_group(leader, self.stop_grace)  # (its children in the group too, the leader gone or not)
         job.ended.wait(self.stop_grace)
 

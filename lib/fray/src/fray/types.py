@@ -240,7 +240,9 @@ class JobInfo:
 @dataclass(frozen=True)
 class JobAttempt:
     """One run of a job's ranks: its number (from 1), how it ended, the exit code that ended it (the first rank
-    to fail, else 0), its times, and what happened in words."""
+    to fail, else 0), its times, and what happened in words. `outcome` is its class: "succeeded", "failed",
+    "lost" (preempted, or a rank's node lost) or "stopped" ("" while it runs, or where no supervisor judged it);
+    `grace` is how many seconds its ranks had between SIGTERM and their end (None: none was sent)."""
 
     number: int
     status: JobStatus
@@ -248,6 +250,8 @@ class JobAttempt:
     start_time: float | None = None
     end_time: float | None = None
     message: str = ""
+    outcome: str = ""
+    grace: float | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from fray import watchdog
 from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
+from fray.job_policy import grace_of, kill_delay
 from fray.jobs import LocalJobs
 from fray.procfs import children_of
 from fray.types import JobInfo, RuntimeEnv
@@ -227,7 +228,8 @@ class MonarchClusterContext(ClusterContext):
         return info
 
     def _stop_job(self, job_id: str) -> None:
-        _unwrap(self._runner(job_id).stop_job.call_one(job_id).get(timeout=MARGIN))
+        grace = kill_delay(grace_of(self._get_job(job_id).entrypoint))  # a supervised job's ranks have their grace
+        _unwrap(self._runner(job_id).stop_job.call_one(job_id).get(timeout=MARGIN + grace))
 
     def _delete_job(self, job_id: str) -> None:
         _unwrap(self._runner(job_id).delete.call_one(job_id).get(timeout=MARGIN))

@@ -7,6 +7,7 @@ from typing import Any
 
 from fray.capabilities import Capability
 from fray.context import ClusterContext
+from fray.job_policy import grace_of, kill_delay
 from fray.types import JobInfo, RuntimeEnv
 from fray_monarch.cluster.head_record import REQUEST_TIMEOUT, decode_info, request
 
@@ -59,7 +60,8 @@ class MonarchHeadClient(ClusterContext):
         return decode_info(self._ask({"op": "info", "id": job_id}))
 
     def _stop_job(self, job_id: str) -> None:
-        self._ask({"op": "stop", "id": job_id})
+        grace = kill_delay(grace_of(self._get_job(job_id).entrypoint))  # a supervised job's ranks have their grace
+        self._ask({"op": "stop", "id": job_id}, REQUEST_TIMEOUT + grace)
 
     def _delete_job(self, job_id: str) -> None:
         self._ask({"op": "delete", "id": job_id})

@@ -97,6 +97,12 @@ def _submit_options(parser: argparse.ArgumentParser, detachable: bool) -> None:
         help="with a live job of that --name: follow it (default), stop it and start anew, or fail",
     )
     shape.add_argument("--retries", type=int, default=0, help="run it again after a failed attempt, up to N times")
+    shape.add_argument(
+        "--recoveries", type=int, default=None, help="run it again after a lost (preempted) attempt, up to N times"
+    )
+    shape.add_argument("--retry-on-exit-codes", default=None, metavar="C,..", help="retry only failures with these")
+    shape.add_argument("--no-retry-on-exit-codes", default=None, metavar="C,..", help="never retry failures with these")
+    shape.add_argument("--grace", type=float, default=None, help="seconds a rank has between SIGTERM and SIGKILL")
     shape.add_argument("--replicas", type=int, default=1, help="ranks to start, with RANK, WORLD_SIZE... set")
     shape.add_argument("--cpus", type=float, default=None, help="CPUs each rank holds")
     shape.add_argument("--gpus", type=int, default=None, help="GPUs each rank holds (its own CUDA_VISIBLE_DEVICES)")

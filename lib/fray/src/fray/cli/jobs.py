@@ -53,7 +53,8 @@ def _job_status(args: argparse.Namespace) -> int:
         print(f"  ranks: {info.replicas}")
     for attempt in info.attempts:
         how = f"exit code {format_exit_code(attempt.exit_code)}" if attempt.exit_code is not None else ""
-        print(f"  attempt {attempt.number}: {attempt.status.value} {how} {attempt.message}".rstrip())
+        outcome = f" [{attempt.outcome}]" if attempt.outcome else ""  # its class: succeeded, failed, lost, stopped
+        print(f"  attempt {attempt.number}: {attempt.status.value} {how} {attempt.message}".rstrip() + outcome)
     if info.result is not None:
         print(f"  result: {info.result!r}")
     if info.error is not None:

@@ -15,6 +15,7 @@ from typing import Any, cast
 from fray.capabilities import Capability
 from fray.cli.common import CommandError, exit_status, open_cluster, say
 from fray.context import ClusterContext
+from fray.job_policy import JobPolicy
 from fray.types import RuntimeEnv
 
 
@@ -152,6 +153,15 @@ def _follow_hint(args: argparse.Namespace, job_id: str) -> str:
     return f"follow it with `fray job logs {job_id} --follow{where}`, stop it with `fray job stop {job_id}{where}`"
 
 
+def _exit_codes(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(code) for code in text.split(",") if code.strip()]
+    except ValueError:
+        raise CommandError(f"{flag} takes exit codes separated by commas (e.g. 1,3,137), got {text!r}", 2) from None
+
+
 def submit(args: argparse.Namespace, wait: bool) -> int:
     verb = "run" if args.command == "run" else "job submit"
     words = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
@@ -164,11 +174,20 @@ def submit(args: argparse.Namespace, wait: bool) -> int:
         "replicas": args.replicas,
         "resources": _resources_of(args),
         "placement": args.placement,
+        "max_recoveries": args.recoveries,
+        "retry_on_exit_codes": _exit_codes(args.retry_on_exit_codes, "--retry-on-exit-codes"),
+        "no_retry_on_exit_codes": _exit_codes(args.no_retry_on_exit_codes, "--no-retry-on-exit-codes"),
+        "stop_grace": args.grace,
     }
     if args.call:
         shape["args"] = tuple(words)
     if args.replicas < 1 or args.retries < 0:
         raise CommandError(f"--replicas must be >= 1 and --retries >= 0, got {args.replicas} and {args.retries}", 2)
+    policy = ("max_retries", "max_recoveries", "retry_on_exit_codes", "no_retry_on_exit_codes", "stop_grace")
+    try:  # budgets and grace that do not go together are a usage error, as the flags' own are
+        JobPolicy.of(*(shape[k] for k in policy))
+    except (TypeError, ValueError) as exc:
+        raise CommandError(str(exc), 2) from None
     env = _env_of(args.env, args.env_file)
     if args.dashboard:  # (fray.dashboard: its driver starts its live page at fray.init and prints where)
         env = RuntimeEnv(env={**(env.env if env is not None else {}), "FRAY_DASHBOARD": "1"})

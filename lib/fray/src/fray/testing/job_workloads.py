@@ -84,3 +84,36 @@ def env_after_failing_once_on_rank(rank: int) -> dict[str, str]:
     """fail_first_attempt_on_rank, then this rank's torch.distributed variables."""
     fail_first_attempt_on_rank(rank)
     return rank_env()
+
+
+def _write_atomically(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def wait_to_be_signalled_once(pid_file: str) -> dict[str, int]:
+    """At attempt 1: write "RANK_PID SUPERVISOR_PID" to pid_file and sleep (for the test to signal one of them);
+    later attempts return their number."""
+    attempt = int(os.environ["FRAY_JOB_ATTEMPT"])
+    if attempt == 1:
+        _write_atomically(pid_file, f"{os.getpid()} {os.getppid()}")
+        time.sleep(300)
+    return {"attempt": attempt}
+
+
+def checkpoint_on_sigterm(checkpoint: str, ready_file: str, takes: float) -> None:
+    """Sleep until SIGTERM; then take `takes` seconds to write `checkpoint`.RANK (atomically) and exit 0. Writes
+    ready_file.RANK once its handler is set."""
+    import signal
+
+    rank = os.environ["RANK"]
+
+    def save(signum: int, frame: object) -> None:
+        time.sleep(takes)  # a checkpoint that takes longer than fray's default grace
+        _write_atomically(f"{checkpoint}.{rank}", f"step 42 of attempt {os.environ['FRAY_JOB_ATTEMPT']}")
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, save)
+    _write_atomically(f"{ready_file}.{rank}", str(os.getpid()))
+    time.sleep(300)

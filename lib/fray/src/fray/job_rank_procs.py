@@ -1,0 +1,87 @@
+"""A job's ranks on its supervisor's host (fray.job_supervisor): their processes, GPUs, output and signals."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import IO
+
+from fray.job_call import CallOutcome
+from fray.procfs import Identity, children_of
+
+__all__ = ["VISIBLE", "Rank", "descendants", "free_port", "gpu_slices", "prefix_lines", "signal_tree"]
+
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+@dataclass
+class Rank:
+    index: int
+    proc: subprocess.Popen[bytes]
+    threads: list[threading.Thread] = field(default_factory=list)
+    outcome: list[CallOutcome] = field(default_factory=list)  # a callable's, once read
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def gpu_slices(replicas: int, per_rank: int) -> list[str | None]:
+    """Each rank's CUDA_VISIBLE_DEVICES: consecutive slices of what this process sees (its CUDA_VISIBLE_DEVICES,
+    else the host's GPUs)."""
+    if per_rank <= 0:
+        return [None] * replicas
+    from fray.gpus import discover  # only where GPUs are asked for (it may run nvidia-smi)
+
+    given = os.environ.get(VISIBLE)
+    entries = [e.strip() for e in given.split(",") if e.strip()] if given is not None else list(discover().entries)
+    if len(entries) < replicas * per_rank:
+        raise ValueError(
+            f"{replicas} ranks of {per_rank} GPU(s) each need {replicas * per_rank} GPUs; this host shows the job "
+            f"{len(entries)} ({VISIBLE}={given!r})"
+        )
+    return [",".join(entries[i * per_rank : (i + 1) * per_rank]) for i in range(replicas)]
+
+
+def prefix_lines(stream: IO[bytes], index: int, lock: threading.Lock) -> None:
+    out = sys.stdout.buffer
+    prefix = f"[rank {index}] ".encode()
+    for line in iter(stream.readline, b""):
+        with lock:
+            out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+            out.flush()
+    stream.close()
+
+
+def descendants(pid: int) -> list[Identity]:
+    found, queue = [], [pid]
+    while queue:
+        for child in children_of(queue.pop()):
+            identity = Identity.of(child)
+            if identity is not None:
+                found.append(identity)
+                queue.append(child)
+    return found
+
+
+def signal_tree(rank: Rank, signum: int) -> None:
+    """Signal a rank and every process under it, each only while proven the one listed (pid, start time)."""
+    if rank.proc.poll() is not None:
+        return
+    targets = descendants(rank.proc.pid)
+    try:
+        rank.proc.send_signal(signum)  # our child, not yet reaped: its pid is still its own
+    except ProcessLookupError:
+        pass
+    for identity in targets:
+        if identity.running():
+            try:
+                os.kill(identity.pid, signum)
+            except ProcessLookupError:
+                pass
