@@ -8,8 +8,13 @@ import os
 import pickle
 from typing import Any
 
+import pytest
+import ray
+
 from fray import ActorOptions, TaskOptions
-from fray_ray import RayJobContext
+from fray.capabilities import Capability
+from fray.errors import UnsupportedFeatureError
+from fray_ray import RayBackend, RayJobContext
 
 ONE_GPU = TaskOptions(resources={"CPU": 0.5, "GPU": 1})
 STREAM_ONE_GPU = TaskOptions(resources={"CPU": 0.5, "GPU": 1}, streaming=True)
@@ -92,3 +97,13 @@ def test_an_spmd_members_arguments_are_unpickled_after_its_group_view_is_set(ctx
             assert 0 <= local_rank < 2
     finally:
         ctx.kill(group)
+
+
+def test_gpu_view_host_is_refused_by_name_before_ray_starts() -> None:
+    was_up = ray.is_initialized()
+    with pytest.raises(UnsupportedFeatureError, match="gpu_host_view") as refused:
+        RayBackend().job_context(gpu_view="host", num_cpus="1")
+    assert refused.value.capability is Capability.GPU_HOST_VIEW
+    assert ray.is_initialized() == was_up  # (refused before connecting)
+    with pytest.raises(ValueError, match=r"'held'.*'host'"):
+        RayBackend().job_context(gpu_view="all")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 import fray
 from fray import ActorOptions
-from fray.gpus import DevicePool, _parse_nvidia_smi, _parse_visible, follow_host_order, host_gpus, process_env
+from fray.gpus import DevicePool, HostGpus, _parse_nvidia_smi, _parse_visible, follow_host_order, host_gpus, process_env
 
 
 def test_whole_devices_are_held_by_one_holder_each() -> None:
@@ -82,6 +83,23 @@ def test_uuid_and_mig_entries_keep_the_hosts_ids_in_the_processes_fray_starts() 
     assert process_env((5,), _parse_visible("3,5")) == {"CUDA_VISIBLE_DEVICES": "5", "FRAY_GPUS": "5"}
     assert _parse_visible("0,1", "GPU-ccc=2").ids == (0, 1)
     assert _parse_visible("GPU-aaa,GPU-zzz", "GPU-aaa=4").ids == (0, 1)  # one unnamed: positions, as before
+
+
+def test_the_host_view_shows_every_device_after_the_works_own() -> None:
+    """gpu_view=host: the host's other devices after the work's own (so `cuda:0` and LOCAL_RANK still name its
+    own), each once, UUIDs and MIG names kept, their host ids told; the process finds its own device first."""
+    host = dataclasses.replace(_parse_visible("GPU-aaa,MIG-bbb/1/0,GPU-ccc,GPU-ddd"), view="host")
+    env = process_env((2,), host)
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-ccc,GPU-aaa,MIG-bbb/1/0,GPU-ddd" and env["FRAY_GPUS"] == "2"
+    child = _parse_visible(env["CUDA_VISIBLE_DEVICES"], env["FRAY_GPU_IDS"])
+    assert child.ids == (2, 0, 1, 3) and child.ordinal(2) == 0 and child.ordinal(1) == 2
+    member = process_env((1,), host, visible=[2, 1])  # an SPMD member of rank 1: its group's devices first
+    assert member["CUDA_VISIBLE_DEVICES"].split(",")[:2] == ["GPU-ccc", "MIG-bbb/1/0"]
+    declared = dataclasses.replace(HostGpus.numbered(4, "declared"), view="host")
+    assert process_env((3,), declared) == {"CUDA_VISIBLE_DEVICES": "3,0,1,2", "FRAY_GPUS": "3"}
+    assert declared.visible([1, 1]) == "1,0,2,3"  # (two members sharing device 1: named once)
+    with pytest.raises(ValueError, match=r"'held'.*'host'"):
+        host_gpus(None, "all")
 
 
 def test_nvidia_smi_ids_are_in_pci_bus_order_and_so_is_cuda_where_fray_starts_it() -> None:

@@ -72,6 +72,7 @@ class MonarchBackend(Backend):
                 host_mesh=top.host_mesh,
                 log_to_driver=log_to_driver,
                 host_addresses=top.hostset.addresses,
+                gpus=top.gpus,
             )
         except BaseException:
             top.release()

@@ -14,7 +14,9 @@ from typing import Any, ClassVar
 
 from fray.backend import Backend
 from fray.capabilities import Capability
+from fray.errors import UnsupportedFeatureError
 from fray.events import choose_recording
+from fray.gpus import gpu_view
 from fray.options import byte_count, count, directory, flag, non_empty_text, parse_options, parse_resources
 from fray_ray.job import RayJobContext
 
@@ -34,6 +36,7 @@ _OPTIONS: dict[str, Any] = {
     "namespace": non_empty_text,
     "log_to_driver": flag,
     "working_dir": directory,
+    "gpu_view": gpu_view,
     **_SIZING,
 }
 _JOB_ONLY = ("namespace", "log_to_driver")
@@ -43,6 +46,14 @@ _CLUSTER_ONLY = ("working_dir",)
 def _parse(options: dict[str, str]) -> dict[str, Any]:
     """The spec's options, `gpus` as Ray's `num_gpus` (one spec means the same on every backend)."""
     parsed: dict[str, Any] = parse_options("ray", options, _OPTIONS)
+    if parsed.pop("gpu_view", "held") != "held":
+        raise UnsupportedFeatureError(
+            Capability.GPU_HOST_VIEW,
+            "ray",
+            "gpu_view=host: Ray sets each worker's CUDA_VISIBLE_DEVICES to the GPUs it assigned that worker, so a "
+            "worker sees only its own (gpu_view=held); on monarch and in_memory, gpu_view=host shows every GPU of "
+            "the host",
+        )
     if "gpus" in parsed:
         if "num_gpus" in parsed and parsed["num_gpus"] != parsed["gpus"]:
             raise ValueError("ray: gpus and num_gpus are one option (the GPUs of this Ray); give one of them")

@@ -39,6 +39,9 @@ class Capability(enum.Enum):
     # snapshot (fray.device_shares), not through host memory, in a context that knows every reader is on its host
     # (docs/gpus.md says which contexts and values, backend by backend)
     DEVICE_SHARES = "device_shares"
+    # the spec option gpu_view=host: a process fray starts for work holding GPUs sees every GPU of its host, its
+    # own first (fray.gpus.GPU_VIEWS); a backend without it refuses that option by this name
+    GPU_HOST_VIEW = "gpu_host_view"
 
     @property
     def has_api(self) -> bool:
@@ -53,5 +56,6 @@ _PROPERTIES = frozenset(
         Capability.ZERO_COPY_OBJECTS,
         Capability.SPMD_HANG_DETECTION,
         Capability.DEVICE_SHARES,
+        Capability.GPU_HOST_VIEW,
     }
 )

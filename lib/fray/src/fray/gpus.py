@@ -8,7 +8,8 @@
   work; 1 or more takes that many whole devices that no other running work holds (DevicePool).
 - Told to the work: a process fray starts for it gets CUDA_VISIBLE_DEVICES (its devices, before it imports
   torch) and FRAY_GPUS (their ids); an in_memory thread gets them through `fray.current_gpus()` and its first
-  device as its current CUDA device (`using_gpus`).
+  device as its current CUDA device (`using_gpus`). A spec's `gpu_view=host` shows such a process every device
+  of its host, its own first (so that `cuda:0` is still its own, and CUDA IPC reaches the others' memory).
 
 Ids are the host's own numbers for its devices: nvidia-smi's index, or the entries of the driver's
 CUDA_VISIBLE_DEVICES (where those are UUIDs or MIG names, their positions), as `ray.get_gpu_ids()` gives them.
@@ -22,6 +23,7 @@ CUDA_VISIBLE_DEVICES (where those are UUIDs or MIG names, their positions), as `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import math
@@ -41,9 +43,11 @@ from fray.resources import EPS
 __all__ = [
     "ENV_HELD",
     "ENV_IDS",
+    "GPU_VIEWS",
     "DevicePool",
     "HostGpus",
     "discover",
+    "gpu_view",
     "held_from_env",
     "host_gpus",
     "no_gpus_env",
@@ -55,6 +59,11 @@ __all__ = [
 ENV_HELD = "FRAY_GPUS"  # in a process fray started for work that holds GPUs: their ids, comma-separated
 ENV_IDS = "FRAY_GPU_IDS"  # beside a CUDA_VISIBLE_DEVICES of UUIDs or MIG names: "entry=id,..." (the host's ids)
 PCI_ORDER = "PCI_BUS_ID"  # CUDA_DEVICE_ORDER that numbers devices as nvidia-smi does
+# What a process fray starts for work holding GPUs sees: "held", just its devices (the default); "host", every
+# device of its host, its own first. CUDA IPC between processes on two devices needs the reader to see the
+# producer's device (an RLHF trainer on one GPU sending weights to rollouts on another), as torchrun and Ray
+# Train show each process every local device.
+GPU_VIEWS = ("held", "host")
 _NVIDIA_SMI_TIMEOUT = 10.0
 
 
@@ -67,22 +76,30 @@ class HostGpus:
     entries: tuple[str, ...] = ()
     source: str = "none"
     order: str = ""  # the CUDA_DEVICE_ORDER under which entries that are numbers mean these devices ("": any)
+    view: str = "held"  # GPU_VIEWS: what a process shown some of these devices sees besides them
 
     def __len__(self) -> int:
         return len(self.ids)
 
+    def shown(self, ids: Sequence[int]) -> list[int]:
+        """The devices a process fray starts for work on `ids` sees, in CUDA's order there: `ids`, each once
+        (members sharing a device name it each, and CUDA refuses a variable that names one twice: "invalid
+        device ordinal" at its first use), then, with the host view, the host's other devices."""
+        shown = dict.fromkeys(ids)
+        if self.view == "host":
+            shown.update(dict.fromkeys(self.ids))
+        return list(shown)
+
     def visible(self, ids: Sequence[int]) -> str:
-        """The CUDA_VISIBLE_DEVICES value that shows exactly `ids`, in that order, each once: members sharing a
-        device (fractions) name it each, and CUDA refuses a variable that names one twice ("invalid device
-        ordinal" at its first use)."""
+        """The CUDA_VISIBLE_DEVICES value that shows the devices `shown(ids)`."""
         by_id = dict(zip(self.ids, self.entries, strict=True))
-        return ",".join(by_id.get(i, str(i)) for i in dict.fromkeys(ids))
+        return ",".join(by_id.get(i, str(i)) for i in self.shown(ids))
 
     def named(self, ids: Sequence[int]) -> str:
-        """FRAY_GPU_IDS for a process shown `ids`: each entry that is not its id's own number, with that id
+        """FRAY_GPU_IDS for a process shown `shown(ids)`: each entry that is not its id's own number, with that id
         ("" where every entry is: its CUDA_VISIBLE_DEVICES says the ids itself)."""
         by_id = dict(zip(self.ids, self.entries, strict=True))
-        pairs = ((by_id.get(i, str(i)), i) for i in dict.fromkeys(ids))
+        pairs = ((by_id.get(i, str(i)), i) for i in self.shown(ids))
         return ",".join(f"{entry}={i}" for entry, i in pairs if entry != str(i))
 
     def env(self, ids: Sequence[int]) -> dict[str, str]:
@@ -204,9 +221,24 @@ def follow_host_order(found: HostGpus, environ: Any = os.environ) -> None:
 _warned_order: list[bool] = []
 
 
-def host_gpus(declared: float | None = None) -> HostGpus:
+def gpu_view(raw: Any) -> str:
+    """A spec's `gpu_view=` (GPU_VIEWS), checked."""
+    if raw not in GPU_VIEWS:
+        raise ValueError(
+            f"must be 'held' (a process fray starts for work holding GPUs sees just those: the default) or 'host' "
+            f"(it sees every GPU of its host, its own first, for CUDA IPC between devices), got {raw!r}"
+        )
+    return str(raw)
+
+
+def host_gpus(declared: float | None = None, view: str = "held") -> HostGpus:
     """The GPUs a spec's `gpus=` gives this host: all found (None), the first `declared` of them, or, where none
-    are found, `declared` devices numbered from 0. ValueError for a fraction, or more than the host has."""
+    are found, `declared` devices numbered from 0; shown to the work as `view` says (GPU_VIEWS). ValueError for
+    a fraction, or more than the host has."""
+    return dataclasses.replace(_host_gpus(declared), view=gpu_view(view))
+
+
+def _host_gpus(declared: float | None) -> HostGpus:
     found = discover()
     if declared is None:
         return found

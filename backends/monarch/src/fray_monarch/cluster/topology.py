@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fray.gpus import host_gpus
+from fray.gpus import HostGpus, gpu_view, host_gpus
 from fray.jobs import host_resources
 from fray.options import (
     byte_count,
@@ -58,6 +58,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "procs": positive_int,
     "cpus": non_negative,
     "gpus": non_negative,
+    "gpu_view": gpu_view,
     "resources": parse_resources,
     "hosts": _hosts,
     "object_store_memory": byte_count,
@@ -95,6 +96,7 @@ class Topology:
     host_mesh: Any  # all hosts as one mesh (None: this machine only)
     stores: StoreConfig
     hostset: HostSet
+    gpus: HostGpus  # this machine's, as each host's (attached hosts are taken to be alike)
 
     def release(self) -> None:
         """End the hosts this context launched (hosts the user started stay, like Ray's worker nodes)."""
@@ -122,7 +124,7 @@ def topology(options: dict[str, Any]) -> Topology:
     if unguarded:
         socket_guard.warn_unguarded()
     cpus = os.cpu_count() or 1
-    gpus = host_gpus(opts.get("gpus"))  # this machine's (attached hosts are taken to be alike, as for memory)
+    gpus = host_gpus(opts.get("gpus"), opts.get("gpu_view", "held"))  # (attached hosts are taken to be alike)
     procs = int(opts.get("procs", len(gpus) or cpus))  # one process per GPU on a GPU host, as Monarch's convention
     # memory: this machine's physical memory by default (attached hosts are taken to be alike; pass memory=),
     # shared out between a host's processes as its CPUs are.
@@ -155,14 +157,14 @@ def topology(options: dict[str, Any]) -> Topology:
             mesh = network.attach(hostset.addresses, timeout, bind, hostset.explain)
         else:
             stores = StoreConfig(budget, ("local",), (bind or "127.0.0.1",), bind or "127.0.0.1", transport=transport)
-            return Topology([this_host()], procs, resources, None, stores, hostset)
+            return Topology([this_host()], procs, resources, None, stores, hostset, gpus)
         count = int(mesh.size("hosts"))
         host_ids = tuple(f"h{i}" for i in range(count))
         # Transfer servers on other machines listen on their address that routes to this driver (""), on this
         # machine where the host worker listens (loopback).
         binds = tuple(hostset.names) if hostset.local and len(hostset.names) == count else ("",) * count
         stores = StoreConfig(budget, host_ids, binds, bind or "127.0.0.1", transport=transport)
-        return Topology([mesh.slice(hosts=i) for i in range(count)], procs, resources, mesh, stores, hostset)
+        return Topology([mesh.slice(hosts=i) for i in range(count)], procs, resources, mesh, stores, hostset, gpus)
     except BaseException:
         if hostset.release is not None:
             hostset.release()

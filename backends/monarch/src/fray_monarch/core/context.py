@@ -37,6 +37,7 @@ CAPABILITIES = frozenset(
         Capability.SPMD_HANG_DETECTION,  # driver/gangs.py: pings
         Capability.STREAMING,
         Capability.ASYNC_ACTORS,
+        Capability.GPU_HOST_VIEW,
         Capability.DEVICE_SHARES,  # a one-host context's (data/store.py: device_mode); several hosts' are staged
     }
 )

@@ -24,6 +24,7 @@ from monarch.actor import this_proc
 from fray import watchdog
 from fray.errors import FrayError
 from fray.events import RECORDER, Kind
+from fray.gpus import HostGpus
 from fray.procfs import end_children
 from fray.transfers import PathStats, merge
 from fray_monarch.core import runtime, tempdirs
@@ -67,6 +68,7 @@ class Controller:
         host_mesh: Any = None,
         log_to_driver: bool = True,
         host_addresses: list[str] | None = None,
+        gpus: HostGpus | None = None,
     ) -> None:
         self.key = key = uuid.uuid4().hex[:10]
         self._told_lost: set[int] = set()  # lost hosts the user was told of
@@ -91,6 +93,7 @@ class Controller:
             self.log_file,
             self._proc_died,
             host_addresses,
+            gpus,
         )
         self.store = ObjectStore(
             key,

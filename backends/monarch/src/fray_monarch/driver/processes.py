@@ -52,6 +52,7 @@ class ProcessPool:
         log_file: str | None,
         on_death: Callable[[Proc, BaseException | None], None],
         host_addresses: list[str] | None = None,
+        gpus: HostGpus | None = None,
     ) -> None:
         self.ids = ids
         self.lock = lock
@@ -61,7 +62,11 @@ class ProcessPool:
         # A general process's share of its host: all but its GPUs, which are held device by device per host
         # (`devices`: a task or actor may hold as many as one host has, not a process's share of them).
         self.share = {k: v / procs_per_host for k, v in host_resources.items() if k != "GPU"}
-        self.gpus: HostGpus = host_gpus(host_resources["GPU"]) if host_resources.get("GPU") else HostGpus()
+        if not host_resources.get("GPU"):
+            gpus = HostGpus()
+        elif gpus is None:
+            gpus = host_gpus(host_resources["GPU"])
+        self.gpus: HostGpus = gpus
         self.host_gpu_count = float(len(self.gpus))
         self.devices = [DevicePool(self.gpus.ids) for _ in hosts]  # attached hosts are taken to be alike
         self.stores = stores

@@ -1,6 +1,7 @@
 """The in_memory backend: threads in this process, no server, starts in milliseconds.
 
 Spec options: cpus, gpus (default: the GPUs found here, fray.gpus; on a machine without any, gpus=N declares N),
+gpu_view (held|host; default held: what a process started for work holding GPUs sees, fray.gpus.GPU_VIEWS),
 memory (bytes), resources (JSON object of custom resources, e.g. {"disk": 4}),
 serialize (true|false; default true: values are pickled as on a cluster), namespace (for named/detached actors),
 log_to_driver (true|false; default true: lines printed in tasks and actors are prefixed with who printed them),
@@ -15,7 +16,7 @@ from typing import Any, ClassVar
 
 from fray.backend import Backend
 from fray.capabilities import Capability
-from fray.gpus import host_gpus
+from fray.gpus import gpu_view, host_gpus
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.in_memory.job import InMemoryJobContext
 from fray.jobs import host_resources
@@ -32,6 +33,7 @@ class InMemoryBackend(Backend):
     options: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "cpus": non_negative,
         "gpus": non_negative,
+        "gpu_view": gpu_view,
         "memory": non_negative,
         "resources": parse_resources,
         "serialize": flag,
@@ -48,7 +50,7 @@ class InMemoryBackend(Backend):
     def job_context(self, **options: str) -> InMemoryJobContext:
         opts: dict[str, Any] = parse_options(self.name, options, self.options)
         host = host_resources()
-        gpus = host_gpus(opts.get("gpus"))
+        gpus = host_gpus(opts.get("gpus"), opts.get("gpu_view", "held"))
         totals = {
             "CPU": opts.get("cpus", host["CPU"]),
             "GPU": float(len(gpus)),
@@ -67,4 +69,5 @@ class InMemoryBackend(Backend):
 
     def cluster_context(self, **options: str) -> InMemoryClusterContext:
         opts = parse_options(self.name, options, self.options)
-        return InMemoryClusterContext(opts.get("root"), gpus=host_gpus(opts.get("gpus")))
+        gpus = host_gpus(opts.get("gpus"), opts.get("gpu_view", "held"))
+        return InMemoryClusterContext(opts.get("root"), gpus=gpus)

@@ -50,6 +50,7 @@ class InMemoryJobContext(KitJobContext):
             Capability.SPMD_HANG_DETECTION,  # and send heartbeats
             Capability.ASYNC_ACTORS,
             Capability.DEVICE_SHARES,  # with its child processes (in_memory/_channel.py)
+            Capability.GPU_HOST_VIEW,  # (its child processes': its threads see what the driver sees)
         }
     )
 

@@ -16,7 +16,7 @@ from fray.current import using
 from fray.gpus import discover
 from fray.registry import get_backend
 from fray.testing import workloads as h
-from fray.testing.plugin import spec_options
+from fray.testing.plugin import requires_capability, spec_options
 
 ONE_GPU = TaskOptions(resources={"CPU": 0.5, "GPU": 1})
 
@@ -172,3 +172,28 @@ def test_group_members_sharing_a_gpu_see_it_once(gpu_ctx: JobContext, distribute
             assert visible is None or str(mine[0]) in names, views
     finally:
         gpu_ctx.kill(group)
+
+
+@requires_capability("gpu_host_view")
+def test_with_gpu_view_host_gpu_work_sees_every_device_its_own_first(fray_ctx: JobContext) -> None:
+    """gpu_view=host: a process started for work holding GPUs sees the host's other devices too (CUDA IPC between
+    devices needs that), after its own, so that `cuda:0` and LOCAL_RANK still name its own."""
+    count = max(len(discover()), 2)
+    options = {**spec_options(fray_ctx.backend, "test_spec"), "gpus": str(count), "gpu_view": "host"}
+    ctx = get_backend(fray_ctx.backend).job_context(**options)
+    try:
+        with using(ctx):
+            every = {str(i) for i in range(count)} if not discover().ids else {str(i) for i in discover().ids}
+            opts = TaskOptions(resources={"CPU": 0.5, "GPU": 1}, runtime_env=RuntimeEnv(env={"FRAY_TEST_MARK": "1"}))
+            held, visible = ctx.get(ctx.create_task(h.gpus_and_visible, options=opts), timeout=120)
+            assert visible is not None and len(held) == 1
+            assert visible.split(",")[0] == str(held[0]) and set(visible.split(",")) == every, visible
+            if Capability.SPMD_GROUPS in ctx.capabilities:
+                member = ActorOptions(resources={"CPU": 0.5, "GPU": 1})
+                group = ctx.create_actor_group(h.GpuMember, 2, options=member, distributed=True)
+                for mine, seen, local_rank in ctx.get(group.view(), timeout=120):
+                    names = (seen or "").split(",")
+                    assert names[local_rank] == str(mine[0]) and set(names) == every, (mine, seen, local_rank)
+                ctx.kill(group)
+    finally:
+        ctx.shutdown()
