@@ -30,6 +30,7 @@ from fray.errors import (
     WorkerCrashedError,
 )
 from fray.groups import ActorGroup
+from fray.job_dirs import job_dir, resuming
 from fray.job_handle import JobHandle, wait_jobs
 from fray.refs import ActorHandle, ObjectRef
 from fray.registry import available_backends, cluster, init, register_backend, shutdown
@@ -94,7 +95,9 @@ __all__ = [
     "current_gpus",
     "get_job_context",
     "init",
+    "job_dir",
     "register_backend",
+    "resuming",
     "set_job_context",
     "shutdown",
     "using",

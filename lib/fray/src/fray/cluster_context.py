@@ -21,6 +21,7 @@ from fray._validation import check_timeout
 from fray.capabilities import Capability
 from fray.errors import FrayError, JobExistsError, JobNotFoundError, UnsupportedFeatureError
 from fray.interrupts import interrupted
+from fray.job_dirs import job_env
 from fray.job_handle import JobHandle
 from fray.job_policy import JobPolicy
 from fray.job_records import last_record
@@ -73,6 +74,7 @@ class ClusterContext(ABC):
     address: str | None = None
     _shut_down: bool = False  # set by the first shutdown(); later ones do nothing
     _dashboard: Any = None  # its live page's server, once asked for (fray.dashboard)
+    job_dirs: str | None = None  # the job_dirs spec option: where named jobs' directories are (fray.job_dirs)
 
     def create_job(
         self,
@@ -157,7 +159,7 @@ class ClusterContext(ABC):
             env = replace(env, env={**env.env, **launch.call_env()})  # a callable that cannot travel fails here
             command = launch.command(command, self._job_python())
         assert command is not None  # (a callable is always supervised)
-        env = self._reaching_this_cluster(env)
+        env = self._reaching_this_cluster(replace(env, env={**job_env(name, self.job_dirs), **env.env}))
         submit = partial(self._submit, command, env, directory, detached)
         if name is None:
             return JobHandle(submit(job_id), self)

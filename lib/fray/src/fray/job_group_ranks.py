@@ -56,10 +56,12 @@ class RankProcess:
         self._outcome: list[CallOutcome] = []
         self._code: int | None = None
 
-    def start(self, command: list[str] | None, call: str | None, attempt: int) -> str:
+    def start(self, command: list[str] | None, call: str | None, attempt: int, resuming: str | None = None) -> str:
         """Start the rank (the command, or the callable FRAY_JOB_CALL would hold); this member's host name."""
         env = dict(os.environ)
         env["FRAY_JOB_ATTEMPT"] = str(attempt)
+        if resuming is not None:  # (the supervisor's look at the job's directory: fray.job_dirs)
+            env["FRAY_JOB_RESUMING"] = resuming
         read_fd = write_fd = -1
         if call is not None:
             read_fd, write_fd = os.pipe()

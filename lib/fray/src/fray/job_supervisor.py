@@ -33,7 +33,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from fray.errors import FrayError
 from fray.job_call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome, take_stashed_call
+from fray.job_dirs import NAME_VAR, RESUMING_VAR, resuming_now
 from fray.job_group_ranks import RankPoll, RankProcess
 from fray.job_outcomes import AttemptEnd, judge, next_step
 from fray.job_policy import OWNER_SIGNALS_ALL_VAR, JobPolicy, is_preemption_code
@@ -72,6 +74,7 @@ class Supervisor:
         self.gpus = gpu_slices(replicas, gpus_per_rank) if placement is None else [None] * replicas
         self.attempts: list[JobAttempt] = []
         self.signals: StopSignals | None = None  # (made in run: before any thread starts)
+        self.resuming: str | None = None  # the attempt's FRAY_JOB_RESUMING
         self.output_lock = threading.Lock()
         self.context: Any = None  # the job backend's JobContext, for --placement
         self.stores: list[Any] = []  # the rendezvous stores served for the attempts' ranks
@@ -88,6 +91,7 @@ class Supervisor:
             number += 1
             if number > 1:
                 self._say(self._again(number))
+            self.resuming = self._resuming(number)
             attempt, error, result = self._attempt(number) if self.placement is None else self._group_attempt(number)
             self.attempts.append(attempt)
             ends = next_step(self.policy, self.attempts) if not self.signals.stopping else "stopped"
@@ -114,6 +118,15 @@ class Supervisor:
                 f"attempt {number} (the last was lost: {last.message}; recovery {lost} of {self.policy.max_recoveries})"
             )
         return f"attempt {number} of {1 + self.policy.max_retries + lost} (the last failed: {last.message})"
+
+    def _resuming(self, number: int) -> str | None:
+        """FRAY_JOB_RESUMING for this attempt's ranks ("1"/"0", fray.job_dirs); None where the job's directory
+        cannot be reached from here (each rank then looks for itself)."""
+        try:
+            return "1" if resuming_now(os.environ.get(NAME_VAR), number) else "0"
+        except (OSError, FrayError) as exc:
+            self._say(f"the job's directory: {exc}")
+            return None
 
     def _say(self, text: str) -> None:
         with self.output_lock:
@@ -147,6 +160,8 @@ class Supervisor:
             MASTER_PORT=str(port),
             FRAY_JOB_ATTEMPT=str(number),
         )
+        if self.resuming is not None:
+            env[RESUMING_VAR] = self.resuming
         if self.gpus[index] is not None:
             env[VISIBLE] = str(self.gpus[index])
         read_fd = write_fd = -1
@@ -253,7 +268,8 @@ class Supervisor:
                 placement=str(self.placement),
                 distributed=True,
             )
-            ctx.get(group.start(None if self.call else self.command, call, number), timeout=GROUP_CALL_TIMEOUT)
+            command = None if self.call else self.command
+            ctx.get(group.start(command, call, number, self.resuming), timeout=GROUP_CALL_TIMEOUT)
         except Exception as exc:  # not placed (InfeasibleResourcesError...), or not started: the attempt failed
             self._say(f"could not start the {self.replicas} ranks: {type(exc).__name__}: {exc}")
             attempt = JobAttempt(number, JobStatus.FAILED, None, start, time.time(), f"not started: {exc}", "failed")

@@ -23,6 +23,7 @@ from fray import current, interrupts
 from fray.backend import Backend
 from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
+from fray.job_dirs import cluster_with_job_dirs
 from fray.options import did_you_mean
 
 __all__ = ["available_backends", "cluster", "get_backend", "init", "parse_spec", "register_backend", "shutdown"]
@@ -205,7 +206,7 @@ def init(spec: str | None = None, **options: Any) -> JobContext:
 def cluster(spec: str | None = None, **options: Any) -> ClusterContext:
     """Create a ClusterContext for `spec` (or FRAY_BACKEND, or in_memory)."""
     backend, merged = _resolve(spec, options)
-    return backend.cluster_context(**merged)
+    return cluster_with_job_dirs(backend.cluster_context, merged)  # (job_dirs: any backend's option)
 
 
 def shutdown() -> None:

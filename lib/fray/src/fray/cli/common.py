@@ -13,6 +13,7 @@ from typing import Any
 from fray.backend import Backend, PersistentClusters
 from fray.capabilities import Capability
 from fray.context import ClusterContext
+from fray.job_dirs import cluster_with_job_dirs
 from fray.registry import DEFAULT_BACKEND, ENV_VAR, get_backend, parse_spec
 from fray.types import JobInfo, JobStatus
 
@@ -65,7 +66,7 @@ def open_cluster(args: argparse.Namespace, what: str, persistent: bool = True) -
         elif persistent:
             raise CommandError(f"{what}: no {name} cluster to talk to. {why_not}")
     backend.prepare_command(options)
-    return backend.cluster_context(**options)
+    return cluster_with_job_dirs(backend.cluster_context, options)
 
 
 def say(text: str) -> None:

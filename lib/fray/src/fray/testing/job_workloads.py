@@ -117,3 +117,23 @@ def checkpoint_on_sigterm(checkpoint: str, ready_file: str, takes: float) -> Non
     signal.signal(signal.SIGTERM, save)
     _write_atomically(f"{ready_file}.{rank}", str(os.getpid()))
     time.sleep(300)
+
+
+def checkpointed_steps(steps: int, fail_at_attempt_1: int) -> dict[str, Any]:
+    """The torch pattern without torch: load the last checkpoint from fray.job_dir() when fray.resuming(), save
+    one every step; fail (exit 1) at step `fail_at_attempt_1` of attempt 1."""
+    import json
+
+    import fray
+
+    directory = fray.job_dir()
+    path = directory / "checkpoint.json"
+    resuming = fray.resuming()
+    start = json.loads(path.read_text())["step"] if resuming and path.exists() else 0
+    attempt = int(os.environ["FRAY_JOB_ATTEMPT"])
+    for step in range(start, steps):
+        if attempt == 1 and step == fail_at_attempt_1:
+            sys.exit(1)
+        _write_atomically(str(path), json.dumps({"step": step + 1}))
+    mode = os.stat(directory).st_mode & 0o777
+    return {"dir": str(directory), "mode": mode, "resuming": resuming, "started_at": start, "attempt": attempt}
