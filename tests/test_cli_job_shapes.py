@@ -119,3 +119,20 @@ def test_submit_with_budgets_and_grace_then_status_shows_each_attempts_class(
     assert both.returncode == 2 and "not both" in both.stderr, both.stderr
     bad = _fray(env, "job", "submit", "--retries", "1", "--retry-on-exit-codes", "x", "--", "true")
     assert bad.returncode == 2 and "separated by commas" in bad.stderr, bad.stderr
+
+
+def test_retry_starts_a_finished_job_again_and_refuses_a_running_one(env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(TRAIN)
+    done = _fray(env, "job", "submit", "--name", "again", "--call", "train:main", "--", "x", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    retried = _fray(env, "job", "retry", "again")
+    assert retried.returncode == 0 and retried.stdout.strip() == "again.2", retried.stderr
+    waited = _fray(env, "job", "logs", "again.2", "--follow")
+    assert "attempt 1 ('x',)" in waited.stdout, waited.stdout
+    status = json.loads(_fray(env, "job", "status", "again", "--json").stdout)
+    assert status["id"] == "again.2" and status["status"] == "SUCCEEDED" and status["result"] == 1
+    running = _fray(env, "job", "submit", "--no-wait", "--name", "busy", "--", "sleep", "300")
+    assert running.returncode == 0, running.stderr
+    refused = _fray(env, "job", "retry", "busy")
+    assert refused.returncode == 1 and "stop it first" in refused.stderr, refused.stderr
+    assert _fray(env, "job", "stop", "busy").returncode == 0

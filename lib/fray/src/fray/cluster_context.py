@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from fray._validation import check_timeout
 from fray.capabilities import Capability
 from fray.errors import FrayError, JobExistsError, JobNotFoundError, UnsupportedFeatureError
-from fray.interrupts import interrupted
+from fray.interrupts import interrupted, interruptible
 from fray.job_dirs import job_env
 from fray.job_handle import JobHandle
 from fray.job_policy import JobPolicy
@@ -38,6 +38,7 @@ from fray.job_requests import (
     place,
     run_of,
 )
+from fray.job_retry import remember, retry
 from fray.plain_text import last_lines, plain, plain_pieces
 from fray.types import JobInfo, RuntimeEnv
 
@@ -51,13 +52,6 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _NAME_TRIES = 20
 _RECORD_LINES = 20  # a supervised job's record is among its log's last lines (only stragglers write after it)
 _DASHBOARD_LOCK = threading.Lock()  # (one for every context: a page is started once in a context's life)
-
-
-def _interruptible(pieces: Iterator[str], what: str) -> Iterator[str]:
-    try:
-        yield from pieces
-    except KeyboardInterrupt as exc:
-        raise interrupted(exc, what) from None
 
 
 class ClusterContext(ABC):
@@ -182,6 +176,7 @@ class ClusterContext(ABC):
         made = self._create_job(entrypoint, env, directory, detached, job_id)
         if job_id is not None and made != job_id:
             raise RuntimeError(f"the {self.backend} backend gave job {job_id!r} the id {made!r}")
+        remember(self, made, entrypoint, env, directory, detached)  # for retry_job (fray.job_retry)
         return made
 
     def _submit_named(self, name: str, if_exists: str, submit: Callable[[str], str]) -> str:
@@ -233,6 +228,10 @@ class ClusterContext(ABC):
         left as it is. A job stopped is not retried."""
         self._stop_job(self._resolve(job_id))
 
+    def retry_job(self, job_id: str) -> JobHandle:
+        """Start a new run of a finished job with its recorded command, callable and options (fray.job_retry)."""
+        return JobHandle(retry(self, self._resolve(job_id)), self)
+
     def delete_job(self, job_id: str) -> None:
         """Stop the job if it runs (its whole process group), then forget it."""
         self._delete_job(self._resolve(job_id))
@@ -255,7 +254,7 @@ class ClusterContext(ABC):
         at the first piece."""
         job_id = self._resolve(job_id)
         self._get_job(job_id)
-        return _interruptible(plain_pieces(self._tail_job_logs(job_id)), f"the log of job {job_id}")
+        return interruptible(plain_pieces(self._tail_job_logs(job_id)), f"the log of job {job_id}")
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
         """Block until the job ends; GetTimeoutError after timeout."""

@@ -16,9 +16,10 @@ import atexit
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from types import TracebackType
 
-__all__ = ["EXIT_STATUS", "install_hook", "interrupted", "message", "refs", "uninstall_hook"]
+__all__ = ["EXIT_STATUS", "install_hook", "interrupted", "interruptible", "message", "refs", "uninstall_hook"]
 
 EXIT_STATUS = 130  # 128 + SIGINT, as a shell reports a program Ctrl-C ended
 _WHAT = "fray_waiting_for"  # the attribute of a KeyboardInterrupt that names what fray waited for
@@ -89,3 +90,11 @@ def _hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | Non
             except Exception:
                 pass
         os._exit(EXIT_STATUS)
+
+
+def interruptible(pieces: Iterator[str], what: str) -> Iterator[str]:
+    """`pieces`, with a Ctrl-C while they come raised as `interrupted` says (naming `what`)."""
+    try:
+        yield from pieces
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, what) from None

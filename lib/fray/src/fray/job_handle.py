@@ -1,5 +1,5 @@
 """JobHandle: what create_job returns. It is the job's id (a str, as create_job always returned), with the verbs of
-that one job: status, wait, result, logs, follow, stop. `wait_jobs` waits for several."""
+that one job: status, wait, result, logs, follow, stop, retry. `wait_jobs` waits for several."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class _Jobs(Protocol):
     def get_job_logs(self, job_id: str, tail: int | None = None) -> str: ...
     def tail_job_logs(self, job_id: str) -> Iterator[str]: ...
     def stop_job(self, job_id: str) -> None: ...
+    def retry_job(self, job_id: str) -> JobHandle: ...
 
 
 __all__ = ["JobHandle", "wait_jobs"]
@@ -81,6 +82,11 @@ class JobHandle(str):
 
     def stop(self) -> None:
         self._cluster.stop_job(self.id)
+
+    def retry(self) -> JobHandle:
+        """Start a new run of this job, once it has ended, with its recorded command, callable and options: a named
+        job's next run, else a job with a new id (ClusterContext.retry_job). FrayError while it runs."""
+        return self._cluster.retry_job(self.id)
 
     def __reduce__(self) -> tuple[Any, ...]:  # a handle travels as its id: a context does not
         return (str, (str(self),))

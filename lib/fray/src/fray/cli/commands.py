@@ -141,7 +141,11 @@ def add_commands(sub: Any) -> None:
     _cluster_options(logs)
     logs.add_argument("--follow", "-f", action="store_true", help="follow the output until the job ends")
     logs.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines (then follow)")
-    for verb, text in (("stop", "stop a job (it stays listed, STOPPED)"), ("delete", "stop a job and forget it")):
+    for verb, text in (
+        ("stop", "stop a job (it stays listed, STOPPED)"),
+        ("retry", "start a finished job again, as it was submitted (a named job's next run)"),
+        ("delete", "stop a job and forget it"),
+    ):
         parser = verbs.add_parser(verb, help=text)
         parser.add_argument("job_id")
         _cluster_options(parser)

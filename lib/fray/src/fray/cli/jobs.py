@@ -88,6 +88,14 @@ def _stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _retry(args: argparse.Namespace) -> int:
+    with open_cluster(args, "fray job retry") as ctx:
+        job = ctx.retry_job(args.job_id)
+    print(job.id, flush=True)
+    say(f"job {args.job_id} started again as {job.id}; follow it with `fray job logs {job.id} --follow`")
+    return 0
+
+
 def _delete(args: argparse.Namespace) -> int:
     with open_cluster(args, "fray job delete") as ctx:
         ctx.delete_job(args.job_id)
@@ -151,5 +159,6 @@ JOB_VERBS = {
     "status": _job_status,
     "logs": _logs,
     "stop": _stop,
+    "retry": _retry,
     "delete": _delete,
 }
