@@ -16,9 +16,7 @@ import faulthandler
 import os
 import queue
 import threading
-from typing import Any
-
-from monarch.actor import current_rank
+from typing import Any, cast
 
 import fray.current as fray_current
 import fray.output as fray_output
@@ -48,26 +46,13 @@ from fray_monarch.core.protocol import (
     expand,
 )
 from fray_monarch.workers.actor_ports import CompactingPort, TaggedPort, end_data
-from fray_monarch.workers.process import ensure_worker
+from fray_monarch.workers.process import ensure_worker, mesh_index
 
 __all__ = ["FrayActorHost", "WorkerHost"]
 
 
 # A process fray starts that dies of a fatal signal prints the Python stack of each thread on its way out.
 faulthandler.enable()
-
-
-def _mesh_index() -> int:
-    """This actor's flat rank in the mesh it was spawned on (0 on a mesh of one process)."""
-    try:
-        return int(current_rank().rank)
-    except Exception:
-        return 0
-
-
-def _mine(value: Any, index: int) -> Any:
-    """One value for the whole mesh, or a list with one per process (by flat rank)."""
-    return value[index] if isinstance(value, list) else value
 
 
 class WorkerHost(Actor):
@@ -77,7 +62,7 @@ class WorkerHost(Actor):
         # env: a process for tasks with these variables (ensure_env); cpus: those of the one actor it is for
         environ.publish({**worker_env_defaults(cpus), **env})
         runtime.start_client_context()  # before anything prints Monarch's banner (see runtime.BANNER)
-        self.worker = ensure_worker(_mine(setup, _mesh_index()))
+        self.worker = ensure_worker(setup, mesh_index())
         self.rt = self.worker.rt
         self.tasks = self.worker.tasks
         self.watchers: list[Any] = []
@@ -162,8 +147,8 @@ class FrayActorHost(Actor):
     def __init__(
         self, setup: WorkerSetup | list[WorkerSetup], max_concurrency: int, owns_process: bool = False
     ) -> None:
-        self.index = _mesh_index()  # which member of a group's mesh this is (0 for a lone actor)
-        worker = ensure_worker(_mine(setup, self.index))
+        self.index = mesh_index()  # which member of a group's mesh this is (0 for a lone actor)
+        worker = ensure_worker(setup, self.index)
         self.rt = worker.rt
         self.ctx = worker.ctx  # the process's job context: current in every call
         self.owns_process = owns_process  # then fray.current_actor() is this actor in every thread of the process
@@ -318,7 +303,8 @@ class FrayActorHost(Actor):
             except BaseException:
                 pass
 
-    def _invoke(self, oid: str, method: str, call: WireValue, deps: list[str]) -> ActorReply | PlainReply:
+    def _invoke(self, oid: str, method: str, call: WireValue | bytes, deps: list[str]) -> ActorReply | PlainReply:
+        """One call of the instance's method; `call`: its arguments, or their plain pickle (a PlainCall's)."""
         if self.obj is None:
             return ActorReply(ReplyStatus.DEAD, reason=f"the actor's __init__ raised {self.init_error}")
         tokens = self._enter()
@@ -326,7 +312,10 @@ class FrayActorHost(Actor):
         RECORDER.record(Kind.CALL_START, oid, name, self.call_data)
         reply: ActorReply | PlainReply | None = None
         try:
-            args, kwargs = self._args(call, deps, f"the arguments of {name}")
+            if type(call) is bytes:
+                args, kwargs = self.rt.store.load_inline(call, f"the arguments of {name}")
+            else:
+                args, kwargs = self._args(cast(WireValue, call), deps, f"the arguments of {name}")
             reply = self._ok(getattr(self.obj, method)(*args, **kwargs), method, oid)
         except BaseException as exc:
             reply = ActorReply(ReplyStatus.ERR, error=capture_exception(exc))
@@ -334,7 +323,8 @@ class FrayActorHost(Actor):
             self._leave(tokens)
             RECORDER.record(Kind.CALL_END, oid, name, end_data(reply))
             self.rt.events_recorded()
-        self.rt.apply_holds_now(call.contained)  # (refs in the arguments: the instance may keep them)
+        if type(call) is not bytes:
+            self.rt.apply_holds_now(cast(WireValue, call).contained)  # (refs in the arguments: the instance may keep)
         return reply
 
     def _ok(self, value: Any, method: str, oid: str) -> ActorReply | PlainReply:
@@ -416,6 +406,10 @@ class FrayActorHost(Actor):
         """message: a PlainCall, or an ActorCall compacted; the reply goes back plain or compacted too."""
         if type(message) is tuple:
             oid, method, data = message
+            if self.max_threads == 1 and self.loop is None:  # (on this thread: the fewest steps, reply sent here)
+                reply = self._invoke(oid, method, data, [])
+                (port if type(reply) is tuple else CompactingPort(port)).send(reply)
+                return
             call, deps = WireValue(Inline(data)), []
         else:
             m: ActorCall = expand(message)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+from monarch.actor import current_rank
+
 import fray.current as fray_current
 from fray_monarch.core.context import MonarchJobContext
 from fray_monarch.core.protocol import WorkerSetup
@@ -12,7 +14,7 @@ from fray_monarch.workers.client import WorkerClient
 from fray_monarch.workers.runtime import WorkerRuntime
 from fray_monarch.workers.tasks import TaskRunner
 
-__all__ = ["Worker", "ensure_worker"]
+__all__ = ["Worker", "ensure_worker", "mesh_index"]
 
 
 class Worker:
@@ -30,10 +32,19 @@ _worker_lock = threading.Lock()
 _worker: Worker | None = None
 
 
-def ensure_worker(setup: WorkerSetup) -> Worker:
-    """This process's Worker, made by the first actor spawned here."""
+def mesh_index() -> int:
+    """The flat rank of the actor being made here in the mesh it was spawned on (0 on a mesh of one process)."""
+    try:
+        return int(current_rank().rank)
+    except Exception:
+        return 0
+
+
+def ensure_worker(setup: WorkerSetup | list[WorkerSetup], index: int) -> Worker:
+    """This process's Worker, made by the first actor spawned here. `setup`: one for the whole mesh, or a list with
+    one per process (by flat rank: `index`)."""
     global _worker
     with _worker_lock:
         if _worker is None:
-            _worker = Worker(setup)
+            _worker = Worker(setup[index] if isinstance(setup, list) else setup)
         return _worker
