@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,9 +15,20 @@ from typing import IO
 from fray.job_call import CallOutcome
 from fray.procfs import Identity, children_of
 
-__all__ = ["VISIBLE", "Rank", "descendants", "free_port", "gpu_slices", "prefix_lines", "signal_tree"]
+__all__ = [
+    "VISIBLE",
+    "Rank",
+    "become_subreaper",
+    "descendants",
+    "end_leftovers",
+    "free_port",
+    "gpu_slices",
+    "prefix_lines",
+    "signal_tree",
+]
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
@@ -85,3 +98,36 @@ def signal_tree(rank: Rank, signum: int) -> None:
                 os.kill(identity.pid, signum)
             except ProcessLookupError:
                 pass
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of what it starts (prctl PR_SET_CHILD_SUBREAPER): a process a rank leaves
+    behind when it dies is then this process's child, found and ended by end_leftovers. False where it cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def end_leftovers(rounds: int = 20) -> list[int]:
+    """SIGKILL and reap every child of this process: once an attempt's ranks are reaped, those are what they left
+    behind (reparented here: become_subreaper), whose own children come next. Each is our child, not yet reaped,
+    so its pid is still its own. The pids ended."""
+    ended: list[int] = []
+    for _ in range(rounds):
+        children = children_of(os.getpid())
+        if not children:
+            break
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        ended += children
+    return ended

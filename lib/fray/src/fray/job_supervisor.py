@@ -39,7 +39,16 @@ from fray.job_dirs import NAME_VAR, RESUMING_VAR, resuming_now
 from fray.job_group_ranks import RankPoll, RankProcess
 from fray.job_outcomes import AttemptEnd, judge, next_step
 from fray.job_policy import OWNER_SIGNALS_ALL_VAR, JobPolicy, is_preemption_code
-from fray.job_rank_procs import VISIBLE, Rank, free_port, gpu_slices, prefix_lines, signal_tree
+from fray.job_rank_procs import (
+    VISIBLE,
+    Rank,
+    become_subreaper,
+    end_leftovers,
+    free_port,
+    gpu_slices,
+    prefix_lines,
+    signal_tree,
+)
 from fray.job_records import JobRecord, record_line
 from fray.job_signals import StopSignals, unblock_in_child
 from fray.rendezvous import AGENT_STORE_ENV, serve_job_store
@@ -75,6 +84,7 @@ class Supervisor:
         self.attempts: list[JobAttempt] = []
         self.signals: StopSignals | None = None  # (made in run: before any thread starts)
         self.resuming: str | None = None  # the attempt's FRAY_JOB_RESUMING
+        self.subreaper = False  # whether what a rank leaves behind becomes this process's child
         self.output_lock = threading.Lock()
         self.context: Any = None  # the job backend's JobContext, for --placement
         self.stores: list[Any] = []  # the rendezvous stores served for the attempts' ranks
@@ -86,6 +96,7 @@ class Supervisor:
 
     def run(self) -> int:
         self.signals = StopSignals()
+        self.subreaper = self.placement is None and become_subreaper()  # (a group's fray context has children)
         number = 0
         while True:
             number += 1
@@ -230,6 +241,9 @@ class Supervisor:
         grace, killed = self._stop(ranks) if failed is not None or self.stopping.is_set() else (None, False)
         for rank in ranks:
             rank.proc.wait()
+        if self.subreaper and (failed is not None or self.stopping.is_set()):
+            end_leftovers()  # what the ranks left running (their own children) ends with a failed or stopped attempt
+        for rank in ranks:
             for thread in rank.threads:
                 thread.join(5.0)  # a grandchild may hold a rank's output open: not waited for beyond this
         return judge(

@@ -137,3 +137,17 @@ def checkpointed_steps(steps: int, fail_at_attempt_1: int) -> dict[str, Any]:
         _write_atomically(str(path), json.dumps({"step": step + 1}))
     mode = os.stat(directory).st_mode & 0o777
     return {"dir": str(directory), "mode": mode, "resuming": resuming, "started_at": start, "attempt": attempt}
+
+
+def die_leaving_a_child(pid_file: str) -> int:
+    """At attempt 1: start a child that would sleep for 300 s, write its pid, and die by SIGKILL (the child is
+    left behind); later attempts return their number."""
+    import signal
+    import subprocess
+
+    attempt = int(os.environ["FRAY_JOB_ATTEMPT"])
+    if attempt == 1:
+        child = subprocess.Popen(["sleep", "300"])
+        _write_atomically(pid_file, str(child.pid))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return attempt

@@ -16,6 +16,7 @@ from fray import JobStatus
 from fray.capabilities import Capability
 from fray.context import ClusterContext, JobContext
 from fray.job_handle import JobHandle
+from fray.procfs import alive
 from fray.testing import job_workloads as w
 
 PY = shlex.quote(sys.executable)
@@ -127,3 +128,14 @@ def test_ranks_placed_as_a_group_have_their_grace_too(
     if Capability.SPMD_GROUPS not in fray_ctx.capabilities:
         pytest.skip(f"backend {fray_ctx.backend!r} lacks capability 'spmd_groups': ranks over nodes are a group")
     _stopped_with_grace(fray_cluster, tmp_path, 2, resources={"CPU": 0.5}, placement="pack")
+
+
+def test_what_a_failed_rank_left_running_ends_with_its_attempt(fray_cluster: ClusterContext, tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    info = fray_cluster.create_job(w.die_leaving_a_child, args=(str(pid_file),), max_retries=1).wait(TIMEOUT)
+    assert [a.outcome for a in info.attempts] == ["failed", "succeeded"] and info.result == 2
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child), "the child a killed rank left behind still runs"
