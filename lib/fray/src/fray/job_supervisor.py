@@ -95,7 +95,8 @@ class Supervisor:
         return self.signals.requested
 
     def run(self) -> int:
-        self.signals = StopSignals()
+        if self.signals is None:
+            self.signals = StopSignals()
         self.subreaper = self.placement is None and become_subreaper()  # (a group's fray context has children)
         number = 0
         while True:
@@ -412,6 +413,7 @@ def _codes(text: str | None) -> list[int] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    signals = StopSignals()  # first: before any thread starts, each of which would otherwise take a SIGTERM
     take_stashed_call()  # (the call kept out of a job record that others may read: fray.job_call)
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
@@ -427,6 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"fray: {exc}", file=sys.stderr, flush=True)
         return 2
+    supervisor.signals = signals
     try:
         return supervisor.run()
     finally:
