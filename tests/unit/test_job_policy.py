@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import fray
-from fray import JobStatus
+from fray import JobStatus, RuntimeEnv
 from fray.job_outcomes import next_step
 from fray.job_policy import JobPolicy, grace_of, shell_code
 from fray.job_records import JobRecord, last_record, record_line
@@ -97,3 +97,18 @@ def test_a_detached_jobs_stop_from_another_process_is_a_stop_not_a_preemption(tm
         info = job.info()
         assert info.status is JobStatus.STOPPED
         assert [a.outcome for a in info.attempts] == ["stopped"], info.attempts
+
+
+def test_a_supervised_job_with_packages_is_its_shells_own_process(tmp_path: Path) -> None:
+    """With packages the job's command is `install && ...`: an argv is exec'd, so the job's first process is the
+    supervisor, which its stop signals alone (a shell in between would die at the SIGTERM and cut the grace)."""
+    from fray.jobs import job_command
+
+    argv, shell = job_command(
+        [sys.executable, "-m", "fray.job_supervisor", "--", "true"], RuntimeEnv(["six"]), tmp_path
+    )
+    assert shell and argv[0].endswith(
+        f"&& {{ exec {shlex.join([sys.executable, '-m', 'fray.job_supervisor'])} -- true\n}}"
+    )
+    (text, _) = job_command("echo a; echo b", RuntimeEnv(["six"]), tmp_path)
+    assert text[0].endswith("&& { echo a; echo b\n}")  # a shell command stays a shell's

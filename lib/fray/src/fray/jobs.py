@@ -76,7 +76,9 @@ def job_command(entrypoint: str | list[str], env: RuntimeEnv, site_dir: Path) ->
     install = shlex.join(
         [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(site_dir), *env.package_requirements]
     )
-    run = entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
+    # An argv replaces the shell once installed (exec): the job's first process is then the command itself, which
+    # a supervised job needs (its stop goes to the supervisor alone: LocalJobs.stop, fray.job_signals).
+    run = entrypoint if isinstance(entrypoint, str) else "exec " + shlex.join(entrypoint)
     return ([f"{install} && {{ {run}\n}}"], True)
 
 

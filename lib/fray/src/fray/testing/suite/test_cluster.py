@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import shlex
 import subprocess
 import sys
 import time
 import uuid
-import zipfile
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -20,6 +17,7 @@ from fray import GetTimeoutError, JobNotFoundError, JobStatus, Resource, Runtime
 from fray.context import ClusterContext
 from fray.testing import requires_capability
 from fray.testing.plugin import spec_options
+from fray.testing.wheels import probe_wheel
 
 PY = shlex.quote(sys.executable)
 
@@ -129,31 +127,9 @@ def test_unknown_job_id(fray_cluster: ClusterContext) -> None:
         fray_cluster.get_job_logs("no-such-job")
 
 
-def _probe_wheel(directory: Path, value: str) -> Path:
-    """A minimal pure-Python wheel, built by hand so the test needs no network and no build backend."""
-    files = {
-        "frayprobe.py": f"VALUE = {value!r}\n",
-        "frayprobe-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: frayprobe\nVersion: 0.1\n",
-        "frayprobe-0.1.dist-info/WHEEL": (
-            "Wheel-Version: 1.0\nGenerator: fray\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        ),
-    }
-    record = []
-    for name, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(text.encode())}")
-    record.append("frayprobe-0.1.dist-info/RECORD,,")
-    files["frayprobe-0.1.dist-info/RECORD"] = "\n".join(record) + "\n"
-    path = directory / "frayprobe-0.1-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as wheel:
-        for name, text in files.items():
-            wheel.writestr(name, text)
-    return path
-
-
 @requires_capability("job_packages")
 def test_job_package_requirements_are_installed(fray_cluster: ClusterContext, tmp_path: Path) -> None:
-    wheel = _probe_wheel(tmp_path, "probe-ok")
+    wheel = probe_wheel(tmp_path, "probe-ok")
     # Plain `python`, not this interpreter's absolute path: a backend may install packages into an environment
     # of the job's own (Ray builds a virtualenv) that only the job's `python` sees.
     job = fray_cluster.create_job(

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from fray import JobStatus
+from fray import JobStatus, RuntimeEnv
 from fray.capabilities import Capability
 from fray.context import ClusterContext, JobContext
 from fray.job_handle import JobHandle
 from fray.procfs import alive
 from fray.testing import job_workloads as w
+from fray.testing import requires_capability
+from fray.testing.wheels import probe_wheel
 
 PY = shlex.quote(sys.executable)
 TIMEOUT = 120
@@ -89,11 +91,13 @@ def test_exit_code_lists_say_which_failures_are_retried(fray_cluster: ClusterCon
     assert [a.outcome for a in every.wait(TIMEOUT).attempts] == ["failed", "failed", "succeeded"]
 
 
-def _stopped_with_grace(cluster: ClusterContext, tmp_path: Path, replicas: int, **options: object) -> None:
-    """A job whose ranks take 5.5 s to write a checkpoint in their SIGTERM handler, stopped with stop_grace=15:
-    every rank's checkpoint is written, the attempt is "stopped" (not retried) and its grace on the record."""
+def _stopped_with_grace(
+    cluster: ClusterContext, tmp_path: Path, replicas: int, takes: float = 5.5, **options: object
+) -> None:
+    """A job whose ranks take `takes` s to write a checkpoint in their SIGTERM handler (by default longer than the
+    default grace, 5 s), stopped with stop_grace=15: every rank's checkpoint is written, the attempt is "stopped"
+    (not retried) and its grace on the record."""
     checkpoint, ready = tmp_path / "checkpoint", tmp_path / "ready"
-    takes = 5.5  # longer than the default grace (5 s): only the job's own grace lets it finish
     job = cluster.create_job(
         w.checkpoint_on_sigterm,
         args=(str(checkpoint), str(ready), takes),
@@ -139,3 +143,11 @@ def test_what_a_failed_rank_left_running_ends_with_its_attempt(fray_cluster: Clu
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(child), "the child a killed rank left behind still runs"
+
+
+@requires_capability("job_packages")
+def test_a_job_with_packages_has_its_grace_too(fray_cluster: ClusterContext, tmp_path: Path) -> None:
+    """With packages, the job's command installs them first, in a shell: its stop must still reach the supervisor
+    alone, which gives the ranks their grace (a shell in between would end at the SIGTERM, and the job with it)."""
+    wheel = probe_wheel(tmp_path, "probe-ok")
+    _stopped_with_grace(fray_cluster, tmp_path, 1, 2.0, env=RuntimeEnv(package_requirements=[str(wheel)]))
