@@ -52,10 +52,31 @@ def test_fray_events_in_the_environment_is_the_default_and_the_spec_option_wins(
     with fray.init("in_memory?events=off"):
         assert not RECORDER.enabled
     monkeypatch.setenv("FRAY_EVENTS", "0")
-    assert choose_recording(True) is False  # ray and monarch: on by default, FRAY_EVENTS=0 turns it off
-    assert choose_recording(False, True) is True
+    choices = [choose_recording(True), choose_recording(False, True)]  # (FRAY_EVENTS=0 turns ray's and monarch's off)
+    assert [c.on for c in choices] == [False, True]
     monkeypatch.delenv("FRAY_EVENTS")
-    assert choose_recording(True) is True and RECORDER.enabled
+    choices.append(choose_recording(True))
+    assert choices[-1].on and RECORDER.enabled
+    for choice in choices:
+        choice.release()
+
+
+def test_a_context_that_records_nothing_does_not_turn_off_another_s_recording() -> None:
+    """Each context chooses for itself: the process records while one of its live contexts does (before, the
+    context started last chose for the whole process, and an in_memory context turned a Ray context's off)."""
+    with fray.init("in_memory?events=on") as recording:
+        with fray.init("in_memory") as quiet:
+            assert RECORDER.enabled
+            quiet.get(quiet.create_task(_noop))
+        assert RECORDER.enabled  # (the quiet one's shutdown leaves it on too)
+        recording.get(recording.create_task(_noop))
+        assert _started(recording).count("_noop") == 2
+    with fray.init("in_memory") as quiet:
+        assert not RECORDER.enabled  # (no context records now)
+        url = quiet.dashboard()  # its page: it records from now on, until it shuts down
+        assert url and RECORDER.enabled
+        with fray.init("in_memory"):
+            assert RECORDER.enabled
 
 
 def test_a_live_page_turns_recording_on_and_says_since_when() -> None:

@@ -61,7 +61,7 @@ class MonarchBackend(Backend):
 
         log_to_driver = parse_options("monarch", options, SCHEMA).get("log_to_driver", True)
         top = topology(options)
-        choose_recording(True)  # (an in_memory context before it in this process may have turned it off)
+        recording = choose_recording(True)
         try:
             return driver_context(
                 top.hosts,
@@ -73,8 +73,10 @@ class MonarchBackend(Backend):
                 log_to_driver=log_to_driver,
                 host_addresses=top.hostset.addresses,
                 gpus=top.gpus,
+                recording=recording,
             )
         except BaseException:
+            recording.release()
             top.release()
             raise
 

@@ -82,8 +82,12 @@ class RayBackend(Backend):
 
     def job_context(self, **options: str) -> RayJobContext:
         parsed = _parse(options)
-        choose_recording(True)  # (an in_memory context before it in this process may have turned it off)
-        return RayJobContext(**{k: v for k, v in parsed.items() if k not in _CLUSTER_ONLY})
+        recording = choose_recording(True)
+        try:
+            return RayJobContext(**{k: v for k, v in parsed.items() if k not in _CLUSTER_ONLY}, _recording=recording)
+        except BaseException:
+            recording.release()
+            raise
 
     def diagnose(self) -> dict[str, str]:
         """For `fray doctor`: Ray's version, where fray would find a cluster, and the one `fray cluster start`

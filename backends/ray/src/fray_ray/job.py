@@ -23,7 +23,7 @@ from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.device_shares.values import SHARED, STAGED
 from fray.errors import ActorUnavailableError, SerializationError, TaskCancelledError
-from fray.events import RECORDER, Kind, ProcessEvents
+from fray.events import RECORDER, Kind, ProcessEvents, RecordingChoice
 from fray.groups import ActorGroup, Member
 from fray.refs import ActorHandle, ObjectRef
 from fray.serialization import check_function, find_unserializable_argument
@@ -80,11 +80,13 @@ class RayJobContext(JobContext):
         namespace: str | None = None,
         log_to_driver: bool = True,
         _attach_only: bool = False,
+        _recording: RecordingChoice | None = None,
         **init_kwargs: Any,
     ) -> None:
         """address: "host:port" of a running cluster (else RAY_ADDRESS; else a private local instance sized by
-        init_kwargs: num_cpus, num_gpus, object_store_memory, resources). _attach_only: inside a Ray worker."""
-        super().__init__(owns_resources=not _attach_only)  # a worker's context belongs to its driver
+        init_kwargs: num_cpus, num_gpus, object_store_memory, resources). _attach_only: inside a Ray worker.
+        _recording: the driver's choice to record events (fray.events.choose_recording)."""
+        super().__init__(owns_resources=not _attach_only, recording=_recording)  # (a worker's: its driver's)
         self._owns_connection = not _attach_only
         if self._owns_connection:
             _connect.acquire(address, namespace, init_kwargs, log_to_driver)
@@ -103,7 +105,7 @@ class RayJobContext(JobContext):
         self._events_ns = _events.namespace(ray.get_runtime_context().get_job_id())
         self._last_result_at = 0.0  # time.monotonic() when a get or wait last returned (see _pull_events)
         self._events_lock = threading.Lock()  # one pull at a time (each chunk is read once)
-        if self._owns_connection and not RECORDER.enabled:
+        if self._owns_connection and not (_recording and _recording.on):  # (its own choice, not the process's)
             _events.disable_workers(self._events_ns)
 
     def __repr__(self) -> str:

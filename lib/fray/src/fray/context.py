@@ -32,7 +32,7 @@ from fray.completion import RefWatcher, get_with_progress, outcomes
 from fray.current import clear_job_context
 from fray.errors import FrayError, UnsupportedFeatureError
 from fray.event_store import EventStore
-from fray.events import RECORDER, not_recording, record_for_a_page
+from fray.events import RECORDER, RecordingChoice, not_recording, record_for_a_page
 from fray.executor import FrayExecutor
 from fray.groups import PLACEMENTS, ActorGroup, admit_group, create_one_by_one
 from fray.hooks import JobContextHooks
@@ -47,13 +47,7 @@ from fray.timeline import TimelineSummary
 from fray.transfers import TransferReport, device_stats, merge, since
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
-__all__ = [
-    "ClusterContext",
-    "JobContext",
-    "clear_job_context",
-    "get_job_context",
-    "set_job_context",
-]
+__all__ = ["ClusterContext", "JobContext", "clear_job_context", "get_job_context", "set_job_context"]
 
 
 class JobContext(JobContextHooks):
@@ -63,10 +57,12 @@ class JobContext(JobContextHooks):
     exception type. Use as a context manager to shut down on exit.
     """
 
-    def __init__(self, *, owns_resources: bool = True) -> None:
+    def __init__(self, *, owns_resources: bool = True, recording: RecordingChoice | None = None) -> None:
         """Backends call this first. owns_resources=False for a context a worker process has from its driver:
-        shutting it down from inside a task is a no-op (the driver's context owns what it started)."""
+        shutting it down from inside a task is a no-op (the driver's context owns what it started). recording:
+        its choice to record events (fray.events.choose_recording), held until it shuts down."""
         self.owns_resources = owns_resources
+        self._recording = recording
         self._shut_down = False
         self._shutdown_lock = threading.Lock()
         # request -> until when "it fits some node" is trusted (nodes can come and go)
@@ -289,7 +285,7 @@ class JobContext(JobContextHooks):
                 from fray.dashboard import Dashboard
                 from fray.dashboard.job_page import JobPage
 
-                self._dashboard = Dashboard(JobPage(self, record_for_a_page()), host, port)
+                self._dashboard = Dashboard(JobPage(self, record_for_a_page(self._recording)), host, port)
             url: str = self._dashboard.url
             return url
 
@@ -337,6 +333,8 @@ class JobContext(JobContextHooks):
         if self._dashboard is not None:
             self._dashboard.stop()
         self._shutdown()
+        if self._recording is not None:
+            self._recording.release()
 
     def _refuse_if_shut_down(self) -> None:
         if self._shut_down:

@@ -3,13 +3,14 @@
 Every process that runs fray code (the driver, a Ray worker, a Monarch worker) has one `RECORDER`. Recording is
 one append of a small tuple to a `collections.deque` with a maximum length (atomic under the GIL, no lock); when
 the ring is full the oldest events fall out and are counted as dropped, never kept.
-Whether a process records is its backend's choice, made when a job context starts in it (`choose_recording`):
-on for ray and monarch, whose round trips are long beside what recording costs; off for in_memory, whose no-op
-round trip is short enough that three events a task (each a Python call, a tuple and three ints) take more of it
-than recording may (docs/timeline.md, "How events are recorded, and what it costs"). The context's `events` option
-(`in_memory?events=on`) or `FRAY_EVENTS=1` / `FRAY_EVENTS=0` in the environment (read when the context starts
-and, by workers, when they import fray) say otherwise; `ctx.dashboard()` turns it on. A process with no context
-records from import.
+Whether a process records is the choice of its job contexts, each made as it starts (`choose_recording`) and
+held until it shuts down: the process records while one of its live contexts chose to. The choice is its
+backend's default: on for ray and monarch, whose round trips are long beside what recording costs; off for
+in_memory, whose no-op round trip is short enough that three events a task (each a Python call, a tuple and three
+ints) take more of it than recording may (docs/timeline.md, "How events are recorded, and what it costs"). The
+context's `events` option (`in_memory?events=on`) or `FRAY_EVENTS=1` / `FRAY_EVENTS=0` in the environment (read
+when the context starts and, by workers, when they import fray) say otherwise; `ctx.dashboard()` turns it on for
+its context. A process with no context records from import.
 
 An event is about one thing, its `key`: a task's or actor call's id (as its backend names it; the submitting
 and the running process use the same key, which is how the timeline draws an arrow from submit to start), an
@@ -41,6 +42,7 @@ __all__ = [
     "Kind",
     "ProcessEvents",
     "Recorder",
+    "RecordingChoice",
     "Row",
     "choose_recording",
     "enabled_by_env",
@@ -334,26 +336,68 @@ def _capacity_from_env() -> int:
 RECORDER = Recorder(_capacity_from_env(), enabled_by_env())
 
 
-def choose_recording(by_default: bool, option: bool | None = None) -> bool:
-    """Turns this process's recording on or off as a job context starts in it: its spec's `events` option where
-    given, else FRAY_EVENTS where set, else its backend's default. Returns what it chose."""
+class RecordingChoice:
+    """One job context's choice to record or not, from its start until it shuts down (`release`). This process
+    records while one of its live contexts' choices is on, so a context that records nothing never turns off
+    another's recording; with no live context, it records as from import (enabled_by_env)."""
+
+    __slots__ = ("_live", "on")
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self._live = True
+        with _choices_lock:
+            _choices.add(self)
+            _apply_choices()
+
+    def __bool__(self) -> bool:
+        return self.on
+
+    def turn_on(self) -> None:
+        """The context records from now on (a live page opened)."""
+        with _choices_lock:
+            self.on = True
+            _apply_choices()
+
+    def release(self) -> None:
+        """The context shut down (idempotent)."""
+        with _choices_lock:
+            if self._live:
+                self._live = False
+                _choices.discard(self)
+                _apply_choices()
+
+
+_choices_lock = threading.Lock()
+_choices: set[RecordingChoice] = set()  # the live contexts' choices
+
+
+def _apply_choices() -> None:
+    RECORDER.enabled = any(choice.on for choice in _choices) if _choices else enabled_by_env()
+
+
+def choose_recording(by_default: bool, option: bool | None = None) -> RecordingChoice:
+    """A job context's recording as it starts in this process: its spec's `events` option where given, else
+    FRAY_EVENTS where set, else its backend's default; held by the context until it shuts down."""
     setting = events_setting()
-    on = option if option is not None else setting if setting is not None else by_default
-    RECORDER.enabled = on
-    return on
+    return RecordingChoice(option if option is not None else setting if setting is not None else by_default)
 
 
 _HOW = "fray.init('in_memory?events=on') or FRAY_EVENTS=1 records from the start"
 
 
-def record_for_a_page() -> str:
-    """Turns this process's recording on as a live page opens, unless FRAY_EVENTS=0 forbids it; what the page
-    says about it ('' where it was on already)."""
-    if RECORDER.enabled:
-        return ""
-    if events_setting() is False:
+def record_for_a_page(choice: RecordingChoice | None = None) -> str:
+    """Turns recording on as a live page opens (`choice`: its context's, which then records until it shuts
+    down), unless FRAY_EVENTS=0 forbids it; what the page says about it ('' where it was on already)."""
+    was = RECORDER.enabled
+    if not was and events_setting() is False:
         return "No events are recorded (FRAY_EVENTS=0), so this page stays empty."
-    RECORDER.enabled = True
+    if choice is not None:
+        choice.turn_on()
+    else:
+        RECORDER.enabled = True
+    if was:
+        return ""
     return f"Events are recorded from when this page opened: in_memory records none unless asked ({_HOW})."
 
 
@@ -362,4 +406,11 @@ def not_recording(what: str) -> str:
     return f"{what} holds only what was recorded: this process records no events now ({_HOW}; fray.events)"
 
 
+def _forget_choices() -> None:
+    """A forked child has no context of its parent's (and no other thread, which may have held the lock)."""
+    global _choices_lock, _choices
+    _choices_lock, _choices = threading.Lock(), set()
+
+
 os.register_at_fork(after_in_child=RECORDER.after_fork)
+os.register_at_fork(after_in_child=_forget_choices)

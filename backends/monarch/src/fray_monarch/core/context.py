@@ -11,7 +11,7 @@ from typing import Any
 
 from fray.capabilities import Capability
 from fray.context import JobContext
-from fray.events import RECORDER, Kind, ProcessEvents
+from fray.events import RECORDER, Kind, ProcessEvents, RecordingChoice
 from fray.groups import ActorGroup, Member
 from fray.outcome import Outcome
 from fray.refs import ActorHandle, ObjectRef, public_methods
@@ -51,8 +51,10 @@ class MonarchJobContext(JobContext):
     backend = BACKEND
     capabilities = CAPABILITIES
 
-    def __init__(self, client: ControllerClient, *, owns_resources: bool = True) -> None:
-        super().__init__(owns_resources=owns_resources)
+    def __init__(
+        self, client: ControllerClient, *, owns_resources: bool = True, recording: RecordingChoice | None = None
+    ) -> None:
+        super().__init__(owns_resources=owns_resources, recording=recording)
         self.client = client
 
     @property

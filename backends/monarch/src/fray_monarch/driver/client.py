@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.errors import GetTimeoutError
-from fray.events import ProcessEvents
+from fray.events import ProcessEvents, RecordingChoice
 from fray.gpus import HostGpus
 from fray.groups import Member
 from fray.outcome import Outcome, first_failure, wait_for_get
@@ -44,12 +44,13 @@ def driver_context(
     log_to_driver: bool = True,
     host_addresses: list[str] | None = None,
     gpus: HostGpus | None = None,
+    recording: RecordingChoice | None = None,
 ) -> MonarchJobContext:
     """A new context with a controller of its own: worker processes on `hosts` (see fray_monarch.cluster.topology),
     whose host workers listen at `host_addresses` (none: this machine, or a Monarch job object's hosts), with
     `gpus` on each host (none: as many as host_resources says, of those found here, each process seeing its own)."""
     ctl = Controller(hosts, procs_per_host, host_resources, stores, host_mesh, log_to_driver, host_addresses, gpus)
-    return MonarchJobContext(DriverClient(ctl, on_shutdown))
+    return MonarchJobContext(DriverClient(ctl, on_shutdown), recording=recording)
 
 
 class DriverClient:

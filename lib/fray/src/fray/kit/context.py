@@ -68,8 +68,7 @@ class KitJobContext(EngineHooks, JobContext):
         gpus: HostGpus | None = None,
         events: bool | None = None,
     ) -> None:
-        choose_recording(self.records_by_default, events)
-        super().__init__()
+        super().__init__(recording=choose_recording(self.records_by_default, events))
         self.serialize = serialize
         self.log_to_driver = log_to_driver
         self.namespace = namespace
