@@ -11,13 +11,17 @@ from pathlib import Path
 import pytest
 
 import fray
+from fray import events
 from fray.dashboard.job_page import JobPage
 from fray.events import RECORDER, Kind, choose_recording, record_for_a_page
 
 
 @pytest.fixture(autouse=True)
 def _recording_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each case sees a process whose only contexts are its own: the choices of the contexts other tests keep
+    alive in this process (the conformance suite's session contexts) are set aside, and restored after."""
     monkeypatch.delenv("FRAY_EVENTS", raising=False)
+    monkeypatch.setattr(events, "_choices", set())
     was = RECORDER.enabled
     yield
     RECORDER.enabled = was
