@@ -1,4 +1,5 @@
-"""What recording events costs (fray.events): round trips with recording on against off, interleaved, same run.
+"""What recording events costs (fray.telemetry.events): round trips with recording on against off, interleaved, same
+run.
 
     python benchmarks/bench_events.py [--backend ray] [--rounds 12] [--ops 200] [--quick]
 
@@ -15,11 +16,11 @@ rounds of the ratio of the two back-to-back blocks' medians. Then the arithmetic
 (~20 us, two thread hand-offs) varies by more than 10% between identical blocks (--aa shows it); the arithmetic
 does not. After each block both drivers pause PAUSE seconds
 (untimed), in which the `on` driver reads the events (ctx.events()), as a timeline or a live page would. Each
-child also says whether its workers record (a task reads fray.events.RECORDER.enabled where it runs). --aa: both
-record nothing, which measures the comparison's own noise (two Ray instances are never quite alike).
+child also says whether its workers record (a task reads fray.telemetry.events.RECORDER.enabled where it runs). --aa:
+both record nothing, which measures the comparison's own noise (two Ray instances are never quite alike).
 --toggle: one driver (one Ray instance) with FRAY_EVENTS=1, recording turned off and on at run time
-(fray.events.RECORDER.enabled) in the driver, the actor and the task workers before each block: no difference of
-instance at all; it counts the start events each block brought, to show that the workers did as told.
+(fray.telemetry.events.RECORDER.enabled) in the driver, the actor and the task workers before each block: no difference
+of instance at all; it counts the start events each block brought, to show that the workers did as told.
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ def noop() -> None:
 
 
 def worker_records() -> bool:
-    from fray.events import RECORDER
+    from fray.telemetry.events import RECORDER
 
     return RECORDER.enabled
 
 
 def set_recording(on: bool, hold: float) -> bool:
-    from fray.events import RECORDER
+    from fray.telemetry.events import RECORDER
 
     RECORDER.enabled = on
     time.sleep(hold)  # (held, so that the other calls of the batch reach the other workers)
@@ -76,7 +77,7 @@ def child(backend: str, pause: float) -> None:
     the start events read after the block, as JSON. Given `record`, first turns recording on or off here and in
     the workers (--toggle)."""
     import fray
-    from fray.events import RECORDER
+    from fray.telemetry.events import RECORDER
 
     spec = "ray?num_cpus=2&log_to_driver=false" if backend == "ray" else backend
     ctx = fray.init(spec)
@@ -225,7 +226,7 @@ def event_cost_us() -> float:
     """What one `record` costs in this process, recording into a ring of the default size."""
     import timeit
 
-    from fray.events import Kind, Recorder
+    from fray.telemetry.events import Kind, Recorder
 
     record = Recorder().record
     n = 100_000

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_timeline.py [--rounds 41] [--trip-rounds 301] [--tasks 10000] [--quick]
 
-- 10k tiny tasks (submit all, get all) with recording on vs off (fray.events.RECORDER.enabled, toggled between
+- 10k tiny tasks (submit all, get all) with recording on vs off (fray.telemetry.events.RECORDER.enabled, toggled between
   blocks, which run interleaved); the in_memory task round trip likewise (target <= 1.05x both; not met, so
   in_memory records only when asked: `in_memory?events=on`, as here, FRAY_EVENTS=1, or a live page);
 - 10k tiny tasks with a live page open, against no page (target <= 1.10x): the page asks /api/state?since=CURSOR
@@ -40,7 +40,7 @@ from _common import percentile
 
 import fray
 from fray.dashboard.job_page import REFRESH_S
-from fray.events import RECORDER
+from fray.telemetry.events import RECORDER
 
 
 def noop() -> None:

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from fray.detached import DetachedJobs
+from fray.jobs.detached import DetachedJobs
 
 FRAY = str(Path(sys.executable).parent / "fray")
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fray import procfs
+from fray.host import procfs
 
 RECORD_DIR = Path("/run/fray-test-netns")
 RUN_NETNS = Path("/run/netns")

@@ -10,13 +10,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fray.gpus import host_gpus
-from fray.jobs import host_resources
+from fray.jobs.local import host_resources
 from fray.kit import remote
 from fray.kit.actors import Actor
 from fray.kit.objects import Serialized
-from fray.options import parse_options
-from fray.refs import async_methods
+from fray.runtime.gpus import host_gpus
+from fray.runtime.options import parse_options
+from fray.runtime.refs import async_methods
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from process_pool_backend import ProcessPoolBackend, ProcessPoolJobContext

@@ -1,5 +1,5 @@
 """What the worker-environment tests run in the processes fray starts (tests/unit/test_worker_env.py,
-tests/monarch/test_monarch_worker_env.py): the variables fray.worker_env sets, as the process sees them."""
+tests/monarch/test_monarch_worker_env.py): the variables fray.runtime.worker_env sets, as the process sees them."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ from _fray_cli import cli_env as _env
 from _fray_cli import run_fray as _fray
 
 import fray
-from fray import procfs
-from fray.procfs import group_members
+from fray.host import procfs
+from fray.host.procfs import group_members
 
 _running: list[subprocess.Popen[str]] = []  # `fray` commands a test started: ended after it, whatever happened
 

@@ -1,4 +1,4 @@
-"""Ctrl-C in a driver, on every backend: one line naming what was interrupted, exit status 130 (fray.interrupts).
+"""Ctrl-C in a driver, on every backend: one line naming what was interrupted, exit status 130 (fray.host.interrupts).
 Each case is a real driver process sent a real SIGINT."""
 
 from __future__ import annotations

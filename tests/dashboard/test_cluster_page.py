@@ -15,11 +15,11 @@ import pytest
 from _cluster_jobs import Jobs, submit_jobs
 
 import fray
-from fray import timeline
 from fray.dashboard.cluster import LINK_EVERY_S, READ_EVERY_S, ClusterPage
 from fray.dashboard.job_page import ENGINE_NOTES, JobPage
 from fray.in_memory.cluster import InMemoryClusterContext
-from fray.job_events import job_events
+from fray.jobs.events import job_events
+from fray.telemetry import timeline
 from fray.types import JobInfo
 
 pytestmark = pytest.mark.timeout(180)

@@ -1,9 +1,9 @@
 """A cluster's live page in a real browser (tests/_browser.py: Debian's Chromium driven by Playwright) on a real
 in_memory cluster: a job that succeeded, one that failed with exit code 3, one that runs with its own live page
 (FRAY_DASHBOARD=1) and is then stopped. The page must show them with their states, the failure's exit code and
-message, the running job's link to its page; its "Download timeline" must give a file that fray.timeline.validate
-accepts; the browser must log no error and ask nothing of any server but this one. A screenshot lands in
-.tmp/dashboard-cluster.png."""
+message, the running job's link to its page; its "Download timeline" must give a file that
+fray.telemetry.timeline.validate accepts; the browser must log no error and ask nothing of any server but this one. A
+screenshot lands in .tmp/dashboard-cluster.png."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from _browser import CHROMIUM, SCREENSHOTS, launched_chromium, page_address, watch
 from _cluster_jobs import submit_jobs
 
-from fray import timeline
 from fray.in_memory.cluster import InMemoryClusterContext
+from fray.telemetry import timeline
 
 SHOWN_WITHIN_MS = 20_000
 NONE = "\N{EN DASH}"  # what a cell without a value shows

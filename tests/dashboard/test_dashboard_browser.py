@@ -5,7 +5,7 @@ real workload on each backend. Playwright never downloads a browser here: it lau
 The workload (issue 31): 20 tasks, an actor with a few calls, one task that raises ValueError, a 1 MiB numpy
 put/get, an actor killed with ctx.kill; on ray and monarch also an actor restart (max_restarts=1, a call that
 exits its process). The page must show the counts, the failure with its type, the transfer bytes and the death
-reason; its "Download timeline" must give a file that fray.timeline.validate accepts; the browser must log no
+reason; its "Download timeline" must give a file that fray.telemetry.timeline.validate accepts; the browser must log no
 error and ask nothing of any server but this one. A screenshot of each page lands in .tmp/dashboard-BACKEND.png.
 """
 
@@ -20,8 +20,9 @@ import pytest
 from _browser import CHROMIUM, SCREENSHOTS, launched_chromium, page_address, watch
 
 import fray
-from fray import ActorOptions, timeline
+from fray import ActorOptions
 from fray.context import JobContext
+from fray.telemetry import timeline
 from fray.testing import workloads as h
 
 TASKS = 20

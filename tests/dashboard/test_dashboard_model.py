@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from fray.dashboard.model import SPANS, Aggregates
-from fray.event_store import ProcessInfo, RowPage
-from fray.events import Event, Kind
+from fray.telemetry.event_store import ProcessInfo, RowPage
+from fray.telemetry.events import Event, Kind
 
 PROCS = [ProcessInfo(0, "host", 1, "driver", {1: "MainThread"}), ProcessInfo(1, "host", 2, "worker", {7: "w"})]
 

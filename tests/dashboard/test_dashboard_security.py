@@ -17,10 +17,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 import fray
-from fray import timeline
 from fray.context import ClusterContext, JobContext
 from fray.dashboard.server import page_id
 from fray.in_memory.cluster import InMemoryClusterContext
+from fray.telemetry import timeline
 from fray.testing import workloads as h
 
 CSP = (

@@ -1,13 +1,13 @@
-"""A cluster's jobs as job state events (fray.job_events) and as a Chrome trace (fray.timeline): synthetic
+"""A cluster's jobs as job state events (fray.jobs.events) and as a Chrome trace (fray.telemetry.timeline): synthetic
 JobInfo lists, with the times a cluster records (UNIX seconds)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fray import timeline
-from fray.events import Kind
-from fray.job_events import JOBS_LABEL, job_events
+from fray.jobs.events import JOBS_LABEL, job_events
+from fray.telemetry import timeline
+from fray.telemetry.events import Kind
 from fray.types import JobAttempt, JobInfo, JobStatus
 
 T = 1_700_000_000.0  # a UNIX time in seconds
@@ -20,7 +20,7 @@ RETRIED = JobInfo(
     T + 1,
     T + 1.5,
     T + 9,
-    "python -m fray.job_supervisor ...",
+    "python -m fray.jobs.supervisor ...",
     0,
     name="train",
     attempts=(

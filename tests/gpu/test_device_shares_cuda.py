@@ -1,4 +1,4 @@
-"""The device-share protocol's CUDA layer (fray.device_shares.cuda_memory) with real processes: a CUDA tensor
+"""The device-share protocol's CUDA layer (fray.runtime.device_shares.cuda_memory) with real processes: a CUDA tensor
 serialized in `shared` mode is read by another process of this host through a CUDA IPC share of its own
 (`cuda-ipc`), staged where the reader cannot open it (`cuda-ipc-staged`), ObjectLostError once its producer is
 gone; device memory comes back once the value and its leases are."""
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from fray.device_shares import SHARED, share_server
 from fray.errors import ObjectLostError
-from fray.serialization import dumps, loads_data
+from fray.runtime.device_shares import SHARED, share_server
+from fray.runtime.serialization import dumps, loads_data
 
 # A reader in another process: loads a serialized value's in-band bytes, reports its device, sum and paths.
 READER = r"""
@@ -23,8 +23,8 @@ import pickle, sys, os
 if sys.argv[1] == "no-cuda":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 import torch
-from fray.serialization import loads_data
-from fray.transfers import device_stats
+from fray.runtime.serialization import loads_data
+from fray.telemetry.transfers import device_stats
 data = pickle.loads(sys.stdin.buffer.read())
 try:
     t = loads_data(data, [], "a value")
@@ -35,8 +35,8 @@ except Exception as exc:
 
 PRODUCER_ENDS = r"""
 import sys, torch
-from fray.device_shares.values import SHARED
-from fray.serialization import dumps
+from fray.runtime.device_shares.values import SHARED
+from fray.runtime.serialization import dumps
 blob = dumps(torch.ones(1 << 20, device="cuda"), device_mode=SHARED)
 sys.stdout.write(blob.data.hex())
 """

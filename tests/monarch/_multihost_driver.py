@@ -136,10 +136,10 @@ def checks(ctx: fray.JobContext, big: int, out: dict[str, Any]) -> None:
 
 
 def timeline_of(ctx: fray.JobContext) -> dict[str, Any]:
-    """The job's timeline so far, from every host: what fray.timeline.validate says of it (asked again for a while,
-    as the conformance suite does: an actor's last events may arrive a moment after its call's result), and the
+    """The job's timeline so far, from every host: what fray.telemetry.timeline.validate says of it (asked again for a
+    while, as the conformance suite does: an actor's last events may arrive a moment after its call's result), and the
     hosts where tasks started."""
-    from fray.timeline import validate
+    from fray.telemetry.timeline import validate
 
     moved = {path: stats.bytes for path, stats in ctx.transfer_stats().items()}
     with tempfile.TemporaryDirectory() as tmp:

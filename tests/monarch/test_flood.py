@@ -17,7 +17,7 @@ import pytest
 from _flood import as_root, idle_connections, open_fds, page_state_took
 
 import fray
-from fray.serialization import dumps
+from fray.runtime.serialization import dumps
 from fray.testing import workloads as h
 from fray_monarch.data import transfer
 from fray_monarch.data.store import ObjectStore

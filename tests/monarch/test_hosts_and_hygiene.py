@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import fray
-from fray import TaskOptions, WorkerCrashedError, procfs
+from fray import TaskOptions, WorkerCrashedError
+from fray.host import procfs
 from fray_monarch.data.arena import shm_dir
 
 
@@ -106,7 +107,7 @@ def test_a_host_worker_ends_on_sigterm_and_removes_its_tls_files(tmp_path: Path)
     """scancel, `fray cluster stop` or a service manager end a host worker with SIGTERM: it ends like at the end
     of its stdin (its processes first), and its TLS files go with it (the watchdog that would remove them is one
     of the processes it kills)."""
-    from fray.net import free_port
+    from fray.host.net import free_port
 
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     address = f"tls://127.0.0.1:{free_port()}"

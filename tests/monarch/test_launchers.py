@@ -16,13 +16,13 @@ import time
 
 import pytest
 
-from fray import procfs
+from fray.host import procfs
 
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time
     import fray
-    from fray.procfs import alive  # (a zombie is dead)
+    from fray.host.procfs import alive  # (a zombie is dead)
     from monarch.job import ProcessJob
 
     how = sys.argv[1]

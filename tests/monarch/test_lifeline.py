@@ -291,7 +291,7 @@ def test_the_watchdog_runs_cleanup_commands_when_its_owner_is_killed(tmp_path: P
     owner = textwrap.dedent(
         f"""
         import time
-        from fray import watchdog
+        from fray.host import watchdog
         watchdog.watch_command(["sh", "-c", "echo $WHAT > {marker}"], {{"WHAT": "scancel 42"}})
         watchdog.watch_command(["sh", "-c", "echo forgotten > {marker}.2"])
         watchdog.forget_command(["sh", "-c", "echo forgotten > {marker}.2"])

@@ -120,7 +120,7 @@ def test_a_group_on_a_lost_host_comes_back_on_the_hosts_left(hosts: list[Host], 
     assert [r["host"] for r in ranks] == [left.name, left.name], ranks
     assert [r["restarts"] for r in ranks] == [1, 1]
     assert [(r["RANK"], r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"]) for r in ranks] == [("0", "0", "2"), ("1", "1", "2")]
-    # every member on the host left: the rendezvous store listens on its loopback alone (fray.rendezvous)
+    # every member on the host left: the rendezvous store listens on its loopback alone (fray.runtime.rendezvous)
     assert {r["MASTER_ADDR"] for r in ranks} == {"127.0.0.1"}
     old = {w["pid"] for w in before["where"] if w["host"] == left.name}
     assert not old & {r["pid"] for r in ranks}, "the ranks on the host left run on fresh processes"

@@ -20,8 +20,8 @@ CHILDREN = textwrap.dedent(
     """
     import json, os, signal, sys, time
     import fray
-    from fray import procfs
-    from fray.procfs import children_of
+    from fray.host import procfs
+    from fray.host.procfs import children_of
     from fray.testing import workloads as h
 
     def children():
@@ -31,7 +31,7 @@ CHILDREN = textwrap.dedent(
             if argv is None:
                 continue  # (gone meanwhile)
             cmd = " ".join(argv).strip()
-            if cmd.endswith(f"-m fray.watchdog {os.getpid()}") and not watchdogs:
+            if cmd.endswith(f"-m fray.host.watchdog {os.getpid()}") and not watchdogs:
                 watchdogs += 1  # (fray's one watchdog stays for the life of the process)
             else:
                 out.append(f"{pid}: {cmd[:200]}")

@@ -1,4 +1,4 @@
-"""Monarch's worker processes start with fray.worker_env's defaults: OMP_NUM_THREADS from the CPUs their actor
+"""Monarch's worker processes start with fray.runtime.worker_env's defaults: OMP_NUM_THREADS from the CPUs their actor
 holds (1 for task processes), THP_MEM_ALLOC_ENABLE=1; a variable the user set wins."""
 
 from __future__ import annotations

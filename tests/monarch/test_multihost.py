@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from _netns import Host, namespaced_hosts, require_namespaced_hosts
 
-from fray import procfs
+from fray.host import procfs
 
 HERE = Path(__file__).parent
 DRIVER = HERE / "_multihost_driver.py"
@@ -179,7 +179,7 @@ def user_workers(hosts: list[Host], env: dict[str, str]) -> Iterator[str]:
 
 def _user_worker(cmdline: str) -> bool:
     """A host worker the test started, or the watchdog that removes its TLS identity when it ends."""
-    if cmdline.split()[1:3] == ["-m", "fray.watchdog"]:
+    if cmdline.split()[1:3] == ["-m", "fray.host.watchdog"]:
         return _user_worker(_cmdline(int(cmdline.split()[3])))
     return "fray_monarch.worker" in cmdline
 
@@ -393,7 +393,7 @@ def test_plain_tcp_to_other_machines_only_when_asked(hosts: list[Host], env: dic
 
 
 def test_a_jobs_ranks_spread_over_the_hosts(hosts: list[Host], user_workers: str, env: dict[str, str]) -> None:
-    """A job's supervisor (fray.job_supervisor, what create_job(replicas=2, placement="spread") runs) in host 0
+    """A job's supervisor (fray.jobs.supervisor, what create_job(replicas=2, placement="spread") runs) in host 0
     with the cluster's spec: its two ranks run one on each of hosts 1 and 2, their output in the supervisor's (the
     job's log), and a failed first attempt is retried as a whole."""
     code = (
@@ -402,7 +402,7 @@ def test_a_jobs_ranks_spread_over_the_hosts(hosts: list[Host], user_workers: str
         " flush=True)\n"
         "sys.exit(3 if os.environ['RANK'] == '1' and os.environ['FRAY_JOB_ATTEMPT'] == '1' else 0)\n"
     )
-    argv = [PY, "-m", "fray_monarch.socket_guard", PY, "-m", "fray.job_supervisor", "--replicas", "2", "--retries",
+    argv = [PY, "-m", "fray_monarch.socket_guard", PY, "-m", "fray.jobs.supervisor", "--replicas", "2", "--retries",
             "1", "--placement", "spread", "--rank-resources", json.dumps({"CPU": 1}), "--", PY, "-c", code]  # fmt: skip
     done = hosts[0].run(argv, timeout=300, env={**env, "FRAY_BACKEND": user_workers}, capture_output=True, text=True)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])

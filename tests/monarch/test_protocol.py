@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from fray.remote_errors import capture_exception
-from fray.serialization import dumps, loads
+from fray.runtime.remote_errors import capture_exception
+from fray.runtime.serialization import dumps, loads
 from fray_monarch.core.protocol import (
     ActorReply,
     Inline,
@@ -100,7 +100,7 @@ def test_an_actor_call_and_its_reply_go_plain_when_they_can() -> None:
 
 def loads_value(reply: ActorReply) -> object:
     assert reply.value is not None and isinstance(reply.value.value, Inline)
-    from fray.serialization import Blob
+    from fray.runtime.serialization import Blob
 
     return loads(Blob(reply.value.value.data, list(reply.value.value.buffers)))
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 import fray
-from fray.serialization import dumps
+from fray.runtime.serialization import dumps
 from fray_monarch.core.protocol import Inline, Span, Stored, WireValue
 
 

@@ -22,8 +22,8 @@ DRIVER = textwrap.dedent(
     """
     import glob, json, os, socket, sys, time
     import fray
-    from fray import procfs
-    from fray.procfs import children_of
+    from fray.host import procfs
+    from fray.host.procfs import children_of
 
     def private(path):
         st = os.lstat(path)
@@ -31,7 +31,7 @@ DRIVER = textwrap.dedent(
 
     def left():
         kids = [" ".join(procfs.cmdline(p) or []).strip() for p in children_of(os.getpid())]
-        kids = ["the watchdog" if k.endswith(f"-m fray.watchdog {os.getpid()}") else k for k in kids]
+        kids = ["the watchdog" if k.endswith(f"-m fray.host.watchdog {os.getpid()}") else k for k in kids]
         tag = f"{os.getpid()}-"
         dirs = [d for d in glob.glob("/tmp/fray-m*") if open(os.path.join(d, "owner")).read().startswith(tag)]
         mine = os.environ["FRAY_TLS_RUNTIME_DIR"].partition(":")[2]

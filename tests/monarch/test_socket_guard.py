@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _sockets import unguarded_env
 
-from fray.procfs import children_of
+from fray.host.procfs import children_of
 from fray_monarch import socket_guard
 
 NOBODY = 65534

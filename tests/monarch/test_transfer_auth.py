@@ -21,7 +21,7 @@ from _sockets import closed_within
 
 import fray
 from fray.errors import ObjectLostError
-from fray.serialization import dumps
+from fray.runtime.serialization import dumps
 from fray_monarch.core.protocol import Stored
 from fray_monarch.data import transfer_server, transfer_wire
 from fray_monarch.data.store import ObjectStore

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from fray.errors import FrayError, ObjectLostError
-from fray.serialization import dumps
+from fray.runtime.serialization import dumps
 from fray_monarch.core.protocol import Stored
 from fray_monarch.data import transfer_tls, transfer_wire
 from fray_monarch.data.store import ObjectStore

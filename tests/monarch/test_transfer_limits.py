@@ -19,7 +19,7 @@ import pytest
 from _sockets import closed_within
 
 from fray.errors import ObjectLostError
-from fray.serialization import dumps
+from fray.runtime.serialization import dumps
 from fray_monarch.core.protocol import Stored
 from fray_monarch.data import transfer, transfer_server
 from fray_monarch.data.store import ObjectStore

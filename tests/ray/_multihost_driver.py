@@ -25,7 +25,8 @@ import numpy as np
 import ray
 
 import fray
-from fray import ActorOptions, Lifetime, TaskOptions, procfs
+from fray import ActorOptions, Lifetime, TaskOptions
+from fray.host import procfs
 
 NAMESPACE = "fray-mh"
 PUT_BYTES = 32 * 2**20

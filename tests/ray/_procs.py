@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fray import procfs
+from fray.host import procfs
 
 
 def _listening_inodes() -> dict[str, tuple[str, int]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from _netns import Host
 
-from fray import procfs
+from fray.host import procfs
 
 PORT = 6379  # each host has a network stack of its own: Ray's default port collides with nobody's
 RAY = str(Path(sys.executable).with_name("ray"))  # absolute: nsenter enters the host's mount namespace

@@ -1,5 +1,5 @@
 """fray-ray on a private instance (every worker on this host) sends a call's device values as shares of the
-driver's snapshots, held until the call is done (fray.device_shares; the memfd stand-in of device memory here);
+driver's snapshots, held until the call is done (fray.runtime.device_shares; the memfd stand-in of device memory here);
 results and puts travel as bytes, as Ray keeps them after their producer is done with them."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import fray
-from fray.device_shares import share_server
-from fray.device_shares.values import SHARED
 from fray.registry import parse_spec
+from fray.runtime.device_shares import share_server
+from fray.runtime.device_shares.values import SHARED
+from fray.telemetry.transfers import PathStats
 from fray.testing import device_workloads as d
-from fray.transfers import PathStats
 from fray_ray import RayBackend, RayJobContext
 
 SIZE = 1 << 20

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 import fray
-from fray import timeline
 from fray.errors import ActorDiedError, ActorUnavailableError, WorkerCrashedError
-from fray.events import RECORDER, Event, Kind, ProcessEvents
-from fray.gang import group_label
+from fray.runtime.gang import group_label
+from fray.telemetry import timeline
+from fray.telemetry.events import RECORDER, Event, Kind, ProcessEvents
 from fray.testing import group_workloads as g
 from fray.testing import workloads as h
 from fray.types import ActorOptions, TaskOptions

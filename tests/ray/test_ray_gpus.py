@@ -12,8 +12,8 @@ import pytest
 import ray
 
 from fray import ActorOptions, TaskOptions
-from fray.capabilities import Capability
 from fray.errors import UnsupportedFeatureError
+from fray.runtime.capabilities import Capability
 from fray_ray import RayBackend, RayJobContext
 
 ONE_GPU = TaskOptions(resources={"CPU": 0.5, "GPU": 1})

@@ -198,7 +198,7 @@ class LoopProbe:
         loop = asyncio.get_running_loop()
         return {
             "loop": loop.is_running(),
-            "context": type(fray.current.current()).__name__,
+            "context": type(fray.runtime.current.current()).__name__,
             "actor": fray.current_actor().name,
             "thread": threading.current_thread().name,
         }

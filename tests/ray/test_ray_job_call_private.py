@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import fray
-from fray.job_call import CALL_FILE_VAR, CALL_VAR
+from fray.jobs.call import CALL_FILE_VAR, CALL_VAR
 from fray.testing import workloads as w
 from fray.types import RuntimeEnv
 from fray_ray.cluster import RayClusterContext

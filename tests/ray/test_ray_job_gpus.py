@@ -1,4 +1,4 @@
-"""A Ray job that asks for GPUs gets the devices Ray assigns it, and its ranks split them (fray.job_supervisor):
+"""A Ray job that asks for GPUs gets the devices Ray assigns it, and its ranks split them (fray.jobs.supervisor):
 on this machine without GPUs, a private head that declares 4 (`ray start --num-gpus 4`), so Ray assigns ids as
 it would on a GPU node."""
 

@@ -24,7 +24,7 @@ from _procs import cmdline, group_and_descendants, listening
 
 import fray
 from fray.errors import JobNotFoundError
-from fray.net import is_loopback
+from fray.host.net import is_loopback
 from fray.registry import parse_spec
 from fray_ray import RayBackend, RayClusterContext, RayJobContext, _auth, _connect, _local
 
@@ -125,7 +125,7 @@ def test_clean_shutdown_leaves_no_process_and_no_temp_dir() -> None:
     driver = textwrap.dedent(
         """
         import os, time, fray
-        from fray.procfs import group_members
+        from fray.host.procfs import group_members
         from fray_ray import _connect
         ctx = fray.init("ray?num_cpus=1&object_store_memory=80000000&log_to_driver=false")
         assert ctx.get(ctx.create_task(os.getpid), timeout=60)

@@ -88,7 +88,7 @@ def test_a_group_on_a_lost_node_comes_back_on_the_node_left(
     ranks = after["where"]
     assert after["reduce"] == [2.0, 2.0] and [r["host"] for r in ranks] == [left.name, left.name], after
     assert [r["restarts"] for r in ranks] == [1, 1]
-    # every member on the node left: the rendezvous store listens on its loopback alone (fray.rendezvous)
+    # every member on the node left: the rendezvous store listens on its loopback alone (fray.runtime.rendezvous)
     assert {r["MASTER_ADDR"] for r in ranks} == {"127.0.0.1"}
     assert [(r["RANK"], r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"]) for r in ranks] == [("0", "0", "2"), ("1", "1", "2")]
     assert not {w["pid"] for w in before["where"]} & {r["pid"] for r in ranks}, "fresh processes"

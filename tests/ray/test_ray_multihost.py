@@ -38,7 +38,7 @@ pytest.importorskip("fray_ray")
 from _netns import Host, namespaced_hosts, require_namespaced_hosts, start_time
 from _ray_hosts import PORT, RayNode, cluster_env, log_tails, running_cluster
 
-from fray import procfs
+from fray.host import procfs
 
 DRIVER = Path(__file__).resolve().with_name("_multihost_driver.py")
 PUT_BYTES = 32 * 2**20  # as in the driver
@@ -273,7 +273,7 @@ def test_killed_driver_leaves_nothing_on_either_host(cluster: Cluster, driver: D
 
 
 def test_a_jobs_ranks_spread_over_the_two_hosts(cluster: Cluster) -> None:
-    """A job's supervisor (fray.job_supervisor, what create_job(replicas=2, placement="spread") runs) on host 0:
+    """A job's supervisor (fray.jobs.supervisor, what create_job(replicas=2, placement="spread") runs) on host 0:
     its ranks, 1 CPU each on hosts of 1 CPU, run one on each host, their output in the supervisor's (the job's
     log), with torch.distributed's variables of a group over both hosts; a failed first attempt is retried."""
     head, _ = cluster.hosts
@@ -283,7 +283,7 @@ def test_a_jobs_ranks_spread_over_the_two_hosts(cluster: Cluster) -> None:
         " 'attempt', os.environ['FRAY_JOB_ATTEMPT'], flush=True)\n"
         "sys.exit(3 if os.environ['RANK'] == '1' and os.environ['FRAY_JOB_ATTEMPT'] == '1' else 0)\n"
     )
-    argv = [sys.executable, "-m", "fray.job_supervisor", "--replicas", "2", "--retries", "1", "--placement",
+    argv = [sys.executable, "-m", "fray.jobs.supervisor", "--replicas", "2", "--retries", "1", "--placement",
             "spread", "--rank-resources", json.dumps({"CPU": 1}), "--", sys.executable, "-c", code]  # fmt: skip
     env = {**cluster.env, "FRAY_BACKEND": f"ray?address={head.address}:{PORT}&namespace=fray-job-ranks"}
     done = head.run(argv, timeout=240, cwd=str(cluster.base), env=env, capture_output=True, text=True)

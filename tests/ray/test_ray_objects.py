@@ -14,7 +14,7 @@ np = pytest.importorskip("numpy")
 
 import ray  # noqa: E402
 
-from fray.refs import ObjectRef  # noqa: E402
+from fray.runtime.refs import ObjectRef  # noqa: E402
 from fray_ray import RayJobContext  # noqa: E402
 from fray_ray._values import Packed, pack  # noqa: E402
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fray
-from fray import procfs
+from fray.host import procfs
 
 BACKENDS = [b for b in ("in_memory", "monarch", "ray") if b in fray.available_backends()]
 SPECS = {

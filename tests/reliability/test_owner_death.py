@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import fray
-from fray import procfs
+from fray.host import procfs
 
 WAYS = ["exit", "exception", "SIGINT", "SIGTERM", "SIGKILL"]
 

@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from fray import procfs
+from fray.host import procfs
 
 pytest.importorskip("fray_ray")
 
-from fray import watchdog
+from fray.host import watchdog
 
 INIT_DRIVER = textwrap.dedent(
     """

@@ -1,5 +1,5 @@
 """docs/backends.md shows the capabilities the installed backends really declare (the conformance run checks the
-cells against what it shows: fray.capability_table, the `fray_capabilities_doc` ini option)."""
+cells against what it shows: fray.testing.capability_table, the `fray_capabilities_doc` ini option)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fray.capabilities import Capability
-from fray.capability_table import NO, UNTESTED, YES, documented_table
 from fray.errors import BackendNotAvailableError
 from fray.registry import FIRST_PARTY, get_backend
+from fray.runtime.capabilities import Capability
+from fray.testing.capability_table import NO, UNTESTED, YES, documented_table
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "backends.md"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fray.capabilities import Capability
-from fray.capability_table import (
+from fray.runtime.capabilities import Capability
+from fray.testing.capability_table import (
     NO,
     UNTESTED,
     YES,

@@ -35,7 +35,7 @@ def test_help_names_every_backend_with_a_cluster_command() -> None:
 
 
 def test_job_logs_are_plain_text_also_when_a_sequence_is_split_between_pieces() -> None:
-    from fray.plain_text import plain, plain_pieces
+    from fray.jobs.plain_text import plain, plain_pieces
 
     log = "View the dashboard at \x1b[1m\x1b[32mhttp://127.0.0.1:8265 \x1b[39m\x1b[22m\n\x1b[33m(raylet)\x1b[0m x"
     assert plain(log) == "View the dashboard at http://127.0.0.1:8265 \n(raylet) x"

@@ -1,12 +1,12 @@
-"""fray.cuda_values without a GPU: the kept table's bookkeeping (the CUDA paths themselves: tests/gpu)."""
+"""fray.runtime.cuda_values without a GPU: the kept table's bookkeeping (the CUDA paths themselves: tests/gpu)."""
 
 from __future__ import annotations
 
 import gc
 import threading
 
-from fray import cuda_values
-from fray.cuda_values import KeptToken
+from fray.runtime import cuda_values
+from fray.runtime.cuda_values import KeptToken
 
 
 class _Cycle:

@@ -1,4 +1,4 @@
-"""Detached local jobs (fray.detached): state on disk, readable from any process; a dead runner is reported."""
+"""Detached local jobs (fray.jobs.detached): state on disk, readable from any process; a dead runner is reported."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fray import JobNotFoundError, JobStatus, RuntimeEnv
-from fray.detached import DetachedJobs
-from fray.procfs import group_members
-from fray.state import state_dir
+from fray.host.procfs import group_members
+from fray.host.state_dir import state_dir
+from fray.jobs.detached import DetachedJobs
 
 
 def test_state_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

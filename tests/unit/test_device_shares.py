@@ -1,4 +1,4 @@
-"""The device-share protocol (fray.device_shares) on its CPU stand-in (memfd segments), with real processes:
+"""The device-share protocol (fray.runtime.device_shares) on its CPU stand-in (memfd segments), with real processes:
 one share per reader, leases released by readers and by their death, a dropped value freed when its last lease
 goes, a gone producer or a freed value read as ObjectLostError, staging where a reader cannot open a share, and
 only this user's processes served."""
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from _sockets import unguarded_env
 
-from fray.device_shares import (
+from fray.errors import FrayError, ObjectLostError
+from fray.runtime.device_shares import (
     SHARED,
     MemfdBuffer,
     ShareRef,
@@ -30,9 +31,8 @@ from fray.device_shares import (
     rebuild_shared,
     share_server,
 )
-from fray.device_shares.wire import Granted, OpenShare, read_message, send_message
-from fray.errors import FrayError, ObjectLostError
-from fray.serialization import dumps, loads
+from fray.runtime.device_shares.wire import Granted, OpenShare, read_message, send_message
+from fray.runtime.serialization import dumps, loads
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root (setpriv)")
@@ -41,9 +41,9 @@ as_root = pytest.mark.skipif(os.getuid() != 0, reason="connecting as another use
 # prints what it got and the transfer paths it took.
 READER = r"""
 import os, pickle, sys
-from fray.device_shares import memfd_memory, rebuild_shared
-from fray.serialization import loads_data
-from fray.transfers import device_stats
+from fray.runtime.device_shares import memfd_memory, rebuild_shared
+from fray.runtime.serialization import loads_data
+from fray.telemetry.transfers import device_stats
 kind, payload, refuse = pickle.loads(sys.stdin.buffer.read())
 memfd_memory.refuse_open = refuse
 try:
@@ -56,7 +56,7 @@ except Exception as exc:
 # A reader that takes a share and dies holding its lease.
 DIES_HOLDING = r"""
 import os, pickle, socket, sys
-from fray.device_shares.wire import Granted, OpenShare, read_message, send_message
+from fray.runtime.device_shares.wire import Granted, OpenShare, read_message, send_message
 ref = pickle.loads(sys.stdin.buffer.read())
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect(ref.address)
@@ -70,7 +70,7 @@ os.kill(os.getpid(), 9)
 # A producer that publishes a value, hands its ref out, and ends.
 PRODUCER_ENDS = r"""
 import pickle, sys
-from fray.device_shares import MemfdBuffer, memfd_memory, publish
+from fray.runtime.device_shares import MemfdBuffer, memfd_memory, publish
 ref, token = publish(memfd_memory, MemfdBuffer(b"gone" * 1000), None)
 sys.stdout.write(pickle.dumps(ref).hex())
 """
@@ -220,7 +220,7 @@ def test_the_share_socket_is_in_a_directory_only_this_user_can_enter(value: Memf
 # would drop the connection before fray's own check sees it) that reports what fray's peer check says.
 CHECKS_PEER = r"""
 import socket, sys
-from fray.device_shares.wire import check_peer_is_this_user
+from fray.runtime.device_shares.wire import check_peer_is_this_user
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 listener.bind(sys.argv[1])
 import os; os.chmod(sys.argv[1], 0o777)
@@ -282,7 +282,7 @@ def test_a_forked_child_serves_its_own_values(value: MemfdBuffer) -> None:
 
 def test_a_context_counts_the_device_loads_of_its_own_time_only(value: MemfdBuffer) -> None:
     import fray
-    from fray.transfers import device_stats
+    from fray.telemetry.transfers import device_stats
 
     device_stats.record("memfd-ipc", 123, 0.001)  # a load before the context began
     ctx = fray.init("in_memory")

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from fray import doctor
 from fray.backend import Backend
+from fray.cli import doctor
 
 
 def _fray_command() -> list[str]:

@@ -1,6 +1,6 @@
-"""fray.events (the per-process ring), fray.event_store (the driver's merged view) and fray.timeline (the trace
-and its validator), without a backend: bounds, drops, cursors, plain-data batches, clock alignment, and each
-problem the validator must catch."""
+"""fray.telemetry.events (the per-process ring), fray.telemetry.event_store (the driver's merged view) and
+fray.telemetry.timeline (the trace and its validator), without a backend: bounds, drops, cursors, plain-data batches,
+clock alignment, and each problem the validator must catch."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from fray import timeline
 from fray.errors import FrayError
-from fray.event_store import EventStore
-from fray.events import Event, Kind, ProcessEvents, Recorder
+from fray.telemetry import timeline
+from fray.telemetry.event_store import EventStore
+from fray.telemetry.events import Event, Kind, ProcessEvents, Recorder
 
 
 def test_the_ring_is_bounded_and_counts_what_it_dropped() -> None:
@@ -61,7 +61,7 @@ def test_a_disabled_recorder_records_nothing() -> None:
 
 
 def test_fray_events_0_turns_recording_off_in_a_new_process() -> None:
-    code = "from fray.events import RECORDER; print(RECORDER.enabled)"
+    code = "from fray.telemetry.events import RECORDER; print(RECORDER.enabled)"
     env = {**os.environ, "FRAY_EVENTS": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from fray.net import _ephemeral_low, free_port, free_ports
+from fray.host.net import _ephemeral_low, free_port, free_ports
 
 
 def test_ports_chosen_together_are_distinct() -> None:

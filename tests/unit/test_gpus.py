@@ -1,4 +1,4 @@
-"""fray.gpus: finding a host's GPUs, holding them (whole and fractional), and what in_memory tells the work."""
+"""fray.runtime.gpus: finding a host's GPUs, holding them (whole and fractional), and what in_memory tells the work."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ import pytest
 
 import fray
 from fray import ActorOptions
-from fray.gpus import DevicePool, HostGpus, _parse_nvidia_smi, _parse_visible, follow_host_order, host_gpus, process_env
+from fray.runtime.gpus import (
+    DevicePool,
+    HostGpus,
+    _parse_nvidia_smi,
+    _parse_visible,
+    follow_host_order,
+    host_gpus,
+    process_env,
+)
 
 
 def test_whole_devices_are_held_by_one_holder_each() -> None:
@@ -128,7 +136,7 @@ def test_a_driver_finding_gpus_with_nvidia_smi_numbers_them_in_its_order(tmp_pat
     smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
     env["PATH"] = f"{tmp_path}{os.pathsep}{env.get('PATH', '')}"
-    code = "import os; from fray.gpus import discover; g = discover(); "
+    code = "import os; from fray.runtime.gpus import discover; g = discover(); "
     code += "print(g.ids, g.source, os.environ['CUDA_DEVICE_ORDER'])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=False)
     assert out.stdout.strip() == "(0, 1) nvidia-smi PCI_BUS_ID", out.stdout + out.stderr

@@ -17,7 +17,7 @@ import fray
 from fray import TaskOptions
 from fray.errors import SerializationError
 from fray.in_memory._channel import Channel, Serialized
-from fray.serialization import dumps
+from fray.runtime.serialization import dumps
 
 MiB = 1024 * 1024
 
@@ -118,7 +118,7 @@ def test_a_stored_value_is_lent_copy_on_write_and_returned_once_the_receiver_dro
 
 def test_a_value_that_is_not_stored_is_copied_even_from_the_senders_pool(ends: tuple[Channel, Channel]) -> None:
     """Only a store's values are lent (nobody writes them): memory its owner may still write is sent as a copy."""
-    from fray.pool import pool_piece
+    from fray.runtime.pool import pool_piece
 
     left, right = ends
     piece = pool_piece(2 * MiB)  # writable memory of the sender's pool, as a reader's private copy may be
@@ -189,7 +189,7 @@ def test_spmd_members_take_and_return_large_arrays_in_their_own_processes() -> N
 
 def test_spmd_members_read_a_stored_tensor_without_copying_it_and_write_only_their_own_pages() -> None:
     torch = pytest.importorskip("torch", reason="SPMD groups need torch.distributed")
-    from fray import pool
+    from fray.runtime import pool
 
     ctx = fray.init("in_memory")
     try:
@@ -231,7 +231,7 @@ def test_without_memfds_values_still_cross_and_torch_reads_copy() -> None:
         del os.memfd_create
         import numpy as np, torch
         from fray.in_memory._channel import Channel
-        from fray.serialization import dumps, loads
+        from fray.runtime.serialization import dumps, loads
 
         blob = dumps(torch.arange(1 << 20, dtype=torch.float32))
         first, second = loads(blob), loads(blob)

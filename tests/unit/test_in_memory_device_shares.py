@@ -13,8 +13,8 @@ import pytest
 import fray
 from fray import RuntimeEnv, TaskOptions
 from fray.context import JobContext
-from fray.device_shares import share_server
 from fray.errors import ObjectLostError
+from fray.runtime.device_shares import share_server
 from fray.testing import device_workloads as d
 
 SIZE = 1 << 20

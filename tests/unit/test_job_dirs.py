@@ -10,7 +10,7 @@ import pytest
 
 import fray
 from fray.errors import FrayError
-from fray.job_dirs import NAME_VAR, RESUMING_VAR, ROOT_VAR
+from fray.jobs.dirs import NAME_VAR, RESUMING_VAR, ROOT_VAR
 
 
 def test_the_job_dirs_option_is_any_backends_and_must_be_absolute(tmp_path: Path) -> None:

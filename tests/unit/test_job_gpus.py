@@ -1,5 +1,5 @@
-"""A job holding GPUs gets devices of its own (fray.jobs.LocalJobs with a DevicePool), and its ranks split them
-(fray.job_supervisor): on this machine without GPUs, with GPUs declared (in_memory?gpus=4) and named by
+"""A job holding GPUs gets devices of its own (fray.jobs.local.LocalJobs with a DevicePool), and its ranks split them
+(fray.jobs.supervisor): on this machine without GPUs, with GPUs declared (in_memory?gpus=4) and named by
 CUDA_VISIBLE_DEVICES as they would be on a GPU host."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_each_job_and_each_rank_hold_their_own_gpus() -> None:
 
 def test_the_supervisor_slices_what_the_job_sees() -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c,GPU-d"}
-    argv = [sys.executable, "-m", "fray.job_supervisor", "--replicas", "2", "--gpus-per-rank", "2", "--",
+    argv = [sys.executable, "-m", "fray.jobs.supervisor", "--replicas", "2", "--gpus-per-rank", "2", "--",
             sys.executable, "-c", SHOW]  # fmt: skip
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""A job's failure classes, budgets and grace (fray.job_policy, fray.job_outcomes): options checked at submission,
+"""A job's failure classes, budgets and grace (fray.jobs.policy, fray.jobs.outcomes): options checked at submission,
 outcomes on the record, and a detached job's stop told from a preemption."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 
 import fray
 from fray import JobStatus, RuntimeEnv
-from fray.job_outcomes import next_step
-from fray.job_policy import JobPolicy, grace_of, shell_code
-from fray.job_records import JobRecord, last_record, record_line
+from fray.jobs.outcomes import next_step
+from fray.jobs.policy import JobPolicy, grace_of, shell_code
+from fray.jobs.records import JobRecord, last_record, record_line
 from fray.types import JobAttempt
 
 PY = shlex.quote(sys.executable)
@@ -71,16 +71,16 @@ def test_an_attempts_outcome_and_grace_travel_on_the_record() -> None:
 
 
 def test_grace_is_read_back_from_a_supervised_entrypoint() -> None:
-    assert grace_of("python -m fray.job_supervisor --recoveries 10 --grace 12.5 -- sh -c 'x --grace 99'") == 12.5
-    assert grace_of("python -m fray.job_supervisor -- sh -c 'x --grace 99'") == 5.0
+    assert grace_of("python -m fray.jobs.supervisor --recoveries 10 --grace 12.5 -- sh -c 'x --grace 99'") == 12.5
+    assert grace_of("python -m fray.jobs.supervisor -- sh -c 'x --grace 99'") == 5.0
 
 
 def test_a_plain_command_is_supervised_once_a_budget_or_grace_is_given() -> None:
     with fray.cluster("in_memory") as cluster:
-        assert "fray.job_supervisor" not in cluster.create_job("true").info().entrypoint
+        assert "fray.jobs.supervisor" not in cluster.create_job("true").info().entrypoint
         for options in ({"max_recoveries": 3}, {"stop_grace": 1.0}):
             info = cluster.create_job("true", **options).wait(60)  # type: ignore[arg-type]
-            assert "fray.job_supervisor" in info.entrypoint and [a.outcome for a in info.attempts] == ["succeeded"]
+            assert "fray.jobs.supervisor" in info.entrypoint and [a.outcome for a in info.attempts] == ["succeeded"]
 
 
 def test_a_detached_jobs_stop_from_another_process_is_a_stop_not_a_preemption(tmp_path: Path) -> None:
@@ -102,13 +102,13 @@ def test_a_detached_jobs_stop_from_another_process_is_a_stop_not_a_preemption(tm
 def test_a_supervised_job_with_packages_is_its_shells_own_process(tmp_path: Path) -> None:
     """With packages the job's command is `install && ...`: an argv is exec'd, so the job's first process is the
     supervisor, which its stop signals alone (a shell in between would die at the SIGTERM and cut the grace)."""
-    from fray.jobs import job_command
+    from fray.jobs.local import job_command
 
     argv, shell = job_command(
-        [sys.executable, "-m", "fray.job_supervisor", "--", "true"], RuntimeEnv(["six"]), tmp_path
+        [sys.executable, "-m", "fray.jobs.supervisor", "--", "true"], RuntimeEnv(["six"]), tmp_path
     )
     assert shell and argv[0].endswith(
-        f"&& {{ exec {shlex.join([sys.executable, '-m', 'fray.job_supervisor'])} -- true\n}}"
+        f"&& {{ exec {shlex.join([sys.executable, '-m', 'fray.jobs.supervisor'])} -- true\n}}"
     )
     (text, _) = job_command("echo a; echo b", RuntimeEnv(["six"]), tmp_path)
     assert text[0].endswith("&& { echo a; echo b\n}")  # a shell command stays a shell's

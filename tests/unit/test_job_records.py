@@ -1,6 +1,6 @@
-"""A job's record, read back from what its log holds (fray.job_records): whatever a job prints, a malformed record
+"""A job's record, read back from what its log holds (fray.jobs.records): whatever a job prints, a malformed record
 is ignored and never an error for the reader, and a record printed after the supervisor's final one (by a process
-the job left running) does not replace it. The supervisor runs for real (`python -m fray.job_supervisor`)."""
+the job left running) does not replace it. The supervisor runs for real (`python -m fray.jobs.supervisor`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fray.job_records import RECORD_MAX, JobRecord, last_record, record_line
+from fray.jobs.records import RECORD_MAX, JobRecord, last_record, record_line
 from fray.types import JobAttempt, JobStatus
 
 START, END = "\x1b]fray-job;", "\x07"
@@ -75,7 +75,7 @@ def test_a_real_supervisors_final_record_outlives_a_grandchilds_fake_one() -> No
         """
     )
     done = subprocess.run(
-        [sys.executable, "-m", "fray.job_supervisor", "--", sys.executable, "-c", survivor],
+        [sys.executable, "-m", "fray.jobs.supervisor", "--", sys.executable, "-c", survivor],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,4 +1,4 @@
-"""A job's ranks (`fray job submit --replicas N`, fray.job_supervisor on one host) rendezvous through a TCPStore
+"""A job's ranks (`fray job submit --replicas N`, fray.jobs.supervisor on one host) rendezvous through a TCPStore
 that the supervisor serves on loopback alone, not through the one torch's env:// makes rank 0 serve on every
 interface (no authentication: anyone who reaches the host could use it). Real ranks, real torch.distributed."""
 
@@ -36,7 +36,7 @@ def test_a_jobs_ranks_rendezvous_on_loopback_alone() -> None:
     authentication, on every interface ([::]); the supervisor serves it on 127.0.0.1 alone."""
     pytest.importorskip("torch.distributed", reason="torch is not installed (the rendezvous is torch.distributed's)")
     done = subprocess.run(
-        [sys.executable, "-m", "fray.job_supervisor", "--replicas", "2", "--", sys.executable, "-c", RANKS],
+        [sys.executable, "-m", "fray.jobs.supervisor", "--replicas", "2", "--", sys.executable, "-c", RANKS],
         capture_output=True,
         text=True,
         timeout=180,

@@ -1,4 +1,4 @@
-"""Retry in place (fray.job_retry) where the job's submission is not kept: a clear error."""
+"""Retry in place (fray.jobs.retry) where the job's submission is not kept: a clear error."""
 
 from __future__ import annotations
 

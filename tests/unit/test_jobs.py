@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import fray
-from fray import JobStatus, RuntimeEnv, procfs
-from fray.jobs import LocalJobs
+from fray import JobStatus, RuntimeEnv
+from fray.host import procfs
+from fray.jobs.local import LocalJobs
 
 
 def _alive(pid: int) -> bool:

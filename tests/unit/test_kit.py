@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from fray import procfs
 from fray.errors import FrayError, SerializationError
+from fray.host import procfs
 from fray.in_memory import InMemoryJobContext
 from fray.kit import remote
 from fray.registry import REGISTERED_ENV

@@ -16,7 +16,7 @@ from _netns import Host, namespaced_hosts, plain_socket_rate, require_namespaced
 from _slurm import require_slurm, start_slurm
 from _sshd import require_sshd, start_sshd
 
-from fray import procfs
+from fray.host import procfs
 
 TESTS = Path(__file__).resolve().parents[1]
 

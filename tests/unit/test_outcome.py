@@ -1,4 +1,4 @@
-"""fray.outcome: one completion type, k-of-n waits and a linear as_completed over it."""
+"""fray.runtime.outcome: one completion type, k-of-n waits and a linear as_completed over it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fray.outcome import Outcome, State, completed, first_failure, wait_for, when
+from fray.runtime.outcome import Outcome, State, completed, first_failure, wait_for, when
 
 
 def _later(seconds: float, action: object) -> None:
@@ -37,7 +37,7 @@ def test_a_raising_callback_does_not_keep_the_outcome_from_the_others(caplog: py
     outcome.add_callback(lambda _: told.append("first"))
     outcome.add_callback(fails)
     outcome.add_callback(lambda _: told.append("last"))
-    with caplog.at_level("ERROR", logger="fray.outcome"):
+    with caplog.at_level("ERROR", logger="fray.runtime.outcome"):
         assert outcome.set_value(1)
     assert told == ["first", "fails", "last"]
     assert outcome.state is State.VALUE

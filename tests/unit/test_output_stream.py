@@ -1,10 +1,10 @@
-"""fray.output.LabelledStream: the wrapper in_memory puts over sys.stdout / sys.stderr."""
+"""fray.runtime.worker_output.LabelledStream: the wrapper in_memory puts over sys.stdout / sys.stderr."""
 
 from __future__ import annotations
 
 import io
 
-from fray.output import LabelledStream
+from fray.runtime.worker_output import LabelledStream
 
 
 def test_a_labelled_stream_is_closed_when_its_target_is() -> None:

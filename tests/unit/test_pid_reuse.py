@@ -1,5 +1,5 @@
 """A recorded pid may, after its process ended or after a reboot, belong to anyone: fray signals a recorded
-process or group only while it is proven the recorded one (fray.procfs.Identity: pid, start time, boot). Each
+process or group only while it is proven the recorded one (fray.host.procfs.Identity: pid, start time, boot). Each
 case records a process that has ended and gives its number to an unrelated `sleep` in a session of its own, as
 pid reuse would; the real `fray` command (and the watchdog) must leave that sleep alone."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fray import procfs
-from fray.state import read_json, write_json
+from fray.host import procfs
+from fray.host.state_dir import read_json, write_json
 
 FRAY = str(Path(sys.executable).parent / "fray")
 
@@ -94,7 +94,7 @@ def test_the_watchdog_signals_only_groups_proven_its_own(stranger: procfs.Identi
             "group " + json.dumps(ours.record()),
         ]
         done = subprocess.run(
-            [sys.executable, "-m", "fray.watchdog", str(os.getpid())],
+            [sys.executable, "-m", "fray.host.watchdog", str(os.getpid())],
             input="\n".join(lines) + "\n",
             text=True,
             timeout=60,
@@ -130,7 +130,7 @@ def test_local_jobs_stop_never_signals_a_reused_pid(tmp_path: Path) -> None:
     while the job was ending could reach whatever group had that number next. Here the job has ended and its
     number is given to an unrelated group, as reuse would, while the stop still sees the job as running."""
     from fray import RuntimeEnv
-    from fray.jobs import LocalJobs
+    from fray.jobs.local import LocalJobs
 
     jobs = LocalJobs(tmp_path / "jobs", stop_grace=0.5)
     job = jobs.start(["true"], RuntimeEnv())

@@ -1,4 +1,4 @@
-"""fray.procfs reads /proc right: a process name with spaces and parentheses does not shift the fields, a zombie
+"""fray.host.procfs reads /proc right: a process name with spaces and parentheses does not shift the fields, a zombie
 counts as gone, and argv comes back as the process was given it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fray import procfs
+from fray.host import procfs
 
 
 def test_fields_after_a_name_with_spaces_and_parentheses(tmp_path: Path) -> None:

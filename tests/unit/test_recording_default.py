@@ -1,4 +1,5 @@
-"""Whether a job context records events (fray.events.choose_recording): in_memory does not unless asked (its spec's
+"""Whether a job context records events (fray.telemetry.events.choose_recording): in_memory does not unless asked (its
+spec's
 `events` option or FRAY_EVENTS), a live page turns recording on and says so, and a timeline written while nothing
 is recorded warns naming the fix. On a real in_memory context and its real page server."""
 
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import fray
-from fray import events
 from fray.dashboard.job_page import JobPage
-from fray.events import RECORDER, Kind, choose_recording, record_for_a_page
+from fray.telemetry import events
+from fray.telemetry.events import RECORDER, Kind, choose_recording, record_for_a_page
 
 
 @pytest.fixture(autouse=True)

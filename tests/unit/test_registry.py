@@ -110,7 +110,7 @@ def test_shut_down_context_refuses_work() -> None:
 
 
 def test_resources_option_accepts_json_or_pairs() -> None:
-    from fray.options import parse_resources
+    from fray.runtime.options import parse_resources
 
     assert parse_resources('{"disk": 4, "tag": 1}') == {"disk": 4.0, "tag": 1.0}
     assert parse_resources("disk:4, tag") == {"disk": 4.0, "tag": 1.0}
@@ -163,8 +163,8 @@ def test_every_backend_declares_its_options_and_shares_the_converters() -> None:
     """One converter per meaning: `log_to_driver=yes` means the same on every backend (monarch once refused it)."""
     from fray.backend import PersistentClusters
     from fray.errors import BackendNotAvailableError
-    from fray.options import flag, parse_options
     from fray.registry import get_backend
+    from fray.runtime.options import flag, parse_options
 
     for name in FIRST_PARTY:
         try:

@@ -10,8 +10,8 @@ import pytest
 
 from fray import SerializationError
 from fray.errors import RemoteExceptionProxy
-from fray.remote_errors import capture_exception
-from fray.serialization import dumps, dumps_call, loads
+from fray.runtime.remote_errors import capture_exception
+from fray.runtime.serialization import dumps, dumps_call, loads
 
 
 def test_numpy_goes_out_of_band_and_reads_back_read_only() -> None:
@@ -59,7 +59,7 @@ def test_main_module_objects_travel_by_value() -> None:
 
     code = (
         "import pickle, sys\n"
-        "from fray.serialization import dumps\n"
+        "from fray.runtime.serialization import dumps\n"
         "class Point:\n    def __init__(self, x): self.x = x\n"
         "blob = dumps(Point(3))\n"
         "sys.stdout.buffer.write(blob.data)\n"
@@ -69,7 +69,7 @@ def test_main_module_objects_travel_by_value() -> None:
 
 
 def test_large_copies_reuse_pooled_memory() -> None:
-    from fray import pool
+    from fray.runtime import pool
 
     value = np.ones(4 * 1024 * 1024, dtype=np.uint8)
     first = loads(dumps(value))
@@ -110,7 +110,7 @@ def test_scalars_take_the_plain_pickle_path_and_keep_their_types() -> None:
 
 
 def test_transfer_stats_count_by_path() -> None:
-    from fray.transfers import PathStats, TransferStats, merge
+    from fray.telemetry.transfers import PathStats, TransferStats, merge
 
     stats = TransferStats()
     stats.record("inline", 10, 0.5)
@@ -127,7 +127,7 @@ def test_transfer_stats_count_by_path() -> None:
 
 def test_torch_read_from_a_stored_copy_maps_it_copy_on_write_and_keeps_it_leased() -> None:
     torch = pytest.importorskip("torch", reason="torch is needed for the tensor test")
-    from fray import pool
+    from fray.runtime import pool
 
     blob = dumps(torch.arange(2 * 1024 * 1024, dtype=torch.float32))
     (stored,) = blob.buffers

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from fray.detached import DetachedJobs
 from fray.errors import FrayError
-from fray.procfs import Identity
-from fray.state import read_cluster, read_json, state_subdir
+from fray.host.procfs import Identity
+from fray.host.state_dir import read_cluster, read_json, state_subdir
+from fray.jobs.detached import DetachedJobs
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="planting files as another user needs root (setpriv)")

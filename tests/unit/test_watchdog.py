@@ -7,11 +7,12 @@ import sys
 import time
 from pathlib import Path
 
-from fray import procfs
+from fray.host import procfs
 
 OWNER = """
 import os, sys, time
-from fray import procfs, watchdog
+from fray.host import procfs
+from fray.host import watchdog
 keep, drop = sys.argv[1], sys.argv[2]
 watchdog.watch_path(keep)
 watchdog.watch_path(drop)

@@ -1,4 +1,4 @@
-"""Environment defaults of the processes fray starts (fray.worker_env), and in_memory's child processes getting
+"""Environment defaults of the processes fray starts (fray.runtime.worker_env), and in_memory's child processes getting
 them: OMP_NUM_THREADS from the CPUs their actor holds (1 for tasks), THP_MEM_ALLOC_ENABLE=1, a user's value winning."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from _worker_env_probe import Member, worker_env
 
 import fray
 from fray import ActorOptions, RuntimeEnv, TaskOptions
-from fray.worker_env import worker_env_defaults
+from fray.runtime.worker_env import worker_env_defaults
 
 
 def test_defaults_follow_the_cpus_and_leave_what_is_set() -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from fray.errors import FrayError
-from fray.jobs import private_dir
+from fray.host.state_dir import private_dir
 from fray_monarch.core.trust import fray_home, untrusted_reason
 
 __all__ = [

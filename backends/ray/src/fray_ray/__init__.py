@@ -13,11 +13,11 @@ import os
 from typing import Any, ClassVar
 
 from fray.backend import Backend
-from fray.capabilities import Capability
 from fray.errors import UnsupportedFeatureError
-from fray.events import choose_recording
-from fray.gpus import gpu_view
-from fray.options import byte_count, count, directory, flag, non_empty_text, parse_options, parse_resources
+from fray.runtime.capabilities import Capability
+from fray.runtime.gpus import gpu_view
+from fray.runtime.options import byte_count, count, directory, flag, non_empty_text, parse_options, parse_resources
+from fray.telemetry.events import choose_recording
 from fray_ray.job import RayJobContext
 
 __all__ = ["RayBackend", "RayClusterContext", "RayJobContext"]

@@ -21,12 +21,12 @@ import ray
 import ray.exceptions as rex
 
 from fray.context import JobContext
-from fray.current import ActorInfo
 from fray.errors import ActorAlreadyExistsError, ActorNotFoundError
-from fray.events import RECORDER, Kind
-from fray.groups import Member
-from fray.refs import ActorHandle, public_methods
-from fray.serialization import check_function, find_unserializable_argument
+from fray.runtime.current import ActorInfo
+from fray.runtime.groups import Member
+from fray.runtime.refs import ActorHandle, public_methods
+from fray.runtime.serialization import check_function, find_unserializable_argument
+from fray.telemetry.events import RECORDER, Kind
 from fray.types import ActorOptions, Lifetime
 from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
 from fray_ray._driver_events import DeathWatch

@@ -13,8 +13,8 @@ from typing import Any
 
 import ray
 
-from fray.device_shares.values import STAGED
-from fray.refs import ObjectRef
+from fray.runtime.device_shares.values import STAGED
+from fray.runtime.refs import ObjectRef
 from fray_ray._values import Packed, known_nbytes, pack_args, pack_kwargs
 
 __all__ = [
@@ -49,7 +49,7 @@ def unwrap_kwargs(kwargs: dict[str, Any], device_mode: str = STAGED) -> dict[str
 
 
 def hold_shares(ref: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """The device snapshots that packed arguments refer to (fray.device_shares) stay served until the call
+    """The device snapshots that packed arguments refer to (fray.runtime.device_shares) stay served until the call
     behind `ref` is done: its reader has copied them by then (a retry included)."""
     tokens = [t for a in (*args, *kwargs.values()) if type(a) is Packed for t in a.blob.share_tokens()]
     if tokens:
@@ -78,5 +78,5 @@ def share_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def is_serialization_error(exc: BaseException) -> bool:
     """Ray's submission failed because an argument does not pickle (Ray raises a TypeError saying so); the
-    caller then names the argument with fray.serialization.find_unserializable_argument."""
+    caller then names the argument with fray.runtime.serialization.find_unserializable_argument."""
     return isinstance(exc, TypeError) and "serialize" in str(exc)

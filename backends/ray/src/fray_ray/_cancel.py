@@ -29,7 +29,7 @@ from typing import Any
 import ray
 
 from fray.errors import TaskCancelledError
-from fray.refs import ObjectRef
+from fray.runtime.refs import ObjectRef
 
 __all__ = ["CancelTracker", "cancel_unless_finished", "finished"]
 

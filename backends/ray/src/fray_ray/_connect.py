@@ -3,7 +3,7 @@
 Ray keeps one connection per process, so several RayJobContexts in one process share it: the connection is
 reference-counted and released when the last context that made it shuts down. A private instance is started
 with address="local" (never silently joining someone's `ray start` cluster) in its own temp dir, its processes
-in one process group watched by fray.watchdog, listening on loopback only (fray_ray._local); it is stopped (and
+in one process group watched by fray.host.watchdog, listening on loopback only (fray_ray._local); it is stopped (and
 its temp dir removed) at that point. A cluster we merely joined is only disconnected from.
 
 The driver's auth mode is the cluster's (fray_ray._auth): set in RAY_AUTH_MODE for the life of the connection,
@@ -24,8 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import ray
 
-from fray import watchdog
-from fray.procfs import Identity
+from fray.host import watchdog
+from fray.host.procfs import Identity
 from fray_ray._auth import auth_state, join_auth_mode, restore_auth, set_auth_mode, user_auth_mode
 from fray_ray._local import (
     LOOPBACK,
@@ -72,7 +72,8 @@ def _on_a_terminal() -> bool:
 
 # In every worker of this job: work given no GPU sees none (Ray 2.60 leaves CUDA_VISIBLE_DEVICES as the worker
 # inherited it for such work, every device of the node, unless this is set), so CUDA in a CPU-only task or actor
-# never starts on a device that other work holds, and a CUDA value read there arrives on the CPU (fray.cuda_values).
+# never starts on a device that other work holds, and a CUDA value read there arrives on the CPU
+# (fray.runtime.cuda_values).
 _WORKERS_ENV = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
 
 

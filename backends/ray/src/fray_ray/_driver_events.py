@@ -1,5 +1,5 @@
-"""Events (fray.events) that the submitting side records on Ray: the submit events of tasks and actor calls (in the
-driver, or in a worker submitting nested work), and the deaths of actors and worker processes that the driver
+"""Events (fray.telemetry.events) that the submitting side records on Ray: the submit events of tasks and actor calls
+(in the driver, or in a worker submitting nested work), and the deaths of actors and worker processes that the driver
 learns of from Ray (`DeathWatch`).
 
 Ray tells a driver of a death only when it waits on what died, so a driver context's `DeathWatch` records:
@@ -26,7 +26,7 @@ from typing import Any
 import ray
 import ray.exceptions as rex
 
-from fray.events import RECORDER, Kind, ended
+from fray.telemetry.events import RECORDER, Kind, ended
 from fray_ray import _events
 
 __all__ = ["DeathWatch", "generator_ref", "submitted", "task_name", "worker_key", "worker_name"]

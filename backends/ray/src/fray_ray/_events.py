@@ -1,4 +1,4 @@
-"""Moving the events that Ray workers record (fray.events) to the driver, through Ray's GCS key-value store.
+"""Moving the events that Ray workers record (fray.telemetry.events) to the driver, through Ray's GCS key-value store.
 
 Why the GCS KV: every process of a Ray cluster (the driver, each worker, on every node) already holds a
 connection to the GCS, in fray's private Ray as in a cluster fray joined. Writing there needs no actor, process
@@ -41,7 +41,7 @@ from typing import Any
 
 from ray.experimental import internal_kv
 
-from fray.events import RECORDER, ProcessEvents
+from fray.telemetry.events import RECORDER, ProcessEvents
 
 __all__ = ["FLUSH_PERIOD", "namespace", "pull", "settle", "start_worker", "wake"]
 

@@ -1,4 +1,4 @@
-"""SPMD groups on Ray fail and restart as one (see fray.gang).
+"""SPMD groups on Ray fail and restart as one (see fray.runtime.gang).
 
 Ray tells the driver nothing when an idle actor dies, so the members of each live SPMD group are watched: one
 thread per context asks Ray's GCS for their states every `POLL` seconds (a cost per member asked) while any such
@@ -13,7 +13,7 @@ its error.
 
 A get that fails because of a death (Ray's ActorDiedError of the killed survivors, or the collective's own error
 about a lost peer, which may come first) does not wait for the next poll: it polls at once and waits up to
-`fray.gang.LOST_PEER_GRACE` for the death, then raises the group's error.
+`fray.runtime.gang.LOST_PEER_GRACE` for the death, then raises the group's error.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import ray.exceptions as rex
 from ray.experimental import internal_kv
 
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, GetTimeoutError
-from fray.events import RECORDER, Kind
-from fray.gang import LOST_PEER_GRACE, died_error, hung_reason, lost_peer, restarting_error
-from fray.procfs import exiting
+from fray.host.procfs import exiting
+from fray.runtime.gang import LOST_PEER_GRACE, died_error, hung_reason, lost_peer, restarting_error
+from fray.telemetry.events import RECORDER, Kind
 
 __all__ = ["HEARTBEAT_ENV", "POLL", "GangWatch", "RayGang", "Refusal", "raise_refusals", "start_heartbeat"]
 
@@ -60,7 +60,7 @@ class RayGang:
     error: FrayError | None = None
     dead: bool = False
     history: list[Any] = field(default_factory=list)  # every handle it had (their id() stay valid for route)
-    hang_timeout: float = math.inf  # seconds a member's heartbeat may stay unchanged (fray.gang.hang_timeout)
+    hang_timeout: float = math.inf  # seconds a member's heartbeat may stay unchanged (fray.runtime.gang.hang_timeout)
     beats: dict[str, tuple[Any, float]] = field(default_factory=dict)  # actor id -> (last beat, when it changed)
     ended_at: dict[int, float] = field(default_factory=dict)  # life -> when its member died (time.time(), by Ray)
     # rank -> pid of its process, if on this machine; replaced, never changed in place (read without the lock)

@@ -20,7 +20,7 @@ import time
 import ray
 from ray.experimental import internal_kv
 
-from fray.gpus import ENV_HELD, use_held_device
+from fray.runtime.gpus import ENV_HELD, use_held_device
 
 __all__ = ["RENDEZVOUS_ENV", "GroupView", "ViewSeen", "see_group_gpus"]
 

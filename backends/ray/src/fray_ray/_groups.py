@@ -10,8 +10,8 @@
   is removed and refused with InfeasibleResourcesError naming what is short: Ray itself would wait forever.
 - SPMD (distributed=True): after the placement group is placed, its bundle -> node map gives each member's node.
   MASTER_ADDR is rank 0's node address (127.0.0.1 when every member is on that node: rank 0 serves the rendezvous
-  store on MASTER_ADDR alone, fray.rendezvous), MASTER_PORT a port free on that node (picked here if rank 0's node is
-  this process's node, else by a 0-CPU probe task pinned to that node), LOCAL_RANK / LOCAL_WORLD_SIZE count the
+  store on MASTER_ADDR alone, fray.runtime.rendezvous), MASTER_PORT a port free on that node (picked here if rank 0's
+  node is this process's node, else by a 0-CPU probe task pinned to that node), LOCAL_RANK / LOCAL_WORLD_SIZE count the
   members per node in rank order.
 - Lifetime: a whole-group kill removes the placement group; a slice kill keeps it (removing it would kill every
   member). Non-detached placement groups are removed at context shutdown; a detached group's is named after the
@@ -39,14 +39,14 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from fray.context import JobContext
-from fray.current import ActorInfo
 from fray.errors import InfeasibleResourcesError
-from fray.gang import group_label, hang_timeout, heartbeat_interval
-from fray.groups import ActorGroup, Member, member_name, spmd_env
-from fray.net import free_port
-from fray.refs import ActorHandle, ObjectRef
-from fray.resources import EPS, actor_resources, format_amount, format_resources
-from fray.serialization import find_unserializable_argument
+from fray.host.net import free_port
+from fray.runtime.current import ActorInfo
+from fray.runtime.gang import group_label, hang_timeout, heartbeat_interval
+from fray.runtime.groups import ActorGroup, Member, member_name, spmd_env
+from fray.runtime.refs import ActorHandle, ObjectRef
+from fray.runtime.resources import EPS, actor_resources, format_amount, format_resources
+from fray.runtime.serialization import find_unserializable_argument
 from fray.types import ActorOptions, Lifetime
 from fray_ray._actors import RayActors
 from fray_ray._args import hold_shares, is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
@@ -198,7 +198,7 @@ def members(pg: Any, count: int, name: str | None, distributed: bool) -> list[Me
     per_node: dict[str, list[int]] = {}
     for rank in range(count):
         per_node.setdefault(nodes_of[rank], []).append(rank)
-    # the rendezvous store listens on MASTER_ADDR alone (fray.rendezvous): loopback when no member is elsewhere
+    # the rendezvous store listens on MASTER_ADDR alone (fray.runtime.rendezvous): loopback when no member is elsewhere
     master_addr = "127.0.0.1" if len(per_node) == 1 else address_of[master_node]
     port = _free_port_on(master_node, master_addr)
     out = []
@@ -216,7 +216,7 @@ class RayGroups:
 
     def __init__(self, ctx: JobContext, actors: RayActors, cancels: CancelTracker, device_mode: str) -> None:
         self._ctx = ctx
-        self._device_mode = device_mode  # how a call's device values travel (fray.device_shares)
+        self._device_mode = device_mode  # how a call's device values travel (fray.runtime.device_shares)
         self._actors = actors
         self._cancels = cancels
         self._placement_groups: dict[Any, Any] = {}  # placement group id -> placement group

@@ -2,7 +2,7 @@
 
 `LocalHead` is `ray start --head --block` in a process group of its own, on ports chosen free, with a temp dir of
 its own, listening on loopback unless told otherwise: a private head of a RayClusterContext (owned: handed to
-fray.watchdog, it ends with this process however it ends) or the head of `fray cluster start` (not owned: it
+fray.host.watchdog, it ends with this process however it ends) or the head of `fray cluster start` (not owned: it
 outlives its starter, fray_ray.persistent).
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from fray import watchdog
 from fray.errors import FrayError
-from fray.net import free_ports
-from fray.procfs import Identity, stop_group
+from fray.host import watchdog
+from fray.host.net import free_ports
+from fray.host.procfs import Identity, stop_group
 from fray_ray._auth import (
     is_own_job_api,
     note_own_cluster,

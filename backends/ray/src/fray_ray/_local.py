@@ -2,7 +2,7 @@
 dir short enough for Ray's Unix sockets, and its workers seeing the driver's own modules.
 
 A private instance's processes (GCS, raylet, its agents, dashboard, monitors) are started in one new process
-group (`GroupedSpawn`), and that group and the temp dir are handed to fray.watchdog: if this process ends without
+group (`GroupedSpawn`), and that group and the temp dir are handed to fray.host.watchdog: if this process ends without
 shutdown (even by SIGKILL), the watchdog kills the group and removes the dir. Ray's workers put themselves in
 groups of their own; they exit by themselves within a few seconds of their raylet.
 """
@@ -19,9 +19,9 @@ from typing import Any
 import ray._private.ray_constants as ray_constants
 import ray._private.services as ray_services
 
-from fray import watchdog
-from fray.net import is_loopback
-from fray.procfs import Identity, stop_group
+from fray.host import watchdog
+from fray.host.net import is_loopback
+from fray.host.procfs import Identity, stop_group
 
 __all__ = [
     "LOCAL_ONLY_ENV",
@@ -62,7 +62,7 @@ class LocalOnly:
 
 class GroupedSpawn:
     """While active, every process Ray starts from this process (GCS, raylet, dashboard, monitors; the raylet's
-    agents inherit it) joins one new process group, watched by fray.watchdog from its first member on; and Ray
+    agents inherit it) joins one new process group, watched by fray.host.watchdog from its first member on; and Ray
     treats this node as local-only (loopback addresses). Used around ray.init under the module lock."""
 
     def __init__(self) -> None:

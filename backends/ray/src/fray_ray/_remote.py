@@ -20,11 +20,11 @@ from typing import Any
 
 import ray
 
-from fray import current
 from fray.context import set_job_context
-from fray.current import ActorInfo
-from fray.remote_errors import portable as make_portable
-from fray.rendezvous import serve_store
+from fray.runtime import current
+from fray.runtime.current import ActorInfo
+from fray.runtime.remote_errors import portable as make_portable
+from fray.runtime.rendezvous import serve_store
 from fray_ray._gangs import HEARTBEAT_ENV, start_heartbeat
 from fray_ray._gpus import RENDEZVOUS_ENV, ViewSeen, see_group_gpus
 from fray_ray._values import pack
@@ -140,7 +140,7 @@ def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None, class_name: 
     info, env = member
     os.environ.update(env)
     current.set_process_actor(info)
-    serve_store(env)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only (fray.rendezvous)
+    serve_store(env)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only (fray.runtime.rendezvous)
     if RENDEZVOUS_ENV in env:  # an SPMD member holding GPUs sees its group's devices (done already: GroupView)
         see_group_gpus(dict(env))
     if HEARTBEAT_ENV in env:  # an SPMD member says it is alive (fray_ray._gangs watches for silence)

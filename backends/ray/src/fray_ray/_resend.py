@@ -35,8 +35,8 @@ from typing import Any
 import ray
 import ray.exceptions as rex
 
-from fray.procfs import exiting
-from fray.refs import ObjectRef
+from fray.host.procfs import exiting
+from fray.runtime.refs import ObjectRef
 
 __all__ = ["MAX_SENDS", "Resender"]
 MAX_SENDS = 16  # sends of one call at most (each waits for a restart: an actor that keeps dying stops it)

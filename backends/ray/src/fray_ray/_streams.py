@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from fray.errors import GetTimeoutError
-from fray.refs import ObjectRef
+from fray.runtime.refs import ObjectRef
 from fray_ray._cancel import CancelTracker
 
 __all__ = ["RayStreamSource"]
@@ -26,7 +26,7 @@ _BACKEND = "ray"
 
 
 class RayStreamSource:
-    """fray.streams.StreamSource over a ray.ObjectRefGenerator.
+    """fray.runtime.streams.StreamSource over a ray.ObjectRefGenerator.
 
     `next_ref` may block in Ray (serialized by a lock: Ray's generator is not thread-safe); `close` never takes
     that lock to cancel, so a consumer blocked in next_ref on another thread is released by it (its pending

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fray import watchdog
-from fray.procfs import Identity
+from fray.host import watchdog
+from fray.host.procfs import Identity
 from fray_ray._local import short_tmp
 
 __all__ = [
@@ -47,7 +47,7 @@ def address_key(address: str) -> str:
 def running_head_record() -> dict[str, Any] | None:
     """The record of the head `fray cluster start` made, while its process still runs (else None)."""
     try:
-        from fray import state
+        from fray.host import state_dir as state
 
         record = state.read_cluster("ray")
         leader = Identity.from_record(record.get("leader")) if record else None
@@ -58,7 +58,7 @@ def running_head_record() -> dict[str, Any] | None:
 
 def new_token_file(owned: bool) -> Path:
     """A fresh token for one cluster, 0600 in a new directory of its own (0700). An `owned` one's directory goes
-    when this process ends, however it ends (fray.watchdog); else `remove` it with its cluster."""
+    when this process ends, however it ends (fray.host.watchdog); else `remove` it with its cluster."""
     from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
 
     directory = tempfile.mkdtemp(prefix="fray-raytoken-", dir=short_tmp())

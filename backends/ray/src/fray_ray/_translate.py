@@ -11,8 +11,8 @@ import ray.exceptions as rex
 
 from fray import errors
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
-from fray.job_policy import OWNER_SIGNALS_ALL_VAR, kill_delay
-from fray.resources import task_resources
+from fray.jobs.policy import OWNER_SIGNALS_ALL_VAR, kill_delay
+from fray.runtime.resources import task_resources
 from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
 
 
@@ -56,7 +56,7 @@ def runtime_env_dict(env: RuntimeEnv | None) -> dict[str, Any] | None:
 
 def stop_vars(grace: float) -> dict[str, str]:
     """A supervised job's variables for Ray's stop: Ray's JobSupervisor reads its wait before SIGKILL from its
-    own environment (a job's env_vars), in whole seconds; and its SIGTERM reaches every rank (fray.job_policy)."""
+    own environment (a job's env_vars), in whole seconds; and its SIGTERM reaches every rank (fray.jobs.policy)."""
     return {"RAY_JOB_STOP_WAIT_TIME_S": str(math.ceil(kill_delay(grace))), OWNER_SIGNALS_ALL_VAR: "1"}
 
 

@@ -1,13 +1,13 @@
 """Values on their way into Ray: torch CPU tensors travel out of band, through fray's serializer.
 
 Ray pickles a torch tensor in-band (its storage bytes inside the pickle stream, slowly, and a second
-copy on the way out). Fray's serializer (`fray.serialization.dumps(copy=False)`) instead turns every tensor
+copy on the way out). Fray's serializer (`fray.runtime.serialization.dumps(copy=False)`) instead turns every tensor
 storage, numpy array and large bytes into an out-of-band buffer. A value that holds torch tensors is therefore
 handed to Ray as a `Packed` object whose `__reduce__` returns those buffers as `pickle.PickleBuffer`s: Ray's own
 pickle-5 serializer writes them into the object store with one memcpy, and a reader gets them back as read-only
 memoryviews over shared memory. `unpack` (called by pickle on the reader's side) copies each torch storage's
 buffer once into memory of the reader's own (torch has no read-only tensors, and a writable view of shared
-memory would let one reader's writes reach every other reader) and hands it to `fray.serialization.loads`,
+memory would let one reader's writes reach every other reader) and hands it to `fray.runtime.serialization.loads`,
 which then uses it in place; numpy arrays stay zero-copy read-only views.
 
 That one copy goes into memory allocated by numpy, which asks the kernel for transparent huge pages: a large
@@ -31,18 +31,18 @@ import sys
 import threading
 from typing import Any
 
-from fray.device_shares import MemfdBuffer
-from fray.device_shares.values import STAGED
-from fray.serialization import Blob, dumps, loads
+from fray.runtime.device_shares import MemfdBuffer
+from fray.runtime.device_shares.values import STAGED
+from fray.runtime.serialization import Blob, dumps, loads
 
 __all__ = ["Packed", "known_nbytes", "pack", "pack_args", "pack_kwargs", "take_unpacked_bytes", "unpack"]
 
 _SCAN_LIMIT = 256  # items of a list / tuple / dict looked at for tensors
 # Names that appear in a pickle stream holding a Ray ObjectRef (class ray.ObjectRef, also ObjectRefGenerator),
-# anything else of ray._raylet, a Ray actor handle (ray.actor) or a fray ref / handle (fray.refs): such a value
+# anything else of ray._raylet, a Ray actor handle (ray.actor) or a fray ref / handle (fray.runtime.refs): such a value
 # must go through Ray's own serializer. A false match only means the value takes Ray's (slower) path.
-_REF_MARKERS = (b"ObjectRef", b"ray._raylet", b"ray.actor", b"fray.refs")
-_REF_MODULES = frozenset({"ray", "ray._raylet", "ray.actor", "fray.refs"})
+_REF_MARKERS = (b"ObjectRef", b"ray._raylet", b"ray.actor", b"fray.runtime.refs")
+_REF_MODULES = frozenset({"ray", "ray._raylet", "ray.actor", "fray.runtime.refs"})
 
 _local = threading.local()
 
@@ -109,7 +109,7 @@ _kinds_with_torch: tuple[type, ...] | None = None
 def _kinds() -> tuple[type, ...]:
     """The types whose presence makes a value worth packing: torch.Tensor (once torch is imported; never
     import it ourselves: no tensors exist without it), bytearray, memoryview, and the CPU stand-in of device
-    memory (fray.device_shares.MemfdBuffer: it travels as CUDA tensors do)."""
+    memory (fray.runtime.device_shares.MemfdBuffer: it travels as CUDA tensors do)."""
     global _kinds_with_torch
     if _kinds_with_torch is None:
         tensor = getattr(sys.modules.get("torch"), "Tensor", None)
@@ -152,7 +152,7 @@ def _worth_packing(value: Any, kinds: tuple[type, ...]) -> bool:
 
 def pack(value: Any, kinds: tuple[type, ...] | None = None, device_mode: str = STAGED) -> Any:
     """value itself, or a Packed standing in for it when it holds torch tensors, bytearrays, memoryviews or
-    device values (see the module doc; device memory travels in `device_mode`: fray.device_shares)."""
+    device values (see the module doc; device memory travels in `device_mode`: fray.runtime.device_shares)."""
     if not _worth_packing(value, kinds or _kinds()):
         return value
     try:

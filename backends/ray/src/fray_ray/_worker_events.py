@@ -1,5 +1,5 @@
-"""Events (fray.events) of what runs in a Ray worker: the process's start, the starts and ends of its tasks and
-actor calls (keyed by Ray's task id), an actor's restart (fray_ray._remote's wrappers call these);
+"""Events (fray.telemetry.events) of what runs in a Ray worker: the process's start, the starts and ends of its tasks
+and actor calls (keyed by Ray's task id), an actor's restart (fray_ray._remote's wrappers call these);
 fray_ray._events moves them to the driver."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from fray.events import CANCELLED, RECORDER, Kind, ended
+from fray.telemetry.events import CANCELLED, RECORDER, Kind, ended
 from fray_ray import _events
 from fray_ray._driver_events import worker_key, worker_name
 
@@ -35,8 +35,8 @@ def attach_worker(core_worker: Any) -> None:
     _events.start_worker(ray.get_runtime_context().get_job_id())
 
 
-# Events (fray.events) of the tasks and actor calls run here, keyed by Ray's task id: the submitter records its
-# submit event under `ref.task_id().hex()`, the same id (for tasks, actor calls and generators alike). A retried
+# Events (fray.telemetry.events) of the tasks and actor calls run here, keyed by Ray's task id: the submitter records
+# its submit event under `ref.task_id().hex()`, the same id (for tasks, actor calls and generators alike). A retried
 # task runs its wrapper again under the same id: each attempt is a span, its end `error` (whether Ray will retry
 # it is not known here). Each returns None while recording is off (FRAY_EVENTS=0), and costs a few Python calls when on.
 def _end_data(error: BaseException | None) -> dict[str, str] | None:

@@ -3,7 +3,7 @@
 With an `address` (the dashboard URL, e.g. http://10.0.0.5:8265) it talks to that cluster; its jobs outlive this
 process (persistent_jobs). Without one it starts a private head node (fray_ray._head: `ray start --head --block`
 in its own process group, listening on loopback only, on ports chosen here, with a private temp dir) and stops
-exactly that process group at shutdown. The group and the temp dir are handed to fray.watchdog, so they go too
+exactly that process group at shutdown. The group and the temp dir are handed to fray.host.watchdog, so they go too
 when this process ends without shutdown (SIGKILL included); so such a context has no detached jobs (they could
 not outlive the head): `fray cluster start --backend ray` starts a head that outlives its starter (fray_ray.persistent).
 
@@ -24,14 +24,14 @@ from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import urlencode
 
-from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
-from fray.job_call import stash_call
-from fray.job_handle import JobHandle
-from fray.job_policy import GRACE_VAR, grace_of, kill_delay
-from fray.resources import format_resources, short_of
-from fray.state import state_subdir
+from fray.host.state_dir import state_subdir
+from fray.jobs.call import stash_call
+from fray.jobs.handle import JobHandle
+from fray.jobs.policy import GRACE_VAR, grace_of, kill_delay
+from fray.runtime.capabilities import Capability
+from fray.runtime.resources import format_resources, short_of
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 from fray_ray._auth import is_own_job_api
 from fray_ray._connect import http_link

@@ -19,16 +19,16 @@ from typing import Any, ClassVar
 
 import ray
 
-from fray.capabilities import Capability
 from fray.context import JobContext
-from fray.device_shares.values import SHARED, STAGED
 from fray.errors import ActorUnavailableError, SerializationError, TaskCancelledError
-from fray.events import RECORDER, Kind, ProcessEvents, RecordingChoice
-from fray.groups import ActorGroup, Member
-from fray.refs import ActorHandle, ObjectRef
-from fray.serialization import check_function, find_unserializable_argument
-from fray.streams import ObjectRefStream
-from fray.transfers import PathStats, device_loads_in, merge
+from fray.runtime.capabilities import Capability
+from fray.runtime.device_shares.values import SHARED, STAGED
+from fray.runtime.groups import ActorGroup, Member
+from fray.runtime.refs import ActorHandle, ObjectRef
+from fray.runtime.serialization import check_function, find_unserializable_argument
+from fray.runtime.streams import ObjectRefStream
+from fray.telemetry.events import RECORDER, Kind, ProcessEvents, RecordingChoice
+from fray.telemetry.transfers import PathStats, device_loads_in, merge
 from fray.types import ActorOptions, TaskOptions
 from fray_ray import _connect, _events, _remote
 from fray_ray._actors import RayActors
@@ -85,14 +85,14 @@ class RayJobContext(JobContext):
     ) -> None:
         """address: "host:port" of a running cluster (else RAY_ADDRESS; else a private local instance sized by
         init_kwargs: num_cpus, num_gpus, object_store_memory, resources). _attach_only: inside a Ray worker.
-        _recording: the driver's choice to record events (fray.events.choose_recording)."""
+        _recording: the driver's choice to record events (fray.telemetry.events.choose_recording)."""
         super().__init__(owns_resources=not _attach_only, recording=_recording)  # (a worker's: its driver's)
         self._owns_connection = not _attach_only
         if self._owns_connection:
             _connect.acquire(address, namespace, init_kwargs, log_to_driver)
         self.namespace: str = ray.get_runtime_context().namespace
         # A driver on a private instance (every worker on this host) sends a call's device values as shares of
-        # its snapshots, held until the call is done (fray.device_shares); elsewhere their bytes travel.
+        # its snapshots, held until the call is done (fray.runtime.device_shares); elsewhere their bytes travel.
         self.device_mode = SHARED if self._owns_connection and _connect.on_a_private_instance() else STAGED
         self._gets = PathStats()  # this process's reads of stored values (ctx.get)
         self._workers_device_loads: dict[str, PathStats] = {}  # (from their events: see _pull_events)
@@ -114,7 +114,7 @@ class RayJobContext(JobContext):
     # ------------------------------------------------------------------ resources
     def node_resources(self) -> list[dict[str, float]]:
         # Asked afresh each time: the core keeps its answers that a request fits for a few seconds
-        # (fray._validation.FEASIBLE_SECONDS), so this runs at a new request's first submission, not at each one.
+        # (fray.runtime.arguments.FEASIBLE_SECONDS), so this runs at a new request's first submission, not at each one.
         self._refuse_if_shut_down()
         return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
 
@@ -269,7 +269,7 @@ class RayJobContext(JobContext):
     def _future(self, ref: ObjectRef) -> Future[Any]:
         """From Ray's own ObjectRef.future() (a callback, no thread per ref), with the value as get gives it and
         the exceptions get raises."""
-        self._refuse_if_shut_down()  # (fray.completion and progress bars poll this outside the public checks)
+        self._refuse_if_shut_down()  # (fray.runtime.completion and progress bars poll this outside the public checks)
         payload = ref.payload
         out: Future[Any] = Future()
         if self._cancels.cancelled and payload.binary() in self._cancels.cancelled:
@@ -300,7 +300,7 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ objects
     def _get(self, refs: list[ObjectRef], timeout: float | None) -> list[Any]:
-        self._refuse_if_shut_down()  # (fray.completion and progress bars poll this outside the public checks)
+        self._refuse_if_shut_down()  # (fray.runtime.completion and progress bars poll this outside the public checks)
         resend = self._groups.resend
         payloads = resend.current(refs) if resend.active else [r.payload for r in refs]
         if self._cancels.cancelled:
@@ -358,7 +358,7 @@ class RayJobContext(JobContext):
         return merge({_STORE_PATH: stats} if stats.count else {}, device)
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
-        self._refuse_if_shut_down()  # (fray.completion and progress bars poll this outside the public checks)
+        self._refuse_if_shut_down()  # (fray.runtime.completion and progress bars poll this outside the public checks)
         try:
             return self._wait_for(refs, num_returns, timeout)
         finally:

@@ -17,8 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fray import state
-from fray.procfs import Identity, stop_group
+from fray.host import state_dir as state
+from fray.host.procfs import Identity, stop_group
 from fray_ray._head import LocalHead, job_client
 from fray_ray._local import LOOPBACK
 from fray_ray._tokens import remove as remove_token

@@ -6,10 +6,8 @@ ref = ctx.create_task(pow, args=(2, 10))
 assert ctx.get(ref) == 1024
 """
 
-from fray.capabilities import Capability
-from fray.completion import as_completed
+from fray import _moved
 from fray.context import ClusterContext, JobContext, get_job_context, set_job_context
-from fray.current import ActorInfo, clear_job_context, current_actor, current_gpus, using
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
@@ -29,13 +27,16 @@ from fray.errors import (
     UnsupportedFeatureError,
     WorkerCrashedError,
 )
-from fray.groups import ActorGroup
-from fray.job_dirs import job_dir, resuming
-from fray.job_handle import JobHandle, wait_jobs
-from fray.refs import ActorHandle, ObjectRef
+from fray.jobs.dirs import job_dir, resuming
+from fray.jobs.handle import JobHandle, wait_jobs
 from fray.registry import available_backends, cluster, init, register_backend, shutdown
-from fray.streams import ObjectRefStream
-from fray.transfers import PathStats
+from fray.runtime.capabilities import Capability
+from fray.runtime.completion import as_completed
+from fray.runtime.current import ActorInfo, clear_job_context, current_actor, current_gpus, using
+from fray.runtime.groups import ActorGroup
+from fray.runtime.refs import ActorHandle, ObjectRef
+from fray.runtime.streams import ObjectRefStream
+from fray.telemetry.transfers import PathStats
 from fray.types import (
     ActorOptions,
     JobAttempt,
@@ -49,6 +50,8 @@ from fray.types import (
 )
 
 __version__ = "0.1.0"
+
+_moved.install()  # the import paths of before fray-core's rooms, for one release
 
 __all__ = [
     "ActorAlreadyExistsError",

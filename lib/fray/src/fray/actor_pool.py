@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from fray.bounded_map import check_window, drop_refs, note_item
-from fray.completion import WatchedContext, outcomes
 from fray.errors import ActorDiedError, ActorUnavailableError
-from fray.refs import ActorHandle, ObjectRef
+from fray.runtime.completion import WatchedContext, outcomes
+from fray.runtime.refs import ActorHandle, ObjectRef
 from fray.types import ActorOptions
 
 __all__ = ["ActorPool", "PoolContext", "PoolMemberLostError"]

@@ -2,7 +2,7 @@
 
 A backend is a `Backend` (found through the "fray.backends" entry-point group) that makes contexts:
 
-- a `JobContext` (fray.context) implementing the hooks of `fray.hooks.JobContextHooks`, each documented with the
+- a `JobContext` (fray.context) implementing the hooks of `fray.runtime.hooks.JobContextHooks`, each documented with the
   rule it keeps: `node_resources`, `_create_task`, `_create_actor` (with `member` for group members),
   `_call_actor`, `_get`, `_wait`, `_put`, `_get_actor`, `_kill`, `_cancel`, `_shutdown`; optionally `_outcomes`,
   `_future`, `_transfer_stats`, `_pull_events`, `_engine_links`, the group hooks (`_create_actor_group`,
@@ -11,7 +11,8 @@ A backend is a `Backend` (found through the "fray.backends" entry-point group) t
   and enforce the shared semantics before a hook runs, so a hook never sees bad input;
 - a `ClusterContext` (fray.cluster_context) implementing `_create_job`, `_list_jobs`, `_get_job`, `_stop_job`,
   `_delete_job`, `_get_job_logs`, `_wait_job`, `_shutdown`;
-- what it can and cannot do, as `capabilities` (fray.capabilities): a missing one with an API is refused by name.
+- what it can and cannot do, as `capabilities` (fray.runtime.capabilities): a missing one with an API is refused by
+name.
 
 A backend whose clusters outlive one process (`fray cluster start`) is also a `PersistentClusters`. A distribution
 declares its Backend under the "fray.backends" entry point; `fray.register_backend(name, cls)` registers one in
@@ -24,10 +25,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from fray.capabilities import Capability
 from fray.cluster_context import ClusterContext
 from fray.context import JobContext
-from fray.groups import Member
+from fray.runtime.capabilities import Capability
+from fray.runtime.groups import Member
 
 __all__ = ["Backend", "ClusterContext", "JobContext", "Member", "PersistentClusters"]
 
@@ -40,7 +41,7 @@ class Backend(ABC):
     # (None: test_spec's).
     test_spec: ClassVar[str | None] = None
     cluster_test_spec: ClassVar[str | None] = None
-    # The spec options it takes: name -> converter (fray.options), for init and cluster alike.
+    # The spec options it takes: name -> converter (fray.runtime.options), for init and cluster alike.
     options: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
 
     @property

@@ -13,11 +13,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
 
-from fray.completion import WatchedContext, outcomes
 from fray.errors import UnsupportedFeatureError
 from fray.executor import TaskSubmitter, task_call
-from fray.progress import Progress, ProgressMode, check_mode
-from fray.refs import ObjectRef
+from fray.runtime.completion import WatchedContext, outcomes
+from fray.runtime.refs import ObjectRef
+from fray.telemetry.progress import Progress, ProgressMode, check_mode
 from fray.types import TaskOptions
 
 # ctx.map's max_in_flight when none is given: enough to keep a backend of slow round trips (Ray) busy, in a

@@ -17,15 +17,14 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar
 
-from fray._validation import check_timeout
-from fray.capabilities import Capability
 from fray.errors import FrayError, JobExistsError, JobNotFoundError, UnsupportedFeatureError
-from fray.interrupts import interrupted, interruptible
-from fray.job_dirs import job_env
-from fray.job_handle import JobHandle
-from fray.job_policy import JobPolicy
-from fray.job_records import last_record
-from fray.job_requests import (
+from fray.host.interrupts import interrupted, interruptible
+from fray.jobs.dirs import job_env
+from fray.jobs.handle import JobHandle
+from fray.jobs.plain_text import last_lines, plain, plain_pieces
+from fray.jobs.policy import JobPolicy
+from fray.jobs.records import last_record
+from fray.jobs.requests import (
     IF_EXISTS,
     SUPERVISOR,
     check_name,
@@ -38,8 +37,9 @@ from fray.job_requests import (
     place,
     run_of,
 )
-from fray.job_retry import remember, retry
-from fray.plain_text import last_lines, plain, plain_pieces
+from fray.jobs.retry import remember, retry
+from fray.runtime.arguments import check_timeout
+from fray.runtime.capabilities import Capability
 from fray.types import JobInfo, RuntimeEnv
 
 __all__ = ["ClusterContext"]
@@ -68,7 +68,7 @@ class ClusterContext(ABC):
     address: str | None = None
     _shut_down: bool = False  # set by the first shutdown(); later ones do nothing
     _dashboard: Any = None  # its live page's server, once asked for (fray.dashboard)
-    job_dirs: str | None = None  # the job_dirs spec option: where named jobs' directories are (fray.job_dirs)
+    job_dirs: str | None = None  # the job_dirs spec option: where named jobs' directories are (fray.jobs.dirs)
 
     def create_job(
         self,
@@ -116,7 +116,7 @@ class ClusterContext(ABC):
         placement: where the ranks run. None (default): all on the job's host where they fit one node, else over
         the nodes as "pack" would; "pack" / "spread": as an SPMD actor group of this backend placed over its nodes
         (as create_actor_group places one), each rank holding its own resources.
-        Ranks, retries and callables run under fray.job_supervisor.
+        Ranks, retries and callables run under fray.jobs.supervisor.
         """
         policy = JobPolicy.of(max_retries, max_recoveries, retry_on_exit_codes, no_retry_on_exit_codes, stop_grace)
         launch = launch_of(entrypoint, args, kwargs, policy, replicas, resources, placement)
@@ -176,7 +176,7 @@ class ClusterContext(ABC):
         made = self._create_job(entrypoint, env, directory, detached, job_id)
         if job_id is not None and made != job_id:
             raise RuntimeError(f"the {self.backend} backend gave job {job_id!r} the id {made!r}")
-        remember(self, made, entrypoint, env, directory, detached)  # for retry_job (fray.job_retry)
+        remember(self, made, entrypoint, env, directory, detached)  # for retry_job (fray.jobs.retry)
         return made
 
     def _submit_named(self, name: str, if_exists: str, submit: Callable[[str], str]) -> str:
@@ -229,7 +229,7 @@ class ClusterContext(ABC):
         self._stop_job(self._resolve(job_id))
 
     def retry_job(self, job_id: str) -> JobHandle:
-        """Start a new run of a finished job with its recorded command, callable and options (fray.job_retry)."""
+        """Start a new run of a finished job with its recorded command, callable and options (fray.jobs.retry)."""
         return JobHandle(retry(self, self._resolve(job_id)), self)
 
     def delete_job(self, job_id: str) -> None:
@@ -238,7 +238,7 @@ class ClusterContext(ABC):
 
     def get_job_logs(self, job_id: str, tail: int | None = None) -> str:
         """Everything the job wrote to stdout and stderr so far (readable while it runs and after), as plain text:
-        terminal escape sequences (colours) removed (fray.plain_text). With `tail`, its last `tail` lines only,
+        terminal escape sequences (colours) removed (fray.jobs.plain_text). With `tail`, its last `tail` lines only,
         read from the log's end (as cheap for a log of gigabytes as of kilobytes, where the backend can)."""
         if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
             raise ValueError(f"tail must be a number of lines >= 0, got {tail!r}")
@@ -418,11 +418,11 @@ class ClusterContext(ABC):
 
     def _get_job_log_end(self, job_id: str, lines: int) -> str:
         """The raw log's last `lines` lines (all of it, if it has fewer). Default: all of it, cut; backends with a
-        log file read only its end (fray.jobs.read_log_end)."""
+        log file read only its end (fray.jobs.local.read_log_end)."""
         return last_lines(self._get_job_logs(job_id), lines)
 
     def _job_python(self) -> str:
-        """The interpreter a supervised job (fray.job_supervisor) runs with. Default: this one (jobs run on this
+        """The interpreter a supervised job (fray.jobs.supervisor) runs with. Default: this one (jobs run on this
         machine, or on hosts with the same installation)."""
         return sys.executable
 

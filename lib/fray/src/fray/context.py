@@ -1,7 +1,7 @@
 """The interface: JobContext (tasks, actors, objects). ClusterContext (whole jobs) is in fray.cluster_context.
 
 The public methods here validate input and enforce the shared semantics; backends implement the hooks of
-fray.hooks.JobContextHooks (each with its rule; docs/testing.md, "Writing a backend").
+fray.runtime.hooks.JobContextHooks (each with its rule; docs/testing.md, "Writing a backend").
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, cast
 
-from fray import current, timeline
-from fray._validation import (
+from fray.actor_pool import ActorPool
+from fray.bounded_map import DEFAULT_IN_FLIGHT, bounded_map
+from fray.cluster_context import ClusterContext
+from fray.errors import FrayError, UnsupportedFeatureError
+from fray.executor import FrayExecutor
+from fray.host.interrupts import interrupted
+from fray.host.interrupts import refs as count_refs
+from fray.runtime import current
+from fray.runtime.arguments import (
     check_call,
     check_group_args,
     check_options,
@@ -24,27 +31,21 @@ from fray._validation import (
     check_wait_args,
     refuse_infeasible,
 )
-from fray.actor_pool import ActorPool
-from fray.bounded_map import DEFAULT_IN_FLIGHT, bounded_map
-from fray.capabilities import Capability
-from fray.cluster_context import ClusterContext
-from fray.completion import RefWatcher, get_with_progress, outcomes
-from fray.current import clear_job_context
-from fray.errors import FrayError, UnsupportedFeatureError
-from fray.event_store import EventStore
-from fray.events import RECORDER, RecordingChoice, not_recording, record_for_a_page
-from fray.executor import FrayExecutor
-from fray.groups import PLACEMENTS, ActorGroup, admit_group, create_one_by_one
-from fray.hooks import JobContextHooks
-from fray.interrupts import interrupted
-from fray.interrupts import refs as count_refs
-from fray.progress import ProgressMode, check_mode
-from fray.receive import receive_into
-from fray.refs import ActorHandle, ObjectRef, async_methods
-from fray.resources import actor_resources, task_resources
-from fray.streams import ObjectRefStream
-from fray.timeline import TimelineSummary
-from fray.transfers import TransferReport, device_stats, merge, since
+from fray.runtime.capabilities import Capability
+from fray.runtime.completion import RefWatcher, get_with_progress, outcomes
+from fray.runtime.current import clear_job_context
+from fray.runtime.groups import PLACEMENTS, ActorGroup, admit_group, create_one_by_one
+from fray.runtime.hooks import JobContextHooks
+from fray.runtime.receive import receive_into
+from fray.runtime.refs import ActorHandle, ObjectRef, async_methods
+from fray.runtime.resources import actor_resources, task_resources
+from fray.runtime.streams import ObjectRefStream
+from fray.telemetry import timeline
+from fray.telemetry.event_store import EventStore
+from fray.telemetry.events import RECORDER, RecordingChoice, not_recording, record_for_a_page
+from fray.telemetry.progress import ProgressMode, check_mode
+from fray.telemetry.timeline import TimelineSummary
+from fray.telemetry.transfers import TransferReport, device_stats, merge, since
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
 __all__ = ["ClusterContext", "JobContext", "clear_job_context", "get_job_context", "set_job_context"]
@@ -60,14 +61,14 @@ class JobContext(JobContextHooks):
     def __init__(self, *, owns_resources: bool = True, recording: RecordingChoice | None = None) -> None:
         """Backends call this first. owns_resources=False for a context a worker process has from its driver:
         shutting it down from inside a task is a no-op (the driver's context owns what it started). recording:
-        its choice to record events (fray.events.choose_recording), held until it shuts down."""
+        its choice to record events (fray.telemetry.events.choose_recording), held until it shuts down."""
         self.owns_resources = owns_resources
         self._recording = recording
         self._shut_down = False
         self._shutdown_lock = threading.Lock()
         # request -> until when "it fits some node" is trusted (nodes can come and go)
         self._feasible: dict[tuple[tuple[str, float], ...], float] = {}
-        self._watcher: RefWatcher | None = None  # made on first need (fray.completion)
+        self._watcher: RefWatcher | None = None  # made on first need (fray.runtime.completion)
         self._event_store = EventStore(self._pull_events)
         self._dashboard: Any = None  # its live page's server, once asked for (fray.dashboard)
         self._device_base = device_stats.snapshot()  # (this process's device loads before this context)
@@ -168,7 +169,7 @@ class JobContext(JobContextHooks):
         the others, as Ray's get does. GetTimeoutError (a TimeoutError) when `timeout` seconds pass first.
         progress=True shows a progress bar of a list's refs on a terminal ("always": also when stderr is not
         one). out: tensors and arrays of the caller's (a `state_dict`; a list of them for a list of refs) that
-        receive the value in place, and are returned (fray.receive)."""
+        receive the value in place, and are returned (fray.runtime.receive)."""
         if out is not None:
             return receive_into(out, self.get(refs, timeout, progress))
         if self._shut_down:
@@ -186,7 +187,7 @@ class JobContext(JobContextHooks):
                 if check_mode(progress) and refs:
                     return get_with_progress(self, list(refs), seconds, progress)
                 return self._get(list(refs), seconds) if refs else []
-        except KeyboardInterrupt as exc:  # Ctrl-C: the caller's frames and this one (fray.interrupts)
+        except KeyboardInterrupt as exc:  # Ctrl-C: the caller's frames and this one (fray.host.interrupts)
             raise interrupted(
                 exc, f"ctx.get of {count_refs(1 if isinstance(refs, ObjectRef) else len(refs))}"
             ) from None
@@ -253,24 +254,25 @@ class JobContext(JobContextHooks):
             self.require(Capability.CANCEL_RUNNING, "cancel of a running task")
 
     def transfer_stats(self) -> TransferReport:
-        """How the values read so far reached their readers, by path (see fray.transfers): how many transfers,
+        """How the values read so far reached their readers, by path (see fray.telemetry.transfers): how many transfers,
         their bytes and seconds, summed over every process of this context that the backend can ask: a dict of
         path -> PathStats that prints as one line a path. Device values loaded in this process since this
-        context began are counted by fray.cuda_values and fray.device_shares (`cuda-device-copy`, `cuda-staged`,
+        context began are counted by fray.runtime.cuda_values and fray.runtime.device_shares (`cuda-device-copy`,
+        `cuda-staged`,
         `cuda-ipc`, ...)."""
         self._refuse_if_shut_down()
         return TransferReport(merge(self._transfer_stats(), since(device_stats.snapshot(), self._device_base)))
 
     def events(self) -> EventStore:
-        """What this job did so far, from each of its processes that the backend can read (fray.events): read
+        """What this job did so far, from each of its processes that the backend can read (fray.telemetry.events): read
         afresh, kept in a bounded store that pages from a cursor."""
         self._refuse_if_shut_down()
         self._event_store.refresh()
         return self._event_store
 
     def timeline(self, path: str | os.PathLike[str]) -> TimelineSummary:
-        """Write what this job did so far as a Chrome trace / Perfetto JSON file (fray.timeline: spans of tasks,
-        actor calls and transfers, submit-to-start arrows, deaths and restarts); open it in ui.perfetto.dev."""
+        """Write what this job did so far as a Chrome trace / Perfetto JSON file (fray.telemetry.timeline: spans of
+        tasks, actor calls and transfers, submit-to-start arrows, deaths and restarts); open it in ui.perfetto.dev."""
         summary = timeline.write(path, self.events().by_process())
         if not RECORDER.enabled:
             warnings.warn(not_recording(f"the timeline {summary.path}"), RuntimeWarning, stacklevel=2)
@@ -434,7 +436,7 @@ def get_job_context() -> JobContext:
 
     With neither, the default is created from FRAY_BACKEND (in_memory when unset), as Ray auto-initializes.
     """
-    return cast(JobContext, current.get_job_context())  # fray.current holds JobContexts, typed as it needs them
+    return cast(JobContext, current.get_job_context())  # fray.runtime.current holds JobContexts, typed as it needs them
 
 
 def set_job_context(ctx: JobContext) -> contextvars.Token[JobContext | None]:

@@ -23,11 +23,11 @@ from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from fray.completion import WatchedContext, outcomes
 from fray.errors import GetTimeoutError
 from fray.executor_map import MapItem, MapRun, MapsInFlight, read_map, run_chunk
-from fray.refs import ObjectRef
-from fray.resources import task_resources
+from fray.runtime.completion import WatchedContext, outcomes
+from fray.runtime.refs import ObjectRef
+from fray.runtime.resources import task_resources
 from fray.types import TaskOptions
 
 __all__ = [
@@ -354,7 +354,7 @@ class FrayExecutor(Executor):
         future = work.future
         try:
             ref = self._ctx.create_task(work.fn, work.args, work.kwargs, self._options)
-            # Where outcome callbacks may submit (fray.hooks), the bare outcome: one Future fewer per task. Else
+            # Where outcome callbacks may submit (fray.runtime.hooks), the bare outcome: one Future fewer per task. Else
             # the context's own future of ref, settled where the backend chooses (monarch settles outcomes under
             # its controller's lock and loads values on a loop of its own); not ref.future(), which asks the
             # context current in this thread, and that can be the engine's thread that settled the previous task.

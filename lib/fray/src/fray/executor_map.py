@@ -15,8 +15,8 @@ from concurrent.futures import TimeoutError as FuturesTimeoutError
 from dataclasses import dataclass
 from typing import Any
 
-from fray.refs import ObjectRef
-from fray.remote_errors import RemoteError, capture_exception, rebuild
+from fray.runtime.refs import ObjectRef
+from fray.runtime.remote_errors import RemoteError, capture_exception, rebuild
 
 __all__ = ["MAP_BATCH", "ChunkResult", "MapItem", "MapRun", "MapsInFlight", "read_map", "run_chunk"]
 

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from fray import current, interrupts
 from fray.backend import Backend
 from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
-from fray.job_dirs import cluster_with_job_dirs
-from fray.options import did_you_mean
+from fray.host import interrupts
+from fray.jobs.dirs import cluster_with_job_dirs
+from fray.runtime import current
+from fray.runtime.options import did_you_mean
 
 __all__ = ["available_backends", "cluster", "get_backend", "init", "parse_spec", "register_backend", "shutdown"]
 

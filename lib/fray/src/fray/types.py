@@ -229,7 +229,7 @@ class JobInfo:
     entrypoint: str = ""
     exit_code: int | None = None
     message: str = ""
-    # Known for jobs fray supervises (a callable, ranks or retries: fray.job_supervisor), from its log's record:
+    # Known for jobs fray supervises (a callable, ranks or retries: fray.jobs.supervisor), from its log's record:
     name: str | None = None  # the name it was submitted under (create_job(name=...)), else None
     replicas: int = 1  # its ranks
     attempts: tuple[JobAttempt, ...] = ()  # each attempt so far, oldest first

@@ -1,5 +1,5 @@
 """MonarchClusterContext: jobs are subprocesses started on the mesh's hosts by a job-runner actor there
-(fray.jobs.LocalJobs: own process group, log file readable while running, status from a waiter thread)."""
+(fray.jobs.local.LocalJobs: own process group, log file readable while running, status from a waiter thread)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from fray import watchdog
-from fray.capabilities import Capability
 from fray.context import ClusterContext
 from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
-from fray.job_policy import grace_of, kill_delay
-from fray.jobs import LocalJobs
-from fray.procfs import children_of
+from fray.host import watchdog
+from fray.host.procfs import children_of
+from fray.jobs.local import LocalJobs
+from fray.jobs.policy import grace_of, kill_delay
+from fray.runtime.capabilities import Capability
 from fray.types import JobInfo, RuntimeEnv
 from fray_monarch.cluster.launchers import HostSet
 from fray_monarch.core import runtime, tempdirs  # _runtime: environment and fault hook first
@@ -126,7 +126,7 @@ class JobRunner(Actor):
     def host_facts(self) -> dict[str, Any]:
         """This host as `fray status` shows it: name, CPUs, memory, and how many processes run under the
         process that started this one (its host worker, or the driver on the driver's machine)."""
-        from fray.jobs import host_resources
+        from fray.jobs.local import host_resources
 
         total = host_resources()
         return {
@@ -240,7 +240,7 @@ class MonarchClusterContext(ClusterContext):
         return str(_unwrap(self._runner(job_id).log_end.call_one(job_id, lines).get(timeout=MARGIN)))
 
     def raw_log_end(self, job_id: str, lines: int) -> str:
-        """The raw last lines of a job's log, records included (for a head's clients: fray.job_records)."""
+        """The raw last lines of a job's log, records included (for a head's clients: fray.jobs.records)."""
         return self._get_job_log_end(job_id, lines)
 
     def _job_python(self) -> str:

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fray import state
-from fray.procfs import Identity
+from fray.host import state_dir as state
+from fray.host.procfs import Identity
 from fray.types import Resource, RuntimeEnv
 from fray_monarch.cluster.head_record import NAME, encode_info
 

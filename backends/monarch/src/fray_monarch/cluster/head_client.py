@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fray.capabilities import Capability
 from fray.context import ClusterContext
-from fray.job_policy import grace_of, kill_delay
+from fray.jobs.policy import grace_of, kill_delay
+from fray.runtime.capabilities import Capability
 from fray.types import JobInfo, RuntimeEnv
 from fray_monarch.cluster.head_record import REQUEST_TIMEOUT, decode_info, request
 

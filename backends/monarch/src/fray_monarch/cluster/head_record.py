@@ -7,9 +7,9 @@ import json
 import os
 from typing import Any
 
-from fray import state
 from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
-from fray.procfs import Identity
+from fray.host import state_dir as state
+from fray.host.procfs import Identity
 from fray.types import JobInfo, JobStatus
 
 __all__ = ["NAME", "REQUEST_TIMEOUT", "decode_info", "encode_info", "recorded", "request"]
@@ -41,7 +41,7 @@ def decode_info(data: dict[str, Any]) -> JobInfo:
 
 def recorded() -> dict[str, Any] | None:
     """The head `fray cluster start` recorded, with "running": whether its process still runs (proven by its
-    pid, start time and boot: fray.procfs.Identity)."""
+    pid, start time and boot: fray.host.procfs.Identity)."""
     record = state.read_cluster(NAME)
     if record is None:
         return None

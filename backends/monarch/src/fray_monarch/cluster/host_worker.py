@@ -21,7 +21,7 @@ import threading
 import time
 
 from fray.errors import FrayError
-from fray.procfs import children_of
+from fray.host.procfs import children_of
 from fray_monarch import socket_guard
 from fray_monarch.core import runtime  # noqa: F401 - environment and fault hook before Monarch starts
 from fray_monarch.net import tls

@@ -11,10 +11,10 @@ import sys
 import time
 from typing import Any
 
-from fray import state
 from fray.errors import FrayError
-from fray.options import flag
-from fray.procfs import Identity
+from fray.host import state_dir as state
+from fray.host.procfs import Identity
+from fray.runtime.options import flag
 from fray_monarch import socket_guard
 from fray_monarch.cluster.head_record import NAME, recorded
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fray.gpus import HostGpus, gpu_view, host_gpus
-from fray.jobs import host_resources
-from fray.options import (
+from fray.jobs.local import host_resources
+from fray.runtime.gpus import HostGpus, gpu_view, host_gpus
+from fray.runtime.options import (
     byte_count,
     choice,
     flag,

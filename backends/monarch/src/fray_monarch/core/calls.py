@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fray.errors import FrayError
-from fray.refs import ObjectRef
-from fray.serialization import Blob, dumps, find_unserializable_argument
+from fray.runtime.refs import ObjectRef
+from fray.runtime.serialization import Blob, dumps, find_unserializable_argument
 from fray_monarch.core.objects import DepMarker, RefPayload
 from fray_monarch.core.protocol import WireValue
 

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from fray.events import ProcessEvents
-from fray.groups import Member
-from fray.outcome import Outcome
-from fray.refs import ObjectRef
-from fray.serialization import Blob
-from fray.streams import StreamSource
-from fray.transfers import PathStats
+from fray.runtime.groups import Member
+from fray.runtime.outcome import Outcome
+from fray.runtime.refs import ObjectRef
+from fray.runtime.serialization import Blob
+from fray.runtime.streams import StreamSource
+from fray.telemetry.events import ProcessEvents
+from fray.telemetry.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.core.calls import Call
 from fray_monarch.core.objects import RefPayload
@@ -39,7 +39,7 @@ class ControllerClient(Protocol):
 
     @property
     def device_mode(self) -> str:
-        """How this process serializes device values (fray.device_shares.values): its store decides."""
+        """How this process serializes device values (fray.runtime.device_shares.values): its store decides."""
         ...
 
     def submit(self, fn: Callable[..., Any], call: Call, options: TaskOptions) -> RefPayload: ...
@@ -89,7 +89,7 @@ class ControllerClient(Protocol):
     def transfer_stats(self) -> dict[str, PathStats]: ...
 
     def pull_events(self) -> list[ProcessEvents]:
-        """The events of the context's other processes since the last pull (fray.events)."""
+        """The events of the context's other processes since the last pull (fray.telemetry.events)."""
         ...
 
     def close(self) -> None:

@@ -9,15 +9,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from fray.capabilities import Capability
 from fray.context import JobContext
-from fray.events import RECORDER, Kind, ProcessEvents, RecordingChoice
-from fray.groups import ActorGroup, Member
-from fray.outcome import Outcome
-from fray.refs import ActorHandle, ObjectRef, public_methods
-from fray.serialization import dumps, dumps_code
-from fray.streams import ObjectRefStream
-from fray.transfers import PathStats
+from fray.runtime.capabilities import Capability
+from fray.runtime.groups import ActorGroup, Member
+from fray.runtime.outcome import Outcome
+from fray.runtime.refs import ActorHandle, ObjectRef, public_methods
+from fray.runtime.serialization import dumps, dumps_code
+from fray.runtime.streams import ObjectRefStream
+from fray.telemetry.events import RECORDER, Kind, ProcessEvents, RecordingChoice
+from fray.telemetry.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.core.client import ControllerClient
 from fray_monarch.core.objects import RefPayload

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from fray.remote_errors import RemoteError
-from fray.serialization import Blob
+from fray.runtime.remote_errors import RemoteError
+from fray.runtime.serialization import Blob
 
 __all__ = [
     "BACKEND",
@@ -166,7 +166,9 @@ class TaskItem:
     resources: dict[str, float] = field(default_factory=dict)
     stream: bool = False  # a generator: each item is reported as a StreamItem as it is produced
     name: str | None = None  # TaskOptions.name: its output lines' label (default: the function's __name__)
-    gpus: tuple[int, ...] = ()  # the GPUs it holds (fray.gpus ids; the process sees them), for fray.current_gpus()
+    gpus: tuple[
+        int, ...
+    ] = ()  # the GPUs it holds (fray.runtime.gpus ids; the process sees them), for fray.current_gpus()
 
 
 @_positional
@@ -255,7 +257,7 @@ class Reply:
     def unwrap(self) -> Any:
         """The value; raises the error (rebuilt) if there is one."""
         if self.error is not None:
-            from fray.remote_errors import rebuild
+            from fray.runtime.remote_errors import rebuild
 
             raise rebuild(self.error)
         return self.value

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from fray.errors import FrayError
-from fray.jobs import private_dir
+from fray.jobs.local import private_dir
 
 __all__ = ["fray_home", "untrusted_reason"]
 

@@ -4,7 +4,7 @@ Owner side: arena.py. Reader on the same fray host: mappings.py (zero-copy, read
 on another fray host: the bytes are pulled from the owner (transfer.py: direct TCP, split over parallel streams
 when large, each part tagged or the whole over TLS, or Monarch's RDMABuffer) into an allocation of the reader's
 own arena, private to that reader.
-Every read is counted by path in `stats` (fray.transfers).
+Every read is counted by path in `stats` (fray.telemetry.transfers).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fray.device_shares.values import SHARED, STAGED
 from fray.errors import ObjectLostError, ObjectStoreFullError
-from fray.pool import align as _align
-from fray.serialization import Blob, loads, loads_data
-from fray.transfers import TransferStats
+from fray.runtime.device_shares.values import SHARED, STAGED
+from fray.runtime.pool import align as _align
+from fray.runtime.serialization import Blob, loads, loads_data
+from fray.telemetry.transfers import TransferStats
 from fray_monarch.core.protocol import Inline, Span, Stored, Value
 from fray_monarch.data import transfer_tls
 from fray_monarch.data.arena import Arena, Lease, open_segment
@@ -80,7 +80,7 @@ class ObjectStore:
         self.rdma = choose_transport(transport) if several_hosts else None
         self.several_hosts = several_hosts  # else no reader is on another host: no transfer server at all
         # How device values are serialized here: with one host every reader is a process of this one, and reads a
-        # share of the producer's device snapshot (fray.device_shares); with several, their bytes travel.
+        # share of the producer's device snapshot (fray.runtime.device_shares); with several, their bytes travel.
         self.device_mode = STAGED if several_hosts else SHARED
         self.share_tokens: dict[int, list[Any]] = {}  # alloc -> what keeps its value's device snapshots served
         self.rdma_buffers: dict[int, Any] = {}

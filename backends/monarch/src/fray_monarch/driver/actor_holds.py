@@ -2,7 +2,7 @@
 custom resources: tasks there see less room) and GPUs (tasks hold theirs in TaskScheduler._place_gpu_task).
 
 GPUs are not in a worker process's share of its host: each host's devices are held one by one (`ProcessPool.devices`,
-a fray.gpus.DevicePool per host), so a task or actor may hold as many as one host has. General processes are
+a fray.runtime.gpus.DevicePool per host), so a task or actor may hold as many as one host has. General processes are
 pinned to devices (ProcessPool.pinned); work holding devices runs in a process that sees them: a general one whose
 devices can hold it, else a process of its own started seeing exactly the devices chosen. Monarch places actors and
 groups at once (there is no queue for them), so one whose devices are all held by other work now is refused,
@@ -12,8 +12,8 @@ rather than share a device that another holds.
 from __future__ import annotations
 
 from fray.errors import InfeasibleResourcesError
-from fray.gpus import no_gpus_env, process_env
-from fray.resources import fits
+from fray.runtime.gpus import no_gpus_env, process_env
+from fray.runtime.resources import fits
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.proc_rec import Proc, local_part
 from fray_monarch.driver.processes import ProcessPool

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fray.current import ActorInfo
-from fray.states import ActorState
+from fray.runtime.current import ActorInfo
+from fray.runtime.lifecycle import ActorState
 from fray.types import ActorOptions
 from fray_monarch.core.protocol import ActorDesc, WireValue
 from fray_monarch.driver.proc_rec import Proc
@@ -38,7 +38,7 @@ class ActorRec:
     host: int = 0  # the fray host of its own process (dedicated)
     claim: Proc | None = None  # the process whose share of the host its resources are taken from
     reserved: list[tuple[Proc, dict[str, float]]] = field(default_factory=list)  # or its host's (more than a share)
-    gpus: tuple[int, ...] = ()  # the devices it holds on its process's host (fray.gpus)
+    gpus: tuple[int, ...] = ()  # the devices it holds on its process's host (fray.runtime.gpus)
     group: Any = None  # the GroupRec of a group member (group_rec.py)
     slot: tuple[int, int] | None = None  # (block, flat index) in its group's mesh; None once on a process of its own
     inflight: set[str] = field(default_factory=set)  # its calls sent by group broadcast, not answered yet

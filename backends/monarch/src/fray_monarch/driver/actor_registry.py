@@ -10,7 +10,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
@@ -19,11 +18,12 @@ from fray.errors import (
     FrayError,
     InfeasibleResourcesError,
 )
-from fray.events import RECORDER, Kind, ended
-from fray.gang import LOST_PEER_GRACE, lost_peer
-from fray.gpus import ENV_HELD
-from fray.groups import Member
-from fray.states import ActorState
+from fray.runtime.current import ActorInfo
+from fray.runtime.gang import LOST_PEER_GRACE, lost_peer
+from fray.runtime.gpus import ENV_HELD
+from fray.runtime.groups import Member
+from fray.runtime.lifecycle import ActorState
+from fray.telemetry.events import RECORDER, Kind, ended
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch.core import runtime
 from fray_monarch.core.actor_classes import actor_host

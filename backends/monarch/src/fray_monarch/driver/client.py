@@ -11,15 +11,15 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.errors import GetTimeoutError
-from fray.events import ProcessEvents, RecordingChoice
-from fray.gpus import HostGpus
-from fray.groups import Member
-from fray.outcome import Outcome, first_failure, wait_for_get
-from fray.refs import ObjectRef, public_methods
-from fray.remote_errors import rebuild
-from fray.serialization import Blob, plain_pickle
-from fray.streams import StreamSource
-from fray.transfers import PathStats
+from fray.runtime.gpus import HostGpus
+from fray.runtime.groups import Member
+from fray.runtime.outcome import Outcome, first_failure, wait_for_get
+from fray.runtime.refs import ObjectRef, public_methods
+from fray.runtime.remote_errors import rebuild
+from fray.runtime.serialization import Blob, plain_pickle
+from fray.runtime.streams import StreamSource
+from fray.telemetry.events import ProcessEvents, RecordingChoice
+from fray.telemetry.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.core import runtime
 from fray_monarch.core.calls import Call, contained_ids, pack_call
@@ -166,7 +166,7 @@ class DriverClient:
         entries = [directory.get(r.payload.id) for r in refs]
         outcomes = [e.outcome for e in entries]
         if sum(1 for o in outcomes if not o.done()) > 1:  # one wake-up for all (a group call's answers), not one per
-            failed = wait_for_get(directory.awaited(entries), timeout)  # entry (fray.outcome: get's one rule)
+            failed = wait_for_get(directory.awaited(entries), timeout)  # entry (fray.runtime.outcome: get's one rule)
         else:  # (one left: read below, an actor's reply from its future)
             failed = first_failure(outcomes)  # the first failure in ref order, even where an earlier ref is not done
         if failed is not None:  # (as Ray)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fray.remote_errors import portable
+from fray.runtime.remote_errors import portable
 from fray_monarch.core import runtime
 from fray_monarch.core.monarch_api import Actor, endpoint
 from fray_monarch.core.protocol import Reply, WireValue
@@ -60,7 +60,7 @@ class Coordinator(Actor):
     def done(
         self, credential: str, results: list[Any], holds: list[str], releases: list[str], events: Any = None
     ) -> None:
-        """A worker's reports, with the events its tasks recorded (fray.events, plain data) since its last."""
+        """A worker's reports, with the events its tasks recorded (fray.telemetry.events, plain data) since its last."""
         try:
             self._service().report(self._who(credential), results, holds, releases)
             if events is not None:
@@ -70,7 +70,7 @@ class Coordinator(Actor):
 
     @endpoint
     def events(self, credential: str, batch: Any) -> None:
-        """A worker's new events (fray.events, plain data), kept as they came until the driver reads them."""
+        """A worker's new events (fray.telemetry.events, plain data), kept as they came until the driver reads them."""
         try:
             self._who(credential)  # (only a worker of this context's adds to its events)
             instances.controller(self.ctl_key).events.deliver(batch)

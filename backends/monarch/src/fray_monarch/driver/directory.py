@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fray.errors import FrayError, ObjectLostError
-from fray.outcome import Outcome, wait_for, when
+from fray.runtime.outcome import Outcome, wait_for, when
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload, Tracker
 from fray_monarch.core.protocol import Stored, Value

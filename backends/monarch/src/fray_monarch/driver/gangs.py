@@ -1,4 +1,4 @@
-"""SPMD groups on monarch fail and restart as one (see fray.gang), a part of the Controller.
+"""SPMD groups on monarch fail and restart as one (see fray.runtime.gang), a part of the Controller.
 
 `ActorRegistry.proc_died` hands a member's death here (`gang_died`). The group's every process is stopped (a
 survivor blocked in a collective cannot leave it otherwise) and every call pending on any member fails with the
@@ -9,7 +9,7 @@ __init__ sent to every rank at once (their init_process_group meets); calls made
 returned wait (`GroupRec.waiting`) and are sent then, or fail with the group's ActorDiedError if it dies. Without a
 restart left, or when an __init__ of the restart fails, the group is dead (ActorDiedError naming the rank). A
 member whose process leaves a ping unanswered for FRAY_SPMD_HANG_TIMEOUT seconds (stopped, or its machine gone
-quiet; fray.gang.hang_timeout) counts as dead the same way.
+quiet; fray.runtime.gang.hang_timeout) counts as dead the same way.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from functools import partial
 from typing import Any
 
 from fray.errors import ActorDiedError
-from fray.events import RECORDER, Kind
-from fray.gang import died_error, heartbeat_interval, hung_reason, restarting_error
+from fray.runtime.gang import died_error, heartbeat_interval, hung_reason, restarting_error
+from fray.telemetry.events import RECORDER, Kind
 from fray_monarch.core import runtime
 from fray_monarch.core.protocol import ReplyStatus
 from fray_monarch.driver.actor_rec import ActorRec

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fray.errors import FrayError
-from fray.procfs import exiting
+from fray.host.procfs import exiting
 from fray_monarch.core.protocol import WireValue
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.directory import Entry
@@ -64,7 +64,7 @@ class GroupRec:
     name: str | None
     blocks: list[Block] = field(default_factory=list)
     members: list[ActorRec] = field(default_factory=list)  # by rank
-    label: str = ""  # how errors name it (fray.gang.group_label)
+    label: str = ""  # how errors name it (fray.runtime.gang.group_label)
     distributed: bool = False  # an SPMD group: one member's death is the whole group's (gangs.py)
     placement: str = "pack"  # (a restart that must leave a lost host places its members by it again)
     max_restarts: int = 0

@@ -23,13 +23,13 @@ from typing import Any
 
 from monarch.actor import Channel
 
-from fray.current import ActorInfo
 from fray.errors import ActorAlreadyExistsError, ActorDiedError, FrayError, InfeasibleResourcesError
-from fray.gang import group_label, hang_timeout
-from fray.groups import member_name, spmd_env
-from fray.net import free_port
-from fray.resources import add, capacity
-from fray.states import ActorState
+from fray.host.net import free_port
+from fray.runtime.current import ActorInfo
+from fray.runtime.gang import group_label, hang_timeout
+from fray.runtime.groups import member_name, spmd_env
+from fray.runtime.lifecycle import ActorState
+from fray.runtime.resources import add, capacity
 from fray.types import ActorOptions, normalize_resources
 from fray_monarch.core import runtime
 from fray_monarch.core.actor_classes import actor_host, worker_host
@@ -155,7 +155,7 @@ class GroupRegistry:
     def _master(self, host: int, loopback: bool = False) -> tuple[str, int]:
         """The address of `host` (rank 0's; 127.0.0.1 if `loopback`: every member is on that host) and a TCP port
         free there now, asked of a process there unless it is this machine's. Rank 0 serves the rendezvous store
-        on that address alone (fray.rendezvous)."""
+        on that address alone (fray.runtime.rendezvous)."""
         bind = "127.0.0.1" if loopback else self.pool.stores.bind_hosts[host]
         if self.pool.stores.host_ids[host] == "local":
             return bind, free_port(bind)

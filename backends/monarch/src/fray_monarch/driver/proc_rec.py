@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from fray.gpus import held_from_env
-from fray.resources import EPS, fits
+from fray.runtime.gpus import held_from_env
+from fray.runtime.resources import EPS, fits
 
 SIZED_ENV = "FRAY_TASK_RESOURCES"  # in the env key of a process sized for tasks bigger than a process's share
 

@@ -1,6 +1,6 @@
 """What the driver reads from every live worker process of its context: their transfer counts (summed by
-`ctx.transfer_stats()`) and their new events (`ctx.events()`, fray.events). One call per process, all sent before
-any is awaited; a process that does not answer in time is left out (and logged), never waited for longer."""
+`ctx.transfer_stats()`) and their new events (`ctx.events()`, fray.telemetry.events). One call per process, all sent
+before any is awaited; a process that does not answer in time is left out (and logged), never waited for longer."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import threading
 from collections import deque
 from typing import Any
 
-from fray.events import ProcessEvents
-from fray.transfers import PathStats, merge
+from fray.telemetry.events import ProcessEvents
+from fray.telemetry.transfers import PathStats, merge
 from fray_monarch.core import runtime
 from fray_monarch.driver.processes import ProcessPool
 

@@ -15,10 +15,10 @@ from functools import partial
 from typing import Any
 
 from fray.errors import FrayError
-from fray.events import RECORDER, Kind
-from fray.gpus import DevicePool, HostGpus, host_gpus, process_env
-from fray.procfs import Identity
-from fray.resources import EPS, add, fits, subtract
+from fray.host.procfs import Identity
+from fray.runtime.gpus import DevicePool, HostGpus, host_gpus, process_env
+from fray.runtime.resources import EPS, add, fits, subtract
+from fray.telemetry.events import RECORDER, Kind
 from fray_monarch.core import runtime, tempdirs
 from fray_monarch.core.actor_classes import worker_host
 from fray_monarch.core.import_path import driver_import_path
@@ -151,7 +151,7 @@ class ProcessPool:
 
     def gpu_env_key(self, env_key: EnvKey, gpus: tuple[int, ...]) -> EnvKey:
         """The env key of a process for tasks holding exactly `gpus` (more devices than a general process sees,
-        or with env vars of their own): the task's variables and the devices' (fray.gpus.process_env)."""
+        or with env vars of their own): the task's variables and the devices' (fray.runtime.gpus.process_env)."""
         return tuple(sorted({**dict(env_key), **process_env(gpus, self.gpus)}.items()))
 
     def adopt(self, proc: Proc) -> None:

@@ -12,10 +12,10 @@ from functools import partial
 from typing import Any
 
 from fray.errors import FrayError, TaskCancelledError, WorkerCrashedError
-from fray.outcome import first_failure
-from fray.remote_errors import RemoteError
-from fray.resources import fits, task_resources
-from fray.states import TaskState
+from fray.runtime.lifecycle import TaskState
+from fray.runtime.outcome import first_failure
+from fray.runtime.remote_errors import RemoteError
+from fray.runtime.resources import fits, task_resources
 from fray.types import TaskOptions
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload
@@ -80,7 +80,7 @@ class TaskScheduler:
         cached = self.fn_cache.get(id(fn))
         if cached is not None and cached[0] is fn:
             return cached[1], cached[2]
-        from fray.serialization import dumps_code
+        from fray.runtime.serialization import dumps_code
 
         data = dumps_code(fn, f"task function {getattr(fn, '__qualname__', fn)}").data
         if len(self.fn_cache) > 4096:

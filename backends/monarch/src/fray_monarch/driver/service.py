@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fray.errors import FrayError
-from fray.groups import Member
-from fray.outcome import first_failure
-from fray.refs import public_methods
-from fray.serialization import Blob, loads
+from fray.runtime.groups import Member
+from fray.runtime.outcome import first_failure
+from fray.runtime.refs import public_methods
+from fray.runtime.serialization import Blob, loads
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload

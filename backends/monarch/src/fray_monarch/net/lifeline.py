@@ -1,6 +1,6 @@
 """Processes fray starts on other hosts end when their driver ends, however it ends.
 
-On this machine fray's watchdog kills what a dead driver left (fray.watchdog); it cannot reach other machines,
+On this machine fray's watchdog kills what a dead driver left (fray.host.watchdog); it cannot reach other machines,
 and Monarch 0.7 leaves a client's processes running on attached hosts when the client is SIGKILLed (seen: still
 there minutes later). So every process fray starts on an attached or launched host holds one TCP connection to
 its driver's lifeline server: when the driver's process ends, the kernel closes that connection and the process

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fray.errors import FrayError
-from fray.net import is_loopback
+from fray.host.net import is_loopback
 from fray_monarch.net import tls
 
 __all__ = [

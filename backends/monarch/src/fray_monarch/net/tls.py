@@ -33,7 +33,7 @@ from fray.errors import FrayError
 
 if TYPE_CHECKING:
     from cryptography import x509
-from fray.jobs import private_dir
+from fray.host.state_dir import private_dir
 from fray_monarch.core.trust import fray_home
 
 __all__ = ["Identity", "authority", "install", "issue", "own_names", "runtime_paths", "tls_dir"]
@@ -102,7 +102,7 @@ def install(identity: Identity) -> None:
     user to make it again with an authority of theirs in it. A directory inherited from a parent
     process is the parent's identity, in use: checked, not written. Any directory or file that is not this
     user's and private is a FrayError, never used."""
-    from fray import watchdog
+    from fray.host import watchdog
 
     owner, _, base = os.environ.get(OWNED_ENV, "").partition(":")
     if not base:
@@ -146,7 +146,7 @@ def _check_private(base: str) -> None:
 def remove() -> None:
     """The end of a host worker: its identity files go now (the watchdog that would remove them is one of the
     processes it is about to kill)."""
-    from fray import watchdog
+    from fray.host import watchdog
 
     owner, _, base = os.environ.get(OWNED_ENV, "").partition(":")
     if _installed is None or owner != str(os.getpid()) or not os.path.isdir(base):

@@ -1,12 +1,12 @@
 """What an actor host (hosts.FrayActorHost) sends its replies through, and what it says of them: a group
 member's answers tagged with their object id, a call's reply sent plain when it can be, the end event of a call
-from its reply (fray.events)."""
+from its reply (fray.telemetry.events)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fray.events import ERROR, ended
+from fray.telemetry.events import ERROR, ended
 from fray_monarch.core.protocol import ActorReply, PlainReply, ReplyStatus, compact, group_answer, plain_data
 
 _OK = ReplyStatus.OK  # (bound once: compared per reply, and a member's lookup on its class costs more)
@@ -15,7 +15,7 @@ __all__ = ["CompactingPort", "TaggedPort", "end_data"]
 
 
 def end_data(reply: Any) -> dict[str, str] | None:
-    """A call's end event's data from its reply (fray.events.ended): None unless it failed."""
+    """A call's end event's data from its reply (fray.telemetry.events.ended): None unless it failed."""
     if type(reply) is not ActorReply or reply.status == _OK:
         return None
     if reply.status == ReplyStatus.DEAD:

@@ -8,12 +8,12 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.errors import GetTimeoutError
-from fray.events import ProcessEvents
-from fray.groups import Member
-from fray.refs import ObjectRef
-from fray.serialization import Blob, dumps_code
-from fray.streams import StreamSource
-from fray.transfers import PathStats
+from fray.runtime.groups import Member
+from fray.runtime.refs import ObjectRef
+from fray.runtime.serialization import Blob, dumps_code
+from fray.runtime.streams import StreamSource
+from fray.telemetry.events import ProcessEvents
+from fray.telemetry.transfers import PathStats
 from fray.types import ActorOptions, TaskOptions
 from fray_monarch.core import runtime
 from fray_monarch.core.calls import Call, pack_call

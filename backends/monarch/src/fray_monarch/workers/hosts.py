@@ -18,17 +18,17 @@ import queue
 import threading
 from typing import Any, cast
 
-import fray.current as fray_current
-import fray.output as fray_output
-from fray.current import ActorInfo
+import fray.runtime.current as fray_current
+import fray.runtime.worker_output as fray_output
 from fray.errors import ActorDiedError
-from fray.events import RECORDER, Kind
-from fray.gpus import ENV_HELD, held_from_env, use_held_device
-from fray.refs import ObjectRef, async_methods
-from fray.remote_errors import capture_exception
-from fray.rendezvous import serve_store
-from fray.serialization import Blob, dumps, loads, plain_pickle
-from fray.worker_env import worker_env_defaults
+from fray.runtime.current import ActorInfo
+from fray.runtime.gpus import ENV_HELD, held_from_env, use_held_device
+from fray.runtime.refs import ObjectRef, async_methods
+from fray.runtime.remote_errors import capture_exception
+from fray.runtime.rendezvous import serve_store
+from fray.runtime.serialization import Blob, dumps, loads, plain_pickle
+from fray.runtime.worker_env import worker_env_defaults
+from fray.telemetry.events import RECORDER, Kind
 from fray_monarch.core import environ, runtime
 from fray_monarch.core.calls import fill_deps
 from fray_monarch.core.monarch_api import Actor, endpoint
@@ -84,7 +84,7 @@ class WorkerHost(Actor):
 
     @endpoint
     def events(self) -> dict[str, Any]:
-        """This process's events not handed over yet (fray.events; the others went with its reports), as plain
+        """This process's events not handed over yet (fray.telemetry.events; the others went with its reports), as plain
         data."""
         return RECORDER.take().to_json()
 
@@ -107,7 +107,7 @@ class WorkerHost(Actor):
     def spmd_master(self, loopback: bool = False) -> tuple[str, int]:
         """This host's address (127.0.0.1 if `loopback`: every member is here) and a TCP port free on it now
         (MASTER_ADDR and MASTER_PORT of an SPMD group whose rank 0 is here)."""
-        from fray.net import free_port
+        from fray.host.net import free_port
 
         address = "127.0.0.1" if loopback else self.rt.bind
         return address, free_port(address)
@@ -167,7 +167,7 @@ class FrayActorHost(Actor):
         self.loop: asyncio.AbstractEventLoop | None = None  # an async actor's event loop
         self.slots: asyncio.Semaphore | None = None
         self.label: str | None = None  # `(ClassName pid=N)`: the prefix of this actor's output lines
-        self.call_data: dict[str, Any] = {}  # what its call.start events say (fray.events)
+        self.call_data: dict[str, Any] = {}  # what its call.start events say (fray.telemetry.events)
 
     def _args(self, call: WireValue, deps: list[str], what: str) -> tuple[Any, Any]:
         args, kwargs = self.rt.load(call.value, what)

@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fray.events import RECORDER
-from fray.remote_errors import capture_exception
-from fray.serialization import Blob, dumps
-from fray.transfers import PathStats, device_stats, merge
+from fray.runtime.remote_errors import capture_exception
+from fray.runtime.serialization import Blob, dumps
+from fray.telemetry.events import RECORDER
+from fray.telemetry.transfers import PathStats, device_stats, merge
 from fray_monarch.core import import_path
 from fray_monarch.core.calls import contained_ids
 from fray_monarch.core.objects import RefPayload, Tracker, set_tracker
@@ -112,7 +112,7 @@ class WorkerRuntime:
         self.stop_streams: set[str] = set()  # ... whose consumer has gone: stop at the next item
         self.in_replies: set[str] = set()  # ids that left in an actor's reply (their release waits RELEASE_DELAY)
         self.stopped = False
-        self.events_due: float | None = None  # when this process's new events are next pushed (fray.events)
+        self.events_due: float | None = None  # when this process's new events are next pushed (fray.telemetry.events)
         self.events_pushed = 0.0  # when they last were
         set_tracker(Tracker(self._first, self._zero))
         threading.Thread(target=self._sender, name="fray-sender", daemon=True).start()

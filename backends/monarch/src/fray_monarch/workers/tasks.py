@@ -12,15 +12,15 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import fray.current as fray_current
-import fray.output as fray_output
+import fray.runtime.current as fray_current
+import fray.runtime.worker_output as fray_output
 from fray.context import JobContext
 from fray.errors import TaskCancelledError
-from fray.events import RECORDER, Kind, ended
-from fray.gpus import discover, using_gpus
-from fray.remote_errors import capture_exception
-from fray.resources import add, fits, subtract
-from fray.serialization import Blob, dumps, loads
+from fray.runtime.gpus import discover, using_gpus
+from fray.runtime.remote_errors import capture_exception
+from fray.runtime.resources import add, fits, subtract
+from fray.runtime.serialization import Blob, dumps, loads
+from fray.telemetry.events import RECORDER, Kind, ended
 from fray_monarch.core.calls import fill_deps
 from fray_monarch.core.protocol import TaskItem, TaskResult, TaskStatus
 from fray_monarch.workers.runtime import WorkerRuntime
@@ -163,7 +163,7 @@ class TaskRunner:
         _here.task = (self, tid)
         token = fray_current.push(self.ctx)
         label_token = None
-        started = ""  # the name of the task once it has started (fray.events)
+        started = ""  # the name of the task once it has started (fray.telemetry.events)
         result: TaskResult | None = None
         try:
             fn = self.load_fn(item.fn_key)

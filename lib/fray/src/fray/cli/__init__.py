@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fray.capabilities import Capability
 from fray.errors import BackendNotAvailableError
 from fray.registry import FIRST_PARTY, available_backends, get_backend
+from fray.runtime.capabilities import Capability
 
 if TYPE_CHECKING:
     from fray.backend import Backend
@@ -67,7 +67,7 @@ def capabilities_table() -> str:
 
 def capabilities_table_from_results(*paths: Path) -> str:
     """The table as the conformance runs whose results are in `paths` (`--fray-capability-results`) showed it."""
-    from fray.capability_table import CapabilityResults, render_table
+    from fray.testing.capability_table import CapabilityResults, render_table
 
     declared = {name: backend.capabilities for name, backend in _installed().items()}
     return render_table(CapabilityResults.read(*paths), declared)
@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doctor.add_argument("--no-probes", action="store_true", help="skip the local bandwidth probes")
     args = parser.parse_args(argv)
     if args.command == "doctor":
-        from fray.doctor import main as doctor_main
+        from fray.cli.doctor import main as doctor_main
 
         return doctor_main(json_output=args.json, probes=not args.no_probes)
     if args.command == "backends":

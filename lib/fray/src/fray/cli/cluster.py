@@ -6,10 +6,10 @@ import argparse
 import json
 
 from fray.backend import PersistentClusters
-from fray.capabilities import Capability
 from fray.cli.common import as_dict, lacks_persistence, open_cluster, resolve, say
-from fray.resources import format_amount
-from fray.state import state_dir
+from fray.host.state_dir import state_dir
+from fray.runtime.capabilities import Capability
+from fray.runtime.resources import format_amount
 
 _LAUNCH_FLAGS = ("job", "hosts", "nodes", "partition", "time")
 

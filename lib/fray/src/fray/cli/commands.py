@@ -13,8 +13,8 @@ fray dashboard JOB [--open]               the live page a job's driver announced
 fray dashboard [--open]                   serve the cluster's live page (its jobs) until Ctrl-C
 
 Each command is a process of its own, so a job must have a home that outlives the command that submitted it:
-in_memory keeps jobs in the state directory (fray.state, fray.detached); ray talks to a Ray cluster by address
-(--address, the spec's address, RAY_ADDRESS, or the head `fray cluster start --backend ray` recorded). A backend
+in_memory keeps jobs in the state directory (fray.host.state_dir, fray.jobs.detached); ray talks to a Ray cluster by
+address (--address, the spec's address, RAY_ADDRESS, or the head `fray cluster start --backend ray` recorded). A backend
 without the persistent_jobs capability (monarch) runs attached jobs only, and the other commands say so.
 
 Exit codes: a waited-for job's own exit code (killed or stopped by signal N: 128+N); 130 / 143 when the submit
@@ -88,7 +88,7 @@ def _submit_options(parser: argparse.ArgumentParser, detachable: bool) -> None:
         default="stop",
         help="on Ctrl-C (SIGINT) or SIGTERM: stop the job (default), or leave it running",
     )
-    shape = parser.add_argument_group("the job's shape (it then runs under fray.job_supervisor)")
+    shape = parser.add_argument_group("the job's shape (it then runs under fray.jobs.supervisor)")
     shape.add_argument("--name", default=None, help="its name: one live job has it (see --if-exists)")
     shape.add_argument(
         "--if-exists",

@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 from fray.backend import Backend, PersistentClusters
-from fray.capabilities import Capability
 from fray.context import ClusterContext
-from fray.job_dirs import cluster_with_job_dirs
+from fray.jobs.dirs import cluster_with_job_dirs
 from fray.registry import DEFAULT_BACKEND, ENV_VAR, get_backend, parse_spec
+from fray.runtime.capabilities import Capability
 from fray.types import JobInfo, JobStatus
 
 __all__ = [

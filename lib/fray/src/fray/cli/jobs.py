@@ -11,7 +11,7 @@ import webbrowser
 from types import FrameType
 
 from fray.cli.common import CommandError, as_dict, format_exit_code, format_time, open_cluster, say
-from fray.plain_text import last_lines
+from fray.jobs.plain_text import last_lines
 
 
 def _list(args: argparse.Namespace) -> int:

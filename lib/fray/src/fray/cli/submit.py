@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, cast
 
-from fray.capabilities import Capability
 from fray.cli.common import CommandError, exit_status, open_cluster, say
 from fray.context import ClusterContext
-from fray.job_policy import JobPolicy
+from fray.jobs.policy import JobPolicy
+from fray.runtime.capabilities import Capability
 from fray.types import RuntimeEnv
 
 

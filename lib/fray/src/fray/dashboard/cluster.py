@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fray import timeline
 from fray.dashboard import ANNOUNCED
 from fray.dashboard.job_page import ENGINE_NOTES
 from fray.dashboard.server import static_files
-from fray.job_events import attempts_of, job_events
+from fray.jobs.events import attempts_of, job_events
+from fray.telemetry import timeline
 from fray.types import JobInfo, JobStatus
 
 __all__ = ["ClusterPage", "ClusterSource", "JobRow"]

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 from fray.dashboard.model import Aggregates
 from fray.dashboard.server import static_files
-from fray.event_store import EventStore, RowPage
-from fray.timeline import TimelineSummary
+from fray.telemetry.event_store import EventStore, RowPage
+from fray.telemetry.timeline import TimelineSummary
 
 __all__ = ["ENGINE_NOTES", "JobPage", "JobSource"]
 
@@ -45,7 +45,7 @@ class JobPage:
 
     def __init__(self, ctx: JobSource, recording_note: str = "") -> None:
         self._ctx = ctx
-        self._recording_note = recording_note  # (fray.events.record_for_a_page)
+        self._recording_note = recording_note  # (fray.telemetry.events.record_for_a_page)
         self._lock = threading.Lock()
         self._model = Aggregates()
         self._read_at = 0.0

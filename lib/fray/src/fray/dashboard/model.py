@@ -15,8 +15,8 @@ from itertools import count
 from typing import Any
 
 from fray.dashboard.rows import Actor, Function, Totals, Transfers
-from fray.event_store import ProcessInfo, RowPage
-from fray.events import Kind
+from fray.telemetry.event_store import ProcessInfo, RowPage
+from fray.telemetry.events import Kind
 
 __all__ = ["Aggregates"]
 

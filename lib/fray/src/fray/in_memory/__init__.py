@@ -1,12 +1,12 @@
 """The in_memory backend: threads in this process, no server, starts in milliseconds.
 
-Spec options: cpus, gpus (default: the GPUs found here, fray.gpus; on a machine without any, gpus=N declares N),
-gpu_view (held|host; default held: what a process started for work holding GPUs sees, fray.gpus.GPU_VIEWS),
+Spec options: cpus, gpus (default: the GPUs found here, fray.runtime.gpus; on a machine without any, gpus=N declares N),
+gpu_view (held|host; default held: what a process started for work holding GPUs sees, fray.runtime.gpus.GPU_VIEWS),
 memory (bytes), resources (JSON object of custom resources, e.g. {"disk": 4}),
 serialize (true|false; default true: values are pickled as on a cluster), namespace (for named/detached actors),
 log_to_driver (true|false; default true: lines printed in tasks and actors are prefixed with who printed them),
-events (true|false; default false, or FRAY_EVENTS: record events for ctx.timeline() and the live page; fray.events),
-and for the cluster context: root (directory for job logs).
+events (true|false; default false, or FRAY_EVENTS: record events for ctx.timeline() and the live page;
+fray.telemetry.events), and for the cluster context: root (directory for job logs).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from fray.backend import Backend
-from fray.capabilities import Capability
-from fray.gpus import gpu_view, host_gpus
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.in_memory.job import InMemoryJobContext
-from fray.jobs import host_resources
-from fray.options import flag, non_negative, parse_options, parse_resources
-from fray.worker_env import huge_pages_in_this_process
+from fray.jobs.local import host_resources
+from fray.runtime.capabilities import Capability
+from fray.runtime.gpus import gpu_view, host_gpus
+from fray.runtime.options import flag, non_negative, parse_options, parse_resources
+from fray.runtime.worker_env import huge_pages_in_this_process
 
 __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
 
@@ -57,7 +57,7 @@ class InMemoryBackend(Backend):
             "memory": opts.get("memory", host["memory"]),
             **opts.get("resources", {}),
         }
-        huge_pages_in_this_process()  # its tasks and actors are threads of this process (fray.worker_env)
+        huge_pages_in_this_process()  # its tasks and actors are threads of this process (fray.runtime.worker_env)
         return InMemoryJobContext(
             totals,
             serialize=opts.get("serialize", True),

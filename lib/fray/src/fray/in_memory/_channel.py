@@ -1,11 +1,11 @@
 """Values between an in_memory process and its child (an SPMD member, a runtime_env task) through shared memory.
 
-A message is a value serialized by fray.serialization (protocol 5): its small in-band part goes over a Unix
-socket, its large buffers (arrays, tensors, big bytes) straight into the receiver's own pooled memory (fray.pool):
-the sender asks for room (`_Want`), the receiver takes pieces of its pool and says where they are (`_Given`: chunk
-and offset; a chunk's memfd crosses the socket once, SCM_RIGHTS), the sender copies each buffer there, then sends
-the message. One copy, into warm pages the receiver keeps as the value's memory (a store keeps them as they are),
-where a sender's own arena in between would take two, and pickling the value through the socket four (into
+A message is a value serialized by fray.runtime.serialization (protocol 5): its small in-band part goes over a Unix
+socket, its large buffers (arrays, tensors, big bytes) straight into the receiver's own pooled memory
+(fray.runtime.pool): the sender asks for room (`_Want`), the receiver takes pieces of its pool and says where they are
+(`_Given`: chunk and offset; a chunk's memfd crosses the socket once, SCM_RIGHTS), the sender copies each buffer there,
+then sends the message. One copy, into warm pages the receiver keeps as the value's memory (a store keeps them as they
+are), where a sender's own arena in between would take two, and pickling the value through the socket four (into
 fresh memory).
 
 A stored value's buffers that already lie in the sender's pool (an in_memory object sent to an SPMD member as a
@@ -16,7 +16,7 @@ them a copy (bench_rlhf.py); monarch's members map it the same way.
 
 A value holding device memory (a CUDA tensor) is sent in the channel's device mode: `shared` between the
 driver and a long-lived child (an SPMD member; the driver's side of a runtime_env task), where the value carries a
-share of the sender's device snapshot (fray.device_shares) and the sender holds the snapshot until the receiver
+share of the sender's device snapshot (fray.runtime.device_shares) and the sender holds the snapshot until the receiver
 says, in a later message, that the value is gone (`holds`, `released_holds`, as lent pieces are returned);
 `staged` from a child that ends with its reply (a runtime_env task's result), where the bytes travel.
 
@@ -38,12 +38,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from fray.device_shares.values import STAGED
 from fray.errors import FrayError, SerializationError
 from fray.kit.objects import Serialized
-from fray.pool import PAGE, POOL_MIN, Piece, align, buffer_address, live_chunks, locate, pool_piece
-from fray.remote_errors import capture_exception
-from fray.serialization import Blob, dumps, loads
+from fray.runtime.device_shares.values import STAGED
+from fray.runtime.pool import PAGE, POOL_MIN, Piece, align, buffer_address, live_chunks, locate, pool_piece
+from fray.runtime.remote_errors import capture_exception
+from fray.runtime.serialization import Blob, dumps, loads
 
 __all__ = ["Channel"]
 

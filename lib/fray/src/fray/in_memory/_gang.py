@@ -8,7 +8,7 @@ runs __init__ again (all ranks at once, as at creation; `fray.current_actor().re
 ActorDiedError naming the rank that died when none is left. Calls submitted while the group restarts belong to
 its next life: they wait for the restart and then run (their caller's get timeout bounds the wait), or fail with
 the group's ActorDiedError if the restart fails. A member whose process sends no heartbeat for `hang_timeout`
-seconds (stopped, or its machine gone quiet) counts as dead the same way (fray.gang.hang_timeout).
+seconds (stopped, or its machine gone quiet) counts as dead the same way (fray.runtime.gang.hang_timeout).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from fray.errors import ActorUnavailableError, FrayError
-from fray.events import RECORDER, Kind
-from fray.gang import died_error, hung_reason, restarting_error
-from fray.net import free_port
+from fray.host.net import free_port
+from fray.runtime.gang import died_error, hung_reason, restarting_error
+from fray.telemetry.events import RECORDER, Kind
 
 __all__ = ["Gang", "GangMember"]
 

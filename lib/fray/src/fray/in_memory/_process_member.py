@@ -3,7 +3,7 @@ torch.distributed environment (threads share one os.environ and one torch.distri
 cannot be threads). The in_memory actor machinery calls this proxy as it would the instance; each call travels
 over a socket pair, one at a time, its large buffers through shared memory (fray.in_memory._channel).
 
-The child is in its own process group, watched by fray.watchdog, so it dies with its owner however the owner
+The child is in its own process group, watched by fray.host.watchdog, so it dies with its owner however the owner
 ends; kill() ends it at once.
 """
 
@@ -22,21 +22,21 @@ import threading
 import time
 from typing import Any
 
-from fray import watchdog
-from fray.current import ActorInfo, set_process_actor
-from fray.device_shares.values import SHARED
 from fray.errors import ActorDiedError, ActorUnavailableError
-from fray.events import RECORDER, Kind
-from fray.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
-from fray.gpus import use_held_device
+from fray.host import watchdog
+from fray.host.procfs import exiting
 from fray.in_memory._channel import Channel
 from fray.in_memory._gang import Gang
 from fray.kit.objects import Serialized
-from fray.procfs import exiting
-from fray.remote_errors import RemoteError, capture_exception
-from fray.rendezvous import serve_store
-from fray.serialization import Blob, loads
-from fray.worker_env import driver_import_path, keep_driver_view, worker_env_defaults
+from fray.runtime.current import ActorInfo, set_process_actor
+from fray.runtime.device_shares.values import SHARED
+from fray.runtime.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
+from fray.runtime.gpus import use_held_device
+from fray.runtime.remote_errors import RemoteError, capture_exception
+from fray.runtime.rendezvous import serve_store
+from fray.runtime.serialization import Blob, loads
+from fray.runtime.worker_env import driver_import_path, keep_driver_view, worker_env_defaults
+from fray.telemetry.events import RECORDER, Kind
 
 __all__ = ["ProcessMember"]
 

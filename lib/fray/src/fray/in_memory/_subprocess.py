@@ -1,7 +1,7 @@
 """Run one in_memory task in a child process: the way a task gets its own environment variables (threads share
 one os.environ). The function, its arguments and its result travel through fray.in_memory._channel (large
 buffers in shared memory; the result is stored as it arrived); the child first gets this process's sys.path,
-so it can import what the call needs. It dies with this process however that ends (fray.watchdog)."""
+so it can import what the call needs. It dies with this process however that ends (fray.host.watchdog)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fray import watchdog
-from fray.device_shares.values import SHARED
 from fray.errors import WorkerCrashedError
-from fray.events import RECORDER, Kind
+from fray.host import watchdog
 from fray.in_memory._channel import Channel
 from fray.kit.objects import Serialized
-from fray.remote_errors import RemoteError, capture_exception
-from fray.serialization import loads
-from fray.worker_env import driver_import_path, keep_driver_view, worker_env_defaults
+from fray.runtime.device_shares.values import SHARED
+from fray.runtime.remote_errors import RemoteError, capture_exception
+from fray.runtime.serialization import loads
+from fray.runtime.worker_env import driver_import_path, keep_driver_view, worker_env_defaults
+from fray.telemetry.events import RECORDER, Kind
 
 
 def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, str]) -> Any:

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from fray.capabilities import Capability
-from fray.cuda_values import KeptToken
-from fray.device_shares.values import SHARED
-from fray.gang import group_label, hang_timeout
-from fray.gpus import process_env
-from fray.groups import ActorGroup, create_one_by_one
 from fray.in_memory._gang import Gang
 from fray.kit.actors import Actor
 from fray.kit.calls import Task
 from fray.kit.context import KitJobContext
 from fray.kit.objects import Serialized
-from fray.refs import ObjectRef, with_values
-from fray.resources import actor_resources
-from fray.serialization import Blob, dumps, loads
+from fray.runtime.capabilities import Capability
+from fray.runtime.cuda_values import KeptToken
+from fray.runtime.device_shares.values import SHARED
+from fray.runtime.gang import group_label, hang_timeout
+from fray.runtime.gpus import process_env
+from fray.runtime.groups import ActorGroup, create_one_by_one
+from fray.runtime.refs import ObjectRef, with_values
+from fray.runtime.resources import actor_resources
+from fray.runtime.serialization import Blob, dumps, loads
 from fray.types import ActorOptions
 
 __all__ = ["InMemoryJobContext"]
@@ -32,8 +32,8 @@ __all__ = ["InMemoryJobContext"]
 
 class InMemoryJobContext(KitJobContext):
     backend = "in_memory"
-    # Events off unless asked: three a task cost a no-op in-process task more than recording may (fray.events);
-    # the kit's other users pay them beside work that crosses a process
+    # Events off unless asked: three a task cost a no-op in-process task more than recording may
+    # (fray.telemetry.events); the kit's other users pay them beside work that crosses a process
     records_by_default = False
     capabilities = frozenset(
         {

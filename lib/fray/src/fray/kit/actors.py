@@ -11,31 +11,32 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fray import current, output
 from fray.context import JobContext
-from fray.cuda_values import KEPT
-from fray.current import ActorInfo
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
     ActorNotFoundError,
     attach_remote_traceback,
 )
-from fray.events import RECORDER, Kind, ended
-from fray.gpus import HostGpus
 from fray.kit.actor_threads import ActorThreads
 from fray.kit.ledger import Ledger, signature
 from fray.kit.objects import OWNER, Entry, Failure, Remote, immutable_call, new_id, register_lookup
-from fray.outcome import Outcome
-from fray.refs import ActorHandle, ObjectRef, public_methods
-from fray.remote_errors import RemoteError, format_exception
-from fray.resources import actor_resources
-from fray.serialization import check_function, dumps_call
-from fray.streams import ItemQueue, ObjectRefStream
+from fray.runtime import current
+from fray.runtime import worker_output as output
+from fray.runtime.cuda_values import KEPT
+from fray.runtime.current import ActorInfo
+from fray.runtime.gpus import HostGpus
+from fray.runtime.outcome import Outcome
+from fray.runtime.refs import ActorHandle, ObjectRef, public_methods
+from fray.runtime.remote_errors import RemoteError, format_exception
+from fray.runtime.resources import actor_resources
+from fray.runtime.serialization import check_function, dumps_call
+from fray.runtime.streams import ItemQueue, ObjectRefStream
+from fray.telemetry.events import RECORDER, Kind, ended
 from fray.types import ActorOptions, Lifetime
 
 if TYPE_CHECKING:
-    from fray.groups import Member
+    from fray.runtime.groups import Member
 
 _actors: dict[int, Actor] = {}  # live actors by id (pickled handles are looked up here)
 _detached: dict[tuple[str, str, str], Actor] = {}  # (backend, namespace, name) -> actor; outlives its creator
@@ -71,7 +72,7 @@ class Actor:
         self.executor = ActorThreads(options.max_concurrency, f"fray-actor-{klass.__name__}")
         self.request = signature(actor_resources(options))
         self.holding = False  # True while it holds its resources
-        self.gpus: tuple[int, ...] = ()  # the devices it holds (fray.gpus), from its start until it is killed
+        self.gpus: tuple[int, ...] = ()  # the devices it holds (fray.runtime.gpus), from its start until it is killed
         # what each of its call.start events says (one dict shared by all of them)
         self.call_data = {"actor": self.id, "concurrency": options.max_concurrency}
         _actors[self.id] = self

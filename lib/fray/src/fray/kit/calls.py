@@ -9,10 +9,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fray import output
 from fray.kit.ledger import Signature
 from fray.kit.objects import Entry
-from fray.states import TaskState
+from fray.runtime import worker_output as output
+from fray.runtime.lifecycle import TaskState
 from fray.types import TaskOptions
 
 __all__ = ["Interrupt", "Task", "async_raise", "mark_dispatched", "this_thread"]
@@ -56,7 +56,7 @@ class Task:
         self.state = TaskState.WAITING
         self.stolen = False  # run by a thread blocked in get on it, rather than by the worker it was queued for
         self.thread_id = 0
-        self.gpus: tuple[int, ...] = ()  # the devices it holds while dispatched or running (fray.gpus)
+        self.gpus: tuple[int, ...] = ()  # the devices it holds while dispatched or running (fray.runtime.gpus)
         self.held: list[Any] | None = None  # what its process was handed by name (fray.kit.remote), kept with it
 
     @property

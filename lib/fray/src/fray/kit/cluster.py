@@ -1,7 +1,7 @@
 """The kit's ClusterContext: each job is a subprocess of this machine (in_memory's, and any kit backend's).
 
-A job that is not detached belongs to this context (fray.jobs.LocalJobs: it ends with this process, however it
-ends). A detached job lives in the state directory (fray.detached.DetachedJobs) with a runner process of its own:
+A job that is not detached belongs to this context (fray.jobs.local.LocalJobs: it ends with this process, however it
+ends). A detached job lives in the state directory (fray.jobs.detached.DetachedJobs) with a runner process of its own:
 it outlives this process, and any context of any process lists, follows, stops and deletes it.
 """
 
@@ -15,14 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fray import watchdog
-from fray.capabilities import Capability
 from fray.context import ClusterContext
-from fray.detached import DetachedJobs
 from fray.errors import InfeasibleResourcesError, JobExistsError, JobNotFoundError
-from fray.gpus import HostGpus
-from fray.jobs import LocalJobs, host_resources
-from fray.resources import format_resources
+from fray.host import watchdog
+from fray.jobs.detached import DetachedJobs
+from fray.jobs.local import LocalJobs, host_resources
+from fray.runtime.capabilities import Capability
+from fray.runtime.gpus import HostGpus
+from fray.runtime.resources import format_resources
 from fray.types import JobInfo, RuntimeEnv
 
 

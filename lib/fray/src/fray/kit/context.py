@@ -26,27 +26,28 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, ClassVar
 
-from fray import current, output
-from fray.capabilities import Capability
 from fray.context import JobContext
-from fray.cuda_values import KEPT
 from fray.errors import TaskCancelledError, WorkerCrashedError, attach_remote_traceback
-from fray.events import RECORDER, Kind, choose_recording, ended
-from fray.gpus import DevicePool, HostGpus
-from fray.groups import Member
 from fray.kit.actors import Actor, ActorTable, call_owner, end_stream_with_failure, live_actor
 from fray.kit.calls import Interrupt, Task, async_raise, mark_dispatched, this_thread
 from fray.kit.engine import EngineHooks
 from fray.kit.ledger import Ledger, Signature, Work, lendable, signature
 from fray.kit.objects import IMMUTABLE, Entry, Failure, Serialized, immutable_call
-from fray.outcome import Outcome, first_failure, wait_for, wait_for_get, when
-from fray.refs import ActorHandle, ObjectRef, top_level_refs, with_values
-from fray.remote_errors import RemoteError, capture_exception, format_exception
-from fray.resources import task_resources
-from fray.serialization import Blob, check_function, dumps, dumps_call, loads
-from fray.states import TaskState
-from fray.streams import ItemQueue, ObjectRefStream
-from fray.transfers import PathStats, TransferStats
+from fray.runtime import current
+from fray.runtime import worker_output as output
+from fray.runtime.capabilities import Capability
+from fray.runtime.cuda_values import KEPT
+from fray.runtime.gpus import DevicePool, HostGpus
+from fray.runtime.groups import Member
+from fray.runtime.lifecycle import TaskState
+from fray.runtime.outcome import Outcome, first_failure, wait_for, wait_for_get, when
+from fray.runtime.refs import ActorHandle, ObjectRef, top_level_refs, with_values
+from fray.runtime.remote_errors import RemoteError, capture_exception, format_exception
+from fray.runtime.resources import task_resources
+from fray.runtime.serialization import Blob, check_function, dumps, dumps_call, loads
+from fray.runtime.streams import ItemQueue, ObjectRefStream
+from fray.telemetry.events import RECORDER, Kind, choose_recording, ended
+from fray.telemetry.transfers import PathStats, TransferStats
 from fray.types import ActorOptions, TaskOptions
 
 __all__ = ["KitJobContext"]
@@ -56,7 +57,7 @@ class KitJobContext(EngineHooks, JobContext):
     """A JobContext over an engine that only runs calls: subclass it, set `backend` and `capabilities`, override
     `_run_task` (and where needed `_load`, `_new_instance`, `_run_method`); see this module's docstring."""
 
-    records_by_default: ClassVar[bool] = True  # events (fray.events.choose_recording), unless `events` says
+    records_by_default: ClassVar[bool] = True  # events (fray.telemetry.events.choose_recording), unless `events` says
     outcome_callbacks_may_submit: ClassVar[bool] = True  # (a task's outcome settles after its locks are let go)
 
     def __init__(
@@ -94,7 +95,7 @@ class KitJobContext(EngineHooks, JobContext):
     def _encode(self, value: Any, what: str) -> Any:
         if isinstance(value, Serialized):  # a result that arrived serialized, already in this process's memory
             return value.blob if self.serialize else loads(value.blob, what)
-        if self.serialize and type(value) not in IMMUTABLE:  # (CUDA tensors: device copies, fray.cuda_values)
+        if self.serialize and type(value) not in IMMUTABLE:  # (CUDA tensors: device copies, fray.runtime.cuda_values)
             return dumps(value, what, device_mode=KEPT)
         return value
 

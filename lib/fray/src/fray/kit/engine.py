@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from fray.gpus import HostGpus, using_gpus
-from fray.serialization import Blob, loads
-from fray.transfers import TransferStats
+from fray.runtime.gpus import HostGpus, using_gpus
+from fray.runtime.serialization import Blob, loads
+from fray.telemetry.transfers import TransferStats
 
 if TYPE_CHECKING:
     from fray.kit.actors import Actor
@@ -27,7 +27,7 @@ class EngineHooks:
     def _run_task(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Start this call there: run task.fn(*args, **kwargs) where the engine runs work, wait for it, and return
         its result (the value, or `Serialized` for one that arrived serialized) or raise its exception. task.gpus
-        are the device indices it holds (fray.gpus). Runs on a ledger worker thread, with this context current.
+        are the device indices it holds (fray.runtime.gpus). Runs on a ledger worker thread, with this context current.
         Default: on this thread, its GPUs as the current device."""
         if task.gpus:
             with using_gpus(task.gpus, self.gpus):

@@ -20,11 +20,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-from fray.gpus import DevicePool
-from fray.resources import EPS
+from fray.runtime.gpus import DevicePool
+from fray.runtime.resources import EPS
 
 Signature = tuple[tuple[str, float], ...]
-Devices = tuple[int, ...]  # the GPUs a unit of work holds (fray.gpus)
+Devices = tuple[int, ...]  # the GPUs a unit of work holds (fray.runtime.gpus)
 # Told, under the ledger's lock, when a unit of work's resources are taken, and which GPUs it was given.
 OnDispatch = Callable[[Devices], None]
 # A unit of work returns the next unit to run on the same thread, if it freed resources that let one start.
@@ -131,7 +131,7 @@ class Ledger:
     def _fits(self, request: Signature) -> bool:
         free = self._free
         for key, qty in request:  # a loop, not all() over a generator: it runs twice a submit
-            if free.get(key, 0.0) + EPS < qty:  # fray.resources' tolerance
+            if free.get(key, 0.0) + EPS < qty:  # fray.runtime.resources' tolerance
                 return False
             if key == "GPU" and self.devices.choose(qty) is None:  # enough in all, but not on devices that fit
                 return False

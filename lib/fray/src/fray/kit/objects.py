@@ -1,4 +1,5 @@
-"""The kit's object table: an entry per value, completed through fray.outcome (a Blob, a raw value, or a failure).
+"""The kit's object table: an entry per value, completed through fray.runtime.outcome (a Blob, a raw value, or a
+failure).
 
 A ref's payload is its Entry. Pickled, it names its owner process and its id: in the owner it is the Entry again
 (looked up while any ref to it lives); in another process (a worker of a process engine: fray.kit.remote) it is a
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from fray.errors import FrayError
-from fray.outcome import Outcome
-from fray.remote_errors import RemoteError
-from fray.serialization import Blob, note_contained
+from fray.runtime.outcome import Outcome
+from fray.runtime.remote_errors import RemoteError
+from fray.runtime.serialization import Blob, note_contained
 
 __all__ = [
     "IMMUTABLE",

@@ -29,14 +29,15 @@ from functools import partial
 from multiprocessing.connection import Client, Connection, Listener
 from typing import TYPE_CHECKING, Any
 
-from fray import current, watchdog
-from fray.capabilities import Capability
 from fray.context import JobContext
 from fray.errors import FrayError, SerializationError
-from fray.gpus import HostGpus, using_gpus
+from fray.host import watchdog
 from fray.kit.objects import Serialized
-from fray.remote_errors import RemoteError, capture_exception
-from fray.serialization import Blob, dumps, loads_data
+from fray.runtime import current
+from fray.runtime.capabilities import Capability
+from fray.runtime.gpus import HostGpus, using_gpus
+from fray.runtime.remote_errors import RemoteError, capture_exception
+from fray.runtime.serialization import Blob, dumps, loads_data
 
 if TYPE_CHECKING:
     from fray.kit.actors import Actor

@@ -1,10 +1,10 @@
-"""Functions and actors the device-value cases run, on the CPU stand-in of device memory (fray.device_shares:
+"""Functions and actors the device-value cases run, on the CPU stand-in of device memory (fray.runtime.device_shares:
 a MemfdBuffer travels between processes as a CUDA tensor does)."""
 
 from __future__ import annotations
 
-from fray.device_shares import MemfdBuffer, share_server
-from fray.transfers import device_stats
+from fray.runtime.device_shares import MemfdBuffer, share_server
+from fray.telemetry.transfers import device_stats
 
 
 def make_buffer(byte: int, nbytes: int) -> MemfdBuffer:
@@ -36,9 +36,9 @@ class BufferHolder:
         return buffer_summary(buf)
 
     def device_paths(self) -> list[str]:
-        """The paths by which device values reached this process (fray.transfers)."""
+        """The paths by which device values reached this process (fray.telemetry.transfers)."""
         return sorted(device_stats.snapshot())
 
     def snapshots_held(self) -> int:
-        """How many device snapshots this process serves (fray.device_shares)."""
+        """How many device snapshots this process serves (fray.runtime.device_shares)."""
         return share_server().held()

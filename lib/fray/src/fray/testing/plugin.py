@@ -5,7 +5,8 @@ its own with a module attribute `fray_backends = ["name"]` (a backend it registe
 Each backend gets one session-wide JobContext and ClusterContext built from its `test_spec` (`cluster_test_spec`)
 attribute.
 
-It also records what the run showed of each backend's capabilities (`fray.capability_table`): written as JSON with
+It also records what the run showed of each backend's capabilities (`fray.testing.capability_table`): written as JSON
+with
 `--fray-capability-results=FILE`, and compared with a documented capability table when the ini option
 `fray_capabilities_doc` names a markdown file (a disagreement fails the run, naming the cell).
 """
@@ -19,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from fray.capabilities import Capability
-from fray.capability_table import CapabilityResults, disagreements, documented_table
 from fray.context import ClusterContext, JobContext
-from fray.current import using
 from fray.errors import BackendNotAvailableError
 from fray.registry import ENV_VAR, available_backends, get_backend, parse_spec
+from fray.runtime.capabilities import Capability
+from fray.runtime.current import using
+from fray.testing.capability_table import CapabilityResults, disagreements, documented_table
 
 requires_capability = pytest.mark.fray_capability
 # A case that checks every capability the backend lacks is refused; it names each one it saw refused in its

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fray import procfs
 from fray.context import JobContext, get_job_context
 from fray.errors import UnsupportedFeatureError
-from fray.refs import ObjectRef
+from fray.host import procfs
+from fray.runtime.refs import ObjectRef
 
 
 def add(a: int, b: int) -> int:

@@ -10,7 +10,7 @@ import pytest
 
 from fray.actor_pool import PoolMemberLostError
 from fray.context import JobContext
-from fray.refs import ActorHandle, ObjectRef
+from fray.runtime.refs import ActorHandle, ObjectRef
 from fray.testing import executor_workloads as w
 from fray.testing import requires_capability
 

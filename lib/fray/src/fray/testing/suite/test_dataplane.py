@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from fray.context import JobContext
+from fray.telemetry.transfers import PATH_NAME, PathStats
 from fray.testing import workloads as h
-from fray.transfers import PATH_NAME, PathStats
 
 np = pytest.importorskip("numpy", reason="numpy is needed for the array tests")
 torch = pytest.importorskip("torch", reason="torch is needed for the tensor tests")
@@ -79,7 +79,9 @@ def test_transfer_stats_count_reads_by_path(fray_ctx: JobContext) -> None:
     assert fray_ctx.get(fray_ctx.create_task(h.array_sum, args=(ref,)), timeout=60) == 1_000_000.0
     fray_ctx.get(ref, timeout=60)
     stats = fray_ctx.transfer_stats()
-    assert stats and all(PATH_NAME.fullmatch(path) for path in stats), stats  # (fray.transfers.KNOWN_PATHS or its own)
+    assert stats and all(PATH_NAME.fullmatch(path) for path in stats), (
+        stats
+    )  # (fray.telemetry.transfers.KNOWN_PATHS or its own)
     assert all(isinstance(s, PathStats) and s.count > 0 and s.seconds >= 0 for s in stats.values())
     assert sum(s.bytes for s in stats.values()) >= 8_000_000
     shown = str(stats).splitlines()  # printed: one line a path, sizes in units (not a raw dict of PathStats)

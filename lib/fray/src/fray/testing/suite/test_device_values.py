@@ -1,4 +1,4 @@
-"""Device values on every path, with the CPU stand-in of device memory (fray.device_shares.MemfdBuffer: it
+"""Device values on every path, with the CPU stand-in of device memory (fray.runtime.device_shares.MemfdBuffer: it
 travels as a CUDA tensor does, in the backend's device mode): put -> get, driver -> task, task -> driver,
 actor -> actor; each reader gets a copy of its own, and a value sent stays what it was when sent; where the
 backend declares device_shares, what the driver sends to another process goes by shares and is let go."""
@@ -9,7 +9,7 @@ import gc
 import time
 
 from fray.context import JobContext
-from fray.device_shares import MemfdBuffer, share_server
+from fray.runtime.device_shares import MemfdBuffer, share_server
 from fray.testing import device_workloads as d
 from fray.testing import requires_capability
 

@@ -56,7 +56,9 @@ def test_crashed_task_raises_worker_crashed(fray_ctx: JobContext) -> None:
         fray_ctx.get(ref, timeout=60)
     assert fray_ctx.get(fray_ctx.create_task(h.add, args=(1, 1)), timeout=60) == 2  # the context still works
     died = h.recorded_after(fray_ctx, cursor, "worker.died")
-    assert died is not None and died.get("reason"), "the worker's death is an event (fray.events), with its reason"
+    assert died is not None and died.get("reason"), (
+        "the worker's death is an event (fray.telemetry.events), with its reason"
+    )
 
 
 @requires_capability("process_isolation")
@@ -75,7 +77,9 @@ def test_crashed_actor_raises_actor_died(fray_ctx: JobContext) -> None:
     with pytest.raises(ActorDiedError):
         fray_ctx.get(actor.incr(), timeout=60)
     died = h.recorded_after(fray_ctx, cursor, "actor.died", "Counter")
-    assert died is not None and died.get("reason"), "the actor's death is an event (fray.events), with its reason"
+    assert died is not None and died.get("reason"), (
+        "the actor's death is an event (fray.telemetry.events), with its reason"
+    )
     # the call its process died in has ended too, failed (else a timeline or the live page shows it queued)
     ended = h.recorded_after(fray_ctx, cursor, "call.end", where=lambda data: data.get("status") == "error")
     assert ended is not None and ended.get("error") in ("ActorDiedError", "ActorUnavailableError"), ended

@@ -1,5 +1,5 @@
-"""GPUs assigned to the work that asks for them (fray.gpus): on declared GPUs, so that a machine without a device
-tests the assignment (as Ray's num_gpus declares them). A backend whose test context declares GPUs is tested
+"""GPUs assigned to the work that asks for them (fray.runtime.gpus): on declared GPUs, so that a machine without a
+device tests the assignment (as Ray's num_gpus declares them). A backend whose test context declares GPUs is tested
 with it; others get a context of their own with `gpus=N` (N: the GPUs found here, else 2 declared)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import pytest
 
 from fray import ActorOptions, ActorUnavailableError, InfeasibleResourcesError, RuntimeEnv, TaskOptions
-from fray.capabilities import Capability
 from fray.context import JobContext
-from fray.current import using
-from fray.gpus import discover
 from fray.registry import get_backend
+from fray.runtime.capabilities import Capability
+from fray.runtime.current import using
+from fray.runtime.gpus import discover
 from fray.testing import workloads as h
 from fray.testing.plugin import requires_capability, spec_options
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from fray import JobStatus, RuntimeEnv
-from fray.capabilities import Capability
 from fray.context import ClusterContext, JobContext
-from fray.job_handle import JobHandle
-from fray.procfs import alive
+from fray.host.procfs import alive
+from fray.jobs.handle import JobHandle
+from fray.runtime.capabilities import Capability
 from fray.testing import job_workloads as w
 from fray.testing import requires_capability
 from fray.testing.wheels import probe_wheel

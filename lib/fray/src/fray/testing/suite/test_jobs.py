@@ -13,10 +13,10 @@ import pytest
 
 import fray
 from fray import JobNotFoundError, JobStatus, RuntimeEnv
-from fray.capabilities import Capability
 from fray.context import ClusterContext, JobContext
 from fray.errors import InfeasibleResourcesError, JobExistsError, JobFailedError, SerializationError
-from fray.procfs import alive
+from fray.host.procfs import alive
+from fray.runtime.capabilities import Capability
 from fray.testing import job_workloads as w
 from fray.testing import requires_capability
 

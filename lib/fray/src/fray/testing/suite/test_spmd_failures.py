@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from fray import ActorDiedError, ActorOptions, ActorUnavailableError, ObjectRef, UnsupportedFeatureError, procfs
+from fray import ActorDiedError, ActorOptions, ActorUnavailableError, ObjectRef, UnsupportedFeatureError
 from fray.context import JobContext
+from fray.host import procfs
 from fray.testing import group_workloads as g
 from fray.testing import requires_capability
 from fray.testing.workloads import recorded_after, wait_for_file
@@ -103,7 +104,7 @@ def test_spmd_group_restarts_as_a_whole(fray_ctx: JobContext, tmp_path: Path, na
         assert after[0]["port"] != before[0]["port"], "a new MASTER_PORT for the new rendezvous"
         assert _wait_gone([f["pid"] for f in before]) == [], "the old processes are gone"
         restart = recorded_after(fray_ctx, cursor, "group.restart", where=lambda d: "rank 1" in str(d.get("reason")))
-        assert restart is not None, "the restart is an event (fray.events), with its reason naming the rank"
+        assert restart is not None, "the restart is an event (fray.telemetry.events), with its reason naming the rank"
         if name is not None:  # a named group's members are found by name again, restarted
             assert fray_ctx.get(fray_ctx.get_actor(f"{name}/1").facts(), timeout=60)["restarts"] == 1
         # The last restart is spent: the next death is the group's end.

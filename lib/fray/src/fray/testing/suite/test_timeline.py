@@ -1,5 +1,5 @@
 """The timeline on every backend: one workload's events, from every process that ran it, drawn as a Chrome trace
-that fray.timeline.validate accepts, with exactly its tasks, calls and transfer bytes."""
+that fray.telemetry.timeline.validate accepts, with exactly its tasks, calls and transfer bytes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from fray.context import JobContext
+from fray.telemetry.timeline import validate
 from fray.testing import workloads as h
-from fray.timeline import validate
 
 np = pytest.importorskip("numpy", reason="numpy is needed for the 1 MiB value")
 

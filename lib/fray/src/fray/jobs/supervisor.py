@@ -1,0 +1,441 @@
+"""A job's own first process when it has ranks, retries or a Python callable:
+
+    python -m fray.jobs.supervisor [--replicas N] [--retries R] [--recoveries L] [--grace S] [--gpus-per-rank G]
+                                  [--retry-on-exit-codes C,.. | --no-retry-on-exit-codes C,..]
+                                  [--placement pack|spread --rank-resources JSON] (--call LABEL | -- COMMAND ...)
+
+It starts the job's N ranks (COMMAND, or the callable of FRAY_JOB_CALL: fray.jobs.run_call) with the variables of
+torch.distributed set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; a fresh
+port each attempt), each with its own GPUs where it asks for some. One rank failing ends the attempt: the others are
+stopped (SIGTERM to each one's process tree, SIGKILL after S seconds). A failed attempt runs again, up to R more
+times (those exit codes only, or all but those); a lost one (preempted, fray.jobs.signals; a node lost) up to L
+times; a stopped job (SIGTERM from the backend that started it, or SIGINT) does not (fray.jobs.outcomes).
+With several ranks, each line a rank writes is prefixed "[rank I] ". After each attempt a record of all attempts so
+far (fray.jobs.records) goes to stdout, the job's log, where ClusterContext.get_job reads it. The ranks stay in
+this process's group, so a backend that stops or kills the job's group reaches them too.
+
+Every backend runs this as an ordinary job command: ranks, retries and callables work the same on all of them.
+The ranks run on the host this process runs on; with --placement, each attempt's ranks are instead an SPMD group
+of the job's own backend (fray.init(): the backend the job was submitted to), which places them over its nodes
+with --rank-resources each (fray.jobs.group_ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fray.errors import FrayError
+from fray.jobs.call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome, take_stashed_call
+from fray.jobs.dirs import NAME_VAR, RESUMING_VAR, resuming_now
+from fray.jobs.group_ranks import RankPoll, RankProcess
+from fray.jobs.outcomes import AttemptEnd, judge, next_step
+from fray.jobs.policy import OWNER_SIGNALS_ALL_VAR, JobPolicy, is_preemption_code
+from fray.jobs.rank_procs import (
+    VISIBLE,
+    Rank,
+    become_subreaper,
+    end_leftovers,
+    free_port,
+    gpu_slices,
+    prefix_lines,
+    signal_tree,
+)
+from fray.jobs.records import JobRecord, record_line
+from fray.jobs.signals import StopSignals, unblock_in_child
+from fray.runtime.rendezvous import AGENT_STORE_ENV, serve_job_store
+from fray.types import JobAttempt, JobError, JobStatus
+
+__all__ = ["main"]
+
+SETTLE = 0.5  # seconds a rank killed by SIGTERM waits for the backend's stop to be seen (a stop, not a preemption)
+GROUP_POLL = 0.25  # seconds between polls of a group's ranks while none wrote anything
+GROUP_CALL_TIMEOUT = 120.0  # seconds a group's member has to answer a start or a poll
+POLL = 0.05
+
+
+class Supervisor:
+    def __init__(
+        self,
+        command: list[str],
+        replicas: int,
+        policy: JobPolicy,
+        gpus_per_rank: int,
+        call: bool,
+        placement: str | None = None,
+        rank_resources: dict[str, float] | None = None,
+    ) -> None:
+        self.command = command
+        self.replicas = replicas
+        self.policy = policy
+        self.call = call
+        self.placement = placement
+        self.rank_resources = rank_resources or {}
+        # over nodes, the backend gives each rank its GPUs; here, this host's are sliced
+        self.gpus = gpu_slices(replicas, gpus_per_rank) if placement is None else [None] * replicas
+        self.attempts: list[JobAttempt] = []
+        self.signals: StopSignals | None = None  # (made in run: before any thread starts)
+        self.resuming: str | None = None  # the attempt's FRAY_JOB_RESUMING
+        self.subreaper = False  # whether what a rank leaves behind becomes this process's child
+        self.output_lock = threading.Lock()
+        self.context: Any = None  # the job backend's JobContext, for --placement
+        self.stores: list[Any] = []  # the rendezvous stores served for the attempts' ranks
+
+    @property
+    def stopping(self) -> threading.Event:
+        assert self.signals is not None
+        return self.signals.requested
+
+    def run(self) -> int:
+        if self.signals is None:
+            self.signals = StopSignals()
+        self.subreaper = self.placement is None and become_subreaper()  # (a group's fray context has children)
+        number = 0
+        while True:
+            number += 1
+            if number > 1:
+                self._say(self._again(number))
+            self.resuming = self._resuming(number)
+            attempt, error, result = self._attempt(number) if self.placement is None else self._group_attempt(number)
+            self.attempts.append(attempt)
+            ends = next_step(self.policy, self.attempts) if not self.signals.stopping else "stopped"
+            self._record(error, result, final=ends is not None)
+            if attempt.outcome == "lost":
+                self.signals.take_preemption()  # handled: the next attempt runs
+            if ends is None:
+                continue
+            if attempt.status is JobStatus.SUCCEEDED:
+                return 0
+            if ends == "stopped":
+                return 128 + signal.SIGTERM
+            if attempt.outcome == "lost":
+                self._say(f"the job ends: {ends}")
+            code = attempt.exit_code
+            return code if code is not None and 0 < code < 256 else (128 - code if code and code < 0 else 1)
+
+    def _again(self, number: int) -> str:
+        """The line that opens a retry (at most 1 + max_retries + the lost attempts) or a recovery."""
+        last = self.attempts[-1]
+        lost = sum(a.outcome == "lost" for a in self.attempts)
+        if last.outcome == "lost":
+            return (
+                f"attempt {number} (the last was lost: {last.message}; recovery {lost} of {self.policy.max_recoveries})"
+            )
+        return f"attempt {number} of {1 + self.policy.max_retries + lost} (the last failed: {last.message})"
+
+    def _resuming(self, number: int) -> str | None:
+        """FRAY_JOB_RESUMING for this attempt's ranks ("1"/"0", fray.jobs.dirs); None where the job's directory
+        cannot be reached from here (each rank then looks for itself)."""
+        try:
+            return "1" if resuming_now(os.environ.get(NAME_VAR), number) else "0"
+        except (OSError, FrayError) as exc:
+            self._say(f"the job's directory: {exc}")
+            return None
+
+    def _say(self, text: str) -> None:
+        with self.output_lock:
+            sys.stdout.write(f"[fray] {text}\n")
+            sys.stdout.flush()
+
+    def _record(self, error: JobError | None, result: CallOutcome | None, final: bool) -> None:
+        data = result.result if result is not None else None
+        record = JobRecord(
+            self.replicas,
+            tuple(self.attempts),
+            result_repr=result.result_repr if result is not None else None,
+            error=error,
+        )
+        with self.output_lock:
+            sys.stdout.flush()
+            sys.stdout.write(record_line(record, data, final))
+            sys.stdout.flush()
+
+    def _start(self, index: int, port: int, number: int, store_served: bool) -> Rank:
+        env = dict(os.environ)
+        if store_served:  # torch's env:// rendezvous on every rank is a client of the store served here
+            env[AGENT_STORE_ENV] = "True"
+        env.update(
+            RANK=str(index),
+            WORLD_SIZE=str(self.replicas),
+            LOCAL_RANK=str(index),
+            LOCAL_WORLD_SIZE=str(self.replicas),
+            GROUP_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            FRAY_JOB_ATTEMPT=str(number),
+        )
+        if self.resuming is not None:
+            env[RESUMING_VAR] = self.resuming
+        if self.gpus[index] is not None:
+            env[VISIBLE] = str(self.gpus[index])
+        read_fd = write_fd = -1
+        if self.call:
+            read_fd, write_fd = os.pipe()
+            env[RESULT_FD_VAR] = str(write_fd)
+            argv = [sys.executable, "-m", "fray.jobs.run_call"]
+        else:
+            argv = self.command
+        piped = self.replicas > 1
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if piped else None,
+                stderr=subprocess.STDOUT if piped else None,
+                env=env,
+                pass_fds=(write_fd,) if write_fd >= 0 else (),
+                preexec_fn=unblock_in_child,  # (this process blocks SIGTERM: fray.jobs.signals)
+            )
+        finally:
+            if write_fd >= 0:
+                os.close(write_fd)
+        rank = Rank(index, proc)
+        if piped:
+            assert proc.stdout is not None
+            rank.threads.append(
+                threading.Thread(target=prefix_lines, args=(proc.stdout, index, self.output_lock), daemon=True)
+            )
+        if read_fd >= 0:
+            rank.threads.append(
+                threading.Thread(target=lambda: rank.outcome.append(read_outcome(read_fd)), daemon=True)
+            )
+        for thread in rank.threads:
+            thread.start()
+        return rank
+
+    def _attempt(self, number: int) -> tuple[JobAttempt, JobError | None, CallOutcome | None]:
+        start = time.time()
+        # Several ranks rendezvous (torch.distributed): their store is served here, on loopback alone (rank 0 would
+        # serve it on every interface); kept until this process ends (an attempt's ranks may outlive it briefly).
+        served = serve_job_store("127.0.0.1", self.replicas) if self.replicas > 1 else None
+        if served is not None:
+            self.stores.append(served[1])
+        port = served[0] if served is not None else free_port()
+        ranks: list[Rank] = []
+        try:
+            for index in range(self.replicas):
+                ranks.append(self._start(index, port, number, served is not None))
+        except OSError as exc:
+            for rank in ranks:
+                signal_tree(rank, signal.SIGKILL)
+            self._say(f"could not start rank {len(ranks)}: {exc}")
+            attempt = JobAttempt(number, JobStatus.FAILED, 127, start, time.time(), f"could not start: {exc}", "failed")
+            return attempt, None, None
+        failed: Rank | None = None
+        while failed is None and not self.stopping.is_set():
+            codes = [rank.proc.poll() for rank in ranks]
+            failed = next((r for r, c in zip(ranks, codes, strict=True) if c not in (None, 0)), None)
+            if failed is None and all(c == 0 for c in codes):
+                break
+            if failed is None:
+                time.sleep(POLL)
+        if failed is not None and is_preemption_code(failed.proc.returncode):
+            self.stopping.wait(SETTLE)  # the backend's stop may signal the ranks before this process hears of it
+        grace, killed = self._stop(ranks) if failed is not None or self.stopping.is_set() else (None, False)
+        for rank in ranks:
+            rank.proc.wait()
+        if self.subreaper and (failed is not None or self.stopping.is_set()):
+            end_leftovers()  # what the ranks left running (their own children) ends with a failed or stopped attempt
+        for rank in ranks:
+            for thread in rank.threads:
+                thread.join(5.0)  # a grandchild may hold a rank's output open: not waited for beyond this
+        return judge(
+            AttemptEnd(
+                number,
+                start,
+                time.time(),
+                self.replicas,
+                failed.index if failed is not None else None,
+                failed.proc.returncode if failed is not None else None,
+                request=self._request(),
+                grace=grace,
+                killed=killed,
+                outcomes={rank.index: rank.outcome[0] for rank in ranks if rank.outcome},
+            )
+        )
+
+    def _request(self) -> Any:
+        return self.signals.request if self.signals is not None and self.stopping.is_set() else None
+
+    def _group_attempt(self, number: int) -> tuple[JobAttempt, JobError | None, CallOutcome | None]:
+        """One attempt with the ranks as an SPMD group of the job's backend (see fray.jobs.group_ranks)."""
+        import fray  # only here: a job on one host never starts a fray context of its own
+        from fray.types import ActorOptions
+
+        start = time.time()
+        if self.context is None:
+            self.context = fray.init()  # the job's backend (its FRAY_BACKEND)
+        ctx = self.context
+        call = os.environ.get(CALL_VAR) if self.call else None
+        try:
+            group = ctx.create_actor_group(
+                RankProcess,
+                self.replicas,
+                options=ActorOptions(resources=self.rank_resources),
+                placement=str(self.placement),
+                distributed=True,
+            )
+            command = None if self.call else self.command
+            ctx.get(group.start(command, call, number, self.resuming), timeout=GROUP_CALL_TIMEOUT)
+        except Exception as exc:  # not placed (InfeasibleResourcesError...), or not started: the attempt failed
+            self._say(f"could not start the {self.replicas} ranks: {type(exc).__name__}: {exc}")
+            attempt = JobAttempt(number, JobStatus.FAILED, None, start, time.time(), f"not started: {exc}", "failed")
+            return attempt, None, None
+        ended: dict[int, RankPoll] = {}
+        failed: int | None = None
+        lost: str | None = None
+        stop_sent: float | None = None  # when the ranks got SIGTERM (a stop or preemption): they have the grace
+        while len(ended) < self.replicas and failed is None and lost is None:
+            if self.stopping.is_set() and stop_sent is None:
+                stop_sent = time.monotonic()
+                for index in range(self.replicas):
+                    if index not in ended:
+                        group[index].terminate()
+            if stop_sent is not None and time.monotonic() - stop_sent > self.policy.stop_grace:
+                break
+            running = [index for index in range(self.replicas) if index not in ended]
+            refs = [group[index].poll() for index in running]
+            quiet = True
+            for index, ref in zip(running, refs, strict=True):
+                try:
+                    polled: RankPoll = ctx.get(ref, timeout=GROUP_CALL_TIMEOUT)
+                except Exception as exc:  # its member died (a node lost; the group fails as one) or hangs
+                    self._say(f"rank {index}: {type(exc).__name__}: {exc}")
+                    failed, lost = index, f"{type(exc).__name__}: {exc}"
+                    break
+                self._write(index, polled)
+                quiet = quiet and not polled.lines
+                if polled.code is not None:
+                    ended[index] = polled
+                    if polled.code != 0 and failed is None and stop_sent is None:
+                        failed = index
+            if quiet and failed is None:
+                time.sleep(GROUP_POLL)
+        ctx.kill(group)  # the rest, if one failed or a stop came (their ranks go with them: the watchdog)
+        grace = None if stop_sent is None else min(time.monotonic() - stop_sent, self.policy.stop_grace)
+        return judge(
+            AttemptEnd(
+                number,
+                start,
+                time.time(),
+                self.replicas,
+                failed,
+                ended[failed].code if failed is not None and failed in ended else None,
+                node_lost=lost,
+                request=self._request(),
+                grace=grace,
+                killed=stop_sent is not None and len(ended) < self.replicas,
+                outcomes={i: p.call for i, p in ended.items() if p.call},
+            )
+        )
+
+    def _write(self, index: int, polled: RankPoll) -> None:
+        """A rank's lines, as they came from its member, into the job's log."""
+        if not polled.lines and not polled.dropped:
+            return
+        prefix = f"[rank {index}] "
+        text = "".join(prefix + (line if line.endswith("\n") else line + "\n") for line in polled.lines)
+        if polled.dropped:
+            text = f"{prefix}fray: {polled.dropped} lines dropped (written faster than they were collected)\n" + text
+        with self.output_lock:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def _stop(self, ranks: Sequence[Rank]) -> tuple[float | None, bool]:
+        """SIGTERM the ranks, SIGKILL what is left after the grace; for a stop or preemption, the seconds they took
+        and whether one was still running at the end (nothing recorded where a rank's failure ended the attempt)."""
+        request = self._request()
+        owner_signalled = request is not None and not request.preempted and os.environ.get(OWNER_SIGNALS_ALL_VAR)
+        began = time.monotonic()
+        if not owner_signalled:  # (the backend's stop reached every rank: a handler runs once)
+            for rank in ranks:
+                signal_tree(rank, signal.SIGTERM)
+        deadline = began + self.policy.stop_grace
+        while any(rank.proc.poll() is None for rank in ranks) and time.monotonic() < deadline:
+            time.sleep(POLL)
+        killed = any(rank.proc.poll() is None for rank in ranks)
+        for rank in ranks:
+            signal_tree(rank, signal.SIGKILL)
+        if request is None:
+            return None, False
+        return min(time.monotonic() - began, self.policy.stop_grace), killed
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m fray.jobs.supervisor", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--replicas", type=int, default=1, help="ranks to start (default 1)")
+    parser.add_argument("--retries", type=int, default=0, help="times to run again after a failed attempt")
+    parser.add_argument("--recoveries", type=int, default=None, help="times to run again after a lost attempt")
+    parser.add_argument("--grace", type=float, default=None, help="seconds a rank has between SIGTERM and SIGKILL")
+    parser.add_argument("--retry-on-exit-codes", default=None, metavar="C,..", help="retry only these failures")
+    parser.add_argument("--no-retry-on-exit-codes", default=None, metavar="C,..", help="never retry these failures")
+    parser.add_argument("--gpus-per-rank", type=int, default=0, help="GPUs each rank holds")
+    parser.add_argument(
+        "--call", default=None, metavar="LABEL", help=f"run the callable in ${CALL_VAR} in each rank (LABEL names it)"
+    )
+    parser.add_argument(
+        "--placement", choices=("pack", "spread"), default=None, help="the ranks as a group over the nodes"
+    )
+    parser.add_argument("--rank-resources", default="{}", help="with --placement: each rank's resources (JSON)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if (args.call is not None) == bool(args.command):
+        parser.error("give either --call or a command after --")
+    if args.call is not None and CALL_VAR not in os.environ:
+        parser.error(f"--call needs the call in ${CALL_VAR} (ClusterContext.create_job(fn) sets it)")
+    if args.replicas < 1 or args.gpus_per_rank < 0:
+        parser.error("--replicas must be >= 1, --gpus-per-rank >= 0")
+    try:
+        args.policy = JobPolicy.of(
+            args.retries,
+            args.recoveries,
+            _codes(args.retry_on_exit_codes),
+            _codes(args.no_retry_on_exit_codes),
+            args.grace,
+        )
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    return args
+
+
+def _codes(text: str | None) -> list[int] | None:
+    return None if text is None else [int(code) for code in text.split(",") if code.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    signals = StopSignals()  # first: before any thread starts, each of which would otherwise take a SIGTERM
+    take_stashed_call()  # (the call kept out of a job record that others may read: fray.jobs.call)
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    try:
+        supervisor = Supervisor(
+            args.command,
+            args.replicas,
+            args.policy,
+            args.gpus_per_rank,
+            args.call is not None,
+            args.placement,
+            {str(k): float(v) for k, v in json.loads(args.rank_resources).items()},
+        )
+    except ValueError as exc:
+        print(f"fray: {exc}", file=sys.stderr, flush=True)
+        return 2
+    supervisor.signals = signals
+    try:
+        return supervisor.run()
+    finally:
+        if supervisor.context is not None:
+            supervisor.context.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""CUDA device memory for the share protocol (fray.runtime.device_shares.memory.DeviceMemory).
+
+- A snapshot is one flat copy of a storage's bytes on its device, made on the dumping thread's current stream
+  after the storage's writers are done (the caller synchronizes the device: fray.runtime.cuda_values), with an
+  interprocess event recorded after the copy.
+- A share is torch's `_share_cuda_()` handle of the snapshot's storage, made anew for each reader (torch counts
+  each handle's use once), and the event's IPC handle, with the device named by the host's id (fray.runtime.gpus): a
+  reader numbers devices by its own CUDA_VISIBLE_DEVICES, and one that does not see the device stages.
+- A reader opens the handle (`_new_shared_cuda`), waits for the event on its current stream, copies into memory
+  of its own on the target device and drops the alias, so the producer's memory is never the reader's value.
+  A handle this process cannot open (the device not visible here, another container, a MIG slice) is
+  DeviceOpenError: the reader asks for staging.
+- Staging: the producer copies the snapshot into pinned host memory; the reader receives into pinned memory of
+  its own and uploads from it (no pageable copy on either side).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+from fray.runtime.device_shares.memory import DeviceOpenError, Share
+from fray.runtime.gpus import discover
+
+__all__ = ["CudaMemory", "CudaSnapshot", "cuda_memory"]
+
+
+@dataclass
+class CudaSnapshot:
+    storage: Any  # torch.UntypedStorage on the device
+    event: Any  # torch.cuda.Event(interprocess=True), recorded after the copy
+
+
+class CudaMemory:
+    name = "cuda"
+
+    def snapshot(self, source: Any) -> CudaSnapshot:
+        import torch
+
+        flat = torch.empty(0, dtype=torch.uint8, device=source.device).set_(source)
+        with torch.cuda.device(source.device):
+            copy = flat.clone()
+            event = torch.cuda.Event(interprocess=True)  # type: ignore[no-untyped-call]  # (untyped in torch)
+            event.record(torch.cuda.current_stream(source.device))
+        return CudaSnapshot(copy.untyped_storage(), event)
+
+    def nbytes(self, snapshot: Any) -> int:
+        return int(snapshot.storage.nbytes())
+
+    def share(self, snapshot: Any) -> Share:
+        import torch
+
+        device = snapshot.storage.device
+        with torch.cuda.device(device):
+            handle = snapshot.storage._share_cuda_()
+            event = snapshot.event.ipc_handle()
+        ids = discover().ids
+        index = device.index or 0
+        return Share((ids[index] if index < len(ids) else index, tuple(handle), event))
+
+    def open_copy(self, share: Share, fds: list[int], where: Any) -> Any:
+        import torch
+
+        host_id, handle, event_handle = share.handle
+        if not torch.cuda.is_available():
+            raise DeviceOpenError("this process has no CUDA device")
+        ordinal = discover().ordinal(host_id)  # (the producer's device as this process numbers it)
+        if ordinal is None or ordinal >= torch.cuda.device_count():
+            raise DeviceOpenError(f"the host's device {host_id} is not visible in this process")
+        handle = (ordinal, *handle[1:])
+        target = where if where is not None else torch.device("cuda", torch.cuda.current_device())
+        if target.type != "cuda":
+            raise DeviceOpenError(f"the value is read onto {target}")
+        try:
+            with torch.cuda.device(target):
+                alias = torch.UntypedStorage._new_shared_cuda(*handle)  # type: ignore[attr-defined]
+                event = torch.cuda.Event.from_ipc_handle(alias.device, event_handle)  # type: ignore[no-untyped-call]
+        except (RuntimeError, TypeError) as exc:  # (cudaErrorInvalidDevice, a handle from another container)
+            raise DeviceOpenError(f"the share of a value on device {host_id} cannot be opened here: {exc}") from None
+        with torch.cuda.device(target):
+            stream = torch.cuda.current_stream(target)
+            stream.wait_event(event)
+            source = torch.empty(0, dtype=torch.uint8, device=alias.device).set_(alias)
+            out = torch.empty(source.numel(), dtype=torch.uint8, device=target)
+            out.copy_(source)
+            stream.synchronize()  # the alias is dropped below: the copy must have read it
+        del source, alias
+        return out.untyped_storage()
+
+    def stage(self, snapshot: Any) -> memoryview:
+        import torch
+
+        storage = snapshot.storage
+        pinned = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
+        with torch.cuda.device(storage.device):
+            torch.cuda.current_stream(storage.device).wait_event(snapshot.event)
+            pinned.copy_(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage))
+        return _view(pinned)
+
+    def host_buffer(self, nbytes: int) -> memoryview:
+        import torch
+
+        if not torch.cuda.is_available():
+            return memoryview(bytearray(nbytes))
+        return _view(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
+
+    def upload(self, data: memoryview, where: Any) -> Any:
+        import torch
+
+        target = where if where is not None else torch.device("cpu")
+        host = torch.frombuffer(data, dtype=torch.uint8) if data.nbytes else torch.empty(0, dtype=torch.uint8)
+        out = torch.empty(data.nbytes, dtype=torch.uint8, device=target)
+        out.copy_(host)
+        return out.untyped_storage()
+
+    def free(self, snapshot: Any) -> None:
+        snapshot.storage = None
+        snapshot.event = None
+
+
+def _view(pinned: Any) -> memoryview:
+    """A writable memoryview of a host tensor's bytes that keeps the tensor alive (torch has no buffer protocol)."""
+    raw = (ctypes.c_ubyte * pinned.numel()).from_address(pinned.data_ptr())
+    raw.pinned = pinned  # type: ignore[attr-defined]
+    return memoryview(raw).cast("B")
+
+
+cuda_memory = CudaMemory()

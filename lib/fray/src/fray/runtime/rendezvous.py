@@ -1,0 +1,95 @@
+"""The TCPStore of an SPMD group's torch.distributed rendezvous, served by fray in rank 0's process.
+
+torch's own env:// rendezvous makes rank 0 serve a TCPStore on MASTER_PORT of every interface of its host (it
+binds the wildcard address): anyone who can reach the host could talk to it for the group's life. So every member
+fray starts has TORCHELASTIC_USE_AGENT_STORE=True (fray.runtime.groups.spmd_env), under which torch's env:// and tcp://
+rendezvous on every rank is a client only, and rank 0's process serves the store itself before the member's class
+is made (`serve_store`), on a socket bound to MASTER_ADDR alone: loopback where every member is on one host, else
+rank 0's host address, which the members on other hosts need.
+
+A job's ranks (fray.jobs.supervisor, `--replicas N` on one host) rendezvous the same way: the supervisor, which
+is none of them, serves their store on loopback (`serve_job_store`) and gives them TORCHELASTIC_USE_AGENT_STORE.
+
+Where torch is not installed nothing is served (nothing there can rendezvous). A member whose code names its own
+`init_method="tcp://..."` must serve that store itself or unset TORCHELASTIC_USE_AGENT_STORE.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from fray.errors import FrayError
+
+__all__ = ["AGENT_STORE_ENV", "serve_job_store", "serve_store", "served_store"]
+
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+STORE_TIMEOUT = timedelta(minutes=30)  # torch's default for a process group's store operations
+
+_served: list[tuple[socket.socket, Any]] = []  # the listener and the store, kept for the life of the process
+
+
+def serve_store(env: Mapping[str, str]) -> None:
+    """In a member's process, before its class is made: if it is rank 0 of an SPMD group (env: its
+    torch.distributed variables), serve the group's TCPStore on MASTER_ADDR:MASTER_PORT only. FrayError, naming
+    the address, if it cannot listen there."""
+    if env.get(AGENT_STORE_ENV) != "True" or env.get("RANK") != "0" or not env.get("MASTER_ADDR"):
+        return
+    if _served or importlib.util.find_spec("torch") is None:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # (re-exported from torch._C)
+
+    addr, port, size = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"])
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    try:
+        listener = socket.create_server((addr, port), family=family, backlog=max(128, size))
+    except OSError as exc:
+        raise FrayError(
+            f"rank 0 of an SPMD group could not listen on MASTER_ADDR {addr} port {port} for the group's "
+            f"rendezvous ({exc}): is {addr} an address of this host, and the port free?"
+        ) from exc
+    _served.append((listener, _store(TCPStore, listener, size)))
+
+
+def _store(store_class: Any, listener: socket.socket, size: int) -> Any:
+    addr, port = listener.getsockname()[:2]
+    return store_class(
+        addr,
+        port,
+        size,
+        True,
+        timeout=STORE_TIMEOUT,
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=listener.fileno(),
+    )
+
+
+def serve_job_store(addr: str, size: int) -> tuple[int, Any] | None:
+    """Serves the TCPStore of `size` ranks that this process starts (and is none of) on `addr` alone, on a port of
+    its choosing: (that port, the store; keep it while the ranks run). None where torch cannot serve one here (the
+    ranks then rendezvous as torch does by itself)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    listener = socket.create_server((addr, 0), family=family, backlog=max(128, size))
+    store = _store(TCPStore, listener, size)
+    return int(listener.getsockname()[1]), (listener, store)
+
+
+def served_store() -> Any:
+    """The store this process serves (None: it serves none)."""
+    return _served[0][1] if _served else None

@@ -1,0 +1,120 @@
+"""The layout of fray-core (lib/fray): rooms by audience. `fray/` itself holds the user API; below it, from the
+top: the jobs room (fray.jobs), what backends run on (fray.runtime), what happened (fray.telemetry) and the
+machine (fray.host). A room imports only the rooms below it; none of them imports the API or the view
+(fray.dashboard), and the view reads the model, never the API. `fray.errors` and `fray.types` are leaves every
+room may import. The import paths of before the rooms still work for one release, with a warning. Circles,
+module sizes and underscores are checked for every distribution by test_import_graph.py."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from _import_graph import import_graph
+
+SRC = Path(__file__).resolve().parents[2] / "lib/fray/src"
+ROOMS = ["fray.host", "fray.telemetry", "fray.runtime", "fray.jobs"]  # lowest first
+LEAVES = {"fray.errors", "fray.types", "fray._moved"}  # fray._moved: the old paths (fray.jobs forwards its own)
+# The job supervisor is a program: a job run as an SPMD group is a group of the job's own backend, made through
+# the API (`fray.init()`), in the supervisor's process only.
+PROGRAMS_OVER_THE_API = {("fray.jobs.supervisor", "fray")}
+API_MODULES = {
+    "fray",
+    "fray._moved",
+    "fray.actor_pool",
+    "fray.backend",
+    "fray.bounded_map",
+    "fray.cluster_context",
+    "fray.context",
+    "fray.errors",
+    "fray.executor",
+    "fray.executor_map",
+    "fray.joblib",
+    "fray.registry",
+    "fray.types",
+}
+PACKAGES = {"cli", "dashboard", "host", "in_memory", "jobs", "kit", "runtime", "telemetry", "testing"}
+
+
+def _room(module: str) -> str | None:
+    return next((room for room in ROOMS if module == room or module.startswith(f"{room}.")), None)
+
+
+def test_fray_itself_holds_the_api_and_the_rooms() -> None:
+    top = SRC / "fray"
+    modules = {f"fray.{p.stem}" for p in top.glob("*.py")} - {"fray.__init__"} | {"fray"}
+    packages = {p.name for p in top.iterdir() if (p / "__init__.py").exists()}
+    assert modules == API_MODULES
+    assert packages == PACKAGES
+
+
+def test_a_room_imports_only_the_rooms_below_it() -> None:
+    graph = import_graph(SRC, "fray")
+    crossing: dict[str, list[str]] = {}
+    for module, targets in graph.items():
+        room = _room(module)
+        if room is None:
+            continue
+        allowed = set(ROOMS[: ROOMS.index(room) + 1])
+        bad = [
+            t
+            for t in sorted(targets)
+            if t not in LEAVES and _room(t) not in allowed and (module, t) not in PROGRAMS_OVER_THE_API
+        ]
+        if bad:
+            crossing[module] = bad
+    assert len([m for m in graph if _room(m)]) > 50
+    assert crossing == {}
+
+
+def test_the_view_reads_the_model_and_nothing_below_points_at_it() -> None:
+    graph = import_graph(SRC, "fray")
+    view = {m for m in graph if m == "fray.dashboard" or m.startswith("fray.dashboard.")}
+    assert len(view) > 5
+    the_view_reaches = {m: sorted(t for t in graph[m] if t in API_MODULES - LEAVES) for m in view}
+    assert {m: ts for m, ts in the_view_reaches.items() if ts} == {}
+    pointing_at_the_view = {m: sorted(t for t in graph[m] if t in view) for m in graph if _room(m)}
+    assert {m: ts for m, ts in pointing_at_the_view.items() if ts} == {}
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("fray.serialization", "fray.runtime.serialization"),
+        ("fray.procfs", "fray.host.procfs"),
+        ("fray.state", "fray.host.state_dir"),
+        ("fray.job_supervisor", "fray.jobs.supervisor"),
+        ("fray.device_shares.memory", "fray.runtime.device_shares.memory"),
+    ],
+)
+def test_an_old_path_is_the_same_module_with_a_warning(old: str, new: str) -> None:
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert module.__spec__ is not None and module.__spec__.name == new
+    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
+
+
+def test_the_old_local_runner_names_are_forwarded_with_a_warning() -> None:
+    import fray.jobs
+    from fray.jobs.local import LocalJobs
+
+    with pytest.warns(DeprecationWarning, match=r"fray\.jobs\.local\.LocalJobs"):
+        assert fray.jobs.LocalJobs is LocalJobs
+    with pytest.raises(AttributeError, match="no_such_name"):
+        fray.jobs.no_such_name  # noqa: B018
+
+
+def test_python_dash_m_with_an_old_path_runs_the_new_module() -> None:
+    """A job recorded before the rooms (`fray job retry` reruns its command) names `-m fray.job_supervisor`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fray.job_supervisor", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--replicas" in done.stdout
