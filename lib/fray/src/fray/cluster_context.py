@@ -18,21 +18,21 @@ from functools import partial
 from typing import Any, ClassVar
 
 from fray.errors import FrayError, JobExistsError, JobNotFoundError, UnsupportedFeatureError
+from fray.host import settings
 from fray.host.interrupts import interrupted, interruptible
+from fray.jobs.dependencies import Waits, waits_of
 from fray.jobs.dirs import job_env
 from fray.jobs.handle import JobHandle
+from fray.jobs.job_info import with_record
 from fray.jobs.plain_text import last_lines, plain, plain_pieces
 from fray.jobs.policy import JobPolicy
-from fray.jobs.records import last_record
 from fray.jobs.requests import (
     IF_EXISTS,
-    SUPERVISOR,
     check_name,
     checked_command,
     is_name,
     latest_run,
     launch_of,
-    name_of,
     next_id,
     place,
     run_of,
@@ -44,13 +44,11 @@ from fray.types import JobInfo, RuntimeEnv
 
 __all__ = ["ClusterContext"]
 
-# fray.registry.ENV_VAR (not imported: the registry imports this module)
-BACKEND_VAR = "FRAY_BACKEND"
+BACKEND_VAR = settings.BACKEND.name
 
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _NAME_TRIES = 20
-_RECORD_LINES = 20  # a supervised job's record is among its log's last lines (only stragglers write after it)
 _DASHBOARD_LOCK = threading.Lock()  # (one for every context: a page is started once in a context's life)
 
 
@@ -90,6 +88,7 @@ class ClusterContext(ABC):
         retry_on_exit_codes: Sequence[int] | None = None,
         no_retry_on_exit_codes: Sequence[int] | None = None,
         stop_grace: float | None = None,
+        after: Sequence[str] | None = None,
     ) -> JobHandle:
         """Start a job; return its handle (which is also its id, a str).
 
@@ -117,6 +116,9 @@ class ClusterContext(ABC):
         the nodes as "pack" would; "pack" / "spread": as an SPMD actor group of this backend placed over its nodes
         (as create_actor_group places one), each rank holding its own resources.
         Ranks, retries and callables run under fray.jobs.supervisor.
+        after: jobs of this cluster (handles, ids or names) it waits for, PENDING, listed at once; it starts when
+        all have SUCCEEDED and ends FAILED without running when one fails, is stopped or deleted
+        (fray.jobs.dependencies). Not with detached.
         """
         policy = JobPolicy.of(max_retries, max_recoveries, retry_on_exit_codes, no_retry_on_exit_codes, stop_grace)
         launch = launch_of(entrypoint, args, kwargs, policy, replicas, resources, placement)
@@ -154,7 +156,10 @@ class ClusterContext(ABC):
             command = launch.command(command, self._job_python())
         assert command is not None  # (a callable is always supervised)
         env = self._reaching_this_cluster(replace(env, env={**job_env(name, self.job_dirs), **env.env}))
-        submit = partial(self._submit, command, env, directory, detached)
+        submit: Callable[[str | None], str] = partial(self._submit, command, env, directory, detached)
+        waits_for = self._waits.targets(after, detached, self.backend, self._resolve)
+        if waits_for:
+            submit = self._waits.deferring(submit, waits_for, command)
         if name is None:
             return JobHandle(submit(job_id), self)
         return JobHandle(self._submit_named(check_name(name), if_exists, submit), self)
@@ -187,14 +192,14 @@ class ClusterContext(ABC):
         for attempt in range(_NAME_TRIES):
             if attempt:
                 time.sleep(min(0.01 * 2 ** (attempt - 1), 0.25))
-            jobs = self._list_jobs()
+            jobs = self._waits.merged(self._list_jobs())
             live = [info for info in jobs if run_of(info.id, name) and not info.status.is_terminal]
             if live and if_exists == "return":
                 return latest_run(live, name)
             if live and if_exists == "refuse":
                 raise JobExistsError(f"job {name!r} is {live[0].status.value} (id {live[0].id}); if_exists='refuse'")
             for info in live:
-                self._stop_job(info.id)
+                self._stop(info.id)
             try:
                 return submit(next_id(name, jobs))
             except JobExistsError:
@@ -211,7 +216,7 @@ class ClusterContext(ABC):
 
     def list_jobs(self) -> list[JobInfo]:
         """Every job this context can see, oldest first where the backend knows the order."""
-        return [self._with_record(info) for info in self._list_jobs()]
+        return self._waits.merged([self._with_record(info) for info in self._list_jobs()])
 
     def job(self, job: str) -> JobHandle:
         """The handle of a job, by id or name (JobNotFoundError if unknown)."""
@@ -220,13 +225,18 @@ class ClusterContext(ABC):
     def get_job(self, job_id: str) -> JobInfo:
         """The current JobInfo of one job, by id or name (JobNotFoundError if unknown). For a job fray supervises
         (a callable, ranks or retries) it holds its attempts, and its callable's result or exception."""
-        return self._with_record(self._get_job(self._resolve(job_id)))
+        job_id = self._resolve(job_id)
+        return self._waits.info(job_id) or self._with_record(self._get_job(job_id))
 
     def stop_job(self, job_id: str) -> None:
         """Stop a pending or running job (its whole process group: SIGTERM, then SIGKILL after a grace period) and
         return once it has ended. It ends STOPPED and stays listed, with its logs. A job that has already ended is
         left as it is. A job stopped is not retried."""
-        self._stop_job(self._resolve(job_id))
+        self._stop(self._resolve(job_id))
+
+    def _stop(self, job_id: str) -> None:
+        if not self._waits.stop(job_id):
+            self._stop_job(job_id)
 
     def retry_job(self, job_id: str) -> JobHandle:
         """Start a new run of a finished job with its recorded command, callable and options (fray.jobs.retry)."""
@@ -234,7 +244,9 @@ class ClusterContext(ABC):
 
     def delete_job(self, job_id: str) -> None:
         """Stop the job if it runs (its whole process group), then forget it."""
-        self._delete_job(self._resolve(job_id))
+        job_id = self._resolve(job_id)
+        if not self._waits.delete(job_id):
+            self._delete_job(job_id)
 
     def get_job_logs(self, job_id: str, tail: int | None = None) -> str:
         """Everything the job wrote to stdout and stderr so far (readable while it runs and after), as plain text:
@@ -243,6 +255,8 @@ class ClusterContext(ABC):
         if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
             raise ValueError(f"tail must be a number of lines >= 0, got {tail!r}")
         job_id = self._resolve(job_id)
+        if self._waits.info(job_id) is not None:
+            return ""  # it has not started
         if tail is None:
             return plain(self._get_job_logs(job_id))
         return last_lines(plain(self._get_job_log_end(job_id, tail + 1)), tail)
@@ -252,15 +266,16 @@ class ClusterContext(ABC):
         piece as it comes; it ends once the job has ended and everything it wrote has been given. Joined, the
         pieces are the job's whole log (as get_job_logs gives it). Unknown ids raise JobNotFoundError here, not
         at the first piece."""
-        job_id = self._resolve(job_id)
-        self._get_job(job_id)
-        return interruptible(plain_pieces(self._tail_job_logs(job_id)), f"the log of job {job_id}")
+        job_id = self._resolve(job_id)  # (it is known: an unknown one raised here)
+        pieces = self._waits.tail(job_id, self._tail_job_logs)
+        return interruptible(plain_pieces(pieces), f"the log of job {job_id}")
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> JobInfo:
         """Block until the job ends; GetTimeoutError after timeout."""
         job_id = self._resolve(job_id)
         try:
-            return self._with_record(self._wait_job(job_id, check_timeout(timeout)))
+            ended, timeout = self._waits.wait(job_id, check_timeout(timeout))
+            return ended or self._with_record(self._wait_job(job_id, timeout))
         except KeyboardInterrupt as exc:
             raise interrupted(exc, f"job {job_id}") from None
 
@@ -269,42 +284,20 @@ class ClusterContext(ABC):
         if not isinstance(job, str):
             raise TypeError(f"a job is named by its id or name (a str), got {type(job).__name__}")
         try:
-            self._get_job(job)
+            if self._waits.info(job) is None:
+                self._get_job(job)
             return str(job)
         except JobNotFoundError:
             if not is_name(job):
                 raise
-        runs = [info for info in self._list_jobs() if run_of(info.id, job)]
+        runs = [info for info in self._waits.merged(self._list_jobs()) if run_of(info.id, job)]
         if not runs:
             raise JobNotFoundError(f"no job with id or name {job!r} on this {self.backend} cluster")
         return latest_run(runs, job)
 
     def _with_record(self, info: JobInfo) -> JobInfo:
         """info with its name, and (for a supervised job) what its log's record says."""
-        parsed = name_of(info.id)
-        if parsed is not None:
-            info = replace(info, name=parsed[0])
-        if " ".join(SUPERVISOR) not in info.entrypoint:
-            return info
-        try:
-            record = last_record(self._get_job_log_end(info.id, _RECORD_LINES))
-        except JobNotFoundError:
-            return info
-        if record is None:
-            return info
-        message = info.message
-        if record.attempts and record.attempts[-1].message and info.status.is_terminal:
-            message = record.attempts[-1].message
-        if record.result_repr is not None:
-            message = f"returned {record.result_repr} (not plain data: kept as its repr)"
-        return replace(
-            info,
-            replicas=record.replicas,
-            attempts=record.attempts,
-            result=record.result,
-            error=record.error,
-            message=message,
-        )
+        return with_record(info, self._get_job_log_end)
 
     def node_status(self) -> list[dict[str, Any]]:
         """The nodes jobs run on, as far as this context can see them: `{"node": name, "total": {resource:
@@ -363,7 +356,13 @@ class ClusterContext(ABC):
             self._shut_down = True
         if self._dashboard is not None:
             self._dashboard.stop()
+        self._waits.close()  # (before the backend's: a job it hands over meanwhile ends with the others)
         self._shutdown()
+
+    @property
+    def _waits(self) -> Waits:
+        """The jobs this context holds back until those they wait for succeed (create_job(after=...))."""
+        return waits_of(self, self._get_job, self._with_record)
 
     def __enter__(self) -> ClusterContext:
         return self

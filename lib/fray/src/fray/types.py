@@ -235,6 +235,9 @@ class JobInfo:
     attempts: tuple[JobAttempt, ...] = ()  # each attempt so far, oldest first
     result: Any = None  # a callable's return value (rank 0's), where it is plain data (see docs/jobs.md)
     error: JobError | None = None  # a callable's exception, or why the last attempt failed
+    # The ids of the jobs it was submitted to wait for (create_job(after=...)), while it has not started: pending on
+    # them, or ended without running because one of them did not succeed. () for a job that started.
+    waiting_for: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

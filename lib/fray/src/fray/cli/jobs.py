@@ -12,6 +12,7 @@ from types import FrameType
 
 from fray.cli.common import CommandError, as_dict, format_exit_code, format_time, open_cluster, say
 from fray.jobs.plain_text import last_lines
+from fray.types import JobInfo
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -23,16 +24,28 @@ def _list(args: argparse.Namespace) -> int:
     if not jobs:
         say("no jobs")
         return 0
+    for line in job_table(jobs):
+        print(line)
+    return 0
+
+
+def job_table(jobs: list[JobInfo]) -> list[str]:
+    """`fray job list`'s lines: a header, then a job a line."""
     width = max(len(info.id) for info in jobs)
     named = max((len(info.name or "-") for info in jobs), default=4)
-    print(f"{'ID':{width}}  {'NAME':{named}}  {'STATUS':9}  ATTEMPTS  RANKS  {'SUBMITTED':19}  ENTRYPOINT")
+    # what a pending job waits for (create_job(after=...)): a column only when one does
+    waits = {info.id: ", ".join(info.waiting_for) for info in jobs if info.waiting_for and not info.status.is_terminal}
+    after = max([len("WAITS FOR"), *(len(text) for text in waits.values())])
+    column = f"{'WAITS FOR':{after}}  " if waits else ""
+    lines = [f"{'ID':{width}}  {'NAME':{named}}  {'STATUS':9}  ATTEMPTS  RANKS  {'SUBMITTED':19}  {column}ENTRYPOINT"]
     for info in jobs:
         entry = info.entrypoint if len(info.entrypoint) <= 60 else info.entrypoint[:57] + "..."
-        print(
+        waited = f"{waits.get(info.id) or '-':{after}}  " if waits else ""
+        lines.append(
             f"{info.id:{width}}  {info.name or '-':{named}}  {info.status.value:9}  {len(info.attempts) or 1:8}  "
-            f"{info.replicas:5}  {format_time(info.submission_time):19}  {entry}"
+            f"{info.replicas:5}  {format_time(info.submission_time):19}  {waited}{entry}"
         )
-    return 0
+    return lines
 
 
 def _job_status(args: argparse.Namespace) -> int:
@@ -49,6 +62,8 @@ def _job_status(args: argparse.Namespace) -> int:
         print(f"  exit code: {format_exit_code(info.exit_code)}")
     if info.message:
         print(f"  message: {info.message}")
+    if info.waiting_for:
+        print(f"  {'waits for' if not info.status.is_terminal else 'waited for'}: {', '.join(info.waiting_for)}")
     if info.replicas > 1:
         print(f"  ranks: {info.replicas}")
     for attempt in info.attempts:

@@ -87,6 +87,7 @@ class JobRow:
     message: str
     error: str
     live: LivePage | None
+    waits_for: list[str]  # the jobs it waits for, or waited for and ended without running (create_job(after=...))
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -112,6 +113,7 @@ def job_row(info: JobInfo, live: LivePage | None) -> JobRow:
         info.message,
         error,
         live,
+        list(info.waiting_for),
     )
 
 

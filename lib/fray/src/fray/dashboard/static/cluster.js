@@ -68,6 +68,8 @@ function renderJobs() {
     const who = el("td");
     who.append(el("div", "mono job-id", j.id));
     if (j.name) who.append(el("div", "kind", j.name));
+    // a job submitted with after=: what it waits for (or waited for, where it ended without running)
+    if (j.waits_for.length) who.append(el("div", "kind waits", `${j.state === "PENDING" ? "waits for" : "waited for"} ${j.waits_for.join(", ")}`));
     const st = el("td"); st.append(el("span", `state st-${j.state}`, j.state.toLowerCase()));
     // the program by its name (/long/venv/bin/python -> python); the whole command is in the tip
     const short = j.entrypoint.replace(/^\S*\/(\S+)/, "$1");
