@@ -18,7 +18,6 @@ from functools import partial
 from typing import Any, ClassVar
 
 from fray.errors import FrayError, JobExistsError, JobNotFoundError, UnsupportedFeatureError
-from fray.host import settings
 from fray.host.interrupts import interrupted, interruptible
 from fray.jobs.dependencies import Waits, waits_of
 from fray.jobs.dirs import job_env
@@ -44,7 +43,8 @@ from fray.types import JobInfo, RuntimeEnv
 
 __all__ = ["ClusterContext"]
 
-BACKEND_VAR = settings.BACKEND.name
+# fray.registry.ENV_VAR (not imported: the registry imports this module)
+BACKEND_VAR = "FRAY_BACKEND"
 
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
