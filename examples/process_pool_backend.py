@@ -23,16 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
-from fray.backend import Backend
+from fray.backend import Backend, Capability, host_gpus, host_resources, non_negative, parse_options
 from fray.errors import WorkerCrashedError
-from fray.jobs.local import host_resources
-from fray.kit import remote
-from fray.kit.calls import Task
-from fray.kit.cluster import LocalClusterContext
-from fray.kit.context import KitJobContext
-from fray.runtime.capabilities import Capability
-from fray.runtime.gpus import host_gpus
-from fray.runtime.options import non_negative, parse_options
+from fray.kit import KitJobContext, LocalClusterContext, Task, remote
 
 NAME = "process_pool"
 # Processes start on demand, up to this many: a task blocked in get lends its CPUs to the next one (the kit's

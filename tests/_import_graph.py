@@ -8,7 +8,7 @@ import ast
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["import_circles", "import_graph", "private_imports"]
+__all__ = ["fray_imports", "import_circles", "import_graph", "private_imports"]
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -43,6 +43,19 @@ def import_graph(src: Path, package: str) -> dict[str, set[str]]:
         targets = {target for target, _, _ in _imports(name, path, modules)}
         graph[name] = {_owner(t, modules) for t in targets if _owner(t, modules)} - {name}
     return graph
+
+
+def fray_imports(src: Path, package: str) -> dict[str, set[str]]:
+    """module of `package` (dotted: "fray.in_memory" is src/fray/in_memory) -> the fray-core modules it imports, as
+    written (`from fray.backend import current` imports fray.backend; `from fray import errors`, fray.errors)."""
+    core_src = Path(__file__).resolve().parents[1] / "lib/fray/src"
+    core = {_module_name(p, core_src): p for p in (core_src / "fray").rglob("*.py")}
+    found: dict[str, set[str]] = {}
+    for path in (src / package.replace(".", "/")).rglob("*.py"):
+        name = _module_name(path, src)
+        targets = {t for t, _, _ in _imports(name, path, core) if t == "fray" or t.startswith("fray.")}
+        found[name] = {_owner(t, core) or t for t in targets}
+    return found
 
 
 def _private(part: str) -> bool:

@@ -10,13 +10,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fray.jobs.local import host_resources
-from fray.kit import remote
-from fray.kit.actors import Actor
-from fray.kit.objects import Serialized
-from fray.runtime.gpus import host_gpus
-from fray.runtime.options import parse_options
-from fray.runtime.refs import async_methods
+from fray.backend import async_methods, host_gpus, host_resources, parse_options
+from fray.kit import Actor, Serialized, remote
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from process_pool_backend import ProcessPoolBackend, ProcessPoolJobContext

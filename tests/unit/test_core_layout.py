@@ -118,3 +118,28 @@ def test_python_dash_m_with_an_old_path_runs_the_new_module() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "--replicas" in done.stdout
+
+
+BACKENDS = [
+    (SRC.parents[2] / "backends/ray/src", "fray_ray"),
+    (SRC.parents[2] / "backends/monarch/src", "fray_monarch"),
+    (SRC, "fray.in_memory"),
+]
+FACES = ("fray", "fray.errors", "fray.backend")
+
+
+@pytest.mark.parametrize(("src", "package"), BACKENDS, ids=[package for _, package in BACKENDS])
+def test_a_backend_imports_fray_core_through_its_faces(src: Path, package: str) -> None:
+    """ray, monarch and in_memory import fray-core from `fray`, `fray.errors` and `fray.backend` only (in_memory
+    also from `fray.kit`, the face of the kit it is built on): what is behind the faces can move without touching
+    a backend."""
+    from _import_graph import fray_imports
+
+    faces = (*FACES, "fray.kit") if package == "fray.in_memory" else FACES
+    own = f"{package}."
+    deeper = {
+        importer: sorted(t for t in targets if t not in faces and not t.startswith(own))
+        for importer, targets in fray_imports(src, package).items()
+    }
+    assert len(deeper) > 5
+    assert {importer: ts for importer, ts in deeper.items() if ts} == {}

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fray.backend import Backend
-from fray.runtime.capabilities import Capability
-from fray.runtime.options import parse_options
-from fray.telemetry.events import choose_recording
+from fray.backend import Backend, Capability, choose_recording, parse_options
 from fray_monarch.core import runtime  # noqa: F401 - environment and fault hook before Monarch starts
 
 # isort: split

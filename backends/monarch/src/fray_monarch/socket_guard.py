@@ -40,8 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
+from fray.backend import private_dir, settings
 from fray.errors import FrayError
-from fray.host.state_dir import private_dir
 from fray_monarch.core.trust import fray_home, untrusted_reason
 
 __all__ = [
@@ -58,7 +58,7 @@ SOURCE = Path(__file__).with_name("socket_guard.c")
 MARKER = "fray_socket_guard_version"  # a symbol of the library: found in a process that preloaded it
 OPT_OUT = "unguarded_sockets"  # the spec option that accepts a driver without the guard
 BUILD_TIMEOUT = 60.0
-RESTARTED = "FRAY_SOCKET_GUARD_RESTARTED"  # set in a process started again under the guard: never twice
+RESTARTED = settings.SOCKET_GUARD_RESTARTED.name  # set in a process started again under the guard: never twice
 
 
 def _lib_dir() -> Path:
@@ -210,7 +210,7 @@ def require(unguarded_ok: bool) -> None:
     if unguarded_ok or active():
         return
     loaded = _loaded()
-    if loaded is None and os.environ.get(RESTARTED):
+    if loaded is None and settings.SOCKET_GUARD_RESTARTED.read():
         raise _not_preloaded()
     if loaded is not None:
         try:
@@ -272,7 +272,7 @@ def restart_under_guard(argv: list[str]) -> NoReturn:
     """Replace this process by `argv` (a Python command) under the guard. FrayError, naming why, if this process
     is that command started again already: the loader could not preload the library (built for another machine,
     or removed meanwhile), and starting again would loop."""
-    if os.environ.get(RESTARTED):
+    if settings.SOCKET_GUARD_RESTARTED.read():
         raise _not_preloaded()
     env = guarded_environ()
     env[RESTARTED] = "1"

@@ -12,12 +12,20 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from fray.backend import Backend
+from fray.backend import (
+    Backend,
+    Capability,
+    byte_count,
+    choose_recording,
+    count,
+    directory,
+    flag,
+    gpu_view,
+    non_empty_text,
+    parse_options,
+    parse_resources,
+)
 from fray.errors import UnsupportedFeatureError
-from fray.runtime.capabilities import Capability
-from fray.runtime.gpus import gpu_view
-from fray.runtime.options import byte_count, count, directory, flag, non_empty_text, parse_options, parse_resources
-from fray.telemetry.events import choose_recording
 from fray_ray.job import RayJobContext
 
 __all__ = ["RayBackend", "RayClusterContext", "RayJobContext"]

@@ -20,14 +20,20 @@ from typing import Any
 import ray
 import ray.exceptions as rex
 
-from fray.context import JobContext
+from fray.backend import (
+    RECORDER,
+    ActorHandle,
+    ActorInfo,
+    ActorOptions,
+    JobContext,
+    Kind,
+    Lifetime,
+    Member,
+    check_function,
+    find_unserializable_argument,
+    public_methods,
+)
 from fray.errors import ActorAlreadyExistsError, ActorNotFoundError
-from fray.runtime.current import ActorInfo
-from fray.runtime.groups import Member
-from fray.runtime.refs import ActorHandle, public_methods
-from fray.runtime.serialization import check_function, find_unserializable_argument
-from fray.telemetry.events import RECORDER, Kind
-from fray.types import ActorOptions, Lifetime
 from fray_ray._args import is_serialization_error, unwrap_args, unwrap_kwargs
 from fray_ray._driver_events import DeathWatch
 from fray_ray._gpus import RENDEZVOUS_ENV, GroupView

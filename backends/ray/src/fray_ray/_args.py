@@ -13,8 +13,7 @@ from typing import Any
 
 import ray
 
-from fray.runtime.device_shares.values import STAGED
-from fray.runtime.refs import ObjectRef
+from fray.backend import STAGED, ObjectRef
 from fray_ray._values import Packed, known_nbytes, pack_args, pack_kwargs
 
 __all__ = [

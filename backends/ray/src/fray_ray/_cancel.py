@@ -28,8 +28,8 @@ from typing import Any
 
 import ray
 
+from fray.backend import ObjectRef
 from fray.errors import TaskCancelledError
-from fray.runtime.refs import ObjectRef
 
 __all__ = ["CancelTracker", "cancel_unless_finished", "finished"]
 

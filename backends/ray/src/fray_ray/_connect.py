@@ -24,8 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import ray
 
-from fray.host import watchdog
-from fray.host.procfs import Identity
+from fray.backend import Identity, watchdog
 from fray_ray._auth import auth_state, join_auth_mode, restore_auth, set_auth_mode, user_auth_mode
 from fray_ray._local import (
     LOOPBACK,

@@ -26,7 +26,7 @@ from typing import Any
 import ray
 import ray.exceptions as rex
 
-from fray.telemetry.events import RECORDER, Kind, ended
+from fray.backend import RECORDER, Kind, ended
 from fray_ray import _events
 
 __all__ = ["DeathWatch", "generator_ref", "submitted", "task_name", "worker_key", "worker_name"]

@@ -41,7 +41,7 @@ from typing import Any
 
 from ray.experimental import internal_kv
 
-from fray.telemetry.events import RECORDER, ProcessEvents
+from fray.backend import RECORDER, ProcessEvents
 
 __all__ = ["FLUSH_PERIOD", "namespace", "pull", "settle", "start_worker", "wake"]
 

@@ -32,10 +32,18 @@ import ray
 import ray.exceptions as rex
 from ray.experimental import internal_kv
 
+from fray.backend import (
+    LOST_PEER_GRACE,
+    RECORDER,
+    Kind,
+    died_error,
+    exiting,
+    hung_reason,
+    lost_peer,
+    restarting_error,
+    settings,
+)
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, GetTimeoutError
-from fray.host.procfs import exiting
-from fray.runtime.gang import LOST_PEER_GRACE, died_error, hung_reason, lost_peer, restarting_error
-from fray.telemetry.events import RECORDER, Kind
 
 __all__ = ["HEARTBEAT_ENV", "POLL", "GangWatch", "RayGang", "Refusal", "raise_refusals", "start_heartbeat"]
 
@@ -394,7 +402,7 @@ def raise_refusals(values: Sequence[Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------- heartbeats
-HEARTBEAT_ENV = "FRAY_SPMD_HEARTBEAT"  # in an SPMD member's environment: seconds between its heartbeats
+HEARTBEAT_ENV = settings.SPMD_HEARTBEAT.name  # in an SPMD member's environment: seconds between its heartbeats
 
 
 def _beat_key(actor_id: str) -> bytes:

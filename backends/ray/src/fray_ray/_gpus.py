@@ -20,13 +20,13 @@ import time
 import ray
 from ray.experimental import internal_kv
 
-from fray.runtime.gpus import ENV_HELD, use_held_device
+from fray.backend import ENV_HELD, settings, use_held_device
 
 __all__ = ["RENDEZVOUS_ENV", "GroupView", "ViewSeen", "see_group_gpus"]
 
 log = logging.getLogger("fray.ray")
 
-RENDEZVOUS_ENV = "FRAY_GPU_RENDEZVOUS"  # in an SPMD member's env: its group life's id
+RENDEZVOUS_ENV = settings.GPU_RENDEZVOUS.name  # in an SPMD member's env: its group life's id
 RENDEZVOUS_TIMEOUT = 120.0  # seconds for every member to start; past it a member keeps its own view (and says so)
 
 
@@ -65,7 +65,7 @@ def _view_on_arrival(env: dict[str, str]) -> ViewSeen:
 def see_group_gpus(env: dict[str, str]) -> None:
     """In an SPMD member's process, before its arguments are unpickled (env: its torch.distributed variables).
     Once per rendezvous: a later call (start_actor's) does nothing."""
-    rendezvous = env.get(RENDEZVOUS_ENV)
+    rendezvous = settings.GPU_RENDEZVOUS.read(env)
     mine = [str(i) for i in ray.get_gpu_ids()]
     if not rendezvous or not mine or rendezvous in _seen:
         return

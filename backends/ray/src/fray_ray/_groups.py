@@ -38,16 +38,28 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from fray.context import JobContext
+from fray.backend import (
+    EPS,
+    ActorGroup,
+    ActorHandle,
+    ActorInfo,
+    ActorOptions,
+    JobContext,
+    Lifetime,
+    Member,
+    ObjectRef,
+    actor_resources,
+    find_unserializable_argument,
+    format_amount,
+    format_resources,
+    free_port,
+    group_label,
+    hang_timeout,
+    heartbeat_interval,
+    member_name,
+    spmd_env,
+)
 from fray.errors import InfeasibleResourcesError
-from fray.host.net import free_port
-from fray.runtime.current import ActorInfo
-from fray.runtime.gang import group_label, hang_timeout, heartbeat_interval
-from fray.runtime.groups import ActorGroup, Member, member_name, spmd_env
-from fray.runtime.refs import ActorHandle, ObjectRef
-from fray.runtime.resources import EPS, actor_resources, format_amount, format_resources
-from fray.runtime.serialization import find_unserializable_argument
-from fray.types import ActorOptions, Lifetime
 from fray_ray._actors import RayActors
 from fray_ray._args import hold_shares, is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker

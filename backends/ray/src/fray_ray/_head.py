@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from fray.backend import Identity, free_ports, stop_group, watchdog
 from fray.errors import FrayError
-from fray.host import watchdog
-from fray.host.net import free_ports
-from fray.host.procfs import Identity, stop_group
 from fray_ray._auth import (
     is_own_job_api,
     note_own_cluster,

@@ -19,9 +19,7 @@ from typing import Any
 import ray._private.ray_constants as ray_constants
 import ray._private.services as ray_services
 
-from fray.host import watchdog
-from fray.host.net import is_loopback
-from fray.host.procfs import Identity, stop_group
+from fray.backend import Identity, is_loopback, stop_group, watchdog
 
 __all__ = [
     "LOCAL_ONLY_ENV",

@@ -20,12 +20,9 @@ from typing import Any
 
 import ray
 
-from fray.context import set_job_context
-from fray.runtime import current
-from fray.runtime.current import ActorInfo
-from fray.runtime.remote_errors import portable as make_portable
-from fray.runtime.rendezvous import serve_store
-from fray_ray._gangs import HEARTBEAT_ENV, start_heartbeat
+from fray.backend import ActorInfo, current, serve_store, set_job_context, settings
+from fray.backend import portable as make_portable
+from fray_ray._gangs import start_heartbeat
 from fray_ray._gpus import RENDEZVOUS_ENV, ViewSeen, see_group_gpus
 from fray_ray._values import pack
 from fray_ray._worker_events import actor_started, attach_worker, call_ended, call_started, task_ended, task_started
@@ -143,8 +140,9 @@ def start_actor(member: tuple[ActorInfo, Mapping[str, str]] | None, class_name: 
     serve_store(env)  # rank 0 of an SPMD group: its rendezvous, bound to MASTER_ADDR only (fray.runtime.rendezvous)
     if RENDEZVOUS_ENV in env:  # an SPMD member holding GPUs sees its group's devices (done already: GroupView)
         see_group_gpus(dict(env))
-    if HEARTBEAT_ENV in env:  # an SPMD member says it is alive (fray_ray._gangs watches for silence)
-        start_heartbeat(float(env[HEARTBEAT_ENV]))
+    beat = settings.SPMD_HEARTBEAT.read(env)
+    if beat is not None:  # an SPMD member says it is alive (fray_ray._gangs watches for silence)
+        start_heartbeat(beat)
 
 
 MEMBER_KWARG = "__fray_member__"  # the hidden creation argument carrying (ActorInfo, env) into the actor

@@ -35,8 +35,7 @@ from typing import Any
 import ray
 import ray.exceptions as rex
 
-from fray.host.procfs import exiting
-from fray.runtime.refs import ObjectRef
+from fray.backend import ObjectRef, exiting
 
 __all__ = ["MAX_SENDS", "Resender"]
 MAX_SENDS = 16  # sends of one call at most (each waits for a restart: an actor that keeps dying stops it)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from fray.backend import ObjectRef
 from fray.errors import GetTimeoutError
-from fray.runtime.refs import ObjectRef
 from fray_ray._cancel import CancelTracker
 
 __all__ = ["RayStreamSource"]

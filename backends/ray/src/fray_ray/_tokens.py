@@ -17,8 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fray.host import watchdog
-from fray.host.procfs import Identity
+from fray.backend import Identity, watchdog
 from fray_ray._local import short_tmp
 
 __all__ = [
@@ -47,9 +46,9 @@ def address_key(address: str) -> str:
 def running_head_record() -> dict[str, Any] | None:
     """The record of the head `fray cluster start` made, while its process still runs (else None)."""
     try:
-        from fray.host import state_dir as state
+        from fray.backend import state_dir
 
-        record = state.read_cluster("ray")
+        record = state_dir.read_cluster("ray")
         leader = Identity.from_record(record.get("leader")) if record else None
         return record if record and leader is not None and leader.running() else None
     except Exception:  # no readable record

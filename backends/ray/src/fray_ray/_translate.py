@@ -10,10 +10,16 @@ from typing import Any
 import ray.exceptions as rex
 
 from fray import errors
+from fray.backend import (
+    OWNER_SIGNALS_ALL_VAR,
+    ActorOptions,
+    Lifetime,
+    RuntimeEnv,
+    TaskOptions,
+    kill_delay,
+    task_resources,
+)
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
-from fray.jobs.policy import OWNER_SIGNALS_ALL_VAR, kill_delay
-from fray.runtime.resources import task_resources
-from fray.types import ActorOptions, Lifetime, RuntimeEnv, TaskOptions
 
 
 # --------------------------------------------------------------------------------------- options

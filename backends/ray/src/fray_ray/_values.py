@@ -31,9 +31,7 @@ import sys
 import threading
 from typing import Any
 
-from fray.runtime.device_shares import MemfdBuffer
-from fray.runtime.device_shares.values import STAGED
-from fray.runtime.serialization import Blob, dumps, loads
+from fray.backend import STAGED, Blob, MemfdBuffer, dumps, loads
 
 __all__ = ["Packed", "known_nbytes", "pack", "pack_args", "pack_kwargs", "take_unpacked_bytes", "unpack"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from fray.telemetry.events import CANCELLED, RECORDER, Kind, ended
+from fray.backend import CANCELLED, RECORDER, Kind, ended
 from fray_ray import _events
 from fray_ray._driver_events import worker_key, worker_name
 

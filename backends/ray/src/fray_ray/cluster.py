@@ -24,17 +24,25 @@ from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import urlencode
 
-from fray.context import ClusterContext
+from fray.backend import (
+    GRACE_VAR,
+    Capability,
+    ClusterContext,
+    JobHandle,
+    JobInfo,
+    JobStatus,
+    RuntimeEnv,
+    format_resources,
+    grace_of,
+    kill_delay,
+    short_of,
+    stash_call,
+    state_subdir,
+)
 from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
-from fray.host.state_dir import state_subdir
-from fray.jobs.call import stash_call
-from fray.jobs.handle import JobHandle
-from fray.jobs.policy import GRACE_VAR, grace_of, kill_delay
-from fray.runtime.capabilities import Capability
-from fray.runtime.resources import format_resources, short_of
-from fray.types import JobInfo, JobStatus, RuntimeEnv
 from fray_ray._auth import is_own_job_api
 from fray_ray._connect import http_link
+from fray_ray._entrypoints import guarded, in_place, strip_preamble, unguarded
 from fray_ray._head import START_TIMEOUT, LocalHead, job_client
 from fray_ray._local import is_loopback_address
 from fray_ray._translate import entrypoint_options, runtime_env_dict, stop_vars
@@ -43,26 +51,6 @@ _STATUS = {s.value: s for s in JobStatus}
 # Whether the create_job call under way named its working directory (the call's or the context's): the core
 # resolves an unnamed one to the caller's current directory before _create_job sees it.
 _working_dir_named: ContextVar[bool] = ContextVar("fray_ray_working_dir_named", default=False)
-
-
-# A private head's job must not outlive its head. Ray's job supervisor starts the entrypoint (`/bin/sh -c ...`) in
-# a session of its own with a watcher that kills it when the supervisor dies, but the raylet kills the direct
-# children of a worker that exits, watcher included, and the entrypoint's own children (`sleep 300 & ...`) were
-# left running forever after their head had stopped. So the entrypoint starts its own watcher, a child of the
-# job's shell (in the job's process group, which it kills once the supervisor is gone; it ends with the job).
-_GUARD = (
-    'sup=$PPID; job=$$; (while kill -0 "$sup" && kill -0 "$job"; do sleep 1; done; '
-    'kill -0 "$sup" || kill -9 -"$job") >/dev/null 2>&1 </dev/null & exec /bin/sh -c '
-)
-
-
-def _guarded(command: str) -> str:
-    return _GUARD + shlex.quote(command)
-
-
-def _in_place(command: str, working_dir: str) -> str:
-    """The command, run in working_dir (on this machine): Ray's own working_dir would zip and copy it."""
-    return f"cd -- {shlex.quote(working_dir)} && {{ {command}\n}}"
 
 
 _JOB_LOG = "job-driver-{submission_id}.log"  # Ray's JOB_LOGS_PATH_TEMPLATE: a job's log, in its node's log directory
@@ -86,26 +74,6 @@ def _is_written_back(details: Any) -> bool:
     """A record Ray's job manager wrote back after the job was deleted (see above): every job submitted has its
     entrypoint and start time."""
     return bool(details.entrypoint == _PLACEHOLDER_ENTRYPOINT and not details.start_time)
-
-
-def _unguarded(entrypoint: str) -> str:
-    if entrypoint.startswith(_GUARD):
-        parts = shlex.split(entrypoint[len(_GUARD) :])
-        if len(parts) == 1:
-            return parts[0]
-    return entrypoint
-
-
-def _strip_preamble(logs: str, job_id: str, entrypoint: str) -> str:
-    """Drop the two lines Ray's job manager adds to a job's log, and nothing else: its logger's "Runtime env is
-    setting up." (the first line) and the supervisor's "Running entrypoint for job ID: COMMAND" line. The latter
-    is written through a buffer flushed only after the entrypoint has started, so it may come after the job's
-    first output (a command that does not exist: the shell's "not found" comes first), even mid-line."""
-    logs = logs.replace(f"Running entrypoint for job {job_id}: {entrypoint}\n", "", 1)
-    first, newline, rest = logs.partition("\n")
-    if newline and first.endswith(" -- Runtime env is setting up."):
-        logs = rest
-    return logs
 
 
 # How long a submission waits for the head's job agent (Ray itself waits 10 s before it answers 'No available
@@ -213,7 +181,7 @@ class RayClusterContext(ClusterContext):
         if env.minimum_resources:
             self._check_feasible({r.name: float(r.quantity) for r in env.minimum_resources})
         if self._local:
-            command = _guarded(_in_place(given, working_dir))
+            command = guarded(in_place(given, working_dir))
         else:
             command = given
             if _working_dir_named.get():
@@ -275,7 +243,7 @@ class RayClusterContext(ClusterContext):
             start_time=seconds(getattr(details, "driver_start_time", None) or details.start_time),
             end_time=seconds(details.end_time),
             entrypoint=(getattr(details, "metadata", None) or {}).get(_ENTRYPOINT_KEY)
-            or _unguarded(details.entrypoint or ""),
+            or unguarded(details.entrypoint or ""),
             exit_code=getattr(details, "driver_exit_code", None),
             # Ray appends the job's last 20,000 characters of log to a failed job's message: they are in its logs
             message=(details.message or "").split(", last available logs", 1)[0],
@@ -350,7 +318,7 @@ class RayClusterContext(ClusterContext):
 
     def _get_job_logs(self, job_id: str) -> str:
         details = self._details(job_id)
-        return _strip_preamble(str(self._client.get_job_logs(job_id)), job_id, details.entrypoint or "")
+        return strip_preamble(str(self._client.get_job_logs(job_id)), job_id, details.entrypoint or "")
 
     def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -428,7 +396,7 @@ class RayClusterContext(ClusterContext):
         except Exception:  # a job whose log file is not there yet (pending), or no log API: the whole log
             return super()._get_job_log_end(job_id, lines)
         text = response.content.decode(errors="replace")
-        return _strip_preamble(text, job_id, details.entrypoint or "")
+        return strip_preamble(text, job_id, details.entrypoint or "")
 
     def _job_python(self) -> str:
         # A cluster elsewhere: its own `python` (this machine's interpreter path need not exist there)

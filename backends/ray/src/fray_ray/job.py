@@ -19,17 +19,26 @@ from typing import Any, ClassVar
 
 import ray
 
-from fray.context import JobContext
+from fray.backend import (
+    SHARED,
+    STAGED,
+    ActorGroup,
+    ActorHandle,
+    ActorOptions,
+    Capability,
+    JobContext,
+    Kind,
+    Member,
+    ObjectRef,
+    ObjectRefStream,
+    PathStats,
+    ProcessEvents,
+    RecordingChoice,
+    TaskOptions,
+    check_function,
+    find_unserializable_argument,
+)
 from fray.errors import ActorUnavailableError, SerializationError, TaskCancelledError
-from fray.runtime.capabilities import Capability
-from fray.runtime.device_shares.values import SHARED, STAGED
-from fray.runtime.groups import ActorGroup, Member
-from fray.runtime.refs import ActorHandle, ObjectRef
-from fray.runtime.serialization import check_function, find_unserializable_argument
-from fray.runtime.streams import ObjectRefStream
-from fray.telemetry.events import RECORDER, Kind, ProcessEvents, RecordingChoice
-from fray.telemetry.transfers import PathStats, device_loads_in, merge
-from fray.types import ActorOptions, TaskOptions
 from fray_ray import _connect, _events, _remote
 from fray_ray._actors import RayActors
 from fray_ray._args import hold_shares, is_serialization_error, unwrap_args, unwrap_kwargs
@@ -40,6 +49,7 @@ from fray_ray._groups import RayGroups
 from fray_ray._remote import Registry, registered_callable
 from fray_ray._resend import remaining
 from fray_ray._streams import RayStreamSource
+from fray_ray._transfer_counts import TransferCounts
 from fray_ray._translate import is_default_task, task_options, translate, worker_calls
 from fray_ray._values import known_nbytes, pack, take_unpacked_bytes
 
@@ -47,7 +57,6 @@ BACKEND = "ray"
 _registry = Registry()
 _stream_registry = Registry()  # generator-task registrations (num_returns="streaming"), apart from plain ones
 _checked_functions: dict[int, Any] = {}
-_STORE_PATH = "ray-object-store"
 _SWEEP_MIN = 64  # refs left after a wait from which _wait also collects the other completed ones
 
 
@@ -94,10 +103,7 @@ class RayJobContext(JobContext):
         # A driver on a private instance (every worker on this host) sends a call's device values as shares of
         # its snapshots, held until the call is done (fray.runtime.device_shares); elsewhere their bytes travel.
         self.device_mode = SHARED if self._owns_connection and _connect.on_a_private_instance() else STAGED
-        self._gets = PathStats()  # this process's reads of stored values (ctx.get)
-        self._workers_device_loads: dict[str, PathStats] = {}  # (from their events: see _pull_events)
-        self._began_ns = time.time_ns()
-        self._gets_lock = threading.Lock()
+        self._transfers = TransferCounts()
         self._cancels = CancelTracker(lambda: self.is_shut_down)
         self._actors = RayActors(self, self.namespace, _registry, _checked_functions, self._owns_connection)
         self._groups = RayGroups(self, self._actors, self._cancels, self.device_mode)
@@ -338,13 +344,8 @@ class RayJobContext(JobContext):
             break
         seconds = time.perf_counter() - start
         nbytes = take_unpacked_bytes() + sum(known_nbytes(v) for v in values)
-        with self._gets_lock:
-            self._gets = self._gets + PathStats(len(values), nbytes, seconds)
+        self._transfers.count_get(len(values), nbytes, seconds, record=self._owns_connection)
         self._last_result_at = time.monotonic()
-        # as _transfer_stats counts (the driver's gets), where bytes were known to move: the bytes by path add up
-        # to transfer_stats(), and a round trip of a small value (0 bytes known) pays nothing for it
-        if nbytes and self._owns_connection and RECORDER.enabled:
-            RECORDER.record(Kind.TRANSFER, _STORE_PATH, _STORE_PATH, {"bytes": nbytes, "seconds": seconds})
         return values
 
     def _transfer_stats(self) -> dict[str, PathStats]:
@@ -353,9 +354,7 @@ class RayJobContext(JobContext):
         ray.get; and the workers' loads of device values, counted from their events (none where recording is
         off). Task and actor arguments resolved inside workers are not counted (Ray resolves them)."""
         self._event_store.refresh()  # (what the workers recorded so far, the device loads with it)
-        with self._gets_lock:
-            stats, device = self._gets, self._workers_device_loads
-        return merge({_STORE_PATH: stats} if stats.count else {}, device)
+        return self._transfers.stats()
 
     def _wait(self, refs: list[ObjectRef], num_returns: int, timeout: float | None) -> set[int]:
         self._refuse_if_shut_down()  # (fray.runtime.completion and progress bars poll this outside the public checks)
@@ -407,12 +406,7 @@ class RayJobContext(JobContext):
         with self._events_lock:
             self._actors.deaths.poll()  # the deaths Ray reports that no failed get showed
             batches = _events.pull(self._events_ns)
-        # The workers' loads of device values: their counters are in their processes, but each load is also
-        # one of their events, and this is where every event of theirs passes once
-        loads = device_loads_in(batches, self._began_ns)
-        if loads:
-            with self._gets_lock:
-                self._workers_device_loads = merge(self._workers_device_loads, loads)
+        self._transfers.count_device_loads(batches)
         return batches
 
     def _engine_links(self) -> dict[str, str]:

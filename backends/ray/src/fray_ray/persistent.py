@@ -17,8 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fray.host import state_dir as state
-from fray.host.procfs import Identity, stop_group
+from fray.backend import Identity, state_dir, stop_group
 from fray_ray._head import LocalHead, job_client
 from fray_ray._local import LOOPBACK
 from fray_ray._tokens import remove as remove_token
@@ -30,7 +29,7 @@ NAME = "ray"
 
 def recorded() -> dict[str, Any] | None:
     """The head `fray cluster start` recorded, with "running": whether its process still runs."""
-    record = state.read_cluster(NAME)
+    record = state_dir.read_cluster(NAME)
     if record is None:
         return None
     leader = Identity.from_record(record.get("leader"))
@@ -63,7 +62,7 @@ def start(
         "listen": listen,
         "started": time.time(),
     }
-    state.record_cluster(NAME, record)
+    state_dir.record_cluster(NAME, record)
     return {**record, "running": True}, True
 
 
@@ -106,4 +105,4 @@ def _clean(record: dict[str, Any]) -> None:
         shutil.rmtree(record["temp_dir"], ignore_errors=True)
     if record.get("token_file"):
         remove_token(Path(record["token_file"]), owned=False)
-    state.forget_cluster(NAME)
+    state_dir.forget_cluster(NAME)

@@ -16,14 +16,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from fray.context import ClusterContext
+from fray.backend import (
+    Capability,
+    ClusterContext,
+    JobInfo,
+    LocalJobs,
+    RuntimeEnv,
+    children_of,
+    grace_of,
+    kill_delay,
+    watchdog,
+)
 from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
-from fray.host import watchdog
-from fray.host.procfs import children_of
-from fray.jobs.local import LocalJobs
-from fray.jobs.policy import grace_of, kill_delay
-from fray.runtime.capabilities import Capability
-from fray.types import JobInfo, RuntimeEnv
 from fray_monarch.cluster.launchers import HostSet
 from fray_monarch.core import runtime, tempdirs  # _runtime: environment and fault hook first
 from fray_monarch.core.monarch_api import Actor, endpoint
@@ -126,7 +130,7 @@ class JobRunner(Actor):
     def host_facts(self) -> dict[str, Any]:
         """This host as `fray status` shows it: name, CPUs, memory, and how many processes run under the
         process that started this one (its host worker, or the driver on the driver's machine)."""
-        from fray.jobs.local import host_resources
+        from fray.backend import host_resources
 
         total = host_resources()
         return {

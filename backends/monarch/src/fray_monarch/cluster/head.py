@@ -25,9 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fray.host import state_dir as state
-from fray.host.procfs import Identity
-from fray.types import Resource, RuntimeEnv
+from fray.backend import Identity, Resource, RuntimeEnv, state_dir
 from fray_monarch.cluster.head_record import NAME, encode_info
 
 __all__ = ["Head", "main"]
@@ -130,7 +128,7 @@ def main(argv: list[str]) -> int:
             "address": path,
             "started": time.time(),
         }
-        state.record_cluster(NAME, record)
+        state_dir.record_cluster(NAME, record)
         print("ready " + json.dumps(record), flush=True)
         os.dup2(2, 1)  # the starter has stopped reading: anything printed later goes to the head's log
         threading.Thread(target=server.serve_forever, name="fray-head", daemon=True).start()
@@ -139,9 +137,9 @@ def main(argv: list[str]) -> int:
         server.shutdown()
         server.server_close()
         head.close()
-        current = state.read_cluster(NAME)
+        current = state_dir.read_cluster(NAME)
         if current is not None and current.get("pid") == os.getpid():
-            state.forget_cluster(NAME)
+            state_dir.forget_cluster(NAME)
         shutil.rmtree(socket_dir, ignore_errors=True)
     return 0
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fray.context import ClusterContext
-from fray.jobs.policy import grace_of, kill_delay
-from fray.runtime.capabilities import Capability
-from fray.types import JobInfo, RuntimeEnv
+from fray.backend import Capability, ClusterContext, JobInfo, RuntimeEnv, grace_of, kill_delay
 from fray_monarch.cluster.head_record import REQUEST_TIMEOUT, decode_info, request
 
 __all__ = ["MonarchHeadClient"]

@@ -7,10 +7,8 @@ import json
 import os
 from typing import Any
 
+from fray.backend import Identity, JobInfo, JobStatus, state_dir
 from fray.errors import FrayError, GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
-from fray.host import state_dir as state
-from fray.host.procfs import Identity
-from fray.types import JobInfo, JobStatus
 
 __all__ = ["NAME", "REQUEST_TIMEOUT", "decode_info", "encode_info", "recorded", "request"]
 
@@ -42,7 +40,7 @@ def decode_info(data: dict[str, Any]) -> JobInfo:
 def recorded() -> dict[str, Any] | None:
     """The head `fray cluster start` recorded, with "running": whether its process still runs (proven by its
     pid, start time and boot: fray.host.procfs.Identity)."""
-    record = state.read_cluster(NAME)
+    record = state_dir.read_cluster(NAME)
     if record is None:
         return None
     leader = Identity.from_record(record.get("leader"))

@@ -20,8 +20,8 @@ import sys
 import threading
 import time
 
+from fray.backend import children_of
 from fray.errors import FrayError
-from fray.host.procfs import children_of
 from fray_monarch import socket_guard
 from fray_monarch.core import runtime  # noqa: F401 - environment and fault hook before Monarch starts
 from fray_monarch.net import tls

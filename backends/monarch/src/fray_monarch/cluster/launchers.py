@@ -35,9 +35,8 @@ from monarch._src.job.service_identity import (
 )
 from monarch.job import JobTrait, ProcessJob, SlurmJob
 
+from fray.backend import state_subdir, watchdog
 from fray.errors import FrayError
-from fray.host import watchdog
-from fray.host.state_dir import state_subdir
 from fray_monarch.net import tls
 from fray_monarch.net.network import host_of, is_loopback, scheme_of
 

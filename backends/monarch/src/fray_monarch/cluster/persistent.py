@@ -11,10 +11,8 @@ import sys
 import time
 from typing import Any
 
+from fray.backend import Identity, flag, state_dir
 from fray.errors import FrayError
-from fray.host import state_dir as state
-from fray.host.procfs import Identity
-from fray.runtime.options import flag
 from fray_monarch import socket_guard
 from fray_monarch.cluster.head_record import NAME, recorded
 
@@ -25,7 +23,7 @@ STOP_TIMEOUT = 60.0  # seconds a head may take to stop its jobs and end its host
 
 
 def _head_dir() -> str:
-    return str(state.state_subdir("monarch", "head"))
+    return str(state_dir.state_subdir("monarch", "head"))
 
 
 def start(listen: str, options: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -34,7 +32,7 @@ def start(listen: str, options: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     if current is not None and current["running"]:
         return current, False
     if current is not None:
-        state.forget_cluster(NAME)
+        state_dir.forget_cluster(NAME)
     if listen and listen not in ("127.0.0.1", "localhost", "::1"):
         options = {"bind": listen, **options}  # else the address that routes to the hosts (net/network.py)
     if any(not isinstance(v, str) for v in options.values()):
@@ -99,5 +97,5 @@ def stop() -> dict[str, Any] | None:
             time.sleep(0.1)
         if leader.running():
             os.kill(leader.pid, signal.SIGKILL)
-    state.forget_cluster(NAME)
+    state_dir.forget_cluster(NAME)
     return current

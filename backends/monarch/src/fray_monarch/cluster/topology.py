@@ -9,12 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fray.jobs.local import host_resources
-from fray.runtime.gpus import HostGpus, gpu_view, host_gpus
-from fray.runtime.options import (
+from fray.backend import (
+    HostGpus,
     byte_count,
     choice,
     flag,
+    gpu_view,
+    host_gpus,
+    host_resources,
     ip_address,
     non_negative,
     parse_options,

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fray.backend import Blob, ObjectRef, dumps, find_unserializable_argument
 from fray.errors import FrayError
-from fray.runtime.refs import ObjectRef
-from fray.runtime.serialization import Blob, dumps, find_unserializable_argument
 from fray_monarch.core.objects import DepMarker, RefPayload
 from fray_monarch.core.protocol import WireValue
 

@@ -8,14 +8,17 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from fray.runtime.groups import Member
-from fray.runtime.outcome import Outcome
-from fray.runtime.refs import ObjectRef
-from fray.runtime.serialization import Blob
-from fray.runtime.streams import StreamSource
-from fray.telemetry.events import ProcessEvents
-from fray.telemetry.transfers import PathStats
-from fray.types import ActorOptions, TaskOptions
+from fray.backend import (
+    ActorOptions,
+    Blob,
+    Member,
+    ObjectRef,
+    Outcome,
+    PathStats,
+    ProcessEvents,
+    StreamSource,
+    TaskOptions,
+)
 from fray_monarch.core.calls import Call
 from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import ActorDesc

@@ -9,16 +9,26 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from fray.context import JobContext
-from fray.runtime.capabilities import Capability
-from fray.runtime.groups import ActorGroup, Member
-from fray.runtime.outcome import Outcome
-from fray.runtime.refs import ActorHandle, ObjectRef, public_methods
-from fray.runtime.serialization import dumps, dumps_code
-from fray.runtime.streams import ObjectRefStream
-from fray.telemetry.events import RECORDER, Kind, ProcessEvents, RecordingChoice
-from fray.telemetry.transfers import PathStats
-from fray.types import ActorOptions, TaskOptions
+from fray.backend import (
+    RECORDER,
+    ActorGroup,
+    ActorHandle,
+    ActorOptions,
+    Capability,
+    JobContext,
+    Kind,
+    Member,
+    ObjectRef,
+    ObjectRefStream,
+    Outcome,
+    PathStats,
+    ProcessEvents,
+    RecordingChoice,
+    TaskOptions,
+    dumps,
+    dumps_code,
+    public_methods,
+)
 from fray_monarch.core.client import ControllerClient
 from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import BACKEND, ActorDesc

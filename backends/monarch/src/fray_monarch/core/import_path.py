@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 
-from fray.runtime.worker_env import driver_import_path, keep_driver_view
+from fray.backend import driver_import_path, keep_driver_view
 from fray_monarch.core.trust import untrusted_reason as path_untrusted
 
 __all__ = ["driver_import_path", "take", "untrusted_reason"]

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fray.runtime.serialization import note_contained
+from fray.backend import note_contained
 
 __all__ = ["DepMarker", "RefPayload", "Tracker", "set_tracker"]
 

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from fray.runtime.remote_errors import RemoteError
-from fray.runtime.serialization import Blob
+from fray.backend import Blob, RemoteError
 
 __all__ = [
     "BACKEND",
@@ -257,7 +256,7 @@ class Reply:
     def unwrap(self) -> Any:
         """The value; raises the error (rebuilt) if there is one."""
         if self.error is not None:
-            from fray.runtime.remote_errors import rebuild
+            from fray.backend import rebuild
 
             raise rebuild(self.error)
         return self.value

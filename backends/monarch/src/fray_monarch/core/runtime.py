@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fray.host import procfs
+from fray.backend import procfs
 from fray_monarch.core.monarch_log import claim_monarch_log_dir
 from fray_monarch.net import tls  # imports no Monarch
 

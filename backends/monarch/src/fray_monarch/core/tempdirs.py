@@ -10,7 +10,7 @@ import tempfile
 import threading
 from typing import Any
 
-from fray.host import watchdog
+from fray.backend import watchdog
 from fray_monarch.core import runtime
 from fray_monarch.data.arena import proc_tag
 

@@ -14,8 +14,8 @@ import os
 import stat
 from pathlib import Path
 
+from fray.backend import private_dir
 from fray.errors import FrayError
-from fray.jobs.local import private_dir
 
 __all__ = ["fray_home", "untrusted_reason"]
 

@@ -28,10 +28,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from fray.backend import FreeList, procfs
+from fray.backend import align as _align
 from fray.errors import FrayError, ObjectStoreFullError
-from fray.host import procfs
-from fray.runtime.pool import FreeList
-from fray.runtime.pool import align as _align
 
 SHM_ROOT = "/dev/shm"
 CHUNK = 64 * 1024 * 1024
@@ -93,7 +92,7 @@ def _suffix(fresh: bool) -> str:
     users cannot learn it before the directory exists); `fresh`: a new one (the kept one's name was taken)."""
     from pathlib import Path
 
-    from fray.host.state_dir import private_dir
+    from fray.backend import private_dir
 
     home = Path.home() / ".fray"
     private_dir(home)

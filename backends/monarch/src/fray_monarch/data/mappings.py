@@ -16,7 +16,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from fray.runtime.pool import align as _align
+from fray.backend import align as _align
 from fray_monarch.data.arena import Arena, open_segment
 
 _libc = ctypes.CDLL(None, use_errno=True)

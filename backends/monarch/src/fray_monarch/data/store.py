@@ -20,11 +20,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fray.backend import SHARED, STAGED, Blob, TransferStats, loads, loads_data
+from fray.backend import align as _align
 from fray.errors import ObjectLostError, ObjectStoreFullError
-from fray.runtime.device_shares.values import SHARED, STAGED
-from fray.runtime.pool import align as _align
-from fray.runtime.serialization import Blob, loads, loads_data
-from fray.telemetry.transfers import TransferStats
 from fray_monarch.core.protocol import Inline, Span, Stored, Value
 from fray_monarch.data import transfer_tls
 from fray_monarch.data.arena import Arena, Lease, open_segment

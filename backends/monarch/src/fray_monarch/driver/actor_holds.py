@@ -11,9 +11,8 @@ rather than share a device that another holds.
 
 from __future__ import annotations
 
+from fray.backend import fits, no_gpus_env, process_env
 from fray.errors import InfeasibleResourcesError
-from fray.runtime.gpus import no_gpus_env, process_env
-from fray.runtime.resources import fits
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.proc_rec import Proc, local_part
 from fray_monarch.driver.processes import ProcessPool

@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fray.runtime.current import ActorInfo
-from fray.runtime.lifecycle import ActorState
-from fray.types import ActorOptions
+from fray.backend import ActorInfo, ActorOptions, ActorState
 from fray_monarch.core.protocol import ActorDesc, WireValue
 from fray_monarch.driver.proc_rec import Proc
 

@@ -10,6 +10,19 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from fray.backend import (
+    ENV_HELD,
+    LOST_PEER_GRACE,
+    RECORDER,
+    ActorInfo,
+    ActorOptions,
+    ActorState,
+    Kind,
+    Member,
+    ended,
+    lost_peer,
+    normalize_resources,
+)
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,
@@ -18,13 +31,6 @@ from fray.errors import (
     FrayError,
     InfeasibleResourcesError,
 )
-from fray.runtime.current import ActorInfo
-from fray.runtime.gang import LOST_PEER_GRACE, lost_peer
-from fray.runtime.gpus import ENV_HELD
-from fray.runtime.groups import Member
-from fray.runtime.lifecycle import ActorState
-from fray.telemetry.events import RECORDER, Kind, ended
-from fray.types import ActorOptions, normalize_resources
 from fray_monarch.core import runtime
 from fray_monarch.core.actor_classes import actor_host
 from fray_monarch.core.objects import RefPayload

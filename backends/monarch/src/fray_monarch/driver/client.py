@@ -10,17 +10,26 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from fray.backend import (
+    ActorOptions,
+    Blob,
+    HostGpus,
+    Member,
+    ObjectRef,
+    Outcome,
+    PathStats,
+    ProcessEvents,
+    RecordingChoice,
+    StreamSource,
+    TaskOptions,
+    first_failure,
+    plain_pickle,
+    public_methods,
+    rebuild,
+    settings,
+    wait_for_get,
+)
 from fray.errors import GetTimeoutError
-from fray.runtime.gpus import HostGpus
-from fray.runtime.groups import Member
-from fray.runtime.outcome import Outcome, first_failure, wait_for_get
-from fray.runtime.refs import ObjectRef, public_methods
-from fray.runtime.remote_errors import rebuild
-from fray.runtime.serialization import Blob, plain_pickle
-from fray.runtime.streams import StreamSource
-from fray.telemetry.events import ProcessEvents, RecordingChoice
-from fray.telemetry.transfers import PathStats
-from fray.types import ActorOptions, TaskOptions
 from fray_monarch.core import runtime
 from fray_monarch.core.calls import Call, contained_ids, pack_call
 from fray_monarch.core.client import GroupSpec, MemberIds
@@ -180,7 +189,7 @@ class DriverClient:
     def _resolved(self, ref: ObjectRef, entry: Entry, remaining: float | None, timeout: float | None) -> Any:
         """The value of entry, waiting up to `remaining` seconds (an actor's reply is read from its future here)."""
         if not self.ctl.actors.resolve(entry, remaining):
-            if os.environ.get("FRAY_MONARCH_DEBUG"):
+            if settings.MONARCH_DEBUG.read():
                 print(self.ctl.debug_state(), file=sys.stderr)
             raise GetTimeoutError(f"get of {ref!r} did not finish within {timeout} s")
         outcome = entry.outcome

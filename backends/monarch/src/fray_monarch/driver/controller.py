@@ -21,12 +21,8 @@ from typing import Any
 
 from monarch.actor import this_proc
 
+from fray.backend import RECORDER, HostGpus, Kind, PathStats, end_children, merge, watchdog
 from fray.errors import FrayError
-from fray.host import watchdog
-from fray.host.procfs import end_children
-from fray.runtime.gpus import HostGpus
-from fray.telemetry.events import RECORDER, Kind
-from fray.telemetry.transfers import PathStats, merge
 from fray_monarch.core import runtime, tempdirs
 from fray_monarch.core.objects import RefPayload, Tracker, owner_key, set_tracker
 from fray_monarch.core.protocol import StoreConfig, Stored

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fray.runtime.remote_errors import portable
+from fray.backend import portable
 from fray_monarch.core import runtime
 from fray_monarch.core.monarch_api import Actor, endpoint
 from fray_monarch.core.protocol import Reply, WireValue

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fray.backend import Outcome, wait_for, when
 from fray.errors import FrayError, ObjectLostError
-from fray.runtime.outcome import Outcome, wait_for, when
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload, Tracker
 from fray_monarch.core.protocol import Stored, Value

@@ -23,9 +23,8 @@ import time
 from functools import partial
 from typing import Any
 
+from fray.backend import RECORDER, Kind, died_error, heartbeat_interval, hung_reason, restarting_error
 from fray.errors import ActorDiedError
-from fray.runtime.gang import died_error, heartbeat_interval, hung_reason, restarting_error
-from fray.telemetry.events import RECORDER, Kind
 from fray_monarch.core import runtime
 from fray_monarch.core.protocol import ReplyStatus
 from fray_monarch.driver.actor_rec import ActorRec

@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from fray.backend import exiting
 from fray.errors import FrayError
-from fray.host.procfs import exiting
 from fray_monarch.core.protocol import WireValue
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.directory import Entry

@@ -23,14 +23,20 @@ from typing import Any
 
 from monarch.actor import Channel
 
+from fray.backend import (
+    ActorInfo,
+    ActorOptions,
+    ActorState,
+    add,
+    capacity,
+    free_port,
+    group_label,
+    hang_timeout,
+    member_name,
+    normalize_resources,
+    spmd_env,
+)
 from fray.errors import ActorAlreadyExistsError, ActorDiedError, FrayError, InfeasibleResourcesError
-from fray.host.net import free_port
-from fray.runtime.current import ActorInfo
-from fray.runtime.gang import group_label, hang_timeout
-from fray.runtime.groups import member_name, spmd_env
-from fray.runtime.lifecycle import ActorState
-from fray.runtime.resources import add, capacity
-from fray.types import ActorOptions, normalize_resources
 from fray_monarch.core import runtime
 from fray_monarch.core.actor_classes import actor_host, worker_host
 from fray_monarch.core.objects import RefPayload

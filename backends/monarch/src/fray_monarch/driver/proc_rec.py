@@ -7,10 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from fray.runtime.gpus import held_from_env
-from fray.runtime.resources import EPS, fits
+from fray.backend import EPS, fits, held_from_env, settings
 
-SIZED_ENV = "FRAY_TASK_RESOURCES"  # in the env key of a process sized for tasks bigger than a process's share
+SIZED_ENV = settings.TASK_RESOURCES.name  # in the env key of a process sized for tasks bigger than a process's share
 
 EnvKey = tuple[tuple[str, str], ...]
 
@@ -65,7 +64,7 @@ def local_part(resources: dict[str, float]) -> dict[str, float]:
 
 def sized_capacity(env_key: EnvKey) -> dict[str, float]:
     """The capacity of a process started with this env key: what sized_env_key put in it, else {}."""
-    value = dict(env_key).get(SIZED_ENV, "")
+    value = settings.TASK_RESOURCES.read(dict(env_key))
     return {k: float(v) for k, _, v in (item.partition("=") for item in value.split(",") if item)}
 
 

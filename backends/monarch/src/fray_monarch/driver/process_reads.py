@@ -8,8 +8,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from fray.telemetry.events import ProcessEvents
-from fray.telemetry.transfers import PathStats, merge
+from fray.backend import PathStats, ProcessEvents, merge
 from fray_monarch.core import runtime
 from fray_monarch.driver.processes import ProcessPool
 

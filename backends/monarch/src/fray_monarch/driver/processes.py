@@ -14,11 +14,20 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+from fray.backend import (
+    EPS,
+    RECORDER,
+    DevicePool,
+    HostGpus,
+    Identity,
+    Kind,
+    add,
+    fits,
+    host_gpus,
+    process_env,
+    subtract,
+)
 from fray.errors import FrayError
-from fray.host.procfs import Identity
-from fray.runtime.gpus import DevicePool, HostGpus, host_gpus, process_env
-from fray.runtime.resources import EPS, add, fits, subtract
-from fray.telemetry.events import RECORDER, Kind
 from fray_monarch.core import runtime, tempdirs
 from fray_monarch.core.actor_classes import worker_host
 from fray_monarch.core.import_path import driver_import_path

@@ -11,12 +11,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from fray.backend import RemoteError, TaskOptions, TaskState, first_failure, fits, task_resources
 from fray.errors import FrayError, TaskCancelledError, WorkerCrashedError
-from fray.runtime.lifecycle import TaskState
-from fray.runtime.outcome import first_failure
-from fray.runtime.remote_errors import RemoteError
-from fray.runtime.resources import fits, task_resources
-from fray.types import TaskOptions
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import TaskItem, TaskResult, TaskStatus, Value, WireValue
@@ -80,7 +76,7 @@ class TaskScheduler:
         cached = self.fn_cache.get(id(fn))
         if cached is not None and cached[0] is fn:
             return cached[1], cached[2]
-        from fray.runtime.serialization import dumps_code
+        from fray.backend import dumps_code
 
         data = dumps_code(fn, f"task function {getattr(fn, '__qualname__', fn)}").data
         if len(self.fn_cache) > 4096:

@@ -12,12 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from fray.backend import ActorOptions, Blob, Member, TaskOptions, first_failure, loads, public_methods
 from fray.errors import FrayError
-from fray.runtime.groups import Member
-from fray.runtime.outcome import first_failure
-from fray.runtime.refs import public_methods
-from fray.runtime.serialization import Blob, loads
-from fray.types import ActorOptions, TaskOptions
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import ActorDesc, Reply, StreamItem, TaskResult, WireValue, send_reply

@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from fray.backend import ObjectRef
 from fray.errors import FrayError, GetTimeoutError
-from fray.runtime.refs import ObjectRef
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import BACKEND, Reply, StreamItem, send_reply

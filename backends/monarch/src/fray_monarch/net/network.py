@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from fray.backend import is_loopback
 from fray.errors import FrayError
-from fray.host.net import is_loopback
 from fray_monarch.net import tls
 
 __all__ = [

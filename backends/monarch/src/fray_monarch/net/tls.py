@@ -33,14 +33,14 @@ from fray.errors import FrayError
 
 if TYPE_CHECKING:
     from cryptography import x509
-from fray.host.state_dir import private_dir
+from fray.backend import private_dir, settings
 from fray_monarch.core.trust import fray_home
 
 __all__ = ["Identity", "authority", "install", "issue", "own_names", "runtime_paths", "tls_dir"]
 
-TLS_DIR_ENV = "FRAY_TLS_DIR"
+TLS_DIR_ENV = settings.TLS_DIR.name
 ENV_CA, ENV_CERT, ENV_KEY = "HYPERACTOR_TLS_CA", "HYPERACTOR_TLS_CERT", "HYPERACTOR_TLS_KEY"
-OWNED_ENV = "FRAY_TLS_RUNTIME_DIR"  # "<pid>:<dir>": the process that chose the paths (absent: the user chose them)
+OWNED_ENV = settings.TLS_RUNTIME_DIR.name  # "<pid>:<dir>": who chose the paths (absent: the user did)
 MONARCH_SPAWNED_ENV = "HYPERACTOR_MESH_BOOTSTRAP_MODE"  # set by Monarch in the processes it spawns
 CA_CERT, CA_KEY = "ca.pem", "ca-key.pem"
 CA_DAYS, IDENTITY_DAYS = 3650, 365
@@ -70,9 +70,10 @@ class Identity:
 
 def tls_dir() -> Path:
     """The user's TLS directory (FRAY_TLS_DIR, else ~/.fray/tls), private: FrayError if it is not this user's."""
-    if not os.environ.get(TLS_DIR_ENV):
+    chosen = settings.TLS_DIR.read()
+    if chosen is None:
         fray_home()  # ~/.fray 0700 first: private_dir would make a missing parent with the umask
-    path = Path(os.environ.get(TLS_DIR_ENV) or Path.home() / ".fray" / "tls")
+    path = chosen or Path.home() / ".fray" / "tls"
     private_dir(path)
     return path
 
@@ -82,7 +83,7 @@ def runtime_paths() -> None:
     Kept as they are: variables the user set, and a parent's when the parent made them (a process Monarch
     spawned: it serves with its host's identity). Any other process inheriting fray's variables (a driver or
     worker started from a fray process) gets paths of its own. The files exist only once `install` writes them."""
-    owner, _, _ = os.environ.get(OWNED_ENV, "").partition(":")
+    owner, _, _ = settings.TLS_RUNTIME_DIR.read().partition(":")
     spawned_by_monarch = MONARCH_SPAWNED_ENV in os.environ and owner == str(os.getppid())
     if spawned_by_monarch or (
         OWNED_ENV not in os.environ and all(os.environ.get(name) for name in (ENV_CA, ENV_CERT, ENV_KEY))
@@ -102,9 +103,9 @@ def install(identity: Identity) -> None:
     user to make it again with an authority of theirs in it. A directory inherited from a parent
     process is the parent's identity, in use: checked, not written. Any directory or file that is not this
     user's and private is a FrayError, never used."""
-    from fray.host import watchdog
+    from fray.backend import watchdog
 
-    owner, _, base = os.environ.get(OWNED_ENV, "").partition(":")
+    owner, _, base = settings.TLS_RUNTIME_DIR.read().partition(":")
     if not base:
         raise FrayError(
             f"{ENV_CA}, {ENV_CERT} and {ENV_KEY} are set in the environment: fray uses those files for TLS and "
@@ -146,9 +147,9 @@ def _check_private(base: str) -> None:
 def remove() -> None:
     """The end of a host worker: its identity files go now (the watchdog that would remove them is one of the
     processes it is about to kill)."""
-    from fray.host import watchdog
+    from fray.backend import watchdog
 
-    owner, _, base = os.environ.get(OWNED_ENV, "").partition(":")
+    owner, _, base = settings.TLS_RUNTIME_DIR.read().partition(":")
     if _installed is None or owner != str(os.getpid()) or not os.path.isdir(base):
         return
     for name in (ENV_CA, ENV_CERT, ENV_KEY):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fray.telemetry.events import ERROR, ended
+from fray.backend import ERROR, ended
 from fray_monarch.core.protocol import ActorReply, PlainReply, ReplyStatus, compact, group_answer, plain_data
 
 _OK = ReplyStatus.OK  # (bound once: compared per reply, and a member's lookup on its class costs more)

@@ -7,14 +7,18 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from fray.backend import (
+    ActorOptions,
+    Blob,
+    Member,
+    ObjectRef,
+    PathStats,
+    ProcessEvents,
+    StreamSource,
+    TaskOptions,
+    dumps_code,
+)
 from fray.errors import GetTimeoutError
-from fray.runtime.groups import Member
-from fray.runtime.refs import ObjectRef
-from fray.runtime.serialization import Blob, dumps_code
-from fray.runtime.streams import StreamSource
-from fray.telemetry.events import ProcessEvents
-from fray.telemetry.transfers import PathStats
-from fray.types import ActorOptions, TaskOptions
 from fray_monarch.core import runtime
 from fray_monarch.core.calls import Call, pack_call
 from fray_monarch.core.client import GroupSpec, MemberIds

@@ -18,17 +18,27 @@ import queue
 import threading
 from typing import Any, cast
 
-import fray.runtime.current as fray_current
-import fray.runtime.worker_output as fray_output
+from fray.backend import (
+    ENV_HELD,
+    RECORDER,
+    ActorInfo,
+    Blob,
+    Kind,
+    ObjectRef,
+    async_methods,
+    capture_exception,
+    dumps,
+    free_port,
+    held_from_env,
+    loads,
+    plain_pickle,
+    serve_store,
+    use_held_device,
+    worker_env_defaults,
+)
+from fray.backend import current as fray_current
+from fray.backend import worker_output as fray_output
 from fray.errors import ActorDiedError
-from fray.runtime.current import ActorInfo
-from fray.runtime.gpus import ENV_HELD, held_from_env, use_held_device
-from fray.runtime.refs import ObjectRef, async_methods
-from fray.runtime.remote_errors import capture_exception
-from fray.runtime.rendezvous import serve_store
-from fray.runtime.serialization import Blob, dumps, loads, plain_pickle
-from fray.runtime.worker_env import worker_env_defaults
-from fray.telemetry.events import RECORDER, Kind
 from fray_monarch.core import environ, runtime
 from fray_monarch.core.calls import fill_deps
 from fray_monarch.core.monarch_api import Actor, endpoint
@@ -84,8 +94,7 @@ class WorkerHost(Actor):
 
     @endpoint
     def events(self) -> dict[str, Any]:
-        """This process's events not handed over yet (fray.telemetry.events; the others went with its reports), as plain
-        data."""
+        """This process's events not handed over yet (the others went with its reports), as plain data."""
         return RECORDER.take().to_json()
 
     @endpoint
@@ -107,8 +116,6 @@ class WorkerHost(Actor):
     def spmd_master(self, loopback: bool = False) -> tuple[str, int]:
         """This host's address (127.0.0.1 if `loopback`: every member is here) and a TCP port free on it now
         (MASTER_ADDR and MASTER_PORT of an SPMD group whose rank 0 is here)."""
-        from fray.host.net import free_port
-
         address = "127.0.0.1" if loopback else self.rt.bind
         return address, free_port(address)
 

@@ -7,7 +7,7 @@ import threading
 
 from monarch.actor import current_rank
 
-import fray.runtime.current as fray_current
+from fray.backend import current as fray_current
 from fray_monarch.core.context import MonarchJobContext
 from fray_monarch.core.protocol import WorkerSetup
 from fray_monarch.workers.client import WorkerClient

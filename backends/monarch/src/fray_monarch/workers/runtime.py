@@ -16,10 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fray.runtime.remote_errors import capture_exception
-from fray.runtime.serialization import Blob, dumps
-from fray.telemetry.events import RECORDER
-from fray.telemetry.transfers import PathStats, device_stats, merge
+from fray.backend import RECORDER, Blob, PathStats, capture_exception, device_stats, dumps, merge
 from fray_monarch.core import import_path
 from fray_monarch.core.calls import contained_ids
 from fray_monarch.core.objects import RefPayload, Tracker, set_tracker

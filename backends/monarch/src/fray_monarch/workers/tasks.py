@@ -12,15 +12,24 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import fray.runtime.current as fray_current
-import fray.runtime.worker_output as fray_output
-from fray.context import JobContext
+from fray.backend import (
+    RECORDER,
+    Blob,
+    JobContext,
+    Kind,
+    add,
+    capture_exception,
+    discover,
+    dumps,
+    ended,
+    fits,
+    loads,
+    subtract,
+    using_gpus,
+)
+from fray.backend import current as fray_current
+from fray.backend import worker_output as fray_output
 from fray.errors import TaskCancelledError
-from fray.runtime.gpus import discover, using_gpus
-from fray.runtime.remote_errors import capture_exception
-from fray.runtime.resources import add, fits, subtract
-from fray.runtime.serialization import Blob, dumps, loads
-from fray.telemetry.events import RECORDER, Kind, ended
 from fray_monarch.core.calls import fill_deps
 from fray_monarch.core.protocol import TaskItem, TaskResult, TaskStatus
 from fray_monarch.workers.runtime import WorkerRuntime

@@ -14,14 +14,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from fray.backend import Backend
+from fray.backend import (
+    Backend,
+    Capability,
+    flag,
+    gpu_view,
+    host_gpus,
+    host_resources,
+    huge_pages_in_this_process,
+    non_negative,
+    parse_options,
+    parse_resources,
+)
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.in_memory.job import InMemoryJobContext
-from fray.jobs.local import host_resources
-from fray.runtime.capabilities import Capability
-from fray.runtime.gpus import gpu_view, host_gpus
-from fray.runtime.options import flag, non_negative, parse_options, parse_resources
-from fray.runtime.worker_env import huge_pages_in_this_process
 
 __all__ = ["InMemoryBackend", "InMemoryClusterContext", "InMemoryJobContext"]
 

@@ -38,12 +38,23 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from fray.backend import (
+    PAGE,
+    POOL_MIN,
+    STAGED,
+    Blob,
+    Piece,
+    align,
+    buffer_address,
+    capture_exception,
+    dumps,
+    live_chunks,
+    loads,
+    locate,
+    pool_piece,
+)
 from fray.errors import FrayError, SerializationError
-from fray.kit.objects import Serialized
-from fray.runtime.device_shares.values import STAGED
-from fray.runtime.pool import PAGE, POOL_MIN, Piece, align, buffer_address, live_chunks, locate, pool_piece
-from fray.runtime.remote_errors import capture_exception
-from fray.runtime.serialization import Blob, dumps, loads
+from fray.kit import Serialized
 
 __all__ = ["Channel"]
 

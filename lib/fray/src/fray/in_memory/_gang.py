@@ -21,10 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from fray.backend import RECORDER, Kind, died_error, free_port, hung_reason, restarting_error
 from fray.errors import ActorUnavailableError, FrayError
-from fray.host.net import free_port
-from fray.runtime.gang import died_error, hung_reason, restarting_error
-from fray.telemetry.events import RECORDER, Kind
 
 __all__ = ["Gang", "GangMember"]
 

@@ -22,21 +22,31 @@ import threading
 import time
 from typing import Any
 
+from fray.backend import (
+    LOST_PEER_GRACE,
+    RECORDER,
+    SHARED,
+    ActorInfo,
+    Blob,
+    Kind,
+    RemoteError,
+    capture_exception,
+    driver_import_path,
+    exiting,
+    heartbeat_interval,
+    keep_driver_view,
+    loads,
+    lost_peer,
+    serve_store,
+    set_process_actor,
+    use_held_device,
+    watchdog,
+    worker_env_defaults,
+)
 from fray.errors import ActorDiedError, ActorUnavailableError
-from fray.host import watchdog
-from fray.host.procfs import exiting
 from fray.in_memory._channel import Channel
 from fray.in_memory._gang import Gang
-from fray.kit.objects import Serialized
-from fray.runtime.current import ActorInfo, set_process_actor
-from fray.runtime.device_shares.values import SHARED
-from fray.runtime.gang import LOST_PEER_GRACE, heartbeat_interval, lost_peer
-from fray.runtime.gpus import use_held_device
-from fray.runtime.remote_errors import RemoteError, capture_exception
-from fray.runtime.rendezvous import serve_store
-from fray.runtime.serialization import Blob, loads
-from fray.runtime.worker_env import driver_import_path, keep_driver_view, worker_env_defaults
-from fray.telemetry.events import RECORDER, Kind
+from fray.kit import Serialized
 
 __all__ = ["ProcessMember"]
 

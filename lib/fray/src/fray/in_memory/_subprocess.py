@@ -12,15 +12,21 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fray.backend import (
+    RECORDER,
+    SHARED,
+    Kind,
+    RemoteError,
+    capture_exception,
+    driver_import_path,
+    keep_driver_view,
+    loads,
+    watchdog,
+    worker_env_defaults,
+)
 from fray.errors import WorkerCrashedError
-from fray.host import watchdog
 from fray.in_memory._channel import Channel
-from fray.kit.objects import Serialized
-from fray.runtime.device_shares.values import SHARED
-from fray.runtime.remote_errors import RemoteError, capture_exception
-from fray.runtime.serialization import loads
-from fray.runtime.worker_env import driver_import_path, keep_driver_view, worker_env_defaults
-from fray.telemetry.events import RECORDER, Kind
+from fray.kit import Serialized
 
 
 def run_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], env: dict[str, str]) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fray.kit.cluster import LocalClusterContext
+from fray.kit import LocalClusterContext
 
 __all__ = ["InMemoryClusterContext"]
 

@@ -11,21 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from fray.backend import (
+    SHARED,
+    ActorGroup,
+    ActorOptions,
+    Blob,
+    Capability,
+    KeptToken,
+    ObjectRef,
+    actor_resources,
+    create_one_by_one,
+    dumps,
+    group_label,
+    hang_timeout,
+    loads,
+    process_env,
+    with_values,
+)
 from fray.in_memory._gang import Gang
-from fray.kit.actors import Actor
-from fray.kit.calls import Task
-from fray.kit.context import KitJobContext
-from fray.kit.objects import Serialized
-from fray.runtime.capabilities import Capability
-from fray.runtime.cuda_values import KeptToken
-from fray.runtime.device_shares.values import SHARED
-from fray.runtime.gang import group_label, hang_timeout
-from fray.runtime.gpus import process_env
-from fray.runtime.groups import ActorGroup, create_one_by_one
-from fray.runtime.refs import ObjectRef, with_values
-from fray.runtime.resources import actor_resources
-from fray.runtime.serialization import Blob, dumps, loads
-from fray.types import ActorOptions
+from fray.kit import Actor, KitJobContext, Serialized, Task
 
 __all__ = ["InMemoryJobContext"]
 
