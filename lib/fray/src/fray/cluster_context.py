@@ -362,7 +362,7 @@ class ClusterContext(ABC):
     @property
     def _waits(self) -> Waits:
         """The jobs this context holds back until those they wait for succeed (create_job(after=...))."""
-        return waits_of(self, self._get_job, self._with_record)
+        return waits_of(self, self._get_job, self._with_record, self.backend, self.describe)
 
     def __enter__(self) -> ClusterContext:
         return self
