@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, ClassVar
 
 from fray.errors import FrayError, JobExistsError, JobNotFoundError, UnsupportedFeatureError
+from fray.host import settings
 from fray.host.interrupts import interrupted, interruptible
 from fray.jobs.dependencies import Waits, waits_of
 from fray.jobs.dirs import job_env
@@ -43,8 +44,7 @@ from fray.types import JobInfo, RuntimeEnv
 
 __all__ = ["ClusterContext"]
 
-# fray.registry.ENV_VAR (not imported: the registry imports this module)
-BACKEND_VAR = "FRAY_BACKEND"
+BACKEND_VAR = settings.BACKEND.name
 
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -22,19 +22,19 @@ from urllib.parse import parse_qsl
 from fray.backend import Backend
 from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
-from fray.host import interrupts
+from fray.host import interrupts, settings
 from fray.jobs.dirs import cluster_with_job_dirs
 from fray.runtime import current
 from fray.runtime.options import did_you_mean
 
 __all__ = ["available_backends", "cluster", "get_backend", "init", "parse_spec", "register_backend", "shutdown"]
 
-ENV_VAR = "FRAY_BACKEND"
-DEFAULT_BACKEND = "in_memory"
+ENV_VAR = settings.BACKEND.name
+DEFAULT_BACKEND = settings.BACKEND.default
 ENTRY_POINT_GROUP = "fray.backends"
 # Backends registered in a process, as {name: [module:attr, its import root]}: inherited by the processes fray
 # starts (jobs, workers), which import them by name there (register_backend).
-REGISTERED_ENV = "FRAY_REGISTERED_BACKENDS"
+REGISTERED_ENV = settings.REGISTERED_BACKENDS.name
 
 # name -> (object path, how to install it). Entry points override these paths.
 FIRST_PARTY: dict[str, tuple[str, str]] = {
@@ -112,7 +112,7 @@ def _export(name: str, klass: type) -> None:
     if klass.__module__ == "__main__" or path is None:  # nothing another process could import
         return
     depth = klass.__module__.count(".") + (Path(path).name == "__init__.py")
-    exported = json.loads(os.environ.get(REGISTERED_ENV) or "{}")
+    exported = settings.REGISTERED_BACKENDS.read() or {}
     exported[name] = [f"{klass.__module__}:{klass.__qualname__}", str(Path(path).resolve().parents[depth])]
     os.environ[REGISTERED_ENV] = json.dumps(exported)
 
@@ -120,8 +120,8 @@ def _export(name: str, klass: type) -> None:
 def _import_exported(name: str) -> Any:
     """The class a parent process registered as `name` (REGISTERED_ENV), or None."""
     try:
-        where = json.loads(os.environ.get(REGISTERED_ENV) or "{}").get(name)
-    except ValueError:
+        where = (settings.REGISTERED_BACKENDS.read() or {}).get(name)
+    except ValueError:  # (a SettingError: not fray's to import from)
         return None
     if not where:
         return None
@@ -169,7 +169,7 @@ def get_backend(name: str) -> Backend:
 
 def _resolve(spec: str | None, options: Mapping[str, Any]) -> tuple[Backend, dict[str, str]]:
     if spec is None:
-        spec = os.environ.get(ENV_VAR) or DEFAULT_BACKEND
+        spec = settings.BACKEND.read()
     name, spec_options = parse_spec(spec)
     # Keyword options are the spec's query values, as strings; objects that have no string form (a Monarch job
     # object: fray.init("monarch", job=job)) pass through as they are, for the backend to check.
@@ -197,7 +197,7 @@ def init(spec: str | None = None, **options: Any) -> JobContext:
         raise
     current.set_default(ctx)
     current.make_current(ctx)
-    if os.environ.get("FRAY_DASHBOARD"):  # (fray.dashboard: the live page, started and announced)
+    if settings.DASHBOARD.read() is not None:  # (fray.dashboard: the live page, started and announced)
         from fray.dashboard import announce_from_env
 
         announce_from_env(ctx)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import signal
 import sys
 import time
@@ -12,8 +11,9 @@ from typing import Any
 
 from fray.backend import Backend, PersistentClusters
 from fray.context import ClusterContext
+from fray.host import settings
 from fray.jobs.dirs import cluster_with_job_dirs
-from fray.registry import DEFAULT_BACKEND, ENV_VAR, get_backend, parse_spec
+from fray.registry import get_backend, parse_spec
 from fray.runtime.capabilities import Capability
 from fray.types import JobInfo, JobStatus
 
@@ -38,7 +38,7 @@ class CommandError(Exception):
 
 
 def resolve(args: argparse.Namespace) -> tuple[str, dict[str, str], Backend]:
-    name, options = parse_spec(args.backend or os.environ.get(ENV_VAR) or DEFAULT_BACKEND)
+    name, options = parse_spec(args.backend or settings.BACKEND.read())
     return name, options, get_backend(name)
 
 

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from fray.cli.common import CommandError, exit_status, open_cluster, say
 from fray.context import ClusterContext
+from fray.host import settings
 from fray.jobs.policy import JobPolicy
 from fray.runtime.capabilities import Capability
 from fray.types import RuntimeEnv
@@ -190,7 +191,7 @@ def submit(args: argparse.Namespace, wait: bool) -> int:
         raise CommandError(str(exc), 2) from None
     env = _env_of(args.env, args.env_file)
     if args.dashboard:  # (fray.dashboard: its driver starts its live page at fray.init and prints where)
-        env = RuntimeEnv(env={**(env.env if env is not None else {}), "FRAY_DASHBOARD": "1"})
+        env = RuntimeEnv(env={**(env.env if env is not None else {}), settings.DASHBOARD.name: "1"})
     wait = wait and not getattr(args, "no_wait", False)
     stays = not wait or args.on_interrupt == "leave"  # the job must outlive this command
     what = "--no-wait" if not wait else "--on-interrupt leave"

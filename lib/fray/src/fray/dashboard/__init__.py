@@ -19,10 +19,11 @@ import sys
 from typing import Protocol
 
 from fray.dashboard.server import Dashboard
+from fray.host import settings
 
 __all__ = ["ANNOUNCED", "Dashboard", "announce_from_env"]
 
-ENV = "FRAY_DASHBOARD"
+ENV = settings.DASHBOARD.name
 # the line a driver prints; `fray dashboard JOB` takes the last one in the job's log
 ANNOUNCED = re.compile(r"^fray: the live page of this job \(host (?P<host>\S+), pid \d+\): (?P<url>http://\S+)$", re.M)
 
@@ -34,10 +35,9 @@ class _Serves(Protocol):
 def announce_from_env(ctx: _Serves) -> str | None:
     """Start ctx's live page if FRAY_DASHBOARD asks for it (1, or the port to serve on), and print its address
     (with its token: the line goes where the driver's stderr goes, a job's private log for a job)."""
-    wanted = os.environ.get(ENV, "").strip().lower()
-    if wanted in ("", "0", "off", "false", "no"):
+    port = settings.DASHBOARD.read()
+    if port is None:
         return None
-    port = int(wanted) if wanted.isdigit() and wanted != "1" else 0
     url = ctx.dashboard(port=port)
     print(f"fray: the live page of this job (host {socket.gethostname()}, pid {os.getpid()}): {url}", file=sys.stderr)
     return url

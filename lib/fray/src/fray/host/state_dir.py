@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fray.errors import FrayError
+from fray.host import settings
 
 __all__ = [
     "ENV_VAR",
@@ -38,14 +39,14 @@ __all__ = [
     "write_json",
 ]
 
-ENV_VAR = "FRAY_STATE_DIR"
+ENV_VAR = settings.STATE_DIR.name
 
 
 def state_dir() -> Path:
     """Where fray keeps what outlives one process (not created here)."""
-    explicit = os.environ.get(ENV_VAR)
-    if explicit:
-        return Path(explicit).expanduser().absolute()
+    explicit = settings.STATE_DIR.read()
+    if explicit is not None:
+        return explicit.absolute()
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base).absolute() / "fray"
 

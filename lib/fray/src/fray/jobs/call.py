@@ -17,6 +17,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from fray.host import settings
 from fray.jobs.records import load_plain
 from fray.types import JobError
 
@@ -31,9 +32,9 @@ __all__ = [
     "take_stashed_call",
 ]
 
-CALL_VAR = "FRAY_JOB_CALL"  # base64 of the pickled (fn, args, kwargs)
-RESULT_FD_VAR = "FRAY_JOB_RESULT_FD"
-CALL_FILE_VAR = "FRAY_JOB_CALL_FILE"  # a private file holding FRAY_JOB_CALL's value, where the environment is shown
+CALL_VAR = settings.JOB_CALL.name  # base64 of the pickled (fn, args, kwargs)
+RESULT_FD_VAR = settings.JOB_RESULT_FD.name
+CALL_FILE_VAR = settings.JOB_CALL_FILE.name  # a private file holding the call, where the environment is shown
 CALL_MAX = 96 * 1024  # characters of FRAY_JOB_CALL: an environment variable holds at most 128 KiB on Linux
 OUTCOME_MAX = 1 << 20
 
@@ -73,7 +74,7 @@ def stash_call(env_vars: dict[str, str], directory: Path) -> None:
 def take_stashed_call() -> None:
     """In the job's supervisor: FRAY_JOB_CALL from the file FRAY_JOB_CALL_FILE names (a regular file of this
     user's, not a link), which is then removed. Nothing if FRAY_JOB_CALL is set or no file is named."""
-    name = os.environ.pop(CALL_FILE_VAR, None)
+    name = settings.JOB_CALL_FILE.take()
     if name is None or CALL_VAR in os.environ:
         return
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

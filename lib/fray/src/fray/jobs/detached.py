@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
+from fray.host import settings
 from fray.host.procfs import Identity, group_members, stop_group
 from fray.host.state_dir import private_dir, read_json, state_subdir, write_json
 from fray.jobs.local import ended_status, follow_log, job_command, job_environment, missing_dir_message, read_log_end
@@ -263,14 +264,15 @@ class DetachedJobs:
 
     def _stop_leader(self, state: dict[str, Any], job_dir: Path | None = None) -> None:
         leader = Identity.from_record(state.get("leader"))
-        grace = ((read_json(job_dir / "job.json") or {}).get("env") or {}).get(GRACE_VAR) if job_dir else None
+        job_env = ((read_json(job_dir / "job.json") or {}).get("env") or {}) if job_dir else {}
+        grace = settings.JOB_STOP_GRACE.read(job_env)
         if leader is not None and grace is not None and leader.running():
             # a supervised job: its supervisor gives its ranks their grace (fray.jobs.local.LocalJobs.stop says why)
             try:
                 os.kill(leader.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            deadline = time.monotonic() + kill_delay(float(grace))
+            deadline = time.monotonic() + kill_delay(grace)
             while group_members(leader.pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             stop_group(leader, 1.0)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from fray.errors import FrayError
+from fray.host import settings
 from fray.host.state_dir import private_dir, state_subdir
 
 
@@ -45,9 +46,9 @@ __all__ = [
     "resuming_now",
 ]
 
-NAME_VAR = "FRAY_JOB_NAME"  # a named job's name, in its environment
-ROOT_VAR = "FRAY_JOB_DIRS"  # the cluster's job_dirs option, in its jobs' environment
-RESUMING_VAR = "FRAY_JOB_RESUMING"  # "1" or "0": the supervisor's look before the attempt's ranks start
+NAME_VAR = settings.JOB_NAME.name  # a named job's name, in its environment
+ROOT_VAR = settings.JOB_DIRS.name  # the cluster's job_dirs option, in its jobs' environment
+RESUMING_VAR = settings.JOB_RESUMING.name  # "1" or "0": the supervisor's look before the attempt's ranks start
 SPEC_OPTION = "job_dirs"
 
 
@@ -61,13 +62,13 @@ def check_root(root: str) -> str:
 def job_dir(name: str | None = None) -> Path:
     """This job's directory (made if missing): see the module's docstring. FrayError outside a named job, or
     where the directory is not this user's (a symlink, another user's)."""
-    name = name or os.environ.get(NAME_VAR)
+    name = name or settings.JOB_NAME.read()
     if not name:
         raise FrayError(
             "fray.job_dir() is the directory of a named job, and this process is not one: submit it with "
             "create_job(..., name=NAME) or `fray job submit --name NAME`"
         )
-    root = os.environ.get(ROOT_VAR)
+    root = settings.JOB_DIRS.read()
     if root is None:
         return private_dir(state_subdir("job-dirs") / name)
     if not os.path.isdir(root):
@@ -91,10 +92,10 @@ def resuming_now(name: str | None, attempt: int) -> bool:
 def resuming() -> bool:
     """True when this attempt of the job is not its first, or a previous attempt or run of its name left
     something in its directory (fray.job_dir()) before this attempt began."""
-    flag = os.environ.get(RESUMING_VAR)
+    flag = settings.JOB_RESUMING.read()
     if flag is not None:
-        return flag == "1"
-    return resuming_now(os.environ.get(NAME_VAR), int(os.environ.get("FRAY_JOB_ATTEMPT", "1")))
+        return flag
+    return resuming_now(settings.JOB_NAME.read(), settings.JOB_ATTEMPT.read())
 
 
 def cluster_with_job_dirs(make: Callable[..., _C], options: dict[str, Any]) -> _C:

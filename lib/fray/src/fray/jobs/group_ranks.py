@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import IO
 
-from fray.host import watchdog
+from fray.host import settings, watchdog
 from fray.jobs.call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome
 from fray.jobs.signals import unblock_in_child
 
@@ -59,9 +59,9 @@ class RankProcess:
     def start(self, command: list[str] | None, call: str | None, attempt: int, resuming: str | None = None) -> str:
         """Start the rank (the command, or the callable FRAY_JOB_CALL would hold); this member's host name."""
         env = dict(os.environ)
-        env["FRAY_JOB_ATTEMPT"] = str(attempt)
+        env[settings.JOB_ATTEMPT.name] = str(attempt)
         if resuming is not None:  # (the supervisor's look at the job's directory: fray.jobs.dirs)
-            env["FRAY_JOB_RESUMING"] = resuming
+            env[settings.JOB_RESUMING.name] = resuming
         read_fd = write_fd = -1
         if call is not None:
             read_fd, write_fd = os.pipe()

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fray.errors import GetTimeoutError, InfeasibleResourcesError, JobExistsError, JobNotFoundError
-from fray.host import watchdog
+from fray.host import settings, watchdog
 from fray.host.procfs import Identity, stop_group
 from fray.host.state_dir import private_dir
 from fray.jobs.plain_text import last_lines
-from fray.jobs.policy import GRACE_VAR, kill_delay
+from fray.jobs.policy import kill_delay
 from fray.runtime.gpus import DevicePool, HostGpus, discover, process_env
 from fray.runtime.resources import add, fits, format_resources, short_of, subtract
 from fray.types import JobInfo, JobStatus, RuntimeEnv
@@ -196,8 +196,9 @@ class LocalJobs:
         job.need = need
         job.detached = detached
         job.working_dir = working_dir
-        if GRACE_VAR in env.env:
-            job.grace = float(env.env[GRACE_VAR])
+        grace = settings.JOB_STOP_GRACE.read(env.env)
+        if grace is not None:
+            job.grace = grace
         # Taken and listed in one step: a racing submitter of the same name that is refused this id must find the
         # job when it lists again (create_job's named runs count on it).
         with self._lock:

@@ -20,6 +20,8 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from fray.host import settings
+
 __all__ = [
     "DEFAULT_GRACE",
     "DEFAULT_RECOVERIES",
@@ -37,10 +39,10 @@ DEFAULT_RECOVERIES = 10  # lost attempts a job recovers from unless told otherwi
 DEFAULT_GRACE = 5.0  # seconds a rank has between SIGTERM and SIGKILL unless told otherwise
 MAX_GRACE = 3600.0
 KILL_MARGIN = 5.0  # seconds a backend leaves the supervisor beyond the ranks' grace, to end them and write its record
-GRACE_VAR = "FRAY_JOB_STOP_GRACE"  # in a supervised job's environment: its ranks' grace (the backend waits longer)
+GRACE_VAR = settings.JOB_STOP_GRACE.name  # a supervised job's ranks' grace (the backend waits longer)
 # Set by a backend whose stop signals every process of the job itself (Ray): the supervisor then does not signal
 # the ranks again, so a rank's SIGTERM handler runs once.
-OWNER_SIGNALS_ALL_VAR = "FRAY_JOB_STOP_SIGNALS_ALL"
+OWNER_SIGNALS_ALL_VAR = settings.JOB_STOP_SIGNALS_ALL.name
 OUTCOMES = ("succeeded", "failed", "lost", "stopped")
 
 

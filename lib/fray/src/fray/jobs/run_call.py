@@ -15,12 +15,16 @@ import sys
 import traceback
 from typing import Any
 
+from fray.host import settings
 from fray.jobs.call import CALL_VAR, RESULT_FD_VAR
 from fray.jobs.records import dump_plain, short_repr
 
 
 def _run(fd: int) -> int:
-    fn, args, kwargs = pickle.loads(base64.b64decode(os.environ.pop(CALL_VAR)))
+    call = settings.JOB_CALL.take()
+    if call is None:
+        raise SystemExit(f"fray.jobs.run_call runs the call in ${CALL_VAR}, which is not set (the supervisor sets it)")
+    fn, args, kwargs = pickle.loads(base64.b64decode(call))
     rank = int(os.environ.get("RANK", "0"))
     body: dict[str, Any]
     try:
@@ -43,7 +47,9 @@ def _run(fd: int) -> int:
 
 
 def main() -> int:
-    fd = int(os.environ.pop(RESULT_FD_VAR))
+    fd = settings.JOB_RESULT_FD.take()
+    if fd is None:
+        raise SystemExit(f"fray.jobs.run_call writes to the pipe ${RESULT_FD_VAR} names, which is not set")
     os.set_inheritable(fd, False)  # the callable's own subprocesses must not hold the supervisor's pipe open
     sys.stdout.flush()
     return _run(fd)

@@ -20,11 +20,12 @@ import signal
 import threading
 from dataclasses import dataclass
 
+from fray.host import settings
 from fray.host.procfs import cmdline, stat
 
 __all__ = ["STOP_MARK_VAR", "StopRequest", "StopSignals", "unblock_in_child"]
 
-STOP_MARK_VAR = "FRAY_JOB_STOP_MARK"
+STOP_MARK_VAR = settings.JOB_STOP_MARK.name
 
 SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _SHELLS = {"sh", "dash", "bash", "zsh", "ksh"}
@@ -57,7 +58,7 @@ def _owners() -> frozenset[int]:
 
 
 def _marked() -> bool:
-    mark = os.environ.get(STOP_MARK_VAR)
+    mark = settings.JOB_STOP_MARK.read()
     return mark is not None and os.path.lexists(mark)
 
 

@@ -34,11 +34,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from fray.errors import FrayError
+from fray.host import settings
 from fray.jobs.call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome, take_stashed_call
-from fray.jobs.dirs import NAME_VAR, RESUMING_VAR, resuming_now
+from fray.jobs.dirs import RESUMING_VAR, resuming_now
 from fray.jobs.group_ranks import RankPoll, RankProcess
 from fray.jobs.outcomes import AttemptEnd, judge, next_step
-from fray.jobs.policy import OWNER_SIGNALS_ALL_VAR, JobPolicy, is_preemption_code
+from fray.jobs.policy import JobPolicy, is_preemption_code
 from fray.jobs.rank_procs import (
     VISIBLE,
     Rank,
@@ -135,7 +136,7 @@ class Supervisor:
         """FRAY_JOB_RESUMING for this attempt's ranks ("1"/"0", fray.jobs.dirs); None where the job's directory
         cannot be reached from here (each rank then looks for itself)."""
         try:
-            return "1" if resuming_now(os.environ.get(NAME_VAR), number) else "0"
+            return "1" if resuming_now(settings.JOB_NAME.read(), number) else "0"
         except (OSError, FrayError) as exc:
             self._say(f"the job's directory: {exc}")
             return None
@@ -170,8 +171,8 @@ class Supervisor:
             GROUP_RANK="0",
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
-            FRAY_JOB_ATTEMPT=str(number),
         )
+        env[settings.JOB_ATTEMPT.name] = str(number)
         if self.resuming is not None:
             env[RESUMING_VAR] = self.resuming
         if self.gpus[index] is not None:
@@ -274,7 +275,7 @@ class Supervisor:
         if self.context is None:
             self.context = fray.init()  # the job's backend (its FRAY_BACKEND)
         ctx = self.context
-        call = os.environ.get(CALL_VAR) if self.call else None
+        call = settings.JOB_CALL.read() if self.call else None
         try:
             group = ctx.create_actor_group(
                 RankProcess,
@@ -353,7 +354,7 @@ class Supervisor:
         """SIGTERM the ranks, SIGKILL what is left after the grace; for a stop or preemption, the seconds they took
         and whether one was still running at the end (nothing recorded where a rank's failure ended the attempt)."""
         request = self._request()
-        owner_signalled = request is not None and not request.preempted and os.environ.get(OWNER_SIGNALS_ALL_VAR)
+        owner_signalled = request is not None and not request.preempted and settings.JOB_STOP_SIGNALS_ALL.read()
         began = time.monotonic()
         if not owner_signalled:  # (the backend's stop reached every rank: a handler runs once)
             for rank in ranks:
@@ -391,7 +392,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         args.command = args.command[1:]
     if (args.call is not None) == bool(args.command):
         parser.error("give either --call or a command after --")
-    if args.call is not None and CALL_VAR not in os.environ:
+    if args.call is not None and not settings.JOB_CALL.is_set():
         parser.error(f"--call needs the call in ${CALL_VAR} (ClusterContext.create_job(fn) sets it)")
     if args.replicas < 1 or args.gpus_per_rank < 0:
         parser.error("--replicas must be >= 1, --gpus-per-rank >= 0")

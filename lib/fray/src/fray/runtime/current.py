@@ -1,7 +1,7 @@
 """The current job context: the one of this task, actor or thread, else the process default (set by fray.init).
 
-A leaf module (it imports only fray.errors, itself a leaf), so contexts, refs, the registry and the
-backends can all depend on it without import circles: what it needs of the registry (making the default
+A leaf module (it imports only fray.errors and fray.host.settings, themselves leaves), so contexts, refs, the
+registry and the backends can all depend on it without import circles: what it needs of the registry (making the default
 context, a backend's context in a worker) the registry installs here when it is imported (`install`). It holds
 fray.context.JobContext objects, typed as `CurrentContext`, the little of one that needs no other module: a
 module needing more of the context found here says what in a Protocol of its own (fray.runtime.refs.RefContext), and
@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 from fray.errors import FrayError
+from fray.host import settings
 
 __all__ = [
     "ActorInfo",
@@ -237,10 +238,8 @@ def current_gpus() -> list[int]:
 
 
 def held_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, ...]:
-    """The devices a process fray started for work holding GPUs holds: FRAY_GPUS (fray.runtime.gpus.ENV_HELD; here,
-    because this module imports no other of fray's), else ()."""
-    value = environ.get("FRAY_GPUS", "")
-    return tuple(int(v) for v in value.split(",") if v.strip().isdigit())
+    """The devices a process fray started for work holding GPUs holds: FRAY_GPUS, else ()."""
+    return settings.GPUS.read(environ)
 
 
 def push_gpus(held: tuple[int, ...]) -> contextvars.Token[tuple[int, ...] | None]:

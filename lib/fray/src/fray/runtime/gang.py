@@ -13,9 +13,9 @@ holds it for up to `LOST_PEER_GRACE` seconds waiting for the death, so the call 
 from __future__ import annotations
 
 import math
-import os
 
-from fray.errors import ActorDiedError, ActorUnavailableError, FrayError
+from fray.errors import ActorDiedError, ActorUnavailableError
+from fray.host import settings
 from fray.runtime.remote_errors import RemoteError
 
 __all__ = [
@@ -49,18 +49,14 @@ _LOST_PEER_TYPES = {"DistError", "DistBackendError", "DistNetworkError", "DistSt
 # A member that stops answering without dying (its machine lost power or network; SIGSTOP) is treated as dead
 # after this many seconds without a heartbeat from its process. FRAY_SPMD_HANG_TIMEOUT sets it (read when a group
 # is created); 0 turns the check off.
-HANG_TIMEOUT_ENV = "FRAY_SPMD_HANG_TIMEOUT"
-DEFAULT_HANG_TIMEOUT = 30.0
+HANG_TIMEOUT_ENV = settings.SPMD_HANG_TIMEOUT.name
+DEFAULT_HANG_TIMEOUT = settings.SPMD_HANG_TIMEOUT.default
 
 
 def hang_timeout() -> float:
-    """Seconds without a heartbeat after which an SPMD member counts as dead (inf: never)."""
-    raw = os.environ.get(HANG_TIMEOUT_ENV, "")
-    try:
-        value = float(raw) if raw.strip() else DEFAULT_HANG_TIMEOUT
-    except ValueError:
-        raise FrayError(f"{HANG_TIMEOUT_ENV} must be a number of seconds (0: off), got {raw!r}") from None
-    return math.inf if value <= 0 else value
+    """Seconds without a heartbeat after which an SPMD member counts as dead (inf: never); SettingError (a
+    FrayError) where FRAY_SPMD_HANG_TIMEOUT is not a number."""
+    return settings.SPMD_HANG_TIMEOUT.read()
 
 
 def heartbeat_interval(timeout: float) -> float:

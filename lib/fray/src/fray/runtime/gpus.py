@@ -36,6 +36,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fray.host import settings
 from fray.runtime import current
 from fray.runtime.current import held_from_env
 from fray.runtime.resources import EPS
@@ -56,8 +57,8 @@ __all__ = [
     "using_gpus",
 ]
 
-ENV_HELD = "FRAY_GPUS"  # in a process fray started for work that holds GPUs: their ids, comma-separated
-ENV_IDS = "FRAY_GPU_IDS"  # beside a CUDA_VISIBLE_DEVICES of UUIDs or MIG names: "entry=id,..." (the host's ids)
+ENV_HELD = settings.GPUS.name  # in a process fray started for work that holds GPUs: their ids, comma-separated
+ENV_IDS = settings.GPU_IDS.name  # beside a CUDA_VISIBLE_DEVICES of UUIDs or MIG names: "entry=id,..." (the host's ids)
 PCI_ORDER = "PCI_BUS_ID"  # CUDA_DEVICE_ORDER that numbers devices as nvidia-smi does
 # What a process fray starts for work holding GPUs sees: "held", just its devices (the default); "host", every
 # device of its host, its own first. CUDA IPC between processes on two devices needs the reader to see the
@@ -188,7 +189,7 @@ def discover() -> HostGpus:
     process did not choose its CUDA_DEVICE_ORDER (see follow_host_order)."""
     environ = os.environ
     found = _discover(
-        environ.get("CUDA_VISIBLE_DEVICES"), environ.get(ENV_IDS, ""), environ.get("CUDA_DEVICE_ORDER", "")
+        environ.get("CUDA_VISIBLE_DEVICES"), settings.GPU_IDS.read(environ), environ.get("CUDA_DEVICE_ORDER", "")
     )
     if found.order:
         follow_host_order(found)
@@ -376,5 +377,5 @@ def use_held_device(environ: Mapping[str, str] = os.environ) -> None:
     of this thread, where torch sees CUDA. Nothing is imported or initialized for work that holds none."""
     held = held_from_env(environ)
     if held:
-        seen = _parse_visible(environ.get("CUDA_VISIBLE_DEVICES", ""), environ.get(ENV_IDS, ""))
+        seen = _parse_visible(environ.get("CUDA_VISIBLE_DEVICES", ""), settings.GPU_IDS.read(environ))
         _set_cuda_device(seen.ordinal(held[0]))

@@ -36,6 +36,8 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any, Final, NamedTuple
 
+from fray.host import settings
+
 __all__ = [
     "RECORDER",
     "Event",
@@ -50,7 +52,7 @@ __all__ = [
     "events_setting",
 ]
 
-DEFAULT_CAPACITY = 100_000  # per process (the memory it takes at most: docs/timeline.md)
+DEFAULT_CAPACITY = settings.EVENTS_CAPACITY.default  # per process (the memory it takes at most: docs/timeline.md)
 
 
 class Kind:
@@ -106,10 +108,7 @@ def ended(error: Any, retry: bool = False) -> dict[str, str] | None:
 
 def events_setting() -> bool | None:
     """FRAY_EVENTS as set in the environment: True or False; None where it is not set."""
-    raw = os.environ.get("FRAY_EVENTS", "").strip().lower()
-    if not raw:
-        return None
-    return raw not in ("0", "off", "false", "no")
+    return settings.EVENTS.read()
 
 
 def enabled_by_env() -> bool:
@@ -326,14 +325,7 @@ _REORDER_MARGIN = 64  # how far out of seq order appends from several threads ca
 _seq_of, _thread_of = itemgetter(0), itemgetter(5)
 
 
-def _capacity_from_env() -> int:
-    try:
-        return max(1000, int(os.environ.get("FRAY_EVENTS_CAPACITY", DEFAULT_CAPACITY)))
-    except ValueError:
-        return DEFAULT_CAPACITY
-
-
-RECORDER = Recorder(_capacity_from_env(), enabled_by_env())
+RECORDER = Recorder(settings.EVENTS_CAPACITY.read(), enabled_by_env())
 
 
 class RecordingChoice:

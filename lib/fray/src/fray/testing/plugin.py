@@ -13,7 +13,6 @@ with
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ import pytest
 
 from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
-from fray.registry import ENV_VAR, available_backends, get_backend, parse_spec
+from fray.host import settings
+from fray.registry import available_backends, get_backend, parse_spec
 from fray.runtime.capabilities import Capability
 from fray.runtime.current import using
 from fray.testing.capability_table import CapabilityResults, disagreements, documented_table
@@ -69,7 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def selected_backends(config: pytest.Config) -> list[str]:
-    raw = config.getoption("--fray-backend", None) or os.environ.get(ENV_VAR)
+    raw = config.getoption("--fray-backend", None) or settings.BACKEND.raw()
     if raw:
         return [parse_spec(name)[0] for name in raw.split(",") if name.strip()]
     installed = []
