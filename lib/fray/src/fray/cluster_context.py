@@ -81,7 +81,7 @@ class ClusterContext(ABC):
         if_exists: str = "return",
         job_id: str | None = None,
         max_retries: int = 0,
-        replicas: int = 1,
+        replicas: int | tuple[int, int] = 1,
         resources: Mapping[str, float] | None = None,
         placement: str | None = None,
         max_recoveries: int | None = None,
@@ -111,6 +111,7 @@ class ClusterContext(ABC):
         up to this many times (default 10). stop_grace: seconds a rank has between SIGTERM and SIGKILL (default 5).
         replicas: start that many ranks, with torch.distributed's variables set (RANK, WORLD_SIZE,
         LOCAL_RANK, MASTER_ADDR, MASTER_PORT); one failing fails the attempt, and the others are stopped.
+        (min, max): elastic, as many as fit the nodes' totals, at least min (fray.jobs.elastic).
         resources: what each rank needs (CPU, GPU, memory in bytes, custom); the job holds it for all its ranks.
         placement: where the ranks run. None (default): all on the job's host where they fit one node, else over
         the nodes as "pack" would; "pack" / "spread": as an SPMD actor group of this backend placed over its nodes

@@ -231,7 +231,7 @@ class JobInfo:
     message: str = ""
     # Known for jobs fray supervises (a callable, ranks or retries: fray.jobs.supervisor), from its log's record:
     name: str | None = None  # the name it was submitted under (create_job(name=...)), else None
-    replicas: int = 1  # its ranks
+    replicas: int = 1  # its ranks (an elastic job's: its latest attempt's)
     attempts: tuple[JobAttempt, ...] = ()  # each attempt so far, oldest first
     result: Any = None  # a callable's return value (rank 0's), where it is plain data (see docs/jobs.md)
     error: JobError | None = None  # a callable's exception, or why the last attempt failed
@@ -245,7 +245,8 @@ class JobAttempt:
     """One run of a job's ranks: its number (from 1), how it ended, the exit code that ended it (the first rank
     to fail, else 0), its times, and what happened in words. `outcome` is its class: "succeeded", "failed",
     "lost" (preempted, or a rank's node lost) or "stopped" ("" while it runs, or where no supervisor judged it);
-    `grace` is how many seconds its ranks had between SIGTERM and their end (None: none was sent)."""
+    `grace` is how many seconds its ranks had between SIGTERM and their end (None: none was sent); `world_size` how
+    many ranks it ran (an elastic job's may differ from one attempt to the next; None where no supervisor said)."""
 
     number: int
     status: JobStatus
@@ -255,6 +256,7 @@ class JobAttempt:
     message: str = ""
     outcome: str = ""
     grace: float | None = None
+    world_size: int | None = None
 
 
 @dataclass(frozen=True)

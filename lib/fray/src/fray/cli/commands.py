@@ -2,7 +2,8 @@
 
 fray job submit [--backend SPEC] [--address A] [--working-dir DIR] [--env K[=V]]... [--env-file PATH]... [--no-wait]
                 [--on-interrupt stop|leave] [--name NAME [--if-exists return|replace|refuse]] [--retries N]
-                [--replicas N] [--cpus N] [--gpus N] [--memory BYTES] [--resource K=V]... [--placement pack|spread]
+                [--replicas N|MIN:MAX] [--cpus N] [--gpus N] [--memory BYTES] [--resource K=V]...
+                [--placement pack|spread]
                 (-- CMD ... | --call MODULE:FUNCTION [-- ARG ...])
 fray job list|status JOB|logs JOB [--follow] [--tail N]|stop JOB|delete JOB   [--backend SPEC] [--address A] [--json]
                                           (JOB: an id, or a name for its latest run)
@@ -103,7 +104,12 @@ def _submit_options(parser: argparse.ArgumentParser, detachable: bool) -> None:
     shape.add_argument("--retry-on-exit-codes", default=None, metavar="C,..", help="retry only failures with these")
     shape.add_argument("--no-retry-on-exit-codes", default=None, metavar="C,..", help="never retry failures with these")
     shape.add_argument("--grace", type=float, default=None, help="seconds a rank has between SIGTERM and SIGKILL")
-    shape.add_argument("--replicas", type=int, default=1, help="ranks to start, with RANK, WORLD_SIZE... set")
+    shape.add_argument(
+        "--replicas",
+        default="1",
+        metavar="N|MIN:MAX",
+        help="ranks to start, with RANK, WORLD_SIZE... set; MIN:MAX: as many as fit, at least MIN (elastic)",
+    )
     shape.add_argument("--cpus", type=float, default=None, help="CPUs each rank holds")
     shape.add_argument("--gpus", type=int, default=None, help="GPUs each rank holds (its own CUDA_VISIBLE_DEVICES)")
     shape.add_argument("--memory", type=float, default=None, help="bytes of memory each rank holds")

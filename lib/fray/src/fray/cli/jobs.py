@@ -66,9 +66,12 @@ def _job_status(args: argparse.Namespace) -> int:
         print(f"  {'waits for' if not info.status.is_terminal else 'waited for'}: {', '.join(info.waiting_for)}")
     if info.replicas > 1:
         print(f"  ranks: {info.replicas}")
+    several = info.replicas > 1 or any((attempt.world_size or 1) > 1 for attempt in info.attempts)
     for attempt in info.attempts:
         how = f"exit code {format_exit_code(attempt.exit_code)}" if attempt.exit_code is not None else ""
         outcome = f" [{attempt.outcome}]" if attempt.outcome else ""  # its class: succeeded, failed, lost, stopped
+        if several and attempt.world_size is not None:  # (an elastic job's may differ from one to the next)
+            outcome += f" ({attempt.world_size} ranks)"
         print(f"  attempt {attempt.number}: {attempt.status.value} {how} {attempt.message}".rstrip() + outcome)
     if info.result is not None:
         print(f"  result: {info.result!r}")

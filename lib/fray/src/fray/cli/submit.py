@@ -15,6 +15,7 @@ from typing import Any, cast
 from fray.cli.common import CommandError, exit_status, open_cluster, say
 from fray.context import ClusterContext
 from fray.host import settings
+from fray.jobs.elastic import parse_replicas
 from fray.jobs.policy import JobPolicy
 from fray.runtime.capabilities import Capability
 from fray.types import RuntimeEnv
@@ -163,6 +164,13 @@ def _exit_codes(text: str | None, flag: str) -> list[int] | None:
         raise CommandError(f"{flag} takes exit codes separated by commas (e.g. 1,3,137), got {text!r}", 2) from None
 
 
+def _replicas_of(text: str) -> int | tuple[int, int]:
+    try:
+        return parse_replicas(text)
+    except ValueError as exc:
+        raise CommandError(str(exc), 2) from None
+
+
 def submit(args: argparse.Namespace, wait: bool) -> int:
     verb = "run" if args.command == "run" else "job submit"
     words = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
@@ -172,7 +180,7 @@ def submit(args: argparse.Namespace, wait: bool) -> int:
         "name": args.name,
         "if_exists": args.if_exists,
         "max_retries": args.retries,
-        "replicas": args.replicas,
+        "replicas": _replicas_of(args.replicas),
         "resources": _resources_of(args),
         "placement": args.placement,
         "max_recoveries": args.recoveries,
@@ -182,8 +190,8 @@ def submit(args: argparse.Namespace, wait: bool) -> int:
     }
     if args.call:
         shape["args"] = tuple(words)
-    if args.replicas < 1 or args.retries < 0:
-        raise CommandError(f"--replicas must be >= 1 and --retries >= 0, got {args.replicas} and {args.retries}", 2)
+    if args.retries < 0:
+        raise CommandError(f"--retries must be >= 0, got {args.retries}", 2)
     policy = ("max_retries", "max_recoveries", "retry_on_exit_codes", "no_retry_on_exit_codes", "stop_grace")
     try:  # budgets and grace that do not go together are a usage error, as the flags' own are
         JobPolicy.of(*(shape[k] for k in policy))

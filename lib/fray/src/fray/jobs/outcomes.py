@@ -41,7 +41,8 @@ def judge(end: AttemptEnd) -> tuple[JobAttempt, JobError | None, CallOutcome | N
         after = f"; its ranks had {end.grace:.1f} s after SIGTERM" + (", then SIGKILL" if end.killed else "")
 
     def attempt(status: JobStatus, outcome: str, code: int | None, message: str) -> JobAttempt:
-        return JobAttempt(end.number, status, code, end.start, end.end, message + after, outcome, end.grace)
+        text = message + after
+        return JobAttempt(end.number, status, code, end.start, end.end, text, outcome, end.grace, end.replicas)
 
     who = f"rank {end.failed}" if end.replicas > 1 else "it"
     if end.request is not None and not end.request.preempted:

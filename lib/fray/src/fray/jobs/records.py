@@ -106,6 +106,7 @@ def record_line(record: JobRecord, result_data: bytes | None = None, final: bool
                 "message": a.message,
                 "outcome": a.outcome,
                 "grace": a.grace,
+                "world_size": a.world_size,
             }
             for a in record.attempts
         ],
@@ -137,6 +138,7 @@ def _decode(text: str) -> tuple[JobRecord, bool] | None:
                 message=str(a.get("message", "")),
                 outcome=str(a.get("outcome", "")),
                 grace=None if a.get("grace") is None else float(a["grace"]),
+                world_size=None if a.get("world_size") is None else int(a["world_size"]),
             )
             for a in body["attempts"]
         )

@@ -18,6 +18,7 @@ import cloudpickle
 
 from fray.errors import InfeasibleResourcesError
 from fray.jobs.call import CALL_VAR, encode_call
+from fray.jobs.elastic import fitting, replica_bounds
 from fray.jobs.policy import GRACE_VAR, JobPolicy
 from fray.runtime.resources import format_resources, ranks_fitting, short_of
 from fray.runtime.serialization import find_unserializable_argument, unpicklable_code
@@ -101,19 +102,18 @@ def parse_resources(resources: Mapping[str, float] | None) -> dict[str, float]:
 @dataclass(frozen=True)
 class JobLaunch:
     """A job's shape beyond its command: its ranks, budgets and grace (fray.jobs.policy), callable and each rank's
-    resources."""
+    resources. An elastic job (min_replicas set: fray.jobs.elastic) has `replicas` ranks at most, and once placed
+    on one host exactly that many."""
 
     replicas: int = 1
     policy: JobPolicy = field(default_factory=JobPolicy)
     per_rank: dict[str, float] = field(default_factory=dict)
     call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None
     placement: str | None = None  # None: every rank on the job's host; "pack"/"spread": a group over the nodes
+    min_replicas: int | None = None  # elastic: at least this many ranks (None: exactly `replicas`)
 
     def __post_init__(self) -> None:
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
-            raise TypeError(f"replicas must be an int, got {type(self.replicas).__name__}")
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        replica_bounds(self.replicas if self.min_replicas is None else (self.min_replicas, self.replicas))
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, got {self.placement!r}")
         gpus = self.per_rank.get("GPU", 0.0)
@@ -122,7 +122,8 @@ class JobLaunch:
 
     @property
     def supervised(self) -> bool:
-        return self.call is not None or self.replicas > 1 or self.policy.max_retries > 0 or self.policy.asked
+        elastic = self.min_replicas is not None  # (its record says each attempt's world size)
+        return self.call is not None or self.replicas > 1 or elastic or self.policy.max_retries > 0 or self.policy.asked
 
     def whole_job(self) -> list[Resource]:
         """What the job's own process holds: each rank's resources times the ranks, on one host; nothing when its
@@ -137,7 +138,9 @@ class JobLaunch:
     def command(self, entrypoint: str | list[str] | None, python: str) -> list[str]:
         """The supervisor's argv for this job (entrypoint None: the callable)."""
         argv = [python, *SUPERVISOR]
-        if self.replicas > 1:
+        if self.min_replicas is not None and self.placement is not None:  # counted at each attempt's start
+            argv += ["--replicas", f"{self.min_replicas}:{self.replicas}"]
+        elif self.replicas > 1:
             argv += ["--replicas", str(self.replicas)]
         if self.policy.max_retries:
             argv += ["--retries", str(self.policy.max_retries)]
@@ -180,7 +183,7 @@ def launch_of(
     args: Sequence[Any],
     kwargs: Mapping[str, Any] | None,
     policy: JobPolicy,
-    replicas: int,
+    replicas: int | tuple[int, int],
     resources: Mapping[str, float] | None,
     placement: str | None,
 ) -> JobLaunch:
@@ -194,13 +197,17 @@ def launch_of(
         call = (entrypoint, tuple(args), dict(kwargs or {}))
     elif args or kwargs:
         raise TypeError("args and kwargs go with a callable entrypoint; a command takes its arguments in it")
-    return JobLaunch(replicas, policy, parse_resources(resources), call, placement)
+    low, high = replica_bounds(replicas)
+    elastic = isinstance(replicas, (tuple, list))
+    return JobLaunch(high, policy, parse_resources(resources), call, placement, low if elastic else None)
 
 
 def place(launch: JobLaunch, nodes: Callable[[], list[dict[str, Any]]], multi_host: bool, backend: str) -> JobLaunch:
     """Where a job's ranks go (create_job's placement), checked against the nodes' totals (`nodes()`: a
     ClusterContext's node_status): a job whose ranks could never be placed is refused now
     (InfeasibleResourcesError), as a task or a group is."""
+    if launch.min_replicas is not None:
+        return _place_elastic(launch, nodes, multi_host, backend)
     if launch.replicas == 1 or not launch.per_rank:
         return launch
     if launch.placement is None and not multi_host:
@@ -213,11 +220,40 @@ def place(launch: JobLaunch, nodes: Callable[[], list[dict[str, Any]]], multi_ho
         if any(not short_of(total, whole) for total in totals):
             return launch  # they fit one node: all on the job's host
         launch = launch.over_nodes("pack")
-    fitting = sum(ranks_fitting(total, launch.per_rank) for total in totals)
-    if fitting < launch.replicas:
+    held = sum(ranks_fitting(total, launch.per_rank) for total in totals)
+    if held < launch.replicas:
         raise InfeasibleResourcesError(
             f"the job's {launch.replicas} ranks need {format_resources(launch.per_rank)} each, and the "
-            f"{len(totals)} node(s) of this {backend} cluster hold {fitting} such ranks at most; lower its "
+            f"{len(totals)} node(s) of this {backend} cluster hold {held} such ranks at most; lower its "
             "replicas or resources"
         )
     return launch
+
+
+def _place_elastic(
+    launch: JobLaunch, nodes: Callable[[], list[dict[str, Any]]], multi_host: bool, backend: str
+) -> JobLaunch:
+    """An elastic job's ranks (fray.jobs.elastic). On the job's host, as many as the largest node's totals hold, up
+    to max: the job holds their resources from its start, so each of its attempts has that many. Over the nodes
+    (placement, or where more fit over them than on one), the supervisor counts them at each attempt's start
+    against the nodes then. Fewer than min could ever fit: refused now, as a fixed job of min ranks would be."""
+    assert launch.min_replicas is not None
+    low, high = launch.min_replicas, launch.replicas
+    if not launch.per_rank:
+        return launch  # nothing limits them: max ranks
+    totals = [dict(node["total"]) for node in nodes() if node.get("total")]
+    if not totals:  # nothing known of the nodes: min ranks, and the backend decides when they run
+        return replace(launch, replicas=low) if launch.placement is None else launch
+    one, every = fitting(totals, launch.per_rank)
+    if not multi_host:
+        every = one
+    if launch.placement is None and one < high and every > one:
+        launch = launch.over_nodes("pack")
+    most = one if launch.placement is None else every
+    if most < low:
+        raise InfeasibleResourcesError(
+            f"the job's ranks need {format_resources(launch.per_rank)} each, and the {len(totals)} node(s) of this "
+            f"{backend} cluster hold {most} such ranks at most{' on one node' if launch.placement is None else ''}, "
+            f"fewer than its min of {low}; lower its min replicas or resources"
+        )
+    return replace(launch, replicas=min(high, most)) if launch.placement is None else launch

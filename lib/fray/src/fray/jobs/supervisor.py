@@ -1,6 +1,6 @@
 """A job's own first process when it has ranks, retries or a Python callable:
 
-    python -m fray.jobs.supervisor [--replicas N] [--retries R] [--recoveries L] [--grace S] [--gpus-per-rank G]
+    python -m fray.jobs.supervisor [--replicas N|MIN:MAX] [--retries R] [--recoveries L] [--grace S] [--gpus-per-rank G]
                                   [--retry-on-exit-codes C,.. | --no-retry-on-exit-codes C,..]
                                   [--placement pack|spread --rank-resources JSON] (--call LABEL | -- COMMAND ...)
 
@@ -17,12 +17,12 @@ this process's group, so a backend that stops or kills the job's group reaches t
 Every backend runs this as an ordinary job command: ranks, retries and callables work the same on all of them.
 The ranks run on the host this process runs on; with --placement, each attempt's ranks are instead an SPMD group
 of the job's own backend (fray.init(): the backend the job was submitted to), which places them over its nodes
-with --rank-resources each (fray.jobs.group_ranks).
+with --rank-resources each (fray.jobs.group_ranks); --replicas MIN:MAX there counts them at each attempt's start,
+as many as the nodes then hold (fray.jobs.elastic).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -35,8 +35,9 @@ from typing import Any
 
 from fray.errors import FrayError
 from fray.host import settings
-from fray.jobs.call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome, take_stashed_call
+from fray.jobs.call import RESULT_FD_VAR, CallOutcome, read_outcome, take_stashed_call
 from fray.jobs.dirs import RESUMING_VAR, resuming_now
+from fray.jobs.elastic import world_size
 from fray.jobs.group_ranks import RankPoll, RankProcess
 from fray.jobs.outcomes import AttemptEnd, judge, next_step
 from fray.jobs.policy import JobPolicy, is_preemption_code
@@ -52,6 +53,7 @@ from fray.jobs.rank_procs import (
 )
 from fray.jobs.records import JobRecord, record_line
 from fray.jobs.signals import StopSignals, unblock_in_child
+from fray.jobs.supervisor_args import parse_args
 from fray.runtime.rendezvous import AGENT_STORE_ENV, serve_job_store
 from fray.types import JobAttempt, JobError, JobStatus
 
@@ -67,7 +69,7 @@ class Supervisor:
     def __init__(
         self,
         command: list[str],
-        replicas: int,
+        replicas: int | tuple[int, int],
         policy: JobPolicy,
         gpus_per_rank: int,
         call: bool,
@@ -75,13 +77,15 @@ class Supervisor:
         rank_resources: dict[str, float] | None = None,
     ) -> None:
         self.command = command
-        self.replicas = replicas
+        # (min, max) over the nodes: an elastic job's ranks, counted at each attempt's start
+        self.bounds = replicas if isinstance(replicas, tuple) else (replicas, replicas)
+        self.replicas = self.bounds[1]
         self.policy = policy
         self.call = call
         self.placement = placement
         self.rank_resources = rank_resources or {}
         # over nodes, the backend gives each rank its GPUs; here, this host's are sliced
-        self.gpus = gpu_slices(replicas, gpus_per_rank) if placement is None else [None] * replicas
+        self.gpus = gpu_slices(self.replicas, gpus_per_rank) if placement is None else [None] * self.replicas
         self.attempts: list[JobAttempt] = []
         self.signals: StopSignals | None = None  # (made in run: before any thread starts)
         self.resuming: str | None = None  # the attempt's FRAY_JOB_RESUMING
@@ -228,8 +232,7 @@ class Supervisor:
             for rank in ranks:
                 signal_tree(rank, signal.SIGKILL)
             self._say(f"could not start rank {len(ranks)}: {exc}")
-            attempt = JobAttempt(number, JobStatus.FAILED, 127, start, time.time(), f"could not start: {exc}", "failed")
-            return attempt, None, None
+            return self._unstarted(number, start, 127, f"could not start: {exc}")
         failed: Rank | None = None
         while failed is None and not self.stopping.is_set():
             codes = [rank.proc.poll() for rank in ranks]
@@ -263,6 +266,11 @@ class Supervisor:
             )
         )
 
+    def _unstarted(self, number: int, start: float, code: int | None, why: str) -> tuple[JobAttempt, None, None]:
+        """A failed attempt whose ranks did not all start."""
+        end = time.time()
+        return JobAttempt(number, JobStatus.FAILED, code, start, end, why, "failed", None, self.replicas), None, None
+
     def _request(self) -> Any:
         return self.signals.request if self.signals is not None and self.stopping.is_set() else None
 
@@ -277,6 +285,8 @@ class Supervisor:
         ctx = self.context
         call = settings.JOB_CALL.read() if self.call else None
         try:
+            if self.bounds[0] < self.bounds[1]:  # elastic: as many as the nodes hold now (a node lost: fewer)
+                self.replicas = world_size(self.bounds, self.rank_resources, ctx.node_resources())
             group = ctx.create_actor_group(
                 RankProcess,
                 self.replicas,
@@ -288,8 +298,7 @@ class Supervisor:
             ctx.get(group.start(command, call, number, self.resuming), timeout=GROUP_CALL_TIMEOUT)
         except Exception as exc:  # not placed (InfeasibleResourcesError...), or not started: the attempt failed
             self._say(f"could not start the {self.replicas} ranks: {type(exc).__name__}: {exc}")
-            attempt = JobAttempt(number, JobStatus.FAILED, None, start, time.time(), f"not started: {exc}", "failed")
-            return attempt, None, None
+            return self._unstarted(number, start, None, f"not started: {exc}")
         ended: dict[int, RankPoll] = {}
         failed: int | None = None
         lost: str | None = None
@@ -370,53 +379,10 @@ class Supervisor:
         return min(time.monotonic() - began, self.policy.stop_grace), killed
 
 
-def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m fray.jobs.supervisor", description=__doc__.split("\n\n")[1])
-    parser.add_argument("--replicas", type=int, default=1, help="ranks to start (default 1)")
-    parser.add_argument("--retries", type=int, default=0, help="times to run again after a failed attempt")
-    parser.add_argument("--recoveries", type=int, default=None, help="times to run again after a lost attempt")
-    parser.add_argument("--grace", type=float, default=None, help="seconds a rank has between SIGTERM and SIGKILL")
-    parser.add_argument("--retry-on-exit-codes", default=None, metavar="C,..", help="retry only these failures")
-    parser.add_argument("--no-retry-on-exit-codes", default=None, metavar="C,..", help="never retry these failures")
-    parser.add_argument("--gpus-per-rank", type=int, default=0, help="GPUs each rank holds")
-    parser.add_argument(
-        "--call", default=None, metavar="LABEL", help=f"run the callable in ${CALL_VAR} in each rank (LABEL names it)"
-    )
-    parser.add_argument(
-        "--placement", choices=("pack", "spread"), default=None, help="the ranks as a group over the nodes"
-    )
-    parser.add_argument("--rank-resources", default="{}", help="with --placement: each rank's resources (JSON)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
-    args = parser.parse_args(argv)
-    if args.command and args.command[0] == "--":
-        args.command = args.command[1:]
-    if (args.call is not None) == bool(args.command):
-        parser.error("give either --call or a command after --")
-    if args.call is not None and not settings.JOB_CALL.is_set():
-        parser.error(f"--call needs the call in ${CALL_VAR} (ClusterContext.create_job(fn) sets it)")
-    if args.replicas < 1 or args.gpus_per_rank < 0:
-        parser.error("--replicas must be >= 1, --gpus-per-rank >= 0")
-    try:
-        args.policy = JobPolicy.of(
-            args.retries,
-            args.recoveries,
-            _codes(args.retry_on_exit_codes),
-            _codes(args.no_retry_on_exit_codes),
-            args.grace,
-        )
-    except (TypeError, ValueError) as exc:
-        parser.error(str(exc))
-    return args
-
-
-def _codes(text: str | None) -> list[int] | None:
-    return None if text is None else [int(code) for code in text.split(",") if code.strip()]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     signals = StopSignals()  # first: before any thread starts, each of which would otherwise take a SIGTERM
     take_stashed_call()  # (the call kept out of a job record that others may read: fray.jobs.call)
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv, __doc__.split("\n\n")[1])
     try:
         supervisor = Supervisor(
             args.command,

@@ -151,3 +151,20 @@ def die_leaving_a_child(pid_file: str) -> int:
         _write_atomically(pid_file, str(child.pid))
         os.kill(os.getpid(), signal.SIGKILL)
     return attempt
+
+
+def note_world_size(out_dir: str, kill_a_rank_at_attempt_1: bool) -> int:
+    """Write `attempt-A.rank-R` holding WORLD_SIZE into out_dir; with kill_a_rank_at_attempt_1, the last rank of
+    attempt 1 waits (at most 60 s) for every rank's file of its attempt, then dies by SIGKILL."""
+    import signal
+
+    attempt, rank, size = (int(os.environ[k]) for k in ("FRAY_JOB_ATTEMPT", "RANK", "WORLD_SIZE"))
+    _write_atomically(os.path.join(out_dir, f"attempt-{attempt}.rank-{rank}"), str(size))
+    if kill_a_rank_at_attempt_1 and attempt == 1 and rank == size - 1:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if sum(n.startswith("attempt-1.") and not n.endswith(".tmp") for n in os.listdir(out_dir)) >= size:
+                break
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return size

@@ -17,6 +17,7 @@ from fray.testing.suite.test_gpus import *  # noqa: F403
 from fray.testing.suite.test_groups import *  # noqa: F403
 from fray.testing.suite.test_job_dependencies import *  # noqa: F403
 from fray.testing.suite.test_job_dirs import *  # noqa: F403
+from fray.testing.suite.test_job_elastic import *  # noqa: F403
 from fray.testing.suite.test_job_preemption import *  # noqa: F403
 from fray.testing.suite.test_job_retry import *  # noqa: F403
 from fray.testing.suite.test_jobs import *  # noqa: F403
