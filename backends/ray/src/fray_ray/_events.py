@@ -91,7 +91,7 @@ class _Flusher:
         self._last = 0.0
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="fray events", daemon=True).start()
+        threading.Thread(target=self._run, name="fray-ray-events", daemon=True).start()
 
     def wake(self) -> None:
         woken = self._woken

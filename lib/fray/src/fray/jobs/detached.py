@@ -30,7 +30,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -43,6 +42,7 @@ from fray.host.procfs import Identity, group_members, stop_group
 from fray.host.state_dir import private_dir, read_json, state_subdir, write_json
 from fray.jobs.local import ended_status, follow_log, job_command, job_environment, missing_dir_message, read_log_end
 from fray.jobs.policy import GRACE_VAR, kill_delay
+from fray.jobs.reapers import Reapers
 from fray.jobs.signals import STOP_MARK_VAR
 from fray.types import JobInfo, JobStatus, RuntimeEnv
 
@@ -60,6 +60,7 @@ class DetachedJobs:
     def __init__(self, root: Path | None = None, stop_grace: float = 3.0) -> None:
         self._root = Path(root) if root is not None else None
         self.stop_grace = stop_grace
+        self._reapers = Reapers()
 
     @property
     def root(self) -> Path:
@@ -105,8 +106,7 @@ class DetachedJobs:
         assert runner.stdout is not None
         started = _read_line(runner.stdout, _RUNNER_START_TIMEOUT) == _STARTED
         runner.stdout.close()
-        # Reap it if it ends while this process lives (it is our child until then).
-        threading.Thread(target=runner.wait, name=f"fray-runner-{job_id}", daemon=True).start()
+        self._reapers.add(runner, f"fray-runner-{job_id}")  # reaped if it ends while this process lives
         if not started:
             if runner.poll() is None:
                 runner.kill()
@@ -118,6 +118,10 @@ class DetachedJobs:
                     {**state, "status": "FAILED", "end_time": time.time(), "message": f"its runner failed: {why}"},
                 )
         return job_id
+
+    def close(self) -> None:
+        """Stop and join the runners' reapers (fray.jobs.reapers); the jobs go on."""
+        self._reapers.close()
 
     # ------------------------------------------------------------------ reading
     def _dir(self, job_id: str) -> Path:

@@ -121,6 +121,7 @@ class LocalClusterContext(ClusterContext):
                 pass
             self._untie_job(job_id)
         self._jobs.close()
+        self._detached.close()
         if self._own_root:
             shutil.rmtree(self._root, ignore_errors=True)
             watchdog.forget_path(str(self._root))

@@ -28,6 +28,7 @@ from fray.testing.suite.test_restarts import *  # noqa: F403
 from fray.testing.suite.test_spmd_failures import *  # noqa: F403
 from fray.testing.suite.test_streaming import *  # noqa: F403
 from fray.testing.suite.test_tasks import *  # noqa: F403
+from fray.testing.suite.test_thread_owners import *  # noqa: F403
 from fray.testing.suite.test_timeline import *  # noqa: F403
 from fray.testing.suite.test_timeouts import *  # noqa: F403
 from fray.testing.suite.test_wait import *  # noqa: F403
