@@ -141,7 +141,10 @@ def _end_on_sigterm() -> None:
     signal.set_wakeup_fd(write_fd)
     # A Python handler, so CPython's C handler is installed; should the main thread run it (or another handler
     # take the wakeup fd over), it ends the worker too.
-    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=_finish, daemon=True).start())
+    signal.signal(
+        signal.SIGTERM,
+        lambda signum, frame: threading.Thread(target=_finish, name="fray-worker-finish", daemon=True).start(),
+    )
 
     def wait() -> None:
         while True:

@@ -176,7 +176,7 @@ class Gang:
 
         with self.cond:
             members = list(self.members.values())
-        threads = [threading.Thread(target=respawn, args=(m,), daemon=True) for m in members]
+        threads = [threading.Thread(target=respawn, args=(m,), name="fray-gang-respawn", daemon=True) for m in members]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -91,10 +91,16 @@ class RankProcess:
                 os.close(write_fd)
         watchdog.watch_group(self._proc.pid)
         assert self._proc.stdout is not None
-        self._threads = [threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._read, args=(self._proc.stdout,), name="fray-group-rank-output", daemon=True)
+        ]
         if read_fd >= 0:
             self._threads.append(
-                threading.Thread(target=lambda: self._outcome.append(read_outcome(read_fd)), daemon=True)
+                threading.Thread(
+                    target=lambda: self._outcome.append(read_outcome(read_fd)),
+                    name="fray-group-rank-outcome",
+                    daemon=True,
+                )
             )
         for thread in self._threads:
             thread.start()

@@ -209,7 +209,9 @@ class LocalJobs:
             os.close(os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             self._jobs[job_id] = job
         if need:
-            threading.Thread(target=self._launch, args=(job, entrypoint, env), daemon=True).start()
+            threading.Thread(
+                target=self._launch, args=(job, entrypoint, env), name=f"fray-job-start-{job_id}", daemon=True
+            ).start()
         else:
             self._launch(job, entrypoint, env)
         return job_id

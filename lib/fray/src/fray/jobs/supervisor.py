@@ -206,11 +206,20 @@ class Supervisor:
         if piped:
             assert proc.stdout is not None
             rank.threads.append(
-                threading.Thread(target=prefix_lines, args=(proc.stdout, index, self.output_lock), daemon=True)
+                threading.Thread(
+                    target=prefix_lines,
+                    args=(proc.stdout, index, self.output_lock),
+                    name=f"fray-rank-{index}-output",
+                    daemon=True,
+                )
             )
         if read_fd >= 0:
             rank.threads.append(
-                threading.Thread(target=lambda: rank.outcome.append(read_outcome(read_fd)), daemon=True)
+                threading.Thread(
+                    target=lambda: rank.outcome.append(read_outcome(read_fd)),
+                    name=f"fray-rank-{index}-outcome",
+                    daemon=True,
+                )
             )
         for thread in rank.threads:
             thread.start()
