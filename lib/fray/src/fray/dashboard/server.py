@@ -195,6 +195,13 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # the listen backlog: connections the kernel holds until they are accepted
     dashboard: Dashboard
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """ThreadingMixIn's, with the thread named as fray's (a daemon, untracked: Dashboard.stop ends it by
+        shutting its connection down)."""
+        name = "fray-dashboard-request"
+        args = (request, client_address)
+        threading.Thread(target=self.process_request_thread, args=args, name=name, daemon=True).start()
+
     def shutdown_request(self, request: Any) -> None:
         self.dashboard.admission.release(request)
         super().shutdown_request(request)

@@ -8,8 +8,10 @@ by name here, each with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import urllib.request
 
 from fray.context import JobContext
 from fray.runtime.capabilities import Capability
@@ -67,5 +69,7 @@ def _exercise(ctx: JobContext) -> None:
     refs = [ctx.create_task(h.add, args=(i, 1)) for i in range(4)]
     assert sorted(ctx.get(ref, timeout=TIMEOUT) for ref in as_completed(refs, timeout=TIMEOUT)) == [1, 2, 3, 4]
     assert ctx.get(refs, timeout=TIMEOUT, progress="always") == [1, 2, 3, 4]
+    with contextlib.suppress(OSError):  # a page of the dashboard: its server and a request's thread
+        urllib.request.urlopen(ctx.dashboard(), timeout=TIMEOUT).close()
     with ctx.executor() as executor:
         assert list(executor.map(h.add, range(3), range(3), timeout=TIMEOUT)) == [0, 2, 4]

@@ -1,5 +1,5 @@
 """Every thread a context starts is stopped and joined by its owner at shutdown: after a context ran a task, an
-actor call, a get that timed out, as_completed, a progress bar and an executor, and shut down, no thread fray
+actor call, a get that timed out, as_completed, a progress bar, a dashboard page and an executor, and shut down, no thread fray
 named (`fray-...`) that it started is left alive, but those that are process-wide on purpose
 (fray.testing.threads.PROCESS_WIDE, each with its reason)."""
 
