@@ -27,6 +27,12 @@ PROCESS_WIDE: dict[str, str] = {
     "into callbacks for every monarch context and worker runtime there; started on first need",
     "fray-monarch-pidwatch": "fray_monarch.core.runtime's one pidfd watcher of the process, which every monarch "
     "context and worker of the process asks to be told of a process's exit; started on first need",
+    "fray-unmap": "fray_monarch.data.mappings' one sweeper of the process's shared-memory map table, which every "
+    "monarch context and worker of the process maps values into; started at the first mapping",
+    "fray-device-shares": "fray.runtime.device_shares' one share server of the process (its acceptor), which serves "
+    "the device values of every context of the process; stopped and joined at exit",
+    "fray-device-share": "a connection of that share server's, served while a reader holds it; joined with the "
+    "server at exit",
 }
 
 TIMEOUT = 120.0
