@@ -17,7 +17,9 @@ from fray.context import JobContext
 from fray.runtime.capabilities import Capability
 from fray.runtime.completion import as_completed
 from fray.runtime.current import using
+from fray.testing import group_workloads as g
 from fray.testing import workloads as h
+from fray.types import ActorOptions
 
 __all__ = ["PROCESS_WIDE", "exercise", "fray_threads", "leftover_threads"]
 
@@ -77,5 +79,7 @@ def _exercise(ctx: JobContext) -> None:
     assert ctx.get(refs, timeout=TIMEOUT, progress="always") == [1, 2, 3, 4]
     with contextlib.suppress(OSError):  # a page of the dashboard: its server and a request's thread
         urllib.request.urlopen(ctx.dashboard(), timeout=TIMEOUT).close()
+    group = ctx.create_actor_group(g.Member, 2, options=ActorOptions(max_restarts=1))  # left for shutdown to end
+    assert [i["rank"] for i in ctx.get(group.whoami(), timeout=TIMEOUT)] == [0, 1]
     with ctx.executor() as executor:
         assert list(executor.map(h.add, range(3), range(3), timeout=TIMEOUT)) == [0, 2, 4]
