@@ -1,7 +1,8 @@
-"""Every thread a context starts is stopped and joined by its owner at shutdown: after a context ran a task, an
-actor call, a get that timed out, as_completed, a progress bar, a dashboard page and an executor, and shut down, no thread fray
-named (`fray-...`) that it started is left alive, but those that are process-wide on purpose
-(fray.testing.threads.PROCESS_WIDE, each with its reason)."""
+"""Every thread a context starts is stopped and joined by its owner at shutdown: after a context ran what
+fray.testing.threads.exercise runs (a task, an actor call, a get that timed out, as_completed, a progress bar, a
+dashboard page, an SPMD group left alive, an executor) and shut down, no thread fray named (`fray-...`) that it
+started is left alive, but those that are process-wide on purpose (fray.testing.threads.PROCESS_WIDE, each with
+its reason)."""
 
 from __future__ import annotations
 
