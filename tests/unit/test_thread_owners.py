@@ -56,7 +56,9 @@ def test_a_cluster_contexts_detached_job_leaves_no_thread_of_its_own(
         try:
             cluster.shutdown()
             assert leftover_threads(before) == []
-        finally:
-            fray.cluster("in_memory").stop_job(job)
+        finally:  # the detached job outlives its context: stopped from another
+            other = fray.cluster("in_memory")
+            other.stop_job(job)
+            other.shutdown()
     finally:
         cluster.shutdown()
