@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
-from fray.backend import Backend, Capability, host_gpus, host_resources, non_negative, parse_options
+from fray.backend import Backend, Capability, host_gpus, host_resources, non_negative
 from fray.errors import WorkerCrashedError
 from fray.kit import KitJobContext, LocalClusterContext, Task, remote
 
@@ -82,13 +82,11 @@ class ProcessPoolBackend(Backend):
     def capabilities(self) -> frozenset[Capability]:
         return ProcessPoolJobContext.capabilities | ProcessPoolClusterContext.capabilities
 
-    def job_context(self, **options: str) -> ProcessPoolJobContext:
-        opts: dict[str, Any] = parse_options(NAME, options, self.options)
+    def job_context(self, **opts: Any) -> ProcessPoolJobContext:
         gpus = host_gpus(opts.get("gpus"))
         host = host_resources()
         totals = {"CPU": opts.get("cpus", host["CPU"]), "GPU": float(len(gpus)), "memory": host["memory"]}
         return ProcessPoolJobContext(totals, gpus=gpus)
 
-    def cluster_context(self, **options: str) -> ProcessPoolClusterContext:
-        opts: dict[str, Any] = parse_options(NAME, options, self.options)
+    def cluster_context(self, **opts: Any) -> ProcessPoolClusterContext:
         return ProcessPoolClusterContext(gpus=host_gpus(opts.get("gpus")))

@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fray.backend import async_methods, host_gpus, host_resources, parse_options
+from fray.backend import async_methods, host_gpus, host_resources
 from fray.kit import Actor, Serialized, remote
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -66,8 +66,7 @@ class ProcessActorsBackend(ProcessPoolBackend):
     name = NAME
     test_spec = f"{NAME}?cpus=4"
 
-    def job_context(self, **options: str) -> ProcessActorsJobContext:
-        opts: dict[str, Any] = parse_options(NAME, options, self.options)
+    def job_context(self, **opts: Any) -> ProcessActorsJobContext:
         gpus = host_gpus(opts.get("gpus"))
         host = host_resources()
         totals = {"CPU": opts.get("cpus", host["CPU"]), "GPU": float(len(gpus)), "memory": host["memory"]}

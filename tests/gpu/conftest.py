@@ -45,9 +45,9 @@ def gpu_backend_ctx(request: pytest.FixtureRequest) -> Iterator[JobContext]:
         backend = get_backend(name)
     except BackendNotAvailableError as exc:
         pytest.skip(f"backend {name!r} is not installed: {exc}")
-    from fray.registry import parse_spec
+    from fray.registry import job_context_from, parse_spec
 
-    ctx = backend.job_context(**parse_spec(SPECS[name])[1])
+    ctx = job_context_from(backend, parse_spec(SPECS[name])[1])
     try:
         yield ctx
     finally:

@@ -13,7 +13,7 @@ import pytest
 
 import fray
 from fray import ActorOptions, ActorUnavailableError, TaskOptions
-from fray.registry import get_backend, parse_spec
+from fray.registry import get_backend, job_context_from, parse_spec
 from fray_monarch.driver import group_rec
 
 
@@ -38,7 +38,7 @@ class Caster:
 @pytest.fixture(scope="module")
 def ctx() -> Iterator[Any]:
     """One context for the module's tests: each kills what it made, and the next checks that nothing is left."""
-    context = get_backend("monarch").job_context(**parse_spec("monarch?procs=2")[1])
+    context = job_context_from(get_backend("monarch"), parse_spec("monarch?procs=2")[1])
     try:
         with fray.using(context):
             yield context

@@ -227,4 +227,4 @@ def test_tls_transport_cannot_go_with_insecure() -> None:
     from fray_monarch.cluster.topology import topology
 
     with pytest.raises(ValueError, match="insecure=true has none"):
-        topology({"transport": "tls", "insecure": "true"})
+        topology({"transport": "tls", "insecure": True})

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("fray_ray")
 
 import fray
-from fray.registry import parse_spec
+from fray.registry import job_context_from, parse_spec
 from fray_ray import RayBackend, RayJobContext
 
 HERE = Path(__file__).parent
@@ -23,7 +23,7 @@ def ctx() -> Iterator[RayJobContext]:
     the next module's too where that one's first test asks for it (a Ray start is seconds); it is shut down
     before a test of another module that does not, and at the end."""
     if not _kept:
-        _kept.append(RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1]))
+        _kept.append(job_context_from(RayBackend(), parse_spec(RayBackend.test_spec)[1]))
     with fray.using(_kept[0]):
         yield _kept[0]
 

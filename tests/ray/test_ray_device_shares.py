@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import fray
-from fray.registry import parse_spec
+from fray.registry import job_context_from, parse_spec
 from fray.runtime.device_shares import share_server
 from fray.runtime.device_shares.values import SHARED
 from fray.telemetry.transfers import PathStats
@@ -25,7 +25,7 @@ SIZE = 1 << 20
 def own_ctx() -> Iterator[RayJobContext]:
     """A private Ray of this module's own (not conftest's `ctx`, which the next module's tests may keep: the
     device loads its workers recorded here would be drawn on that module's timeline)."""
-    context = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
+    context = job_context_from(RayBackend(), parse_spec(RayBackend.test_spec)[1])
     with fray.using(context):
         yield context
     context.shutdown()

@@ -13,6 +13,7 @@ import ray
 
 from fray import ActorOptions, TaskOptions
 from fray.errors import UnsupportedFeatureError
+from fray.registry import job_context_from
 from fray.runtime.capabilities import Capability
 from fray_ray import RayBackend, RayJobContext
 
@@ -102,8 +103,8 @@ def test_an_spmd_members_arguments_are_unpickled_after_its_group_view_is_set(ctx
 def test_gpu_view_host_is_refused_by_name_before_ray_starts() -> None:
     was_up = ray.is_initialized()
     with pytest.raises(UnsupportedFeatureError, match="gpu_host_view") as refused:
-        RayBackend().job_context(gpu_view="host", num_cpus="1")
+        job_context_from(RayBackend(), {"gpu_view": "host", "num_cpus": "1"})
     assert refused.value.capability is Capability.GPU_HOST_VIEW
     assert ray.is_initialized() == was_up  # (refused before connecting)
     with pytest.raises(ValueError, match=r"'held'.*'host'"):
-        RayBackend().job_context(gpu_view="all")
+        job_context_from(RayBackend(), {"gpu_view": "all"})

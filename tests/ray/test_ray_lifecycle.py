@@ -25,13 +25,13 @@ from _procs import cmdline, group_and_descendants, listening
 import fray
 from fray.errors import JobNotFoundError
 from fray.host.net import is_loopback
-from fray.registry import parse_spec
+from fray.registry import cluster_context_from, job_context_from, parse_spec
 from fray_ray import RayBackend, RayClusterContext, RayJobContext, _auth, _connect, _local
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayClusterContext]:
-    context = RayBackend().cluster_context(num_cpus="1", object_store_memory="80000000")
+    context = cluster_context_from(RayBackend(), {"num_cpus": "1", "object_store_memory": "80000000"})
     yield context
     context.shutdown()
 
@@ -94,7 +94,7 @@ def test_private_ray_and_private_head_enforce_token_auth(ctx: RayJobContext, clu
 
 # ---------------------------------------------------------------------------------------- shut down
 def test_every_method_of_a_shut_down_context_raises_fray_error() -> None:
-    ctx = RayBackend().job_context(**parse_spec(RayBackend.test_spec)[1])
+    ctx = job_context_from(RayBackend(), parse_spec(RayBackend.test_spec)[1])
     ref = ctx.create_task(pid)
     ctx.get(ref, timeout=60)
     actor = ctx.create_actor(Pid)

@@ -143,3 +143,25 @@ def test_a_backend_imports_fray_core_through_its_faces(src: Path, package: str) 
     }
     assert len(deeper) > 5
     assert {importer: ts for importer, ts in deeper.items() if ts} == {}
+
+
+def test_no_backend_parses_its_spec_options() -> None:
+    """fray-core converts a spec's options by the backend's declared `options` (fray.registry.backend_options)
+    before any backend entry point sees them: a backend that called parse_options again would be a second home
+    for what its options mean."""
+    import ast
+
+    sources = [path for src, package in BACKENDS for path in (src / package.replace(".", "/")).rglob("*.py")]
+    sources += [*(SRC.parents[2] / "examples").glob("*.py"), SRC.parents[2] / "tests/_process_actors_backend.py"]
+    calling = sorted(
+        str(path.relative_to(SRC.parents[2]))
+        for path in sources
+        if any(
+            (isinstance(node, ast.Name) and node.id == "parse_options")
+            or (isinstance(node, ast.Attribute) and node.attr == "parse_options")
+            or (isinstance(node, ast.alias) and node.name.endswith("parse_options"))
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    )
+    assert len(sources) > 50
+    assert calling == []

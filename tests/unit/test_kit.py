@@ -184,12 +184,12 @@ def test_a_task_whose_worker_crashed_is_rerun_up_to_max_retries(where: str, tmp_
 
     from fray import RuntimeEnv, TaskOptions, register_backend
     from fray.errors import WorkerCrashedError
-    from fray.registry import get_backend
+    from fray.registry import get_backend, job_context_from
     from fray.testing import workloads
 
     if where == "process_pool":
         register_backend("process_pool", ProcessPoolBackend, replace=True)
-        ctx = get_backend("process_pool").job_context(cpus="2")
+        ctx = job_context_from(get_backend("process_pool"), {"cpus": "2"})
         options = TaskOptions()
     else:
         ctx = InMemoryJobContext({"CPU": 2.0})

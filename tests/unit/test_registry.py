@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
 import fray
 from fray.errors import BackendNotAvailableError
+from fray.in_memory import InMemoryBackend
 from fray.registry import FIRST_PARTY, parse_spec
+from fray.runtime.options import non_empty_text, positive_int
 
 
 def test_parse_spec() -> None:
@@ -175,3 +179,93 @@ def test_every_backend_declares_its_options_and_shares_the_converters() -> None:
         for raw, want in (("yes", True), ("Off", False), (" true", True)):
             assert parse_options(name, {"log_to_driver": raw}, backend.options) == {"log_to_driver": want}
         assert (name != "in_memory") == isinstance(backend, PersistentClusters), name
+
+
+class _Recorder(InMemoryBackend):
+    """in_memory, recording the options each entry point of a backend receives."""
+
+    name = "recorder"
+    options = {**InMemoryBackend.options, "n": positive_int, "address": non_empty_text, "job": lambda raw: raw}
+    seen: ClassVar[list[tuple[str, dict[str, Any]]]] = []
+
+    def job_context(self, **options: Any) -> Any:
+        self.seen.append(("job_context", options))
+        return super().job_context(**{k: v for k, v in options.items() if k not in ("n", "job")})
+
+    def cluster_context(self, **options: Any) -> Any:
+        self.seen.append(("cluster_context", options))
+        return super().cluster_context()
+
+    def prepare_command(self, options: Mapping[str, Any]) -> None:
+        self.seen.append(("prepare_command", dict(options)))
+
+    def persistent_address(self) -> tuple[str | None, str]:
+        return "somewhere", ""
+
+    def start_cluster(self, listen: str, **options: Any) -> tuple[dict[str, Any], bool]:
+        self.seen.append(("start_cluster", options))
+        return {"address": "somewhere", "pid": 1}, False
+
+    def stop_cluster(self) -> None:
+        return None
+
+
+def test_a_backend_receives_its_options_converted_by_its_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fray.init, fray.cluster and the `fray` command convert a spec's options by the backend's declared
+    `options` once, in fray-core: no backend parses them again (test_core_layout checks that none calls
+    parse_options). Objects passed from Python reach a converter as they are."""
+    import argparse
+
+    from fray.cli.cluster import cluster_start
+    from fray.cli.common import open_cluster
+
+    monkeypatch.setenv("FRAY_STATE_DIR", str(tmp_path / "state"))
+    fray.register_backend("recorder", _Recorder, replace=True)
+    _Recorder.seen.clear()
+    job = object()
+    fray.init("recorder?n=3&cpus=2", job=job, serialize=False)
+    fray.shutdown()
+    with fray.cluster("recorder?n=4", job_dirs=str(tmp_path)) as cluster:
+        assert cluster.job_dirs == str(tmp_path)  # the core's own option, never the backend's
+    assert _Recorder.seen == [
+        ("job_context", {"n": 3, "cpus": 2.0, "job": job, "serialize": False}),
+        ("cluster_context", {"n": 4}),
+    ]
+    _Recorder.seen.clear()
+    with open_cluster(argparse.Namespace(backend=f"recorder?n=5&job_dirs={tmp_path}", address=None), "fray status"):
+        pass
+    launch = {flag: None for flag in ("job", "hosts", "nodes", "partition", "time")}
+    assert cluster_start(argparse.Namespace(backend="recorder?n=6", listen="127.0.0.1", **launch)) == 0
+    assert _Recorder.seen == [
+        ("prepare_command", {"n": 5, "address": "somewhere"}),
+        ("cluster_context", {"n": 5, "address": "somewhere"}),
+        ("start_cluster", {"n": 6}),
+    ]
+    with pytest.raises(ValueError, match=r"option n='0' for the 'recorder' backend is not valid: must be a whole"):
+        fray.init("recorder?n=0")
+    with pytest.raises(ValueError, match=r"option n='x' for the 'recorder' backend"):
+        fray.cluster("recorder", n="x")
+
+
+def test_a_monarch_clusters_job_spec_reads_back_as_its_converted_options() -> None:
+    """A monarch cluster hands its jobs its options as a spec (FRAY_BACKEND) written from the converted values
+    its context received: each reads back the same (a resources table as JSON, a flag as true/false)."""
+    pytest.importorskip("fray_monarch")
+    from fray.registry import backend_options
+    from fray_monarch import MonarchBackend
+    from fray_monarch.cluster.context import job_spec
+
+    raw = {"procs": "3", "cpus": "2", "resources": "disk:4,tag", "log_to_driver": "no", "object_store_memory": "3e8"}
+    converted = backend_options(MonarchBackend(), raw)
+    back = backend_options(MonarchBackend(), parse_spec(job_spec(converted, None))[1])
+    assert back == {**converted, "job": "local"}
+
+
+def test_monarch_takes_a_heads_address_for_a_cluster_context_only() -> None:
+    """address= is in monarch's schema (fray.cluster("monarch?address=SOCKET") is a client of a recorded head);
+    a JobContext refuses it, naming what to use, before anything starts."""
+    pytest.importorskip("fray_monarch")
+    with pytest.raises(ValueError, match=r"is for fray\.cluster.*hosts="):
+        fray.init("monarch?address=/nowhere/sock")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fray.backend import Backend, Capability, choose_recording, parse_options
+from fray.backend import Backend, Capability, choose_recording
 from fray_monarch.core import runtime  # noqa: F401 - environment and fault hook before Monarch starts
 
 # isort: split
@@ -50,13 +50,18 @@ class MonarchBackend(Backend):
 
         from fray_monarch import socket_guard
 
-        if not socket_guard.active() and not parse_options("monarch", options, SCHEMA).get(socket_guard.OPT_OUT):
+        if not socket_guard.active() and not options.get(socket_guard.OPT_OUT):
             socket_guard.restart_under_guard([sys.executable, *sys.orig_argv[1:]])
 
     def job_context(self, **options: Any) -> Any:
         from fray_monarch.driver.client import driver_context
 
-        log_to_driver = parse_options("monarch", options, SCHEMA).get("log_to_driver", True)
+        if "address" in options:
+            raise ValueError(
+                "option address= (the socket of a head `fray cluster start` recorded) is for fray.cluster and the "
+                "`fray job` commands; a JobContext attaches to host workers with hosts=ADDRESS,..."
+            )
+        log_to_driver = options.get("log_to_driver", True)
         top = topology(options)
         recording = choose_recording(True)
         try:

@@ -22,7 +22,6 @@ from fray.backend import (
     flag,
     gpu_view,
     non_empty_text,
-    parse_options,
     parse_resources,
 )
 from fray.errors import UnsupportedFeatureError
@@ -51,9 +50,10 @@ _JOB_ONLY = ("namespace", "log_to_driver")
 _CLUSTER_ONLY = ("working_dir",)
 
 
-def _parse(options: dict[str, str]) -> dict[str, Any]:
-    """The spec's options, `gpus` as Ray's `num_gpus` (one spec means the same on every backend)."""
-    parsed: dict[str, Any] = parse_options("ray", options, _OPTIONS)
+def _parse(options: dict[str, Any]) -> dict[str, Any]:
+    """The spec's options (converted by `_OPTIONS` in fray-core), `gpus` as Ray's `num_gpus` (one spec means the
+    same on every backend); gpu_view=host refused."""
+    parsed = dict(options)
     if parsed.pop("gpu_view", "held") != "held":
         raise UnsupportedFeatureError(
             Capability.GPU_HOST_VIEW,
@@ -88,7 +88,7 @@ class RayBackend(Backend):
 
         return RayJobContext.capabilities | RayClusterContext.capabilities
 
-    def job_context(self, **options: str) -> RayJobContext:
+    def job_context(self, **options: Any) -> RayJobContext:
         parsed = _parse(options)
         recording = choose_recording(True)
         try:
@@ -129,7 +129,7 @@ class RayBackend(Backend):
         _remote.enter_worker()
         return _remote.worker_context()  # type: ignore[no-any-return]
 
-    def cluster_context(self, **options: str) -> Any:
+    def cluster_context(self, **options: Any) -> Any:
         from fray_ray.cluster import RayClusterContext
 
         parsed = _parse(options)
@@ -156,7 +156,7 @@ class RayBackend(Backend):
             "give the dashboard address of yours with --address or RAY_ADDRESS."
         )
 
-    def start_cluster(self, listen: str, **options: str) -> tuple[dict[str, Any], bool]:
+    def start_cluster(self, listen: str, **options: Any) -> tuple[dict[str, Any], bool]:
         """`fray cluster start`: a head that outlives the command (sized by the spec's num_cpus, num_gpus,
         object_store_memory, resources), recorded in the state directory. (its record, started now?)"""
         from fray_ray import persistent

@@ -88,7 +88,6 @@ from fray.runtime.options import (
     ip_address,
     non_empty_text,
     non_negative,
-    parse_options,
     parse_resources,
     port,
     positive_int,
@@ -268,7 +267,6 @@ __all__ = [
     "non_negative",
     "normalize_resources",
     "note_contained",
-    "parse_options",
     "parse_resources",
     "plain_pickle",
     "pool_piece",
@@ -314,7 +312,9 @@ class Backend(ABC):
     # (None: test_spec's).
     test_spec: ClassVar[str | None] = None
     cluster_test_spec: ClassVar[str | None] = None
-    # The spec options it takes: name -> converter (fray.runtime.options), for init and cluster alike.
+    # The spec options it takes, all of them: name -> converter (fray.runtime.options), for init and cluster alike.
+    # fray-core converts a spec's options by it before calling job_context, cluster_context, prepare_command or
+    # start_cluster (fray.registry.backend_options); a name not in it is refused there.
     options: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
 
     @property
@@ -324,12 +324,14 @@ class Backend(ABC):
 
     @abstractmethod
     def job_context(self, **options: Any) -> JobContext:
-        """A new JobContext; options come from the spec's query string and init's keyword arguments (strings,
-        but for objects a backend documents, such as monarch's job=)."""
+        """A new JobContext; options are the spec's query string and init's keyword arguments, converted by
+        `options` (an int for `positive_int`, ...; objects a backend documents, such as monarch's job=, as its
+        converter returns them)."""
 
     @abstractmethod
     def cluster_context(self, **options: Any) -> ClusterContext:
-        """A new ClusterContext."""
+        """A new ClusterContext; options converted by `options` as for job_context (without fray-core's own
+        `job_dirs`)."""
 
     def context_here(self) -> JobContext | None:
         """The JobContext of this process's connection to this backend, if it has one that is not current yet
@@ -343,7 +345,8 @@ class Backend(ABC):
     def prepare_command(self, options: Mapping[str, Any]) -> None:
         """Called by the `fray` command before it makes a context of this backend in its own process, when nothing
         else has happened yet: a backend whose contexts need something of a process from its start (monarch: its
-        socket guard, preloaded) may start the command again here (exec). The default does nothing."""
+        socket guard, preloaded) may start the command again here (exec). `options` are converted by `options`.
+        The default does nothing."""
         return None
 
 
@@ -358,8 +361,8 @@ class PersistentClusters(Protocol):
         ...
 
     def start_cluster(self, listen: str, **options: Any) -> tuple[dict[str, Any], bool]:
-        """Start and record a cluster for these spec options (or find the running one): (its record, started
-        now?)."""
+        """Start and record a cluster for these spec options, converted by the backend's `options` (or find the
+        running one): (its record, started now?)."""
         ...
 
     def stop_cluster(self) -> dict[str, Any] | None:

@@ -25,9 +25,20 @@ from fray.errors import BackendNotAvailableError
 from fray.host import interrupts, settings
 from fray.jobs.dirs import cluster_with_job_dirs
 from fray.runtime import current
-from fray.runtime.options import did_you_mean
+from fray.runtime.options import did_you_mean, parse_options
 
-__all__ = ["available_backends", "cluster", "get_backend", "init", "parse_spec", "register_backend", "shutdown"]
+__all__ = [
+    "available_backends",
+    "backend_options",
+    "cluster",
+    "cluster_context_from",
+    "get_backend",
+    "init",
+    "job_context_from",
+    "parse_spec",
+    "register_backend",
+    "shutdown",
+]
 
 ENV_VAR = settings.BACKEND.name
 DEFAULT_BACKEND = settings.BACKEND.default
@@ -183,12 +194,32 @@ def _option_value(value: Any) -> Any:
     return value
 
 
+def backend_options(backend: Backend, options: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec's options (strings, or objects a backend documents) converted by the backend's declared `options`
+    schema, which is what its `job_context`, `cluster_context`, `prepare_command` and `start_cluster` receive: an
+    unknown name or a bad value is a ValueError naming the option."""
+    return parse_options(backend.name, options, backend.options)
+
+
+def job_context_from(backend: Backend, options: Mapping[str, Any]) -> JobContext:
+    """`backend`'s JobContext for a spec's options (strings, as `parse_spec` gives them), converted first."""
+    return backend.job_context(**backend_options(backend, options))
+
+
+def cluster_context_from(backend: Backend, options: Mapping[str, Any]) -> ClusterContext:
+    """`backend`'s ClusterContext for a spec's options, converted first; the core's own `job_dirs` option (any
+    backend's) is taken out before and kept on the context for its jobs."""
+    return cluster_with_job_dirs(
+        lambda **rest: backend.cluster_context(**backend_options(backend, rest)), dict(options)
+    )
+
+
 def init(spec: str | None = None, **options: Any) -> JobContext:
     """Create a JobContext for `spec` (or FRAY_BACKEND, or in_memory) and make it current."""
     backend, merged = _resolve(spec, options)
     interrupts.install_hook()  # first: starting an engine can take seconds, and a Ctrl-C then is one line too
     try:
-        ctx = backend.job_context(**merged)
+        ctx = job_context_from(backend, merged)
     except KeyboardInterrupt as exc:
         raise interrupts.interrupted(exc, f"fray.init to start {backend.name}") from None
     except Exception:
@@ -207,7 +238,7 @@ def init(spec: str | None = None, **options: Any) -> JobContext:
 def cluster(spec: str | None = None, **options: Any) -> ClusterContext:
     """Create a ClusterContext for `spec` (or FRAY_BACKEND, or in_memory)."""
     backend, merged = _resolve(spec, options)
-    return cluster_with_job_dirs(backend.cluster_context, merged)  # (job_dirs: any backend's option)
+    return cluster_context_from(backend, merged)
 
 
 def shutdown() -> None:

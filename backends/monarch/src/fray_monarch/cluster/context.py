@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import socket
@@ -53,10 +54,19 @@ _CARRIED = (
 )
 
 
+def _spec_text(value: Any) -> str:
+    """A converted option's value as a spec writes it (SCHEMA's converters read it back to the same value)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return json.dumps(value)  # resources
+    return str(value)
+
+
 def job_spec(options: dict[str, Any], hostset: HostSet | None) -> str:
     """The FRAY_BACKEND of this cluster's jobs: monarch on the cluster's hosts (by address), or on the job's own
     machine where the cluster is this machine (job=local: not the hosts some other `fray cluster start` recorded)."""
-    carried = {key: str(options[key]) for key in _CARRIED if options.get(key) is not None}
+    carried = {key: _spec_text(options[key]) for key in _CARRIED if options.get(key) is not None}
     if hostset is not None and hostset.addresses:
         carried["hosts"] = ",".join(hostset.addresses)
         if not hostset.secure and not hostset.local:

@@ -1,6 +1,7 @@
 """A monarch cluster that outlives the command that started it: `fray cluster start --backend monarch`.
 
-    python -m fray_monarch.cluster.head DIR      (started by MonarchBackend.start_cluster; DIR holds spec.json)
+    python -m fray_monarch.cluster.head DIR   (started by MonarchBackend.start_cluster; DIR holds spec.json, the
+                                                spec options as fray-core converted them)
 
 The head is one process, in a session of its own, that launches the hosts the spec asks for (job=ssh|slurm|
 process, or attaches to hosts= workers), runs a job runner on each, and records itself in the state directory
@@ -103,7 +104,7 @@ class Head:
 
 def main(argv: list[str]) -> int:
     record_dir = Path(argv[0])
-    options = json.loads((record_dir / "spec.json").read_text())
+    options = json.loads((record_dir / "spec.json").read_text())  # converted already (persistent.start)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from fray.backend import Identity, flag, state_dir
+from fray.backend import Identity, ip_address, state_dir
 from fray.errors import FrayError
 from fray_monarch import socket_guard
 from fray_monarch.cluster.head_record import NAME, recorded
@@ -27,26 +27,30 @@ def _head_dir() -> str:
 
 
 def start(listen: str, options: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """Start a head for these spec options (or find the running one): (its record, whether it started now)."""
+    """Start a head for these spec options, converted by the backend's schema (or find the running one): (its
+    record, whether it started now). The head reads them back as they are (spec.json): converted values are JSON
+    (numbers, flags, text, host lists, resource tables), a Monarch job object is not."""
     current = recorded()
     if current is not None and current["running"]:
         return current, False
     if current is not None:
         state_dir.forget_cluster(NAME)
     if listen and listen not in ("127.0.0.1", "localhost", "::1"):
-        options = {"bind": listen, **options}  # else the address that routes to the hosts (net/network.py)
-    if any(not isinstance(v, str) for v in options.values()):
-        raise ValueError("fray cluster start takes spec options (strings), not objects")
+        options = {"bind": ip_address(listen), **options}  # else the address that routes to the hosts (network.py)
+    try:
+        text = json.dumps(options)
+    except TypeError:
+        raise ValueError("fray cluster start takes spec options (job=ssh|slurm|process|local), not objects") from None
     head_dir = _head_dir()
     spec = os.path.join(head_dir, "spec.json")
     fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(options, f)
+        f.write(text)
     log = os.path.join(head_dir, "head.log")
     with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as errors:
         head = subprocess.Popen(
             [sys.executable, "-m", "fray_monarch.cluster.head", head_dir],
-            env=None if flag(options.get(socket_guard.OPT_OUT, "false")) else socket_guard.guarded_environ(),
+            env=None if options.get(socket_guard.OPT_OUT) else socket_guard.guarded_environ(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=errors,

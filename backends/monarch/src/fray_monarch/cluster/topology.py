@@ -18,8 +18,8 @@ from fray.backend import (
     host_gpus,
     host_resources,
     ip_address,
+    non_empty_text,
     non_negative,
-    parse_options,
     parse_resources,
     port,
     positive_int,
@@ -78,6 +78,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "insecure": flag,
     "attach_timeout": seconds,
     "mesh": str,
+    "address": non_empty_text,  # a recorded head's socket, for fray.cluster (MonarchHeadClient)
     "unguarded_sockets": flag,  # socket_guard.OPT_OUT (a literal: importing fray_monarch must not import
     # socket_guard, or `python -m fray_monarch.socket_guard` warns that runpy found it already imported)
 }
@@ -115,12 +116,13 @@ def _job_mesh(job: Any, name: str | None) -> Any:
     raise ValueError(f"this Monarch job has host meshes {sorted(meshes)}: name the one to use with mesh=")
 
 
-def topology(options: dict[str, Any]) -> Topology:
+def topology(opts: dict[str, Any]) -> Topology:
+    """The hosts of a context for its spec options, converted by SCHEMA (fray-core converts a spec's options by
+    the backend's declared schema before its contexts see them)."""
     from monarch.actor import this_host
 
     from fray_monarch import socket_guard
 
-    opts = parse_options("monarch", options, SCHEMA)
     unguarded = bool(opts.get(socket_guard.OPT_OUT, False))
     socket_guard.require(unguarded)  # before any Monarch socket exists
     if unguarded:

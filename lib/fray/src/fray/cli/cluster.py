@@ -8,6 +8,7 @@ import json
 from fray.backend import PersistentClusters
 from fray.cli.common import as_dict, lacks_persistence, open_cluster, resolve, say
 from fray.host.state_dir import state_dir
+from fray.registry import backend_options
 from fray.runtime.capabilities import Capability
 from fray.runtime.resources import format_amount
 
@@ -22,7 +23,7 @@ def cluster_start(args: argparse.Namespace) -> int:
             say(f"the {name} backend needs no cluster: its jobs run on this machine (detached ones: {state_dir()})")
             return 0
         raise lacks_persistence(name, "fray cluster start")
-    record, started = backend.start_cluster(args.listen, **options)
+    record, started = backend.start_cluster(args.listen, **backend_options(backend, options))
     if not started:
         say(f"a {name} cluster is running already (pid {record['pid']}): {record['address']}")
         return 0

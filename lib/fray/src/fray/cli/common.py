@@ -12,8 +12,8 @@ from typing import Any
 from fray.backend import Backend, PersistentClusters
 from fray.context import ClusterContext
 from fray.host import settings
-from fray.jobs.dirs import cluster_with_job_dirs
-from fray.registry import get_backend, parse_spec
+from fray.jobs.dirs import SPEC_OPTION
+from fray.registry import backend_options, cluster_context_from, get_backend, parse_spec
 from fray.runtime.capabilities import Capability
 from fray.types import JobInfo, JobStatus
 
@@ -65,8 +65,8 @@ def open_cluster(args: argparse.Namespace, what: str, persistent: bool = True) -
             options["address"] = found
         elif persistent:
             raise CommandError(f"{what}: no {name} cluster to talk to. {why_not}")
-    backend.prepare_command(options)
-    return cluster_with_job_dirs(backend.cluster_context, options)
+    backend.prepare_command(backend_options(backend, {k: v for k, v in options.items() if k != SPEC_OPTION}))
+    return cluster_context_from(backend, options)
 
 
 def say(text: str) -> None:

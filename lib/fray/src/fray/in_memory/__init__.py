@@ -23,7 +23,6 @@ from fray.backend import (
     host_resources,
     huge_pages_in_this_process,
     non_negative,
-    parse_options,
     parse_resources,
 )
 from fray.in_memory.cluster import InMemoryClusterContext
@@ -53,8 +52,7 @@ class InMemoryBackend(Backend):
     def capabilities(self) -> frozenset[Capability]:
         return InMemoryJobContext.capabilities | InMemoryClusterContext.capabilities
 
-    def job_context(self, **options: str) -> InMemoryJobContext:
-        opts: dict[str, Any] = parse_options(self.name, options, self.options)
+    def job_context(self, **opts: Any) -> InMemoryJobContext:
         host = host_resources()
         gpus = host_gpus(opts.get("gpus"), opts.get("gpu_view", "held"))
         totals = {
@@ -73,7 +71,6 @@ class InMemoryBackend(Backend):
             events=opts.get("events"),
         )
 
-    def cluster_context(self, **options: str) -> InMemoryClusterContext:
-        opts = parse_options(self.name, options, self.options)
+    def cluster_context(self, **opts: Any) -> InMemoryClusterContext:
         gpus = host_gpus(opts.get("gpus"), opts.get("gpu_view", "held"))
         return InMemoryClusterContext(opts.get("root"), gpus=gpus)

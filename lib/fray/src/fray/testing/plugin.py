@@ -22,7 +22,7 @@ import pytest
 from fray.context import ClusterContext, JobContext
 from fray.errors import BackendNotAvailableError
 from fray.host import settings
-from fray.registry import available_backends, get_backend, parse_spec
+from fray.registry import available_backends, cluster_context_from, get_backend, job_context_from, parse_spec
 from fray.runtime.capabilities import Capability
 from fray.runtime.current import using
 from fray.testing.capability_table import CapabilityResults, disagreements, documented_table
@@ -98,14 +98,15 @@ def spec_options(name: str, attr: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def fray_session_ctx(fray_backend_name: str) -> Iterator[JobContext]:
-    ctx = get_backend(fray_backend_name).job_context(**spec_options(fray_backend_name, "test_spec"))
+    ctx = job_context_from(get_backend(fray_backend_name), spec_options(fray_backend_name, "test_spec"))
     yield ctx
     ctx.shutdown()
 
 
 @pytest.fixture(scope="session")
 def fray_session_cluster(fray_backend_name: str) -> Iterator[ClusterContext]:
-    cluster = get_backend(fray_backend_name).cluster_context(**spec_options(fray_backend_name, "cluster_test_spec"))
+    backend = get_backend(fray_backend_name)
+    cluster = cluster_context_from(backend, spec_options(fray_backend_name, "cluster_test_spec"))
     yield cluster
     cluster.shutdown()
 
@@ -122,7 +123,7 @@ def _skip_missing(request: pytest.FixtureRequest, have: frozenset[Capability], b
 @pytest.fixture
 def fray_own_ctx(fray_backend_name: str) -> Iterator[JobContext]:
     """A JobContext of the backend for this test alone (for tests that shut it down)."""
-    ctx = get_backend(fray_backend_name).job_context(**spec_options(fray_backend_name, "test_spec"))
+    ctx = job_context_from(get_backend(fray_backend_name), spec_options(fray_backend_name, "test_spec"))
     try:
         yield ctx
     finally:

@@ -11,7 +11,7 @@ import pytest
 
 from fray import ActorOptions, ActorUnavailableError, InfeasibleResourcesError, RuntimeEnv, TaskOptions
 from fray.context import JobContext
-from fray.registry import get_backend
+from fray.registry import get_backend, job_context_from
 from fray.runtime.capabilities import Capability
 from fray.runtime.current import using
 from fray.runtime.gpus import discover
@@ -30,7 +30,7 @@ def gpu_ctx(fray_backend_name: str, fray_session_ctx: JobContext) -> Iterator[Jo
         return
     count = len(discover()) or 2
     options = {**spec_options(fray_backend_name, "test_spec"), "gpus": str(count)}
-    ctx = get_backend(fray_backend_name).job_context(**options)
+    ctx = job_context_from(get_backend(fray_backend_name), options)
     try:
         with using(ctx):
             yield ctx
@@ -180,7 +180,7 @@ def test_with_gpu_view_host_gpu_work_sees_every_device_its_own_first(fray_ctx: J
     devices needs that), after its own, so that `cuda:0` and LOCAL_RANK still name its own."""
     count = max(len(discover()), 2)
     options = {**spec_options(fray_ctx.backend, "test_spec"), "gpus": str(count), "gpu_view": "host"}
-    ctx = get_backend(fray_ctx.backend).job_context(**options)
+    ctx = job_context_from(get_backend(fray_ctx.backend), options)
     try:
         with using(ctx):
             every = {str(i) for i in range(count)} if not discover().ids else {str(i) for i in discover().ids}
