@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from fray.backend import Backend, Capability, host_gpus, host_resources, non_negative
 from fray.errors import WorkerCrashedError
-from fray.kit import KitJobContext, LocalClusterContext, Task, remote
+from fray.kit import KitJobContext, LocalClusterContext, TaskRun, remote
 
 NAME = "process_pool"
 # Processes start on demand, up to this many: a task blocked in get lends its CPUs to the next one (the kit's
@@ -51,16 +51,16 @@ class ProcessPoolJobContext(KitJobContext):
             initargs=(self._service.setup,),
         )
 
-    def _run_task(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run_task(self, run: TaskRun, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         pool = self._pool
         try:
-            reply = pool.submit(remote.run_call, *self._service.request(task, args, kwargs)).result()
+            reply = pool.submit(remote.run_call, *self._service.request(run, args, kwargs)).result()
         except BrokenProcessPool:  # a worker died: the pool is unusable, and every call it ran failed with it
             with self._pool_lock:
                 if self._pool is pool:
                     self._pool = self._new_pool()
             pool.shutdown(wait=False, cancel_futures=True)
-            raise WorkerCrashedError(f"the process running task {task.name} died") from None
+            raise WorkerCrashedError(f"the process running task {run.name} died") from None
         return self._service.result(reply)
 
     def _shutdown(self) -> None:

@@ -24,7 +24,7 @@ from fray.backend import (
     RECORDER,
     ActorHandle,
     ActorInfo,
-    ActorOptions,
+    ActorRequest,
     JobContext,
     Kind,
     Lifetime,
@@ -68,7 +68,7 @@ class RayActors:
         klass: type,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        options: ActorOptions,
+        request: ActorRequest,
         member: Member | None = None,
         ray_options: Mapping[str, Any] | None = None,
     ) -> ActorHandle:
@@ -82,12 +82,13 @@ class RayActors:
         methods = _methods_cache.get(klass)
         if methods is None:
             methods = _methods_cache[klass] = public_methods(klass)
+        options = request.options
         name = options.name
         if name is not None and options.get_if_exists:
             existing = self._lookup(name)
             if existing is not None:
                 return ActorHandle(existing, _BACKEND, klass.__name__, methods, name, self._ctx)
-        options_ = actor_options(options)
+        options_ = actor_options(request)
         if ray_options:
             options_.update(ray_options)
         ray_kwargs = unwrap_kwargs(kwargs)

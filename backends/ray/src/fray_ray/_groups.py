@@ -43,12 +43,12 @@ from fray.backend import (
     ActorGroup,
     ActorHandle,
     ActorInfo,
-    ActorOptions,
+    ActorRequest,
+    GroupRequest,
     JobContext,
     Lifetime,
     Member,
     ObjectRef,
-    actor_resources,
     find_unserializable_argument,
     format_amount,
     format_resources,
@@ -57,6 +57,7 @@ from fray.backend import (
     hang_timeout,
     heartbeat_interval,
     member_name,
+    member_request,
     spmd_env,
 )
 from fray.errors import InfeasibleResourcesError
@@ -102,9 +103,9 @@ def pg_name(group: str) -> str:
     return f"fray-group/{group}"
 
 
-def bundle(options: ActorOptions) -> dict[str, float]:
+def bundle(request: ActorRequest) -> dict[str, float]:
     """One member's bundle: its resources without zeros, or DEFAULT_BUNDLE when it asks for nothing."""
-    wanted = {name: float(qty) for name, qty in actor_resources(options).items() if qty > 0}
+    wanted = {name: float(qty) for name, qty in request.resources if qty > 0}
     return wanted or dict(DEFAULT_BUNDLE)
 
 
@@ -132,11 +133,12 @@ def _fmt(resources: Any) -> str:
 
 
 def create_placement_group(
-    options: ActorOptions, count: int, placement: str, strict: bool, what: str, timeout: float | None = None
+    member: ActorRequest, count: int, placement: str, strict: bool, what: str, timeout: float | None = None
 ) -> Any:
     """A placed Ray placement group with one bundle per member; InfeasibleResourcesError (and no placement group
     left behind) if Ray cannot place it within the timeout."""
-    per_member = bundle(options)
+    options = member.options
+    per_member = bundle(member)
     how = strategy(placement, strict)
     detached = options.lifetime is Lifetime.DETACHED
     pg = placement_group(
@@ -236,24 +238,17 @@ class RayGroups:
         # calls made while an actor or a group restarts are sent again once it is back (fray_ray._resend)
         self.resend = Resender(self.gangs.member_now, self.gangs.await_back, self.gangs.sent_after_death)
 
-    def create(
-        self,
-        klass: type,
-        count: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: ActorOptions,
-        placement: str,
-        strict: bool,
-        distributed: bool,
-    ) -> ActorGroup:
+    def create(self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], group: GroupRequest) -> ActorGroup:
         """The members in one placement group, all or nothing: if any step fails, the members created so far
         are killed and the placement group removed."""
+        options, count, distributed = group.member.options, group.count, group.distributed
         what = f"actor group {options.name or klass.__name__}"
-        pg = create_placement_group(options, count, placement, strict, what)
+        pg = create_placement_group(group.member, count, group.placement, group.strict, what)
         detached = options.lifetime is Lifetime.DETACHED
         # fray restarts an SPMD group as a whole (_gangs.py): its Ray actors never restart alone
-        member_options = dataclasses.replace(options, max_restarts=0) if distributed else options
+        each = group.member
+        if distributed:
+            each = dataclasses.replace(each, options=dataclasses.replace(options, max_restarts=0))
         hangs = hang_timeout() if distributed else math.inf
         beats = {} if math.isinf(hangs) else {HEARTBEAT_ENV: str(heartbeat_interval(hangs))}
 
@@ -265,7 +260,7 @@ class RayGroups:
 
         try:
             first = with_beats(members(pg, count, options.name, distributed))
-            handles = self._spawn(klass, args, kwargs, member_options, pg, first)
+            handles = self._spawn(klass, args, kwargs, each, pg, first)
         except BaseException:
             remove_placement_group(pg)
             raise
@@ -281,10 +276,10 @@ class RayGroups:
                 if not _placed_on_live_nodes(pg, PLACEMENT_TIMEOUT):
                     raise InfeasibleResourcesError(
                         f"{what}: Ray could not place its members again within {PLACEMENT_TIMEOUT:g} s after a "
-                        f"node was lost (missing now: {_shortfall(bundle(options), count)})"
+                        f"node was lost (missing now: {_shortfall(bundle(group.member), count)})"
                     )
                 fresh = with_beats(members(pg, count, options.name, True), gang.restarts)
-                return [h.payload for h in self._spawn(klass, args, kwargs, member_options, pg, fresh)]
+                return [h.payload for h in self._spawn(klass, args, kwargs, each, pg, fresh)]
 
             label = group_label(klass.__name__, count, options.name)
             self.gangs.add(label, [h.payload for h in handles], options.max_restarts, respawn, hangs)
@@ -295,13 +290,14 @@ class RayGroups:
         klass: type,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        options: ActorOptions,
+        each: ActorRequest,
         pg: Any,
         group_members: list[Member],
     ) -> list[ActorHandle]:
-        """One actor per member, member r in bundle r; all or nothing (the ones made are killed on a failure)."""
+        """One actor per member, member r in bundle r, each as `each` asks; all or nothing (the ones made are
+        killed on a failure)."""
         # An unnamed group's members get a Ray name too (unique), so that Ray's ActorDiedError names the rank.
-        ray_prefix = options.name or f"fray-group-{uuid.uuid4().hex[:12]}"
+        ray_prefix = each.options.name or f"fray-group-{uuid.uuid4().hex[:12]}"
         handles: list[ActorHandle] = []
         try:
             for member in group_members:
@@ -311,10 +307,9 @@ class RayGroups:
                         pg, placement_group_bundle_index=rank, placement_group_capture_child_tasks=False
                     )
                 }
-                if options.name is None:
+                if each.options.name is None:
                     extra["name"] = f"{ray_prefix}/{rank}"
-                member_options = dataclasses.replace(options, name=member.info.name, get_if_exists=False)
-                handles.append(self._actors.create(klass, args, kwargs, member_options, member, extra))
+                handles.append(self._actors.create(klass, args, kwargs, member_request(each, member), member, extra))
         except BaseException:
             try:
                 self._actors.kill(handles)

@@ -12,12 +12,11 @@ import ray.exceptions as rex
 from fray import errors
 from fray.backend import (
     OWNER_SIGNALS_ALL_VAR,
-    ActorOptions,
+    ActorRequest,
     Lifetime,
     RuntimeEnv,
-    TaskOptions,
+    TaskRequest,
     kill_delay,
-    task_resources,
 )
 from fray.errors import RemoteExceptionProxy, attach_remote_traceback
 
@@ -66,8 +65,9 @@ def stop_vars(grace: float) -> dict[str, str]:
     return {"RAY_JOB_STOP_WAIT_TIME_S": str(math.ceil(kill_delay(grace))), OWNER_SIGNALS_ALL_VAR: "1"}
 
 
-def is_default_task(options: TaskOptions) -> bool:
+def is_default_task(request: TaskRequest) -> bool:
     """True when Ray's defaults already say everything (1 CPU, 3 retries, no exception retries)."""
+    options = request.options
     return (
         options.resources is None
         and options.runtime_env is None
@@ -78,18 +78,19 @@ def is_default_task(options: TaskOptions) -> bool:
     )
 
 
-def worker_calls(options: TaskOptions) -> int | None:
+def worker_calls(request: TaskRequest) -> int | None:
     """Ray's max_calls for a task: the user's, else 1 for a task holding GPUs. Ray sets CUDA_VISIBLE_DEVICES per
     task in a reused worker, but CUDA reads it once, when it starts in the process: a worker reused for a GPU task
     given another device computes on the first one. Ray's own max_calls=1 default for GPU functions applies only to
     `@ray.remote(num_gpus=...)`, not to `.options(num_gpus=...)`, which is how fray gives each call its GPUs."""
-    if options.max_calls is not None:
-        return options.max_calls
-    return 1 if task_resources(options).get("GPU", 0.0) > 0 else None
+    if request.options.max_calls is not None:
+        return request.options.max_calls
+    return 1 if request.resource_dict().get("GPU", 0.0) > 0 else None
 
 
-def task_options(options: TaskOptions) -> dict[str, Any]:
-    out = _resource_options(task_resources(options), 1.0)  # includes the runtime_env's minimum_resources
+def task_options(request: TaskRequest) -> dict[str, Any]:
+    options = request.options
+    out = _resource_options(request.resource_dict(), 1.0)  # (with the runtime_env's minimum_resources)
     env = runtime_env_dict(options.runtime_env)
     if env:
         out["runtime_env"] = env
@@ -101,9 +102,10 @@ def task_options(options: TaskOptions) -> dict[str, Any]:
     return out
 
 
-def actor_options(options: ActorOptions) -> dict[str, Any]:
+def actor_options(request: ActorRequest) -> dict[str, Any]:
     # Actors hold only what they ask for (0 CPU by default), as fray's contract and Ray's runtime default say.
-    out = _resource_options(dict(options.resources) if options.resources else None, 0.0)
+    options = request.options
+    out = _resource_options(request.resource_dict(), 0.0)
     if options.name is not None:
         out["name"] = options.name  # get_if_exists is done by RayJobContext (Ray's is racy)
     if options.lifetime is Lifetime.DETACHED:

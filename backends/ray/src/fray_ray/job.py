@@ -24,8 +24,9 @@ from fray.backend import (
     STAGED,
     ActorGroup,
     ActorHandle,
-    ActorOptions,
+    ActorRequest,
     Capability,
+    GroupRequest,
     JobContext,
     Kind,
     Member,
@@ -34,7 +35,7 @@ from fray.backend import (
     PathStats,
     ProcessEvents,
     RecordingChoice,
-    TaskOptions,
+    TaskRequest,
     check_function,
     find_unserializable_argument,
 )
@@ -126,18 +127,18 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ tasks
     def _create_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], request: TaskRequest
     ) -> ObjectRef:
         target, args = registered_callable(fn, args)
         remote = _registry.lookup(target)
         if remote is None:
             check_function(fn, _checked_functions)
             remote = _registry.remote_function(target)
-        if not is_default_task(options):
-            max_calls = worker_calls(options)
+        if not is_default_task(request):
+            max_calls = worker_calls(request)
             if max_calls is not None:  # Ray takes max_calls only at registration
                 remote = _registry.remote_function(target, max_calls)
-            remote = remote.options(**task_options(options))
+            remote = remote.options(**task_options(request))
         ray_args, ray_kwargs = unwrap_args(args, self.device_mode), unwrap_kwargs(kwargs, self.device_mode)
         try:
             ref = remote.remote(*ray_args, **ray_kwargs)
@@ -148,7 +149,7 @@ class RayJobContext(JobContext):
             raise
         if ray_args is not args or ray_kwargs is not kwargs:
             hold_shares(ref, ray_args, ray_kwargs)
-        submitted(Kind.TASK_SUBMIT, ref, options.name or task_name(fn))
+        submitted(Kind.TASK_SUBMIT, ref, request.options.name or task_name(fn))
         result = ObjectRef(ref, BACKEND)
         if ray_args is not args or ray_kwargs is not kwargs:
             self._cancels.note_dependencies(result, args, kwargs)
@@ -160,11 +161,11 @@ class RayJobContext(JobContext):
         klass: type,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        options: ActorOptions,
+        request: ActorRequest,
         member: Member | None = None,
     ) -> ActorHandle:
-        created = self._actors.create(klass, args, kwargs, options, member)
-        if options.max_restarts != 0 and (member is None or not member.distributed):
+        created = self._actors.create(klass, args, kwargs, request, member)
+        if request.options.max_restarts != 0 and (member is None or not member.distributed):
             self._groups.resend.actors.add(created.payload._actor_id.binary())  # (Ray restarts it: _resend)
         return created
 
@@ -205,17 +206,9 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ groups (fray_ray._groups)
     def _create_actor_group(
-        self,
-        klass: type,
-        count: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: ActorOptions,
-        placement: str,
-        strict: bool,
-        distributed: bool,
+        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], group: GroupRequest
     ) -> ActorGroup:
-        return self._groups.create(klass, count, args, kwargs, options, placement, strict, distributed)
+        return self._groups.create(klass, args, kwargs, group)
 
     def _call_group(
         self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -227,7 +220,7 @@ class RayJobContext(JobContext):
 
     # ------------------------------------------------------------------ streaming
     def _create_stream_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], request: TaskRequest
     ) -> ObjectRefStream:
         """A Ray generator task. Never retried (max_retries=0): a retry would run the generator's side effects
         again after items were delivered; Ray cannot retry only before the first item."""
@@ -236,10 +229,10 @@ class RayJobContext(JobContext):
         if remote is None:
             check_function(fn, _checked_functions)
             remote = _stream_registry.stream_function(target)
-        max_calls = worker_calls(options)
+        max_calls = worker_calls(request)
         if max_calls is not None:
             remote = _stream_registry.stream_function(target, max_calls)
-        ray_options = task_options(options)
+        ray_options = task_options(request)
         ray_options["max_retries"] = 0
         ray_options["retry_exceptions"] = False
         ray_args, ray_kwargs = unwrap_args(args), unwrap_kwargs(kwargs)
@@ -250,7 +243,7 @@ class RayJobContext(JobContext):
                 name = getattr(fn, "__qualname__", repr(fn))
                 raise find_unserializable_argument(name, args, kwargs, exc) from None
             raise
-        submitted(Kind.TASK_SUBMIT, generator_ref(generator), options.name or task_name(fn))
+        submitted(Kind.TASK_SUBMIT, generator_ref(generator), request.options.name or task_name(fn))
         return ObjectRefStream(
             RayStreamSource(generator, self._cancels.pending_args(args, kwargs), self._cancels), BACKEND
         )

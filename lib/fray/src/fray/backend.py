@@ -77,7 +77,7 @@ from fray.runtime.gpus import (
 )
 
 # Groups and gangs (fray.runtime)
-from fray.runtime.groups import ActorGroup, Member, create_one_by_one, member_name, spmd_env
+from fray.runtime.groups import ActorGroup, Member, create_one_by_one, member_name, member_request, spmd_env
 from fray.runtime.lifecycle import ActorState, TaskState
 from fray.runtime.options import (
     byte_count,
@@ -98,6 +98,7 @@ from fray.runtime.pool import PAGE, POOL_MIN, FreeList, Piece, align, buffer_add
 from fray.runtime.refs import ActorHandle, ObjectRef, async_methods, public_methods, with_values
 from fray.runtime.remote_errors import RemoteError, capture_exception, portable, rebuild
 from fray.runtime.rendezvous import serve_store
+from fray.runtime.requests import ActorRequest, GroupRequest, TaskRequest
 
 # A call's resources, spec options and GPUs (fray.runtime)
 from fray.runtime.resources import (
@@ -173,6 +174,7 @@ __all__ = [
     "ActorHandle",
     "ActorInfo",
     "ActorOptions",
+    "ActorRequest",
     "ActorState",
     "Backend",
     "Blob",
@@ -180,6 +182,7 @@ __all__ = [
     "ClusterContext",
     "DevicePool",
     "FreeList",
+    "GroupRequest",
     "HostGpus",
     "Identity",
     "JobContext",
@@ -205,6 +208,7 @@ __all__ = [
     "RuntimeEnv",
     "StreamSource",
     "TaskOptions",
+    "TaskRequest",
     "TaskState",
     "TransferStats",
     "actor_resources",
@@ -261,6 +265,7 @@ __all__ = [
     "locate",
     "lost_peer",
     "member_name",
+    "member_request",
     "merge",
     "no_gpus_env",
     "non_empty_text",

@@ -38,7 +38,7 @@ from fray.runtime.groups import PLACEMENTS, ActorGroup, admit_group, create_one_
 from fray.runtime.hooks import JobContextHooks
 from fray.runtime.receive import receive_into
 from fray.runtime.refs import ActorHandle, ObjectRef, async_methods
-from fray.runtime.resources import actor_resources, task_resources
+from fray.runtime.requests import GroupRequest, actor_request, task_request
 from fray.runtime.streams import ObjectRefStream
 from fray.telemetry import timeline
 from fray.telemetry.event_store import EventStore
@@ -102,11 +102,13 @@ class JobContext(JobContextHooks):
                 self.require(Capability.TASK_PACKAGES, "TaskOptions.runtime_env.package_requirements")
         if opts.max_calls is not None:
             self.require(Capability.TASK_MAX_CALLS, "TaskOptions.max_calls")
-        self.check_feasible(task_resources(opts), f"task {opts.name or getattr(fn, '__name__', fn)!s}")
+        request = task_request(fn, opts)
+        if request.resources:
+            self.check_feasible(request.resource_dict(), f"task {opts.name or getattr(fn, '__name__', fn)!s}")
         if opts.streaming:
             self.require(Capability.STREAMING, "TaskOptions(streaming=True)")
-            return self._create_stream_task(fn, call_args, call_kwargs, opts)  # type: ignore[return-value]
-        return self._create_task(fn, call_args, call_kwargs, opts)
+            return self._create_stream_task(fn, call_args, call_kwargs, request)  # type: ignore[return-value]
+        return self._create_task(fn, call_args, call_kwargs, request)
 
     def create_actor(
         self,
@@ -124,8 +126,10 @@ class JobContext(JobContextHooks):
         if opts.lifetime is Lifetime.DETACHED:
             self.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
         self._require_async_actors(klass)
-        self.check_feasible(actor_resources(opts), f"actor {opts.name or klass.__name__}")
-        return self._create_actor(klass, call_args, call_kwargs, opts)
+        request = actor_request(klass, opts)
+        if request.resources:
+            self.check_feasible(request.resource_dict(), f"actor {request.name}")
+        return self._create_actor(klass, call_args, call_kwargs, request)
 
     def create_actor_group(
         self,
@@ -150,12 +154,11 @@ class JobContext(JobContextHooks):
         call_args, call_kwargs = check_call(args, kwargs)
         opts = check_options(options, ActorOptions)
         self._require_async_actors(klass)
-        existing = admit_group(self, klass, count, opts, placement, bool(strict_placement), bool(distributed))
+        group = GroupRequest(actor_request(klass, opts), count, placement, bool(strict_placement), bool(distributed))
+        existing = admit_group(self, klass, group)
         if existing is not None:
             return existing
-        return self._create_actor_group(
-            klass, count, call_args, call_kwargs, opts, placement, bool(strict_placement), bool(distributed)
-        )
+        return self._create_actor_group(klass, call_args, call_kwargs, group)
 
     def get(
         self,
@@ -410,20 +413,12 @@ class JobContext(JobContextHooks):
 
     # ----------------------------------------------------------------- hooks whose default needs the context
     def _create_actor_group(
-        self,
-        klass: type,
-        count: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: ActorOptions,
-        placement: str,
-        strict: bool,
-        distributed: bool,
+        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], group: GroupRequest
     ) -> ActorGroup:
-        """Create `count` members together, all or nothing, placed as asked (best effort unless strict); for
-        distributed=True each in a process of its own with the torch.distributed environment set before __init__.
-        Default: members one by one through `_create_actor(..., member=...)`."""
-        return create_one_by_one(self, klass, count, args, kwargs, options, distributed)
+        """Create `group.count` members together, all or nothing, placed as asked (best effort unless strict); for
+        a distributed group each in a process of its own with the torch.distributed environment set before
+        __init__. Default: members one by one through `_create_actor(..., member=...)`."""
+        return create_one_by_one(self, klass, args, kwargs, group)
 
     def _future(self, ref: ObjectRef) -> Future[Any]:
         """A concurrent.futures.Future of ref's value. Default: settled when its outcome is (no thread of its

@@ -9,23 +9,23 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from fray.backend import (
-    ActorOptions,
+    ActorRequest,
     Blob,
+    GroupRequest,
     Member,
     ObjectRef,
     Outcome,
     PathStats,
     ProcessEvents,
     StreamSource,
-    TaskOptions,
+    TaskRequest,
 )
 from fray_monarch.core.calls import Call
 from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import ActorDesc
 
-__all__ = ["ControllerClient", "GroupSpec", "MemberIds"]
+__all__ = ["ControllerClient", "MemberIds"]
 
-GroupSpec = tuple[int, str, bool]  # a group's (count, placement, distributed)
 MemberIds = list[tuple[str, str | None]]  # a group's members, by rank: (actor id, name)
 
 
@@ -45,19 +45,17 @@ class ControllerClient(Protocol):
         """How this process serializes device values (fray.runtime.device_shares.values): its store decides."""
         ...
 
-    def submit(self, fn: Callable[..., Any], call: Call, options: TaskOptions) -> RefPayload: ...
+    def submit(self, fn: Callable[..., Any], call: Call, request: TaskRequest) -> RefPayload: ...
 
     def stream(self, sid: str) -> StreamSource:
         """Where the items of the stream `sid` are read (a streaming task's, an actor method's)."""
         ...
 
     def create_actor(
-        self, klass: type, cls_data: bytes, call: Call, options: ActorOptions, member: Member | None
+        self, klass: type, cls_data: bytes, call: Call, request: ActorRequest, member: Member | None
     ) -> ActorDesc: ...
 
-    def create_group(
-        self, klass: type, cls_data: bytes, call: Call, options: ActorOptions, spec: GroupSpec
-    ) -> tuple[str, MemberIds]: ...
+    def create_group(self, klass: type, cls_data: bytes, call: Call, group: GroupRequest) -> tuple[str, MemberIds]: ...
 
     def call_actor(
         self, aid: str, class_name: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -13,8 +13,9 @@ from fray.backend import (
     RECORDER,
     ActorGroup,
     ActorHandle,
-    ActorOptions,
+    ActorRequest,
     Capability,
+    GroupRequest,
     JobContext,
     Kind,
     Member,
@@ -24,7 +25,7 @@ from fray.backend import (
     PathStats,
     ProcessEvents,
     RecordingChoice,
-    TaskOptions,
+    TaskRequest,
     dumps,
     dumps_code,
     public_methods,
@@ -84,19 +85,18 @@ class MonarchJobContext(JobContext):
 
     # ------------------------------------------------------------ tasks
     def _create_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], request: TaskRequest
     ) -> ObjectRef:
-        name = str(options.name or getattr(fn, "__qualname__", "task"))
-        call = self.client.encode_call(name, args, kwargs)
+        call = self.client.encode_call(request.name, args, kwargs)
         submitted = time.time_ns()  # (before the task can start: its id comes back once it is queued)
-        ref = self._ref(self.client.submit(fn, call, options))
-        RECORDER.record_at(submitted, Kind.TASK_SUBMIT, ref.payload.id, name)
+        ref = self._ref(self.client.submit(fn, call, request))
+        RECORDER.record_at(submitted, Kind.TASK_SUBMIT, ref.payload.id, request.name)
         return ref
 
     def _create_stream_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], request: TaskRequest
     ) -> ObjectRefStream:
-        sid = self._create_task(fn, args, kwargs, options).payload.id
+        sid = self._create_task(fn, args, kwargs, request).payload.id
         return ObjectRefStream(self.client.stream(sid), BACKEND)
 
     def _cancel(self, ref: ObjectRef) -> None:
@@ -108,13 +108,13 @@ class MonarchJobContext(JobContext):
         klass: type,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        options: ActorOptions,
+        request: ActorRequest,
         member: Member | None = None,
     ) -> ActorHandle:
         cls_data = dumps_code(klass, f"actor class {klass.__qualname__}").data
         call = self.client.encode_call(klass.__qualname__, args, kwargs)
-        handle = self._handle(self.client.create_actor(klass, cls_data, call, options, member))
-        RECORDER.record(Kind.ACTOR_CREATE, handle.payload, klass.__name__, {"name": options.name})
+        handle = self._handle(self.client.create_actor(klass, cls_data, call, request, member))
+        RECORDER.record(Kind.ACTOR_CREATE, handle.payload, klass.__name__, {"name": request.options.name})
         return handle
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
@@ -143,23 +143,15 @@ class MonarchJobContext(JobContext):
         self.client.transfer_stats()
 
     def _create_actor_group(
-        self,
-        klass: type,
-        count: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: ActorOptions,
-        placement: str,
-        strict: bool,
-        distributed: bool,
+        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], group: GroupRequest
     ) -> ActorGroup:
         """One Monarch actor mesh over a process mesh of its own (see driver/meshgroups.py)."""
         cls_data = dumps_code(klass, f"actor class {klass.__qualname__}").data
         call = self.client.encode_call(klass.__qualname__, args, kwargs)
-        gid, members = self.client.create_group(klass, cls_data, call, options, (count, placement, distributed))
+        gid, members = self.client.create_group(klass, cls_data, call, group)
         methods = public_methods(klass)
         handles = [ActorHandle(aid, BACKEND, klass.__name__, methods, name, ctx=self) for aid, name in members]
-        return ActorGroup(handles, options.name, gid, ctx=self)
+        return ActorGroup(handles, group.member.options.name, gid, ctx=self)
 
     def _call_group(
         self, group: ActorGroup, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -15,13 +15,12 @@ from fray.backend import (
     LOST_PEER_GRACE,
     RECORDER,
     ActorInfo,
-    ActorOptions,
+    ActorRequest,
     ActorState,
     Kind,
     Member,
     ended,
     lost_peer,
-    normalize_resources,
 )
 from fray.errors import (
     ActorAlreadyExistsError,
@@ -179,15 +178,16 @@ class ActorRegistry:
         args: WireValue,
         deps: list[str],
         keep: list[Any],
-        options: ActorOptions,
+        request: ActorRequest,
         member: Member | None = None,
     ) -> ActorDesc:
+        options = request.options
         with self.lock:
             if options.name is not None and self.name_taken(options.name):
                 if options.get_if_exists:
                     return self.by_id[self.names[options.name]].desc
                 raise ActorAlreadyExistsError(f"an actor named {options.name!r} exists already")
-            resources = normalize_resources(options.resources)
+            resources = request.resource_dict()
             if not self.holds.free_for(resources.get("GPU", 0.0)):
                 raise self.holds.refuse(f"actor {class_name}", resources["GPU"])
             rec = ActorRec(

@@ -11,8 +11,9 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.backend import (
-    ActorOptions,
+    ActorRequest,
     Blob,
+    GroupRequest,
     HostGpus,
     Member,
     ObjectRef,
@@ -21,7 +22,7 @@ from fray.backend import (
     ProcessEvents,
     RecordingChoice,
     StreamSource,
-    TaskOptions,
+    TaskRequest,
     first_failure,
     plain_pickle,
     public_methods,
@@ -32,12 +33,13 @@ from fray.backend import (
 from fray.errors import GetTimeoutError
 from fray_monarch.core import runtime
 from fray_monarch.core.calls import Call, contained_ids, pack_call
-from fray_monarch.core.client import GroupSpec, MemberIds
+from fray_monarch.core.client import MemberIds
 from fray_monarch.core.context import MonarchJobContext
 from fray_monarch.core.objects import RefPayload
-from fray_monarch.core.protocol import ActorDesc, Inline, StoreConfig, WireValue
+from fray_monarch.core.protocol import ActorDesc, Inline, StoreConfig, Value, WireValue
 from fray_monarch.driver.controller import Controller
 from fray_monarch.driver.directory import Entry
+from fray_monarch.driver.functions import TaskFunctions
 from fray_monarch.driver.streaming import DriverStream
 
 __all__ = ["DriverClient", "driver_context"]
@@ -68,6 +70,7 @@ class DriverClient:
 
     def __init__(self, ctl: Controller, on_shutdown: Callable[[], None] | None = None) -> None:
         self.ctl = ctl
+        self._functions = TaskFunctions()
         self.on_shutdown = on_shutdown
 
     def node_resources(self) -> list[dict[str, float]]:
@@ -76,6 +79,10 @@ class DriverClient:
     # ------------------------------------------------------------ the driver's values
     def put(self, blob: Blob) -> RefPayload:
         """A value made in the driver: stored in the driver's store (large) or inline."""
+        return self._store(blob)[0]
+
+    def _store(self, blob: Blob) -> tuple[RefPayload, Value]:
+        """put, with where the value now is (what a call that carries it sends)."""
         ctl = self.ctl
         with ctl.lock:
             entry, payload = ctl.directory.new(ctl.ids.object())
@@ -83,7 +90,7 @@ class DriverClient:
         with ctl.lock:
             ctl.directory.complete(entry, value, None)
             entry.keep = list(blob.contained)
-        return payload
+        return payload, value
 
     @property
     def device_mode(self) -> str:
@@ -107,37 +114,32 @@ class DriverClient:
         contained = contained_ids(blob)
         if blob.nbytes < self.ctl.store.inline_limit and not blob.share_tokens():
             return Call(WireValue(Inline.of(blob), contained), [d.id for d in deps], [*blob.contained, *deps])
-        payload = self.put(blob)
-        wire = WireValue(self.ctl.directory.get(payload.id).stored(), contained)
+        payload, value = self._store(blob)
+        wire = WireValue(value, contained)
         return Call(wire, [d.id for d in deps], [payload, *blob.contained, *deps])
 
     def _load(self, entry: Entry) -> Any:
         return self.ctl.store.load(entry.stored(), f"the value of object {entry.id}")
 
     # ------------------------------------------------------------ tasks, actors, groups, streams
-    def submit(self, fn: Callable[..., Any], call: Call, options: TaskOptions) -> RefPayload:
-        fn_key, fn_data = self.ctl.scheduler.fn_blob(fn)
-        return self.ctl.scheduler.submit(fn_key, fn_data, call.args, call.deps, options, call.keep)
+    def submit(self, fn: Callable[..., Any], call: Call, request: TaskRequest) -> RefPayload:
+        fn_key, fn_data = self._functions.blob(fn)
+        return self.ctl.scheduler.submit(fn_key, fn_data, call.args, call.deps, request, call.keep)
 
     def stream(self, sid: str) -> StreamSource:
         return DriverStream(self.ctl.streams.get(sid), self.ctl.close_stream)
 
     def create_actor(
-        self, klass: type, cls_data: bytes, call: Call, options: ActorOptions, member: Member | None
+        self, klass: type, cls_data: bytes, call: Call, request: ActorRequest, member: Member | None
     ) -> ActorDesc:
         methods = public_methods(klass)
         return self.ctl.actors.create(
-            cls_data, klass.__name__, methods, call.args, call.deps, call.keep, options, member
+            cls_data, klass.__name__, methods, call.args, call.deps, call.keep, request, member
         )
 
-    def create_group(
-        self, klass: type, cls_data: bytes, call: Call, options: ActorOptions, spec: GroupSpec
-    ) -> tuple[str, MemberIds]:
-        count, placement, distributed = spec
+    def create_group(self, klass: type, cls_data: bytes, call: Call, group: GroupRequest) -> tuple[str, MemberIds]:
         methods = public_methods(klass)
-        return self.ctl.groups.create(
-            cls_data, klass.__name__, methods, call.args, call.deps, call.keep, options, count, placement, distributed
-        )
+        return self.ctl.groups.create(cls_data, klass.__name__, methods, call.args, call.deps, call.keep, group)
 
     def call_actor(
         self, aid: str, class_name: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -78,24 +78,22 @@ class Coordinator(Actor):
             runtime.log.exception("fray coordinator: bad events from a worker")
 
     @endpoint
-    def submit(self, credential: str, fn_data: bytes, call: WireValue, deps: list[str], options: Any) -> Reply:
-        return self._safe(lambda s: s.submit(self._who(credential), fn_data, call, deps, options))
+    def submit(self, credential: str, fn_data: bytes, call: WireValue, deps: list[str], request: Any) -> Reply:
+        return self._safe(lambda s: s.submit(self._who(credential), fn_data, call, deps, request))
 
     @endpoint
     def create_actor(
-        self, credential: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, member: Any = None
+        self, credential: str, cls_data: bytes, call: WireValue, deps: list[str], request: Any, member: Any = None
     ) -> Reply:
-        return self._safe(lambda s: s.create_actor(self._who(credential), cls_data, call, deps, options, member))
+        return self._safe(lambda s: s.create_actor(self._who(credential), cls_data, call, deps, request, member))
 
     @endpoint
     def call_actor(self, credential: str, aid: str, method: str, call: WireValue, deps: list[str]) -> Reply:
         return self._safe(lambda s: s.call_actor(self._who(credential), aid, method, call, deps))
 
     @endpoint
-    def create_group(
-        self, credential: str, cls_data: bytes, call: WireValue, deps: list[str], options: Any, spec: Any
-    ) -> Reply:
-        return self._safe(lambda s: s.create_group(self._who(credential), cls_data, call, deps, options, spec))
+    def create_group(self, credential: str, cls_data: bytes, call: WireValue, deps: list[str], group: Any) -> Reply:
+        return self._safe(lambda s: s.create_group(self._who(credential), cls_data, call, deps, group))
 
     @endpoint
     def call_group(self, credential: str, aids: list[str], method: str, call: WireValue, deps: list[str]) -> Reply:

@@ -25,15 +25,15 @@ from monarch.actor import Channel
 
 from fray.backend import (
     ActorInfo,
-    ActorOptions,
+    ActorRequest,
     ActorState,
+    GroupRequest,
     add,
     capacity,
     free_port,
     group_label,
     hang_timeout,
     member_name,
-    normalize_resources,
     spmd_env,
 )
 from fray.errors import ActorAlreadyExistsError, ActorDiedError, FrayError, InfeasibleResourcesError
@@ -181,14 +181,17 @@ class GroupRegistry:
         args: WireValue,
         deps: list[str],
         keep: list[Any],
-        options: ActorOptions,
-        count: int,
-        placement: str,
-        distributed: bool,
+        request: GroupRequest,
     ) -> tuple[str, list[tuple[str, str | None]]]:
         """Spawn the group's process mesh(es) and its members on them; returns its id and each member's (actor
         id, name), by rank. All or nothing: if a mesh cannot be spawned, what was made is stopped."""
-        resources = normalize_resources(options.resources)
+        options, count, placement, distributed = (
+            request.member.options,
+            request.count,
+            request.placement,
+            request.distributed,
+        )
+        resources = request.member.resource_dict()
         with self.lock:
             layout = self._layout(count, placement, resources)
         envs: list[dict[str, str]] = [{} for _ in range(count)]
@@ -214,7 +217,7 @@ class GroupRegistry:
             group.hang_timeout = hang_timeout() if distributed else math.inf
             try:
                 for hosts, per_host, two_d in self._blocks(layout):
-                    actor = (cls_data, class_name, methods, args, deps, keep, options)
+                    actor = (cls_data, class_name, methods, args, deps, keep, request.member)
                     self._spawn_block(group, hosts, per_host, two_d, names, envs, actor)
             except BaseException:
                 made = len(group.members)
@@ -241,10 +244,11 @@ class GroupRegistry:
         two_d: bool,
         names: list[str | None],
         envs: list[dict[str, str]],
-        actor: tuple[bytes, str, frozenset[str], WireValue, list[str], list[Any], ActorOptions],
+        actor: tuple[bytes, str, frozenset[str], WireValue, list[str], list[Any], ActorRequest],
     ) -> None:
         """Under the lock: one process mesh of the group, its members on it, their init broadcast."""
-        cls_data, class_name, methods, args, deps, keep, options = actor
+        cls_data, class_name, methods, args, deps, keep, each = actor
+        options = each.options
         count = len(names)
         size = len(hosts) * per_host
         pool = self.pool
@@ -255,7 +259,7 @@ class GroupRegistry:
         keys = [self.ids.proc() for _ in range(size)]
         host_of = [hosts[i // per_host] for i in range(size)]
         setups = [pool.setup(host_of[i], keys[i], {}) for i in range(size)]
-        resources = normalize_resources(options.resources)
+        resources = each.resource_dict()
         workers = procs.spawn("fray_worker", WorkerHost, setups, {}, resources.get("CPU"))
         actors = procs.spawn(f"fray_group_{group.id}", FrayActorHost, setups, options.max_concurrency, True)
         block = Block(procs, actors, workers, hosts, per_host, two_d, len(group.members), size)

@@ -5,13 +5,12 @@ batches, retried on exceptions (should_retry) and crashes, cancelled on request.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from fray.backend import RemoteError, TaskOptions, TaskState, first_failure, fits, task_resources
+from fray.backend import RemoteError, TaskOptions, TaskRequest, TaskState, first_failure, fits
 from fray.errors import FrayError, TaskCancelledError, WorkerCrashedError
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload
@@ -69,21 +68,6 @@ class TaskScheduler:
         self.streams = streams
         self.tasks: dict[str, Task] = {}
         self.queue: deque[Task] = deque()
-        self.fn_cache: dict[int, tuple[Any, str, bytes]] = {}  # id(fn) -> (fn, key, its pickle): the driver's
-
-    def fn_blob(self, fn: Any) -> tuple[str, bytes]:
-        """A driver's task function: its key and pickle, made once per function."""
-        cached = self.fn_cache.get(id(fn))
-        if cached is not None and cached[0] is fn:
-            return cached[1], cached[2]
-        from fray.backend import dumps_code
-
-        data = dumps_code(fn, f"task function {getattr(fn, '__qualname__', fn)}").data
-        if len(self.fn_cache) > 4096:
-            self.fn_cache.clear()
-        key = uuid.uuid4().hex
-        self.fn_cache[id(fn)] = (fn, key, data)
-        return key, data
 
     def submit(
         self,
@@ -91,7 +75,7 @@ class TaskScheduler:
         fn_data: bytes,
         args: WireValue,
         deps: list[str],
-        options: TaskOptions,
+        request: TaskRequest,
         keep: list[Any],
         proc_key: str | None = None,
     ) -> RefPayload:
@@ -101,8 +85,10 @@ class TaskScheduler:
             entry, payload = self.directory.new(self.ids.object())
             if proc_key is not None:
                 entry.remote[proc_key] = 1
-            retries = options.max_retries
-            task = Task(entry.id, fn_key, fn_data, args, deps, task_resources(options), options, keep, retries)
+            options = request.options
+            task = Task(
+                entry.id, fn_key, fn_data, args, deps, request.resource_dict(), options, keep, options.max_retries
+            )
             if options.runtime_env is not None and options.runtime_env.env:
                 task.env_key = tuple(sorted(options.runtime_env.env.items()))
             self.tasks[task.id] = task

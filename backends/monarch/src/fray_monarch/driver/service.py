@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fray.backend import ActorOptions, Blob, Member, TaskOptions, first_failure, loads, public_methods
+from fray.backend import ActorRequest, Blob, GroupRequest, Member, TaskRequest, first_failure, loads, public_methods
 from fray.errors import FrayError
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload
@@ -69,9 +69,9 @@ class WorkerService:
         self.close_stream = close_stream  # the controller's: a stream's consumer has gone
 
     # ------------------------------------------------------------ tasks, actors, groups
-    def submit(self, proc_key: str, fn_data: bytes, args: WireValue, deps: list[str], options: TaskOptions) -> str:
+    def submit(self, proc_key: str, fn_data: bytes, args: WireValue, deps: list[str], request: TaskRequest) -> str:
         key = hashlib.sha1(fn_data).hexdigest()  # (the driver's functions are keyed by a uuid: never the same)
-        return self.scheduler.submit(key, fn_data, args, deps, options, _keep(args, deps), proc_key).id
+        return self.scheduler.submit(key, fn_data, args, deps, request, _keep(args, deps), proc_key).id
 
     def create_actor(
         self,
@@ -79,12 +79,12 @@ class WorkerService:
         cls_data: bytes,
         args: WireValue,
         deps: list[str],
-        options: ActorOptions,
+        request: ActorRequest,
         member: Member | None = None,
     ) -> ActorDesc:
         klass = loads(Blob(cls_data))
         methods = public_methods(klass)
-        return self.actors.create(cls_data, klass.__name__, methods, args, deps, _keep(args, deps), options, member)
+        return self.actors.create(cls_data, klass.__name__, methods, args, deps, _keep(args, deps), request, member)
 
     def call_actor(self, proc_key: str, aid: str, method: str, args: WireValue, deps: list[str]) -> str:
         return self.actors.call(aid, method, args, deps, _keep(args, deps), proc_key).id
@@ -98,17 +98,12 @@ class WorkerService:
         cls_data: bytes,
         args: WireValue,
         deps: list[str],
-        options: ActorOptions,
-        spec: tuple[int, str, bool],
+        group: GroupRequest,
     ) -> tuple[str, list[tuple[str, str | None]]]:
         """A group created inside a task or actor (its creation is long: the coordinator's caller waits)."""
         klass = loads(Blob(cls_data))
-        count, placement, distributed = spec
         methods = public_methods(klass)
-        keep = _keep(args, deps)
-        return self.groups.create(
-            cls_data, klass.__name__, methods, args, deps, keep, options, count, placement, distributed
-        )
+        return self.groups.create(cls_data, klass.__name__, methods, args, deps, _keep(args, deps), group)
 
     def call_group(self, proc_key: str, aids: list[str], method: str, args: WireValue, deps: list[str]) -> list[str]:
         return [p.id for p in self.groups.call(aids, method, args, deps, _keep(args, deps), proc_key)]

@@ -8,20 +8,21 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.backend import (
-    ActorOptions,
+    ActorRequest,
     Blob,
+    GroupRequest,
     Member,
     ObjectRef,
     PathStats,
     ProcessEvents,
     StreamSource,
-    TaskOptions,
+    TaskRequest,
     dumps_code,
 )
 from fray.errors import GetTimeoutError
 from fray_monarch.core import runtime
 from fray_monarch.core.calls import Call, pack_call
-from fray_monarch.core.client import GroupSpec, MemberIds
+from fray_monarch.core.client import MemberIds
 from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import BACKEND, ActorDesc, Reply
 from fray_monarch.workers.runtime import REPLY_MARGIN, WorkerRuntime
@@ -100,26 +101,24 @@ class WorkerClient:
         return self.rt.store.device_mode
 
     # ------------------------------------------------------------ tasks, actors, groups, streams
-    def submit(self, fn: Callable[..., Any], call: Call, options: TaskOptions) -> RefPayload:
+    def submit(self, fn: Callable[..., Any], call: Call, request: TaskRequest) -> RefPayload:
         fn_data = dumps_code(fn, f"task function {getattr(fn, '__qualname__', fn)}").data  # (keyed by its hash there)
         return RefPayload(
-            self._ask(self.coord.submit.call_one(self.credential, fn_data, call.args, call.deps, options))
+            self._ask(self.coord.submit.call_one(self.credential, fn_data, call.args, call.deps, request))
         )
 
     def stream(self, sid: str) -> StreamSource:
         return RemoteStream(self.rt, sid)
 
     def create_actor(
-        self, klass: type, cls_data: bytes, call: Call, options: ActorOptions, member: Member | None
+        self, klass: type, cls_data: bytes, call: Call, request: ActorRequest, member: Member | None
     ) -> ActorDesc:
-        request = self.coord.create_actor.call_one(self.credential, cls_data, call.args, call.deps, options, member)
-        return _desc(self._ask(request))
+        asked = self.coord.create_actor.call_one(self.credential, cls_data, call.args, call.deps, request, member)
+        return _desc(self._ask(asked))
 
-    def create_group(
-        self, klass: type, cls_data: bytes, call: Call, options: ActorOptions, spec: GroupSpec
-    ) -> tuple[str, MemberIds]:
-        request = self.coord.create_group.call_one(self.credential, cls_data, call.args, call.deps, options, spec)
-        gid, members = self._ask(request, REPLY_MARGIN + GROUP_MARGIN)
+    def create_group(self, klass: type, cls_data: bytes, call: Call, group: GroupRequest) -> tuple[str, MemberIds]:
+        asked = self.coord.create_group.call_one(self.credential, cls_data, call.args, call.deps, group)
+        gid, members = self._ask(asked, REPLY_MARGIN + GROUP_MARGIN)
         return str(gid), [(str(aid), name) for aid, name in members]
 
     def call_actor(

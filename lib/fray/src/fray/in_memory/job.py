@@ -14,12 +14,11 @@ from typing import Any
 from fray.backend import (
     SHARED,
     ActorGroup,
-    ActorOptions,
     Blob,
     Capability,
+    GroupRequest,
     KeptToken,
     ObjectRef,
-    actor_resources,
     create_one_by_one,
     dumps,
     group_label,
@@ -29,7 +28,7 @@ from fray.backend import (
     with_values,
 )
 from fray.in_memory._gang import Gang
-from fray.kit import Actor, KitJobContext, Serialized, Task
+from fray.kit import Actor, KitJobContext, Serialized, TaskRun
 
 __all__ = ["InMemoryJobContext"]
 
@@ -58,29 +57,22 @@ class InMemoryJobContext(KitJobContext):
         }
     )
 
-    def _run_task(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        env = task.options.runtime_env
+    def _run_task(self, run: TaskRun, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        env = run.request.options.runtime_env
         if env is not None and env.env:
             from fray.in_memory._subprocess import run_in_child
 
-            return run_in_child(task.fn, args, kwargs, {**process_env(task.gpus, self.gpus), **env.env})
-        return super()._run_task(task, args, kwargs)
+            return run_in_child(run.fn, args, kwargs, {**process_env(run.gpus, self.gpus), **env.env})
+        return super()._run_task(run, args, kwargs)
 
     def _create_actor_group(
-        self,
-        klass: type,
-        count: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: ActorOptions,
-        placement: str,
-        strict: bool,
-        distributed: bool,
+        self, klass: type, args: tuple[Any, ...], kwargs: dict[str, Any], group: GroupRequest
     ) -> ActorGroup:
         # An SPMD group's members share a Gang: one member's death stops (and restarts) them all.
-        label = group_label(klass.__name__, count, options.name)
-        gang = Gang(label, count, options.max_restarts, hang_timeout()) if distributed else None
-        return create_one_by_one(self, klass, count, args, kwargs, options, distributed, gang)
+        options = group.member.options
+        label = group_label(klass.__name__, group.count, options.name)
+        gang = Gang(label, group.count, options.max_restarts, hang_timeout()) if group.distributed else None
+        return create_one_by_one(self, klass, args, kwargs, group, gang)
 
     # ------------------------------------------------------------------ SPMD members: a process each
     def _new_instance(self, actor: Actor, call: Any) -> Any:
@@ -90,7 +82,7 @@ class InMemoryJobContext(KitJobContext):
         from fray.in_memory._process_member import ProcessMember
 
         args, kwargs = self._stored_call(call, f"the arguments of {actor.klass.__name__}()")
-        cpus = actor_resources(actor.options).get("CPU")
+        cpus = actor.request.resource_dict().get("CPU")
         env = {**self._member_gpu_env(actor), **member.env}
         return ProcessMember(actor.klass, args, kwargs, actor.info, env, member.gang, cpus)
 

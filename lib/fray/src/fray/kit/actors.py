@@ -19,7 +19,7 @@ from fray.errors import (
     attach_remote_traceback,
 )
 from fray.kit.actor_threads import ActorThreads
-from fray.kit.ledger import Ledger, signature
+from fray.kit.ledger import Ledger
 from fray.kit.objects import OWNER, Entry, Failure, Remote, immutable_call, new_id, register_lookup
 from fray.runtime import current
 from fray.runtime import worker_output as output
@@ -29,11 +29,11 @@ from fray.runtime.gpus import HostGpus
 from fray.runtime.outcome import Outcome
 from fray.runtime.refs import ActorHandle, ObjectRef, public_methods
 from fray.runtime.remote_errors import RemoteError, format_exception
-from fray.runtime.resources import actor_resources
+from fray.runtime.requests import ActorRequest
 from fray.runtime.serialization import check_function, dumps_call
 from fray.runtime.streams import ItemQueue, ObjectRefStream
 from fray.telemetry.events import RECORDER, Kind, ended
-from fray.types import ActorOptions, Lifetime
+from fray.types import Lifetime
 
 if TYPE_CHECKING:
     from fray.runtime.groups import Member
@@ -48,8 +48,9 @@ class Actor:
     """One actor: its instance lives on a private executor (max_concurrency threads) that runs calls in order."""
 
     def __init__(
-        self, table: ActorTable, klass: type, options: ActorOptions, namespace: str, member: Member | None = None
+        self, table: ActorTable, klass: type, request: ActorRequest, namespace: str, member: Member | None = None
     ) -> None:
+        options = request.options
         self.id = new_id()
         self.member = member
         self.info = member.info if member is not None else ActorInfo(name=options.name)
@@ -70,7 +71,7 @@ class Actor:
         self.running: set[Entry] = set()
         self.lock = threading.Lock()
         self.executor = ActorThreads(options.max_concurrency, f"fray-actor-{klass.__name__}")
-        self.request = signature(actor_resources(options))
+        self.request = request
         self.holding = False  # True while it holds its resources
         self.gpus: tuple[int, ...] = ()  # the devices it holds (fray.runtime.gpus), from its start until it is killed
         # what each of its call.start events says (one dict shared by all of them)
@@ -165,10 +166,10 @@ class ActorTable:
         klass: type,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        options: ActorOptions,
+        request: ActorRequest,
         member: Member | None = None,
     ) -> ActorHandle:
-        ctx = self.ctx
+        ctx, options = self.ctx, request.options
         if ctx.serialize:
             check_function(klass, ctx._checked_fns)
             call: Any = dumps_call(f"{klass.__name__}()", args, kwargs, device_mode=KEPT)
@@ -185,7 +186,7 @@ class ActorTable:
                         f"an actor named {options.name!r} exists already; pass ActorOptions(get_if_exists=True) "
                         "to reuse it, or pick another name"
                     )
-            actor = Actor(self, klass, options, ctx.namespace, member)
+            actor = Actor(self, klass, request, ctx.namespace, member)
             if options.name is not None:
                 if detached:
                     _detached[(ctx.backend, ctx.namespace, options.name)] = actor
@@ -197,12 +198,12 @@ class ActorTable:
         # The actor's resources are held from its start until it is killed; its __init__ runs first in its queue,
         # waiting there for those resources, so calls sent meanwhile queue up behind it in order.
         granted = threading.Event()
-        if actor.request:
+        if actor.request.resources:
 
             def dispatched(gpus: tuple[int, ...]) -> None:
                 actor.gpus = gpus
 
-            ctx._ledger.submit(actor.request, lambda: granted.set(), dispatched)
+            ctx._ledger.submit(actor.request.resources, lambda: granted.set(), dispatched)
         else:
             granted.set()
         actor.executor.submit(self._start_actor, actor, call, granted)
@@ -230,7 +231,7 @@ class ActorTable:
             if actor.death is not None:
                 return
         with actor.lock:
-            actor.holding = bool(actor.request)
+            actor.holding = bool(actor.request.resources)
             if actor.death is not None:  # killed while waiting for resources
                 self._release_actor(actor)
                 return
@@ -258,7 +259,7 @@ class ActorTable:
         if actor.holding:
             actor.holding = False
             gpus, actor.gpus = actor.gpus, ()
-            actor.table.ctx._ledger.give_back(actor.request, gpus)
+            actor.table.ctx._ledger.give_back(actor.request.resources, gpus)
 
     def call(
         self,

@@ -1,4 +1,5 @@
-"""The kit's tasks: their record (state, resources, attempts) and what interrupts one (cancel)."""
+"""The kit's tasks: their record (state, resources, attempts), what an engine is given to run one attempt
+(TaskRun), and what interrupts one (cancel)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,15 @@ import functools
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from fray.kit.ledger import Signature
 from fray.kit.objects import Entry
 from fray.runtime import worker_output as output
 from fray.runtime.lifecycle import TaskState
-from fray.types import TaskOptions
+from fray.runtime.requests import TaskRequest
 
-__all__ = ["Interrupt", "Task", "async_raise", "mark_dispatched", "this_thread"]
+__all__ = ["Interrupt", "Task", "TaskRun", "async_raise", "mark_dispatched", "this_thread"]
 
 this_thread = threading.local()  # .task: the Task running on this thread (to hand its resources back while blocked)
 
@@ -35,20 +36,17 @@ class Task:
         "held",
         "lock",
         "name",
-        "options",
         "request",
         "state",
         "stolen",
         "thread_id",
     )
 
-    def __init__(
-        self, fn: Callable[..., Any], call: Any, has_refs: bool, options: TaskOptions, request: Signature, entry: Entry
-    ) -> None:
+    def __init__(self, fn: Callable[..., Any], call: Any, has_refs: bool, request: TaskRequest, entry: Entry) -> None:
         self.fn, self.call, self.has_refs = fn, call, has_refs
-        self.options, self.request, self.entry = options, request, entry
+        self.request, self.entry = request, entry
         self.attempts = 0
-        self.name: str = options.name or _name_of(fn)  # how its events name it
+        self.name = request.name  # how its events name it
         # Guards its state: a lock of its own, not the ledger's, which the workers contend for.
         self.lock = threading.Lock()
         # waiting (for its ref arguments) -> queued (for resources) -> dispatched (resources held, on the workers'
@@ -62,12 +60,26 @@ class Task:
     @property
     def label(self) -> str:
         """How its printed lines are prefixed: `(name pid=N)`, as Ray does."""
-        return _label(str(self.options.name or getattr(self.fn, "__name__", "task")), _pid[0])
+        return _label(str(self.request.options.name or getattr(self.fn, "__name__", "task")), _pid[0])
+
+    def run(self) -> TaskRun:
+        """What the engine is given for the attempt about to run."""
+        return TaskRun(self.entry.id, self.fn, self.request, self.gpus)
 
 
-def _name_of(fn: Callable[..., Any]) -> str:
-    name = getattr(fn, "__qualname__", None)
-    return name if type(name) is str else str(fn)
+@dataclass(frozen=True, slots=True)
+class TaskRun:
+    """One attempt of a task, as an engine is given it (never the kit's own record of the task, whose state the
+    kit keeps changing): its id, the function, the request the core computed, and the devices it holds now."""
+
+    id: int
+    fn: Callable[..., Any]
+    request: TaskRequest
+    gpus: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return self.request.name
 
 
 @functools.lru_cache(maxsize=256)

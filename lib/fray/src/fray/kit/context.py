@@ -5,7 +5,8 @@ It owns what every such backend would write again: the object table (fray.kit.ob
 and actors (names, `get_if_exists`, call queues in order, async methods, kill: fray.kit.actors). A backend subclasses
 `KitJobContext` and overrides only what its engine does differently:
 
-- `_run_task(task, args, kwargs)`: "start this call there" and wait for its result (default: on this thread);
+- `_run_task(run, args, kwargs)`: "start this call there" (a `TaskRun`: the task's id, function, request and
+  devices) and wait for its result (default: on this thread);
 - `_load(stored, what)`: "load this value" (default: unpickle here, counted as an in-process transfer);
 - `_new_instance(actor, call)` and `_run_method(actor, method, call, life)`: where an actor lives (default: here,
   on threads of its own);
@@ -31,7 +32,7 @@ from fray.errors import TaskCancelledError, WorkerCrashedError, attach_remote_tr
 from fray.kit.actors import Actor, ActorTable, call_owner, end_stream_with_failure, live_actor
 from fray.kit.calls import Interrupt, Task, async_raise, mark_dispatched, this_thread
 from fray.kit.engine import EngineHooks
-from fray.kit.ledger import Ledger, Signature, Work, lendable, signature
+from fray.kit.ledger import Ledger, Signature, Work, lendable
 from fray.kit.objects import IMMUTABLE, Entry, Failure, Serialized, immutable_call
 from fray.runtime import current
 from fray.runtime import worker_output as output
@@ -43,12 +44,11 @@ from fray.runtime.lifecycle import TaskState
 from fray.runtime.outcome import Outcome, first_failure, wait_for, wait_for_get, when
 from fray.runtime.refs import ActorHandle, ObjectRef, top_level_refs, with_values
 from fray.runtime.remote_errors import RemoteError, capture_exception, format_exception
-from fray.runtime.resources import task_resources
+from fray.runtime.requests import ActorRequest, TaskRequest
 from fray.runtime.serialization import Blob, check_function, dumps, dumps_call, loads
 from fray.runtime.streams import ItemQueue, ObjectRefStream
 from fray.telemetry.events import RECORDER, Kind, choose_recording, ended
 from fray.telemetry.transfers import PathStats, TransferStats
-from fray.types import ActorOptions, TaskOptions
 
 __all__ = ["KitJobContext"]
 
@@ -79,7 +79,6 @@ class KitJobContext(EngineHooks, JobContext):
         self._lock = self._ledger.lock  # (actors.py: the actor table changes together with the resources)
         self._actors = ActorTable(self)
         self._tasks: dict[int, Task] = {}  # entry id -> task, while not finished (for shutdown)
-        self._requests: dict[int, tuple[TaskOptions, Signature]] = {}  # id(options) -> its resource request
         self._checked_fns: dict[int, Any] = {}
         self._transfers = TransferStats()
         # A running task is interrupted on the thread that runs it: only where its code runs on that thread
@@ -117,10 +116,10 @@ class KitJobContext(EngineHooks, JobContext):
         klass: type,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        options: ActorOptions,
+        request: ActorRequest,
         member: Member | None = None,
     ) -> ActorHandle:
-        return self._actors.create(klass, args, kwargs, options, member)
+        return self._actors.create(klass, args, kwargs, request, member)
 
     def _call_actor(self, handle: ActorHandle, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ObjectRef:
         return self._actors.call(handle, method, args, kwargs)
@@ -138,27 +137,27 @@ class KitJobContext(EngineHooks, JobContext):
 
     # ------------------------------------------------------------------ tasks
     def _create_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], request: TaskRequest
     ) -> ObjectRef:
         self._refuse_if_shut_down()
         if self.serialize:
             check_function(fn, self._checked_fns)
-        return self._submit_task(fn, args, kwargs, options)
+        return self._submit_task(fn, args, kwargs, request)
 
     def _create_stream_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], request: TaskRequest
     ) -> ObjectRefStream:
         if self.serialize:
             check_function(fn, self._checked_fns)
         queue = ItemQueue()
-        where = f"task {options.name or getattr(fn, '__qualname__', fn)}"
+        where = f"task {request.name}"
 
         def produce(*args: Any, **kwargs: Any) -> None:
             items = fn(*args, **kwargs)
             self._actors.stream_items(items, queue, where)
 
         produce.__name__ = getattr(fn, "__name__", "stream")  # its printed lines are labelled with fn's name
-        ref = self._submit_task(produce, args, kwargs, options)
+        ref = self._submit_task(produce, args, kwargs, request)
         end_stream_with_failure(ref.payload, queue, self.backend)
         return ObjectRefStream(queue, self.backend)
 
@@ -170,19 +169,15 @@ class KitJobContext(EngineHooks, JobContext):
         return [ref.payload.outcome for ref in refs]
 
     def _submit_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], request: TaskRequest
     ) -> ObjectRef:
         deps = _top_level_entries(args, kwargs, self.backend)
         if self.serialize and not immutable_call(args, kwargs):
-            name = str(options.name or getattr(fn, "__qualname__", None) or fn)
-            call: Any = dumps_call(name, args, kwargs, device_mode=KEPT)
+            call: Any = dumps_call(request.name, args, kwargs, device_mode=KEPT)
         else:
             call = (args, kwargs)
         entry = Entry()
-        request = self._requests.get(id(options))
-        if request is None or request[0] is not options:
-            request = self._remember_request(options)
-        task = Task(fn, call, bool(deps), options, request[1], entry)
+        task = Task(fn, call, bool(deps), request, entry)
         entry.task = task
         self._tasks[entry.id] = task
         RECORDER.record(Kind.TASK_SUBMIT, entry.id, task.name)
@@ -191,12 +186,6 @@ class KitJobContext(EngineHooks, JobContext):
         else:
             self._enqueue(task, fresh=True)
         return ObjectRef(entry, self.backend)
-
-    def _remember_request(self, options: TaskOptions) -> tuple[TaskOptions, Signature]:
-        if len(self._requests) > 256:
-            self._requests.clear()
-        request = self._requests[id(options)] = (options, signature(task_resources(options)))
-        return request
 
     @staticmethod
     def _when_ready(deps: list[Entry], then: Callable[[], None]) -> None:
@@ -214,7 +203,7 @@ class KitJobContext(EngineHooks, JobContext):
                     return
                 task.state = TaskState.QUEUED
         try:
-            self._ledger.submit(task.request, partial(self._work_on, task), partial(mark_dispatched, task))
+            self._ledger.submit(task.request.resources, partial(self._work_on, task), partial(mark_dispatched, task))
         except RuntimeError:
             self._finish_task(task, error=TaskCancelledError("the context was shut down before the task ran"))
 
@@ -226,7 +215,7 @@ class KitJobContext(EngineHooks, JobContext):
                 task.state = TaskState.RUNNING
                 task.thread_id = threading.get_ident()
         if state != TaskState.DISPATCHED:  # cancelled: give its resources back; stolen: the thread that runs it will
-            return None if task.stolen else self._ledger.release(task.request, devices=task.gpus)
+            return None if task.stolen else self._ledger.release(task.request.resources, devices=task.gpus)
         return self._execute(task, on_worker=True)
 
     def _run_inline(self, task: Task) -> None:
@@ -258,7 +247,7 @@ class KitJobContext(EngineHooks, JobContext):
                 )
                 if task.has_refs:
                     args, kwargs = with_values(args, kwargs, self._value_of)
-                value = self._run_task(task, args, kwargs)
+                value = self._run_task(task.run(), args, kwargs)
                 if isinstance(value, Serialized):  # from another process: it may name what the task was handed
                     value.blob.contained.extend([*(task.held or ()), *getattr(task.call, "contained", ())])
                 value = self._encode(value, "the return value")
@@ -276,10 +265,10 @@ class KitJobContext(EngineHooks, JobContext):
             error = failure.error
         except BaseException as exc:
             task.attempts += 1
-            budget = task.options.max_retries
+            budget = task.request.options.max_retries
             # (a crashed worker is re-run whatever retry_exceptions says, as Ray does; the task's own errors only
             # when it asks)
-            wanted = isinstance(exc, WorkerCrashedError) or task.options.should_retry(exc)
+            wanted = isinstance(exc, WorkerCrashedError) or task.request.options.should_retry(exc)
             retry = wanted and (budget < 0 or task.attempts <= budget)
             error = self._remote_error(exc)
         finally:
@@ -287,7 +276,9 @@ class KitJobContext(EngineHooks, JobContext):
                 output.pop_label(said)
             current.pop(token)
             this_thread.task = outer_task
-            next_work = self._ledger.release(task.request, finishing=on_worker and not retry, devices=task.gpus)
+            next_work = self._ledger.release(
+                task.request.resources, finishing=on_worker and not retry, devices=task.gpus
+            )
             task.gpus = ()
         RECORDER.record(Kind.TASK_END, task.entry.id, task.name, None if error is None else ended(error, retry))
         if retry:
@@ -373,9 +364,9 @@ class KitJobContext(EngineHooks, JobContext):
     def _blocking(self) -> Signature | None:
         """If this thread runs a task, hand its resources back while it blocks (returns what to take back)."""
         task: Task | None = getattr(this_thread, "task", None)
-        if task is None or not task.request or self._tasks.get(task.entry.id) is not task:
+        if task is None or not task.request.resources or self._tasks.get(task.entry.id) is not task:
             return None
-        lent = lendable(task.request)  # (its GPUs stay held)
+        lent = lendable(task.request.resources)  # (its GPUs stay held)
         self._ledger.give_back(lent)
         return lent
 

@@ -12,7 +12,7 @@ from fray.telemetry.transfers import TransferStats
 
 if TYPE_CHECKING:
     from fray.kit.actors import Actor
-    from fray.kit.calls import Task
+    from fray.kit.calls import TaskRun
 
 __all__ = ["EngineHooks"]
 
@@ -24,15 +24,16 @@ class EngineHooks:
     def _resolve_call(self, call: Any, what: str = "the call's arguments") -> tuple[tuple[Any, ...], dict[str, Any]]:
         raise NotImplementedError  # (KitJobContext's)
 
-    def _run_task(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Start this call there: run task.fn(*args, **kwargs) where the engine runs work, wait for it, and return
-        its result (the value, or `Serialized` for one that arrived serialized) or raise its exception. task.gpus
-        are the device indices it holds (fray.runtime.gpus). Runs on a ledger worker thread, with this context current.
-        Default: on this thread, its GPUs as the current device."""
-        if task.gpus:
-            with using_gpus(task.gpus, self.gpus):
-                return task.fn(*args, **kwargs)
-        return task.fn(*args, **kwargs)
+    def _run_task(self, run: TaskRun, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Start this call there: run run.fn(*args, **kwargs) where the engine runs work, wait for it, and return
+        its result (the value, or `Serialized` for one that arrived serialized) or raise its exception. run.gpus
+        are the device indices it holds (fray.runtime.gpus), run.request what the core computed of its call. Runs
+        on a ledger worker thread, with this context current. Default: on this thread, its GPUs as the current
+        device."""
+        if run.gpus:
+            with using_gpus(run.gpus, self.gpus):
+                return run.fn(*args, **kwargs)
+        return run.fn(*args, **kwargs)
 
     def _load(self, stored: Blob, what: str) -> Any:
         """Load this value: a stored Blob as a value here (default: unpickled in this process, counted as an

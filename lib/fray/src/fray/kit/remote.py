@@ -41,7 +41,7 @@ from fray.runtime.serialization import Blob, dumps, loads_data
 
 if TYPE_CHECKING:
     from fray.kit.actors import Actor
-    from fray.kit.calls import Task
+    from fray.kit.calls import TaskRun
     from fray.kit.context import KitJobContext
 
 # A call on its way to a worker (`RemoteService.request`, then `run_call` there): task id, its GPUs, the host's GPUs,
@@ -127,10 +127,10 @@ class RemoteService:
                 except OSError:
                     return
 
-    def request(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Request:
-        """The arguments of `run_call` for this task's call, to submit to a worker process."""
-        blob = dumps((task.fn, args, kwargs), f"the call of task {task.name}")
-        return task.entry.id, task.gpus, self._ctx.gpus, blob.data, _owned(blob)
+    def request(self, run: TaskRun, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Request:
+        """The arguments of `run_call` for this attempt of a task, to submit to a worker process."""
+        blob = dumps((run.fn, args, kwargs), f"the call of task {run.name}")
+        return run.id, run.gpus, self._ctx.gpus, blob.data, _owned(blob)
 
     def actor_request(self, actor: Actor, method: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Request:
         """The arguments of `run_call` that make an actor (method None: klass(*args, **kwargs)) or call its method,

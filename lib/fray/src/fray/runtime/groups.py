@@ -22,8 +22,9 @@ from fray.runtime.capabilities import Capability
 from fray.runtime.current import ActorInfo
 from fray.runtime.refs import ActorHandle, ObjectRef
 from fray.runtime.rendezvous import AGENT_STORE_ENV
-from fray.runtime.resources import actor_resources, capacity, format_resources
-from fray.types import ActorOptions, Lifetime
+from fray.runtime.requests import ActorRequest, GroupRequest
+from fray.runtime.resources import capacity, format_resources
+from fray.types import Lifetime
 
 __all__ = [
     "PLACEMENTS",
@@ -35,6 +36,7 @@ __all__ = [
     "create_one_by_one",
     "existing_group",
     "local_members",
+    "member_request",
     "spmd_env",
 ]
 
@@ -58,7 +60,7 @@ class GroupContext(Protocol):
         klass: type,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        options: ActorOptions,
+        request: ActorRequest,
         member: Member | None = None,
     ) -> ActorHandle: ...
 
@@ -257,21 +259,14 @@ def spmd_env(
     return env
 
 
-def admit_group(
-    ctx: GroupContext,
-    klass: type,
-    count: int,
-    options: ActorOptions,
-    placement: str,
-    strict: bool,
-    distributed: bool,
-) -> ActorGroup | None:
+def admit_group(ctx: GroupContext, klass: type, group: GroupRequest) -> ActorGroup | None:
     """create_actor_group's shared rules, once its arguments are checked: refuse what the backend lacks
     (detached members, SPMD, restarting an SPMD group as a whole); return the live group of that name if asked to
     reuse it; refuse a group that could never be placed. None: make it."""
+    options, count = group.member.options, group.count
     if options.lifetime is Lifetime.DETACHED:
         ctx.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
-    if distributed:
+    if group.distributed:
         ctx.require(Capability.SPMD_GROUPS, "create_actor_group(distributed=True)")
         if options.max_restarts != 0:  # per-member restarts would leave the group's collectives broken for good
             ctx.require(
@@ -284,7 +279,8 @@ def admit_group(
         if existing is not None:
             return existing
     what = f"actor group {options.name or klass.__name__}"
-    check_group_feasible(ctx.node_resources(), actor_resources(options), count, placement, strict, what)
+    need = group.member.resource_dict()
+    check_group_feasible(ctx.node_resources(), need, count, group.placement, group.strict, what)
     return None
 
 
@@ -331,22 +327,20 @@ def local_members(count: int, name: str | None, distributed: bool) -> list[Membe
 def create_one_by_one(
     ctx: GroupContext,
     klass: type,
-    count: int,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    options: ActorOptions,
-    distributed: bool,
+    group: GroupRequest,
     gang: Any = None,
 ) -> ActorGroup:
     """A group whose members are created one by one through `ctx._create_actor(..., member=...)` (the default
     JobContext._create_actor_group); if one cannot be created, the ones created are killed. `gang` goes to every
     member (Member.gang)."""
+    options = group.member.options
     handles: list[ActorHandle] = []
     try:
-        for member in local_members(count, options.name, distributed):
+        for member in local_members(group.count, options.name, group.distributed):
             member = dataclasses.replace(member, gang=gang)
-            member_options = dataclasses.replace(options, name=member.info.name, get_if_exists=False)
-            handles.append(ctx._create_actor(klass, args, kwargs, member_options, member=member))
+            handles.append(ctx._create_actor(klass, args, kwargs, member_request(group.member, member), member=member))
     except BaseException:
         for handle in handles:
             try:
@@ -355,3 +349,11 @@ def create_one_by_one(
                 pass
         raise
     return ActorGroup(handles, options.name, ctx=ctx)
+
+
+def member_request(request: ActorRequest, member: Member) -> ActorRequest:
+    """What one member of a group asks: what each member of the group asks (`request`), under the member's own
+    name ("group/rank"), never reusing a live actor of that name."""
+    name = member.info.name
+    options = dataclasses.replace(request.options, name=name, get_if_exists=False)
+    return dataclasses.replace(request, options=options, name=name or request.name)

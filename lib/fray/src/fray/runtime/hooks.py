@@ -18,10 +18,10 @@ from fray.runtime.capabilities import Capability
 from fray.runtime.groups import ActorGroup, Member
 from fray.runtime.outcome import Outcome
 from fray.runtime.refs import ActorHandle, ObjectRef
+from fray.runtime.requests import ActorRequest, TaskRequest
 from fray.runtime.streams import ObjectRefStream
 from fray.telemetry.events import ProcessEvents
 from fray.telemetry.transfers import PathStats
-from fray.types import ActorOptions, TaskOptions
 
 __all__ = ["JobContextHooks"]
 
@@ -46,7 +46,7 @@ class JobContextHooks(ABC):
 
     @abstractmethod
     def _create_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], request: TaskRequest
     ) -> ObjectRef:
         """Start fn(*args, **kwargs) where the engine runs work; return at once a ref to its result.
         - Top-level ObjectRef arguments arrive as their values (the task starts once they are ready; a failed one
@@ -58,8 +58,9 @@ class JobContextHooks(ABC):
         - User code runs with the context current and lent (`fray.runtime.current.push(ctx, lent=True)`): a `shutdown()`
           inside it is a no-op, and `fray.get_job_context()` finds it.
         - A task that waits in get/wait lends its resources while it waits (else 10-deep nesting deadlocks).
-        - options: resources (held while it runs), max_retries and retry_exceptions (`options.should_retry`),
-          runtime_env (env vars only where the backend has task_env_vars), name (its events' name)."""
+        - request (fray.runtime.requests, computed once by the core): `resources` (held while it runs), `name`
+          (its events' name), and `options`: max_retries and retry_exceptions (`options.should_retry`),
+          runtime_env (env vars only where the backend has task_env_vars)."""
 
     @abstractmethod
     def _create_actor(
@@ -67,12 +68,13 @@ class JobContextHooks(ABC):
         klass: type,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        options: ActorOptions,
+        request: ActorRequest,
         member: Member | None = None,
     ) -> ActorHandle:
         """Create klass(*args, **kwargs) in one place and return its handle at once (a failing __init__ fails its
-        calls with that error). Its calls run one at a time in submission order unless options.max_concurrency
-        says more; `fray.current_actor()` inside them tells its name and restarts (`fray.runtime.current.push_actor`).
+        calls with that error); it holds `request.resources` for its whole life. With `options = request.options`:
+        its calls run one at a time in submission order unless options.max_concurrency says more;
+        `fray.current_actor()` inside them tells its name and restarts (`fray.runtime.current.push_actor`).
         options.name: unique among live actors of the namespace (`get_if_exists` returns the live one, else
         `ActorAlreadyExistsError`); max_restarts: a process death restarts it with fresh state (-1: always).
         member: it is a member of a group being created (its rank, the group, the SPMD environment to set)."""
@@ -157,7 +159,7 @@ class JobContextHooks(ABC):
             self._kill(handle)
 
     def _create_stream_task(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], request: TaskRequest
     ) -> ObjectRefStream:
         """A generator task: an ObjectRefStream of one ref per item, in order, each as it is produced; the
         generator's error ends the stream there (capability streaming)."""

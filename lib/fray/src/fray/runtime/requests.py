@@ -1,0 +1,68 @@
+"""A call as the core checked it, handed to a backend's hook as one immutable value: the options as given, what the
+work holds while it runs (computed once, by fray.runtime.resources, from the options and their runtime_env), and
+the name its events and errors use. A backend reads what it needs from the request and computes none of it again.
+
+`resources` is a tuple of (name, amount) pairs sorted by name: immutable, hashable (what a scheduler keys its
+queues by), and as cheap to compare as the request it came from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fray.runtime.resources import actor_resources, task_resources
+from fray.types import ActorOptions, TaskOptions
+
+__all__ = ["ActorRequest", "GroupRequest", "Resources", "TaskRequest", "actor_request", "task_request"]
+
+Resources = tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """A task: `fn` runs with `options`, holding `resources` while it runs; events name it `name`."""
+
+    options: TaskOptions
+    resources: Resources
+    name: str
+
+    def resource_dict(self) -> dict[str, float]:
+        return dict(self.resources)
+
+
+@dataclass(frozen=True, slots=True)
+class ActorRequest:
+    """An actor (or each member of a group): created with `options`, holding `resources` for its whole life."""
+
+    options: ActorOptions
+    resources: Resources
+    name: str
+
+    def resource_dict(self) -> dict[str, float]:
+        return dict(self.resources)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRequest:
+    """`count` members made together, each as `member` asks; placed as asked (best effort unless `strict`), and,
+    for `distributed`, each in a process of its own with the torch.distributed environment set."""
+
+    member: ActorRequest
+    count: int
+    placement: str
+    strict: bool
+    distributed: bool
+
+
+def _callable_name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__qualname__", None)
+    return name if type(name) is str else str(fn)
+
+
+def task_request(fn: Callable[..., Any], options: TaskOptions) -> TaskRequest:
+    return TaskRequest(options, tuple(sorted(task_resources(options).items())), options.name or _callable_name(fn))
+
+
+def actor_request(klass: type, options: ActorOptions) -> ActorRequest:
+    return ActorRequest(options, tuple(sorted(actor_resources(options).items())), options.name or klass.__name__)
