@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 import os
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -38,7 +39,7 @@ from fray.runtime.groups import PLACEMENTS, ActorGroup, admit_group, create_one_
 from fray.runtime.hooks import JobContextHooks
 from fray.runtime.receive import receive_into
 from fray.runtime.refs import ActorHandle, ObjectRef, async_methods
-from fray.runtime.requests import GroupRequest, actor_request, task_request
+from fray.runtime.requests import GroupRequest, Resources, actor_request, task_request
 from fray.runtime.streams import ObjectRefStream
 from fray.telemetry import timeline
 from fray.telemetry.event_store import EventStore
@@ -104,7 +105,7 @@ class JobContext(JobContextHooks):
             self.require(Capability.TASK_MAX_CALLS, "TaskOptions.max_calls")
         request = task_request(fn, opts)
         if request.resources:
-            self.check_feasible(request.resource_dict(), f"task {opts.name or getattr(fn, '__name__', fn)!s}")
+            self._check_request(request.resources, "task", opts.name or getattr(fn, "__name__", fn))
         if opts.streaming:
             self.require(Capability.STREAMING, "TaskOptions(streaming=True)")
             return self._create_stream_task(fn, call_args, call_kwargs, request)  # type: ignore[return-value]
@@ -128,7 +129,7 @@ class JobContext(JobContextHooks):
         self._require_async_actors(klass)
         request = actor_request(klass, opts)
         if request.resources:
-            self.check_feasible(request.resource_dict(), f"actor {request.name}")
+            self._check_request(request.resources, "actor", request.name)
         return self._create_actor(klass, call_args, call_kwargs, request)
 
     def create_actor_group(
@@ -373,7 +374,12 @@ class JobContext(JobContextHooks):
     def check_feasible(self, request: Mapping[str, float], what: str) -> None:
         """Refuse at submission a request that no node could ever satisfy (engines would wait forever)."""
         if request:
-            refuse_infeasible(self._feasible, self.node_resources, request, what, self.backend)
+            refuse_infeasible(self._feasible, self.node_resources, tuple(request.items()), what, self.backend)
+
+    def _check_request(self, resources: Resources, kind: str, name: object) -> None:
+        """check_feasible of a call's request, its description made only when it is refused."""
+        if self._feasible.get(resources, 0.0) <= time.monotonic():
+            self.check_feasible(dict(resources), f"{kind} {name!s}")
 
     def _check_ref(self, ref: Any, index: int | None = None) -> None:
         check_ref(ref, self.backend, index)

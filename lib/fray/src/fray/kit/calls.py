@@ -8,8 +8,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from fray.kit.objects import Entry
 from fray.runtime import worker_output as output
@@ -67,10 +66,10 @@ class Task:
         return TaskRun(self.entry.id, self.fn, self.request, self.gpus)
 
 
-@dataclass(frozen=True, slots=True)
-class TaskRun:
+class TaskRun(NamedTuple):
     """One attempt of a task, as an engine is given it (never the kit's own record of the task, whose state the
-    kit keeps changing): its id, the function, the request the core computed, and the devices it holds now."""
+    kit keeps changing): its id, the function, the request the core computed, and the devices it holds now. A
+    NamedTuple: immutable, and made once per attempt at a tuple's cost."""
 
     id: int
     fn: Callable[..., Any]

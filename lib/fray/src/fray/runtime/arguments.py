@@ -100,13 +100,14 @@ def check_ref(ref: Any, backend: str, index: int | None = None) -> None:
 def refuse_infeasible(
     cache: dict[Any, float],
     node_resources: Callable[[], list[dict[str, float]]],
-    request: Mapping[str, float],
+    key: tuple[tuple[str, float], ...],
     what: str,
     backend: str,
 ) -> None:
-    """JobContext.check_feasible: InfeasibleResourcesError unless some node fits `request` (an answer that it fits
-    is kept in `cache` for FEASIBLE_SECONDS)."""
-    key = tuple(request.items())  # the same request built the same way hits; another order just misses
+    """JobContext.check_feasible: InfeasibleResourcesError unless some node fits the request `key` ((name, amount)
+    pairs; an answer that it fits is kept in `cache` under that key for FEASIBLE_SECONDS: the same request built
+    the same way hits, another order just misses)."""
+    request = dict(key)
     now = time.monotonic()
     if cache.get(key, 0.0) > now:
         return

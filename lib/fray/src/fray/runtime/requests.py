@@ -60,8 +60,20 @@ def _callable_name(fn: Callable[..., Any]) -> str:
     return name if type(name) is str else str(fn)
 
 
+# The request last made: a loop that submits one function with one options object (a map's items, a batch of
+# tasks) gets the same immutable request every time instead of computing it again. Replaced as a whole, so a
+# thread that reads it sees one pair.
+_last_task: tuple[Any, TaskOptions, TaskRequest] | None = None
+
+
 def task_request(fn: Callable[..., Any], options: TaskOptions) -> TaskRequest:
-    return TaskRequest(options, tuple(sorted(task_resources(options).items())), options.name or _callable_name(fn))
+    global _last_task
+    last = _last_task
+    if last is not None and last[0] is fn and last[1] is options:
+        return last[2]
+    request = TaskRequest(options, tuple(sorted(task_resources(options).items())), options.name or _callable_name(fn))
+    _last_task = (fn, options, request)
+    return request
 
 
 def actor_request(klass: type, options: ActorOptions) -> ActorRequest:
