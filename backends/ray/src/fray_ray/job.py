@@ -285,7 +285,9 @@ class RayJobContext(JobContext):
                 raise_refusals([value])
             except BaseException as exc:
                 if self._groups.gangs.involves(payload):  # may wait for the group's death: not on Ray's thread
-                    threading.Thread(target=settle_group_failure, args=(exc,), daemon=True).start()
+                    threading.Thread(
+                        target=settle_group_failure, args=(exc,), name="fray-ray-group-failure", daemon=True
+                    ).start()
                 else:
                     out.set_exception(translate(exc))
                 return

@@ -134,7 +134,7 @@ class JobRunner(Actor):
             except Exception as exc:
                 port.send(Reply(error=exc))
 
-        threading.Thread(target=run, daemon=True).start()
+        threading.Thread(target=run, name="fray-monarch-job-wait", daemon=True).start()
 
     @endpoint
     def host_facts(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -50,6 +51,8 @@ Request = tuple[int, tuple[int, ...], HostGpus, bytes, list[bytes]]
 Reply = tuple[bool, bytes, list[bytes]]
 
 __all__ = ["RemoteService", "WorkerSetup", "run_call", "running_task", "start_worker", "worker_context"]
+
+_JOIN_S = 5.0  # the accept thread's join at close: bounded, whatever it is doing
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,8 @@ class RemoteService:
         self._listener = Listener(os.path.join(self._dir, "driver"), "AF_UNIX", authkey=authkey)
         self.setup = WorkerSetup(self._listener.address, authkey, ctx.backend, ctx.capabilities)
         self._closed = False
-        threading.Thread(target=self._accept, name="fray-kit-service", daemon=True).start()
+        self._accepter = threading.Thread(target=self._accept, name="fray-kit-service", daemon=True)
+        self._accepter.start()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -151,7 +155,15 @@ class RemoteService:
         raise error.rebuild() if isinstance(error, RemoteError) else error
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
+        try:  # closing the socket does not wake a thread blocked in its accept(): a connection of our own does
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
+                wake.connect(self.setup.address)
+        except OSError:
+            pass
+        self._accepter.join(_JOIN_S)
         self._listener.close()
         shutil.rmtree(self._dir, ignore_errors=True)
         watchdog.forget_path(self._dir)
