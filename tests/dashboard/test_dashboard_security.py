@@ -17,7 +17,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 import fray
-from fray.context import ClusterContext, JobContext
+from fray.cluster_context import ClusterContext
+from fray.context import JobContext
 from fray.dashboard.server import page_id
 from fray.in_memory.cluster import InMemoryClusterContext
 from fray.telemetry import timeline

@@ -165,3 +165,15 @@ def test_no_backend_parses_its_spec_options() -> None:
     )
     assert len(sources) > 50
     assert calling == []
+
+
+def test_the_job_context_does_not_load_the_jobs_room() -> None:
+    """fray.context (JobContext) imports neither fray.cluster_context nor fray.jobs: a job context's module has no
+    use for the jobs subsystem. `fray.context.ClusterContext` still resolves for one release, with a warning."""
+    graph = import_graph(SRC, "fray")
+    assert sorted(t for t in graph["fray.context"] if t == "fray.cluster_context" or _room(t) == "fray.jobs") == []
+    import fray.context
+    from fray.cluster_context import ClusterContext
+
+    with pytest.warns(DeprecationWarning, match=r"fray\.cluster_context\.ClusterContext"):
+        assert fray.context.ClusterContext is ClusterContext

@@ -7,7 +7,8 @@ assert ctx.get(ref) == 1024
 """
 
 from fray import _moved
-from fray.context import ClusterContext, JobContext, get_job_context, set_job_context
+from fray.cluster_context import ClusterContext
+from fray.context import JobContext, get_job_context, set_job_context
 from fray.errors import (
     ActorAlreadyExistsError,
     ActorDiedError,

@@ -14,10 +14,11 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import CodeType, ModuleType
+from typing import Any
 
-__all__ = ["MOVED", "install", "warn_moved"]
+__all__ = ["MOVED", "install", "moved_names", "warn_moved"]
 
 MOVED: dict[str, str] = {
     "fray._validation": "fray.runtime.arguments",
@@ -80,6 +81,20 @@ def warn_moved(old: str, new: str) -> None:
         DeprecationWarning,
         stacklevel=3,
     )
+
+
+def moved_names(module: str, homes: dict[str, str]) -> Callable[[str], Any]:
+    """A module's `__getattr__` for names that moved out of it: `homes` maps each to the module that holds it now,
+    imported when the name is first asked for (so the old module does not load it), with a DeprecationWarning."""
+
+    def forward(name: str) -> Any:
+        home = homes.get(name)
+        if home is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warn_moved(f"{module}.{name}", f"{home}.{name}")
+        return getattr(importlib.import_module(home), name)
+
+    return forward
 
 
 def _new_name(fullname: str) -> str | None:

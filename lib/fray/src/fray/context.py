@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, cast
 
+from fray._moved import moved_names
 from fray.actor_pool import ActorPool
 from fray.bounded_map import DEFAULT_IN_FLIGHT, bounded_map
-from fray.cluster_context import ClusterContext
 from fray.errors import FrayError, UnsupportedFeatureError
 from fray.executor import FrayExecutor
 from fray.host.interrupts import interrupted
@@ -49,7 +49,7 @@ from fray.telemetry.timeline import TimelineSummary
 from fray.telemetry.transfers import TransferReport, device_stats, merge, since
 from fray.types import ActorOptions, Lifetime, TaskOptions
 
-__all__ = ["ClusterContext", "JobContext", "clear_job_context", "get_job_context", "set_job_context"]
+__all__ = ["JobContext", "clear_job_context", "get_job_context", "set_job_context"]
 
 
 class JobContext(JobContextHooks):
@@ -104,8 +104,7 @@ class JobContext(JobContextHooks):
         if opts.max_calls is not None:
             self.require(Capability.TASK_MAX_CALLS, "TaskOptions.max_calls")
         request = task_request(fn, opts)
-        if request.resources:
-            self._check_request(request.resources, "task", opts.name or getattr(fn, "__name__", fn))
+        self._check_request(request.resources, "task", opts.name or getattr(fn, "__name__", fn))
         if opts.streaming:
             self.require(Capability.STREAMING, "TaskOptions(streaming=True)")
             return self._create_stream_task(fn, call_args, call_kwargs, request)  # type: ignore[return-value]
@@ -128,8 +127,7 @@ class JobContext(JobContextHooks):
             self.require(Capability.DETACHED_ACTORS, "ActorOptions(lifetime=Lifetime.DETACHED)")
         self._require_async_actors(klass)
         request = actor_request(klass, opts)
-        if request.resources:
-            self._check_request(request.resources, "actor", request.name)
+        self._check_request(request.resources, "actor", request.name)
         return self._create_actor(klass, call_args, call_kwargs, request)
 
     def create_actor_group(
@@ -378,7 +376,7 @@ class JobContext(JobContextHooks):
 
     def _check_request(self, resources: Resources, kind: str, name: object) -> None:
         """check_feasible of a call's request, its description made only when it is refused."""
-        if self._feasible.get(resources, 0.0) <= time.monotonic():
+        if resources and self._feasible.get(resources, 0.0) <= time.monotonic():
             self.check_feasible(dict(resources), f"{kind} {name!s}")
 
     def _check_ref(self, ref: Any, index: int | None = None) -> None:
@@ -445,3 +443,6 @@ def set_job_context(ctx: JobContext) -> contextvars.Token[JobContext | None]:
     if not isinstance(ctx, JobContext):
         raise TypeError(f"set_job_context needs a JobContext, got {type(ctx).__name__}")
     return cast("contextvars.Token[JobContext | None]", current.set_current(ctx))
+
+
+__getattr__ = moved_names(__name__, {"ClusterContext": "fray.cluster_context"})  # (its path before, for a release)

@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from fray.backend import Backend
-from fray.context import ClusterContext, JobContext
+from fray.cluster_context import ClusterContext
+from fray.context import JobContext
 from fray.errors import BackendNotAvailableError
 from fray.host import interrupts, settings
 from fray.jobs.dirs import cluster_with_job_dirs

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from fray.backend import Backend, PersistentClusters
-from fray.context import ClusterContext
+from fray.cluster_context import ClusterContext
 from fray.host import settings
 from fray.jobs.dirs import SPEC_OPTION
 from fray.registry import backend_options, cluster_context_from, get_backend, parse_spec

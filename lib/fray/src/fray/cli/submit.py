@@ -13,7 +13,7 @@ from types import FrameType
 from typing import Any, cast
 
 from fray.cli.common import CommandError, exit_status, open_cluster, say
-from fray.context import ClusterContext
+from fray.cluster_context import ClusterContext
 from fray.host import settings
 from fray.jobs.elastic import parse_replicas
 from fray.jobs.policy import JobPolicy

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fray.context import ClusterContext
+from fray.cluster_context import ClusterContext
 from fray.errors import InfeasibleResourcesError, JobExistsError, JobNotFoundError
 from fray.host import watchdog
 from fray.jobs.detached import DetachedJobs

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from fray.context import ClusterContext, JobContext
+from fray.cluster_context import ClusterContext
+from fray.context import JobContext
 from fray.errors import BackendNotAvailableError
 from fray.host import settings
 from fray.registry import available_backends, cluster_context_from, get_backend, job_context_from, parse_spec

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fray import ActorOptions, Capability, Lifetime, Resource, RuntimeEnv, TaskOptions, UnsupportedFeatureError
-from fray.context import ClusterContext, JobContext
+from fray.cluster_context import ClusterContext
+from fray.context import JobContext
 from fray.testing import group_workloads as g
 from fray.testing import workloads as h
 from fray.testing.plugin import REFUSED, refusal_check

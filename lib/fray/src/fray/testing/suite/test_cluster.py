@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 import pytest
 
 from fray import GetTimeoutError, JobNotFoundError, JobStatus, Resource, RuntimeEnv
-from fray.context import ClusterContext
+from fray.cluster_context import ClusterContext
 from fray.testing import requires_capability
 from fray.testing.plugin import spec_options
 from fray.testing.wheels import probe_wheel

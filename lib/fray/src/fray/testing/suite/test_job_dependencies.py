@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fray import JobStatus
-from fray.context import ClusterContext
+from fray.cluster_context import ClusterContext
 from fray.errors import GetTimeoutError, JobFailedError, JobNotFoundError, UnsupportedFeatureError
 
 PY = shlex.quote(sys.executable)

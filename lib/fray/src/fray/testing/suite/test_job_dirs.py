@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fray import JobStatus
-from fray.context import ClusterContext
+from fray.cluster_context import ClusterContext
 from fray.testing import job_workloads as w
 
 TIMEOUT = 120

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fray import JobStatus
-from fray.context import ClusterContext
+from fray.cluster_context import ClusterContext
 from fray.errors import InfeasibleResourcesError
 from fray.testing import job_workloads as w
 from fray.testing import requires_capability

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from fray import JobStatus, RuntimeEnv
-from fray.context import ClusterContext, JobContext
+from fray.cluster_context import ClusterContext
+from fray.context import JobContext
 from fray.host.procfs import alive
 from fray.jobs.handle import JobHandle
 from fray.runtime.capabilities import Capability

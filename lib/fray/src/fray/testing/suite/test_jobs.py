@@ -13,7 +13,8 @@ import pytest
 
 import fray
 from fray import JobNotFoundError, JobStatus, RuntimeEnv
-from fray.context import ClusterContext, JobContext
+from fray.cluster_context import ClusterContext
+from fray.context import JobContext
 from fray.errors import InfeasibleResourcesError, JobExistsError, JobFailedError, SerializationError
 from fray.host.procfs import alive
 from fray.runtime.capabilities import Capability
