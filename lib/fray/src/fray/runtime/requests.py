@@ -61,18 +61,18 @@ def _callable_name(fn: Callable[..., Any]) -> str:
 
 
 # The request last made: a loop that submits one function with one options object (a map's items, a batch of
-# tasks) gets the same immutable request every time instead of computing it again. Replaced as a whole, so a
-# thread that reads it sees one pair.
-_last_task: tuple[Any, TaskOptions, TaskRequest] | None = None
+# tasks) gets the same immutable request every time instead of computing it again. It holds the options and the
+# function's name, never the function (a bound method would keep its object alive).
+_last_task: TaskRequest | None = None
 
 
 def task_request(fn: Callable[..., Any], options: TaskOptions) -> TaskRequest:
     global _last_task
+    name = options.name or _callable_name(fn)
     last = _last_task
-    if last is not None and last[0] is fn and last[1] is options:
-        return last[2]
-    request = TaskRequest(options, tuple(sorted(task_resources(options).items())), options.name or _callable_name(fn))
-    _last_task = (fn, options, request)
+    if last is not None and last.options is options and last.name == name:
+        return last
+    request = _last_task = TaskRequest(options, tuple(sorted(task_resources(options).items())), name)
     return request
 
 
