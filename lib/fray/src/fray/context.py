@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextvars
 import os
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -376,8 +375,8 @@ class JobContext(JobContextHooks):
 
     def _check_request(self, resources: Resources, kind: str, name: object) -> None:
         """check_feasible of a call's request, its description made only when it is refused."""
-        if resources and self._feasible.get(resources, 0.0) <= time.monotonic():
-            self.check_feasible(dict(resources), f"{kind} {name!s}")
+        if resources:
+            refuse_infeasible(self._feasible, self.node_resources, resources, lambda: f"{kind} {name!s}", self.backend)
 
     def _check_ref(self, ref: Any, index: int | None = None) -> None:
         check_ref(ref, self.backend, index)

@@ -101,16 +101,16 @@ def refuse_infeasible(
     cache: dict[Any, float],
     node_resources: Callable[[], list[dict[str, float]]],
     key: tuple[tuple[str, float], ...],
-    what: str,
+    what: str | Callable[[], str],
     backend: str,
 ) -> None:
     """JobContext.check_feasible: InfeasibleResourcesError unless some node fits the request `key` ((name, amount)
     pairs; an answer that it fits is kept in `cache` under that key for FEASIBLE_SECONDS: the same request built
-    the same way hits, another order just misses)."""
-    request = dict(key)
+    the same way hits, another order just misses). `what` names the request, or makes its name when it is refused."""
     now = time.monotonic()
     if cache.get(key, 0.0) > now:
         return
+    request = dict(key)
     nodes = node_resources()
     for node in nodes:
         if fits(node, request):
@@ -119,6 +119,7 @@ def refuse_infeasible(
             cache[key] = now + FEASIBLE_SECONDS
             return
     largest = max(nodes, key=lambda n: n.get("CPU", 0.0)) if nodes else {}
+    what = what if isinstance(what, str) else what()
     raise InfeasibleResourcesError(
         f"{what} requests {format_resources(request)} but no node of this {backend} context has that much "
         f"(largest node: {format_resources(largest)}). Lower the request or add nodes with those resources."

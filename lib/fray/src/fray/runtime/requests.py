@@ -9,21 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from fray.runtime.resources import actor_resources, task_resources
 from fray.types import ActorOptions, TaskOptions
 
-__all__ = ["ActorRequest", "GroupRequest", "Resources", "TaskRequest", "actor_request", "task_request"]
+__all__ = ["ActorRequest", "CallRequest", "GroupRequest", "Resources", "TaskRequest", "actor_request", "task_request"]
 
 Resources = tuple[tuple[str, float], ...]
+OptionsT = TypeVar("OptionsT", TaskOptions, ActorOptions)
 
 
 @dataclass(frozen=True, slots=True)
-class TaskRequest:
-    """A task: `fn` runs with `options`, holding `resources` while it runs; events name it `name`."""
+class CallRequest(Generic[OptionsT]):
+    """A task (`TaskRequest`: it holds `resources` while it runs) or an actor, or each member of a group
+    (`ActorRequest`: it holds them for its whole life), with its `options`; events name it `name`."""
 
-    options: TaskOptions
+    options: OptionsT
     resources: Resources
     name: str
 
@@ -31,16 +33,8 @@ class TaskRequest:
         return dict(self.resources)
 
 
-@dataclass(frozen=True, slots=True)
-class ActorRequest:
-    """An actor (or each member of a group): created with `options`, holding `resources` for its whole life."""
-
-    options: ActorOptions
-    resources: Resources
-    name: str
-
-    def resource_dict(self) -> dict[str, float]:
-        return dict(self.resources)
+TaskRequest = CallRequest[TaskOptions]
+ActorRequest = CallRequest[ActorOptions]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +66,9 @@ def task_request(fn: Callable[..., Any], options: TaskOptions) -> TaskRequest:
     last = _last_task
     if last is not None and last.options is options and last.name == name:
         return last
-    request = _last_task = TaskRequest(options, tuple(sorted(task_resources(options).items())), name)
+    request = _last_task = CallRequest(options, tuple(sorted(task_resources(options).items())), name)
     return request
 
 
 def actor_request(klass: type, options: ActorOptions) -> ActorRequest:
-    return ActorRequest(options, tuple(sorted(actor_resources(options).items())), options.name or klass.__name__)
+    return CallRequest(options, tuple(sorted(actor_resources(options).items())), options.name or klass.__name__)
