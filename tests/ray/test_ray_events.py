@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import ray.exceptions as ray_exceptions
 
 import fray
 from fray.errors import ActorDiedError, ActorUnavailableError, WorkerCrashedError
@@ -312,6 +313,33 @@ def test_a_task_whose_process_exits_shows_the_workers_start_and_death(ctx: RayJo
     trace, _ = _trace(ctx, tmp_path / "timeline.json")
     assert [e["args"]["key"] for e in _instants(trace, "worker.start") if e["args"]["pid"] == pid] == [died[0].key]
     assert timeline.validate(trace) == []
+
+
+def test_a_crash_found_in_the_worker_table_does_not_end_the_look_for_the_next(
+    ctx: RayJobContext, tmp_path: Path
+) -> None:
+    """The worker table may show a task's crash later than another death no get reported (a restarted actor's
+    process): finding that one first must not end the look, or the task's worker.died would never be recorded."""
+    actor = ctx.create_actor(Tally, options=ActorOptions(max_restarts=1))
+    assert ctx.get(actor.inc(), timeout=120) == 1
+    with pytest.raises(ActorUnavailableError):  # its process dies, unrecorded: the actor restarts
+        ctx.get(actor.exit(), timeout=120)
+    assert ctx.get(actor.inc(), timeout=120) == 1
+    # a task's crash whose worker the table does not show yet: the look finds only the restarted actor's process
+    ctx._actors.deaths.failed(ray_exceptions.WorkerCrashedError(), [])
+    path = tmp_path / "pid"
+    task = ctx.create_task(pid_then_exit, (str(path),), options=TaskOptions(max_retries=0))
+    ctx.wait([task], timeout=120)  # (no get: nothing tells the watch of this crash but the table)
+    pid = int(path.read_text())
+    deadline = time.monotonic() + 30
+    while True:
+        events = [e for p in ctx.events().by_process() for e in p.events]
+        died = [e for e in events if e.kind == Kind.WORKER_DIED and e.data and e.data["pid"] == pid]
+        if died or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(died) == 1 and died[0].data is not None and "Worker exit type" in died[0].data["reason"]
+    ctx.kill(actor)
 
 
 def test_a_worker_start_is_recorded_in_the_process_that_ran_a_task(ctx: RayJobContext) -> None:

@@ -11,9 +11,10 @@ Ray tells a driver of a death only when it waits on what died, so a driver conte
   `ctx.kill` records its own death (`killed` comes before the kill).
 - worker.died (reason, pid, node) for a worker process Ray reports dead: an actor's, with its actor's death (the
   death cause names its pid and node), and a task's, when a get fails with Ray's WorkerCrashedError (which names
-  no process: the GCS's worker table does, looked at then and at the pulls that follow until it shows the death,
-  CRASH_LOOK seconds at most). The key is "node ip/pid", as the process's own worker.start. Ray reports no exit
-  code (its "connection error code" is not one): the data has none.
+  no process: the GCS's worker table does, looked at then and at the pulls of the CRASH_LOOK seconds that follow;
+  every crashed worker of the job it shows is recorded, once, whichever crash it explains, so finding another
+  process's death never ends the look early). The key is "node ip/pid", as the process's own worker.start. Ray
+  reports no exit code (its "connection error code" is not one): the data has none.
 """
 
 from __future__ import annotations
@@ -134,7 +135,6 @@ class DeathWatch:
         self._closed: dict[str, None] = {}  # calls and tasks whose end the driver recorded (oldest first)
         self._workers: set[str] = set()  # keys of the worker processes whose death was recorded
         self._since_ms = int(time.time() * 1000) - _CLOCK_MARGIN_MS
-        self._crashes = 0  # WorkerCrashedErrors no worker death was found for yet
         self._look_until = 0.0
         self._next_poll = 0.0  # (time.monotonic()) when poll may ask for the DEAD actors again
         self._next_look = 0.0  # ... and read the worker table again
@@ -207,14 +207,13 @@ class DeathWatch:
                     self._dead(actor_id, info)
         elif isinstance(exc, rex.WorkerCrashedError):
             with self._lock:
-                self._crashes += 1
                 self._look_until = time.monotonic() + CRASH_LOOK
             self._look_at_workers()
 
     def poll(self) -> None:
         """At a pull of the events: the deaths Ray reports that no failed get showed (one query for the actors,
-        only while actors made here are thought alive; the worker table while a task's crash is unexplained). The
-        actors' query costs more with every dead actor of the job: it is made again only once
+        only while actors made here are thought alive; the worker table for CRASH_LOOK seconds after a task's
+        crash). The actors' query costs more with every dead actor of the job: it is made again only once
         POLL_SHARE_INVERSE times its last duration has passed (<= 5% of the time in queries, however many)."""
         if not self._on:
             return
@@ -232,7 +231,7 @@ class DeathWatch:
                 found = [actor_id for actor_id in dead if actor_id in self._alive]
             for actor_id in found:
                 self._dead(actor_id, dead[actor_id])
-        if self._crashes and self._next_look <= time.monotonic() < self._look_until:
+        if self._next_look <= time.monotonic() < self._look_until:
             began = time.monotonic()
             self._look_at_workers()
             self._next_look = time.monotonic() + POLL_SHARE_INVERSE * (time.monotonic() - began)
@@ -254,14 +253,13 @@ class DeathWatch:
         if process is not None:
             self._worker_died(*process)
 
-    def _worker_died(self, node: str, pid: int, why: str) -> bool:
+    def _worker_died(self, node: str, pid: int, why: str) -> None:
         key = worker_key(node, pid)
         with self._lock:
             if key in self._workers:
-                return False
+                return
             self._workers.add(key)
         RECORDER.record(Kind.WORKER_DIED, key, worker_name(key), {"reason": why, "pid": pid, "node": node})
-        return True
 
     def _look_at_workers(self) -> None:
         """The worker processes of this job that the GCS's worker table says ended by a crash (not an intended
@@ -282,6 +280,4 @@ class DeathWatch:
                 continue
             exit_type = common_pb2.WorkerExitType.Name(worker.exit_type)
             why = _words(f"Worker exit type: {exit_type} Worker exit detail: {worker.exit_detail}")
-            if self._worker_died(worker.worker_address.ip_address, int(worker.pid), why):
-                with self._lock:
-                    self._crashes = max(0, self._crashes - 1)
+            self._worker_died(worker.worker_address.ip_address, int(worker.pid), why)
