@@ -38,7 +38,7 @@ system-packages:
 
 # The lint gate runs first: ruff (rules and format) and mypy --strict (pyproject.toml) on all three distributions.
 test: lint system-packages
-	$(PY) -m pytest tests
+	$(PY) tests/run_parallel.py
 
 lint: install-all
 	$(VENV)/bin/ruff check lib backends tests examples benchmarks

@@ -1,0 +1,241 @@
+"""The whole test matrix in parallel parts: `make test` runs this (plain `pytest tests` runs the same tests, one
+after another).
+
+The tests are cut into parts: each directory of tests/, each test file at its top, and the conformance suite once
+per installed backend. PARALLEL parts run at a time (FRAY_TEST_PARALLEL, default: the machine's cores, at most
+3), the longest first (WEIGHTS: seconds measured on a 2-core machine; a part not listed counts as DEFAULT_WEIGHT).
+
+Many tests look at what the whole machine holds (every process of the user, /dev/shm, /tmp, the user's fray
+state directory) to prove that nothing was left behind. Two parts running at once would see each other's work
+there, so each part runs in a machine of its own as far as those tests can tell: a PID namespace (it sees only its
+own processes; they all die with it), and a mount namespace with its own /dev/shm, /tmp and fray state directory
+(empty tmpfs; a checkout under /tmp is bound back at its path). That needs root and `unshare`; without them, or
+with FRAY_TEST_PARALLEL=1, the parts run one after another in this process's namespaces.
+
+Each part's output goes to a file; a part's summary line is printed as it ends, and the whole output of every
+part that failed is printed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+CONFORMANCE = "tests/test_conformance.py"
+MAX_PARALLEL = 3
+DEFAULT_WEIGHT = 60.0
+PART_TIMEOUT = 3600.0  # seconds a part may run before it is killed (with everything it started)
+FAILED_TAIL = 400  # lines of a failed part's output printed at the end
+# Seconds each part took in a full run on a 2-core machine (two parts at a time); only their order matters.
+WEIGHTS: dict[str, float] = {
+    f"{CONFORMANCE}::ray": 700.0,
+    "tests/ray": 650.0,
+    f"{CONFORMANCE}::monarch": 450.0,
+    "tests/monarch": 420.0,
+    "tests/unit": 280.0,
+    "tests/reliability": 180.0,
+    f"{CONFORMANCE}::in_memory": 120.0,
+    "tests/test_cli_jobs.py": 110.0,
+    "tests/test_benchmarks.py": 100.0,
+    "tests/test_conformance_process_pool.py": 60.0,
+    "tests/test_conformance_process_actors.py": 60.0,
+}
+
+
+@dataclass
+class Part:
+    name: str
+    args: list[str]
+    weight: float
+    log: Path | None = None
+    code: int | None = None
+    seconds: float = 0.0
+    summary: str = ""
+    skipped_reason: str = ""
+    tail: list[str] = field(default_factory=list)
+
+
+def installed_backends() -> list[str]:
+    """The backends the conformance suite runs by default here (its plugin's own choice)."""
+    code = "from fray.testing.plugin import selected_backends\nclass C:\n    def getoption(self, *a): return None\n"
+    code += "print(','.join(selected_backends(C())))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"run_parallel: could not list the installed backends:\n{done.stderr}")
+    return [name for name in done.stdout.strip().split(",") if name]
+
+
+def parts(backends: list[str]) -> list[Part]:
+    """Every test of tests/, in parts; the longest first."""
+    found: list[Part] = []
+    for entry in sorted(TESTS.iterdir()):
+        rel = entry.relative_to(REPO).as_posix()
+        if entry.is_dir() and any(entry.rglob("test_*.py")):
+            found.append(Part(rel, [rel], WEIGHTS.get(rel, DEFAULT_WEIGHT)))
+        elif entry.is_file() and entry.name.startswith("test_") and entry.suffix == ".py":
+            if rel == CONFORMANCE and backends:
+                for name in backends:
+                    key = f"{rel}::{name}"
+                    found.append(Part(key, [rel, f"--fray-backend={name}"], WEIGHTS.get(key, DEFAULT_WEIGHT)))
+            else:
+                found.append(Part(rel, [rel], WEIGHTS.get(rel, DEFAULT_WEIGHT)))
+    return sorted(found, key=lambda p: -p.weight)
+
+
+def parallel_count() -> int:
+    raw = os.environ.get("FRAY_TEST_PARALLEL", "")
+    if raw:
+        try:
+            count = int(raw)
+        except ValueError:
+            raise SystemExit(
+                f"run_parallel: FRAY_TEST_PARALLEL={raw!r} is not a whole number (1 runs in series)"
+            ) from None
+        if count < 1:
+            raise SystemExit(f"run_parallel: FRAY_TEST_PARALLEL={raw!r}: give 1 or more")
+        return count
+    return max(1, min(MAX_PARALLEL, os.cpu_count() or 1))
+
+
+def isolation_available() -> str:
+    """'' where each part can have namespaces of its own, else why not."""
+    if os.geteuid() != 0:
+        return "not root"
+    if shutil.which("unshare") is None:
+        return "no unshare (util-linux)"
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--propagation", "private", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return "" if probe.returncode == 0 else f"unshare failed: {probe.stderr.strip()}"
+
+
+# ------------------------------------------------------------------ inside a part's namespaces
+def _mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True, text=True, timeout=60)
+
+
+def _private_dirs() -> None:
+    """This mount namespace's own /dev/shm, /tmp and fray state directory (the checkout kept where it is)."""
+    from fray.host.state_dir import state_dir
+
+    state = state_dir()
+    under_tmp = [p for p in (REPO, Path(sys.prefix)) if p.is_relative_to("/tmp")]
+    under_tmp = [p for p in under_tmp if not any(p != q and p.is_relative_to(q) for q in under_tmp)]
+    _mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm")
+    held = Path("/run") / f"fray-tests-{os.getpid()}-{time.monotonic_ns()}"
+    if under_tmp:
+        held.mkdir(mode=0o700)
+        _mount("-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(held))
+        for i, path in enumerate(under_tmp):
+            (held / str(i)).mkdir()
+            _mount("--rbind", str(path), str(held / str(i)))
+    _mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
+    for i, path in enumerate(under_tmp):
+        path.mkdir(parents=True, exist_ok=True)
+        _mount("--rbind", str(held / str(i)), str(path))
+    if under_tmp:
+        _mount("--make-rprivate", str(held))
+        subprocess.run(["umount", "-l", str(held)], check=True, timeout=60)
+        held.rmdir()
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _mount("-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(state))
+
+
+def inside(args: list[str]) -> int:
+    """As PID 1 of a part's namespace: its private directories, then pytest; reaps every orphan until pytest
+    ends (an init's duty), and returns pytest's exit code."""
+    _private_dirs()
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == child.pid:
+            return os.waitstatus_to_exitcode(status)
+
+
+# ------------------------------------------------------------------ the runner
+def run_part(part: Part, logs: Path, isolated: bool) -> None:
+    part.log = logs / (part.name.replace("/", "_").replace(":", "_") + ".log")
+    command = [sys.executable, str(Path(__file__).resolve()), "--inside", *part.args]
+    if isolated:
+        command = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private", *command]
+    else:
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *part.args]
+    start = time.monotonic()
+    with part.log.open("wb") as out:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            part.code = proc.wait(timeout=PART_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # (its own session: started above)
+            proc.wait()
+            part.code = -1
+            out.write(f"\nrun_parallel: {part.name} ran past {PART_TIMEOUT:.0f} s and was killed\n".encode())
+    part.seconds = time.monotonic() - start
+    lines = part.log.read_text(errors="replace").splitlines()
+    part.summary = next((line for line in reversed(lines) if line.startswith("=") and " in " in line), "")
+    part.tail = lines[-FAILED_TAIL:]
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--inside"]:
+        return inside(argv[1:])
+    if argv:
+        raise SystemExit("run_parallel: takes no arguments (FRAY_TEST_PARALLEL sets how many parts run at once)")
+    count = parallel_count()
+    why_not = isolation_available() if count > 1 else "FRAY_TEST_PARALLEL=1"
+    if why_not:
+        count = 1
+    todo = parts(installed_backends())
+    print(f"run_parallel: {len(todo)} parts, {count} at a time" + (f" (in series: {why_not})" if why_not else ""))
+    logs = Path(tempfile.mkdtemp(prefix="fray-test-logs-"))
+    lock = threading.Lock()
+    queue = list(todo)
+    began = time.monotonic()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                part = queue.pop(0)
+            run_part(part, logs, isolated=not why_not)
+            with lock:
+                verdict = "ok" if part.code == 0 else f"FAILED (exit {part.code})"
+                at = time.monotonic() - began
+                print(f"[{at:6.0f} s] {part.name}: {verdict} in {part.seconds:.0f} s  {part.summary}")
+                sys.stdout.flush()
+
+    threads = [threading.Thread(target=worker, name=f"fray-test-part-{i}") for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = [p for p in todo if p.code != 0]
+    for part in failed:
+        print(f"\n{'#' * 30} {part.name}: exit {part.code}, the last {FAILED_TAIL} lines {'#' * 30}")
+        print("\n".join(part.tail))
+    total = time.monotonic() - began
+    print(f"\nrun_parallel: {len(todo) - len(failed)} of {len(todo)} parts passed in {total:.0f} s", end="")
+    print(f"; failed: {', '.join(p.name for p in failed)}" if failed else "")
+    if not failed:
+        shutil.rmtree(logs, ignore_errors=True)
+    else:
+        print(f"run_parallel: every part's whole output is in {logs}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
