@@ -1,0 +1,115 @@
+"""tests/run_parallel.py, which `make test` runs: its parts hold every test once, and a part runs in namespaces of
+its own (what it leaves in /dev/shm, /tmp or the fray state directory, and the processes it leaves, go with it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))
+
+import run_parallel  # noqa: E402
+
+
+def test_the_parts_hold_every_test_file_once_and_the_suite_once_per_backend() -> None:
+    parts = run_parallel.parts(["in_memory", "ray"])
+    files = sorted(p.relative_to(TESTS.parent).as_posix() for p in TESTS.rglob("test_*.py"))
+    held = []
+    for part in parts:
+        path = TESTS.parent / part.args[0]
+        held += [p.relative_to(TESTS.parent).as_posix() for p in (path.rglob("test_*.py") if path.is_dir() else [path])]
+    suite = "tests/test_conformance.py"
+    assert sorted(set(held)) == files
+    others = [h for h in held if h != suite]
+    assert len(others) == len(set(others))  # no file in two parts
+    assert [p.args for p in parts if p.args[0] == suite] in (
+        [[suite, "--fray-backend=ray"], [suite, "--fray-backend=in_memory"]],
+        [[suite, "--fray-backend=in_memory"], [suite, "--fray-backend=ray"]],
+    )
+    weights = [p.weight for p in parts]
+    assert weights == sorted(weights, reverse=True)  # the longest first
+
+
+def test_a_bad_parallel_count_is_refused_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRAY_TEST_PARALLEL", "two")
+    with pytest.raises(SystemExit, match="not a whole number"):
+        run_parallel.parallel_count()
+    monkeypatch.setenv("FRAY_TEST_PARALLEL", "0")
+    with pytest.raises(SystemExit, match="give 1 or more"):
+        run_parallel.parallel_count()
+
+
+LEAVES_THINGS = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    from pathlib import Path
+    from fray.host.state_dir import state_dir
+
+    def test_leaves_things() -> None:
+        tag = os.environ["TAG"]
+        for where in (Path("/dev/shm"), Path("/tmp"), state_dir()):
+            assert not (where / (tag + "-outside")).exists()  # the machine's own: not seen here
+        Path("/dev/shm", tag).write_text("x")
+        Path("/tmp", tag).write_text("x")
+        (state_dir() / tag).write_text("x")
+        left = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        Path(os.environ["PIDFILE"]).write_text(str(left.pid))
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_part_sees_and_leaves_only_its_own_things() -> None:
+    from fray.host.state_dir import state_dir
+
+    part = TESTS / "unit" / f"_part_probe_{os.getpid()}.py"  # (no test file name: collected only when named)
+    tag, pidfile = f"fray-part-probe-{os.getpid()}", part.with_suffix(".pid")  # (outside /tmp: seen here)
+    outside = [where / (tag + "-outside") for where in (Path("/dev/shm"), Path("/tmp"), state_dir())]
+    part.write_text(LEAVES_THINGS)
+    for path in outside:
+        path.write_text("x")
+    try:
+        done = subprocess.run(
+            [
+                *["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"],
+                *[sys.executable, str(TESTS / "run_parallel.py"), "--inside", str(part), "-q"],
+            ],
+            env={**os.environ, "TAG": tag, "PIDFILE": str(pidfile)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        left_pid = pidfile.read_text().strip() if pidfile.exists() else ""
+    finally:
+        for path in (part, pidfile, *outside):
+            path.unlink(missing_ok=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for where in (Path("/dev/shm"), Path("/tmp"), state_dir()):
+        assert not (where / tag).exists()
+    # the sleep it left was in its PID namespace: gone with it (its pid there means nothing here: not signalled)
+    assert left_pid.isdigit()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _sleeps_with(tag):
+        time.sleep(0.1)
+    assert not _sleeps_with(tag)
+
+
+def _sleeps_with(tag: str) -> list[int]:
+    """Processes here whose environment carries `tag` (the part's leftover sleep, were it still alive)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if f"TAG={tag}".encode() in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
