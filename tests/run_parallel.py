@@ -36,6 +36,7 @@ MAX_PARALLEL = 3
 DEFAULT_WEIGHT = 60.0
 PART_TIMEOUT = 3600.0  # seconds a part may run before it is killed (with everything it started)
 FAILED_TAIL = 400  # lines of a failed part's output printed at the end
+SLOWEST = 30  # the slowest steps (setup, call, teardown) over every part, printed at the end
 # Seconds each part took in a full run on a 2-core machine (two parts at a time); only their order matters.
 WEIGHTS: dict[str, float] = {
     f"{CONFORMANCE}::ray": 700.0,
@@ -63,6 +64,7 @@ class Part:
     summary: str = ""
     skipped_reason: str = ""
     tail: list[str] = field(default_factory=list)
+    durations: list[tuple[float, str]] = field(default_factory=list)
 
 
 def installed_backends() -> list[str]:
@@ -187,6 +189,17 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
     lines = part.log.read_text(errors="replace").splitlines()
     part.summary = next((line for line in reversed(lines) if line.startswith("=") and " in " in line), "")
     part.tail = lines[-FAILED_TAIL:]
+    part.durations = slowest_steps(lines)
+
+
+def slowest_steps(lines: list[str]) -> list[tuple[float, str]]:
+    """(seconds, "when test") of each line of pytest's --durations table ("12.34s call     tests/...")."""
+    found = []
+    for line in lines:
+        head, _, rest = line.partition("s ")
+        if rest and head.replace(".", "", 1).isdigit() and rest.split()[0] in ("setup", "call", "teardown"):
+            found.append((float(head), " ".join(rest.split())))
+    return found
 
 
 def main(argv: list[str]) -> int:
@@ -224,6 +237,10 @@ def main(argv: list[str]) -> int:
     for thread in threads:
         thread.join()
     failed = [p for p in todo if p.code != 0]
+    steps = sorted((step for part in todo for step in part.durations), reverse=True)[:SLOWEST]
+    print(f"\nrun_parallel: the slowest {len(steps)} steps of every part")
+    for seconds, what in steps:
+        print(f"{seconds:8.2f}s {what}")
     for part in failed:
         print(f"\n{'#' * 30} {part.name}: exit {part.code}, the last {FAILED_TAIL} lines {'#' * 30}")
         print("\n".join(part.tail))

@@ -113,3 +113,17 @@ def _sleeps_with(tag: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_the_slowest_steps_are_read_from_each_parts_durations_table() -> None:
+    lines = [
+        "============================= slowest 30 durations =============================",
+        "35.20s call     tests/test_conformance.py::test_50_actors[ray]",
+        "0.50s setup    tests/ray/test_ray_events.py::test_x",
+        "3 passed in 1.00s",
+        "12s is not a duration line",
+    ]
+    assert run_parallel.slowest_steps(lines) == [
+        (35.2, "call tests/test_conformance.py::test_50_actors[ray]"),
+        (0.5, "setup tests/ray/test_ray_events.py::test_x"),
+    ]
