@@ -253,7 +253,7 @@ class Arena:
         """(allocation id, chunk, offset) of `size` page-aligned bytes; ObjectStoreFullError if no room."""
         size = _align(max(size, 1))
         with self.lock:
-            self._drain_released()
+            self.drain_released()
             found = self._find(size)
             if found is None:
                 try:
@@ -307,13 +307,14 @@ class Arena:
         mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.chunks[name] = _Chunk(name, size, fd, mapped, memoryview(mapped), FreeList(size))
 
-    def _drain_released(self) -> None:
+    def drain_released(self) -> None:
+        """(The caller holds self.lock.) Free the allocations whose leases died since the last drain."""
         while self.released:
             self._free_locked(self.released.popleft())
 
     def free(self, aid: int) -> None:
         with self.lock:
-            self._drain_released()
+            self.drain_released()
             self._free_locked(aid)
 
     def _free_locked(self, aid: int) -> None:

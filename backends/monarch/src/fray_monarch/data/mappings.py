@@ -131,7 +131,7 @@ class _MapTable:
             for arena in list(self.arenas):
                 if arena.released:
                     with arena.lock:
-                        arena._drain_released()
+                        arena.drain_released()
 
 
 map_table = _MapTable()
