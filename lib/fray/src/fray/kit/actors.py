@@ -1,6 +1,6 @@
 """The kit's actors: each instance lives on threads of its own (fray.kit.actor_threads) that run its calls in order;
-what makes the instance and runs a method is its context's (`ActorHost`: in this process by default, a process
-of its own where a backend says so)."""
+what makes the instance and runs a method is its context's engine (`ActorHooks`: in this process by default, a
+process of its own where a backend says so)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import inspect
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from fray.context import JobContext
 from fray.errors import (
@@ -25,7 +26,6 @@ from fray.runtime import current
 from fray.runtime import worker_output as output
 from fray.runtime.cuda_values import KEPT
 from fray.runtime.current import ActorInfo
-from fray.runtime.gpus import HostGpus
 from fray.runtime.outcome import Outcome
 from fray.runtime.refs import ActorHandle, ObjectRef, public_methods
 from fray.runtime.remote_errors import RemoteError, format_exception
@@ -131,7 +131,7 @@ register_lookup("actor", _lookup_actor)
 
 
 class ActorHost(Protocol):
-    """What an actor table needs of its context (fray.kit.context.KitJobContext keeps it)."""
+    """The settings an actor table reads of its context (fray.kit.context.KitJobContext)."""
 
     @property
     def backend(self) -> str: ...
@@ -139,25 +139,31 @@ class ActorHost(Protocol):
     namespace: str
     serialize: bool
     log_to_driver: bool
-    gpus: HostGpus
-    _ledger: Ledger
-    _lock: Any
-    _checked_fns: dict[int, Any]
 
-    def _encode(self, value: Any, what: str) -> Any: ...
-    def _remote_error(self, exc: BaseException) -> BaseException | RemoteError: ...
-    def _new_instance(self, actor: Actor, call: Any) -> Any: ...
-    def _run_method(self, actor: Actor, method: str, call: Any, life: int) -> Any: ...
+
+class ActorHooks(NamedTuple):
+    """What the context does for its actors, handed to its table: store a value, capture a failure, and (its
+    engine's, fray.kit.engine) make an instance and run a method."""
+
+    encode: Callable[[Any, str], Any]
+    remote_error: Callable[[BaseException], BaseException | RemoteError]
+    new_instance: Callable[[Actor, Any], Any]
+    run_method: Callable[[Actor, str, Any, int], Any]
 
 
 class ActorTable:
-    """The actors of one kit context (its collaborator: values are encoded, arguments resolved and
-    failures captured by the context, resources held in its ledger, under its lock)."""
+    """The actors of one kit context (its collaborator: values are encoded, arguments resolved and failures
+    captured by the context's hooks; resources held in its ledger, and the table changed under the ledger's lock,
+    so that an actor and the resources it holds change together)."""
 
-    def __init__(self, ctx: ActorHost) -> None:
+    def __init__(self, ctx: ActorHost, ledger: Ledger, checked_fns: dict[int, Any], hooks: ActorHooks) -> None:
         assert isinstance(ctx, JobContext)
         self.ctx = ctx
         self.job: JobContext = ctx  # (current while its calls run)
+        self.ledger = ledger
+        self.lock = ledger.lock
+        self.checked_fns = checked_fns  # (the context's memo of the functions it has checked, shared with its tasks)
+        self.encode, self.remote_error, self.new_instance, self.run_method = hooks
         self.names: dict[str, Actor] = {}
         self.own: dict[int, Actor] = {}  # the actors this context created (killed at its shutdown)
 
@@ -171,12 +177,12 @@ class ActorTable:
     ) -> ActorHandle:
         ctx, options = self.ctx, request.options
         if ctx.serialize:
-            check_function(klass, ctx._checked_fns)
+            check_function(klass, self.checked_fns)
             call: Any = dumps_call(f"{klass.__name__}()", args, kwargs, device_mode=KEPT)
         else:
             call = (args, kwargs)
         detached = options.lifetime is Lifetime.DETACHED
-        with _detached_lock, ctx._lock:
+        with _detached_lock, self.lock:
             if options.name is not None:
                 existing = self.find_named(options.name)
                 if existing is not None:
@@ -203,7 +209,7 @@ class ActorTable:
             def dispatched(gpus: tuple[int, ...]) -> None:
                 actor.gpus = gpus
 
-            ctx._ledger.submit(actor.request.resources, lambda: granted.set(), dispatched)
+            self.ledger.submit(actor.request.resources, lambda: granted.set(), dispatched)
         else:
             granted.set()
         actor.executor.submit(self._start_actor, actor, call, granted)
@@ -240,7 +246,7 @@ class ActorTable:
         me = current.push_actor(actor.info)
         said = output.push_label(output.label_for(actor.klass.__name__)) if self.ctx.log_to_driver else None
         try:
-            actor.instance = self.ctx._new_instance(actor, call)
+            actor.instance = self.new_instance(actor, call)
         except BaseException as exc:
             error = exc.error.rebuild() if isinstance(exc, Failure) and isinstance(exc.error, RemoteError) else exc
             actor.death = ActorDiedError(
@@ -259,7 +265,7 @@ class ActorTable:
         if actor.holding:
             actor.holding = False
             gpus, actor.gpus = actor.gpus, ()
-            actor.table.ctx._ledger.give_back(actor.request.resources, gpus)
+            actor.table.ledger.give_back(actor.request.resources, gpus)
 
     def call(
         self,
@@ -306,7 +312,7 @@ class ActorTable:
                 raise TypeError(f"{where} was called as a stream but returned {type(items).__name__}, not a generator")
             for index, item in enumerate(items):
                 entry = Entry()
-                entry.settle(self.ctx._encode(item, f"item {index} of {where}"))
+                entry.settle(self.encode(item, f"item {index} of {where}"))
                 queue.append(ObjectRef(entry, self.ctx.backend))
                 if queue.stopped.is_set():
                     break
@@ -315,7 +321,7 @@ class ActorTable:
                 items.close()
         except BaseException as exc:
             failed = Entry()
-            failed.settle(error=self.ctx._remote_error(exc))
+            failed.settle(error=self.remote_error(exc))
             queue.append(ObjectRef(failed, self.ctx.backend))
         finally:
             queue.end()
@@ -338,18 +344,18 @@ class ActorTable:
             me = current.push_actor(actor.info)
             said = output.push_label(output.label_for(actor.klass.__name__)) if self.ctx.log_to_driver else None
             try:
-                result = self.ctx._run_method(actor, method, call, life)
+                result = self.run_method(actor, method, call, life)
                 if inspect.iscoroutine(result):
                     result = actor.run_coroutine(result)
                 if stream is not None:
                     self.stream_items(result, stream, f"{actor.klass.__name__}.{method}")
                     result = None
-                value = self.ctx._encode(result, f"the return value of {method}")
+                value = self.encode(result, f"the return value of {method}")
                 error = None
             except Failure as failure:
                 error = failure.error
             except BaseException as exc:
-                error = self.ctx._remote_error(exc)
+                error = self.remote_error(exc)
             finally:
                 if said is not None:
                     output.pop_label(said)
@@ -361,7 +367,7 @@ class ActorTable:
         entry.settle(None if error else value, error)
 
     def get(self, name: str) -> ActorHandle:
-        with _detached_lock, self.ctx._lock:
+        with _detached_lock, self.lock:
             actor = self.find_named(name)
         if actor is None:
             raise ActorNotFoundError(f"no live actor named {name!r} in namespace {self.ctx.namespace!r}")
@@ -381,7 +387,7 @@ class ActorTable:
         actor.executor.shutdown()
         actor.close()
         _actors.pop(actor.id, None)
-        with _detached_lock, self.ctx._lock:
+        with _detached_lock, self.lock:
             name = actor.options.name
             if name is not None and self.names.get(name) is actor:
                 del self.names[name]

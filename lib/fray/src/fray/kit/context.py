@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from fray.context import JobContext
 from fray.errors import TaskCancelledError, WorkerCrashedError, attach_remote_traceback
-from fray.kit.actors import Actor, ActorTable, call_owner, end_stream_with_failure, live_actor
+from fray.kit.actors import Actor, ActorHooks, ActorTable, call_owner, end_stream_with_failure, live_actor
 from fray.kit.calls import Interrupt, Task, async_raise, mark_dispatched, this_thread
 from fray.kit.engine import EngineHooks
 from fray.kit.ledger import Ledger, Signature, Work, lendable
@@ -76,10 +76,10 @@ class KitJobContext(EngineHooks, JobContext):
         # The devices behind resources["GPU"] (without a HostGpus: that many, numbered from 0)
         self.gpus = gpus if gpus is not None else HostGpus.numbered(round(resources.get("GPU", 0.0)), "declared")
         self._ledger = Ledger(resources, DevicePool(self.gpus.ids))
-        self._lock = self._ledger.lock  # (actors.py: the actor table changes together with the resources)
-        self._actors = ActorTable(self)
-        self._tasks: dict[int, Task] = {}  # entry id -> task, while not finished (for shutdown)
         self._checked_fns: dict[int, Any] = {}
+        hooks = ActorHooks(self._encode, self._remote_error, self._new_instance, self._run_method)
+        self._actors = ActorTable(self, self._ledger, self._checked_fns, hooks)
+        self._tasks: dict[int, Task] = {}  # entry id -> task, while not finished (for shutdown)
         self._transfers = TransferStats()
         # A running task is interrupted on the thread that runs it: only where its code runs on that thread
         self._interruptible = Capability.CANCEL_RUNNING in self.capabilities

@@ -52,17 +52,20 @@ class Workers:
 
     def submit(self, work: Work) -> None:
         with self._lock:
-            spawn = self._count_queued()
-        self._put(work, spawn)
+            spawn = self.count_queued()
+        self.put(work, spawn)
 
-    def _count_queued(self) -> bool:  # holds the lock; True if a new thread is needed
+    def count_queued(self) -> bool:
+        """(The caller holds the shared lock.) Count one more unit of work about to be put; True if it needs a new
+        thread."""
         self._queued += 1
         return self._needs_thread()
 
     def _needs_thread(self) -> bool:  # holds the lock
         return self._queued > self._idle + self._finishing and not self._closed
 
-    def _put(self, work: Work, spawn: bool) -> None:
+    def put(self, work: Work, spawn: bool) -> None:
+        """(Without the lock.) Queue work counted by count_queued, starting a thread if it said so."""
         self._queue.put(work)
         if spawn:
             self._spawn()
@@ -72,7 +75,8 @@ class Workers:
             self._alive += 1
         threading.Thread(target=self._loop, name=self._name, daemon=True).start()
 
-    def _mark_finishing(self) -> None:  # holds the lock: this worker's work is done but for publishing it
+    def mark_finishing(self) -> None:
+        """(The caller holds the shared lock.) This worker's work is done but for publishing it."""
         if not getattr(self._local, "finishing", False):
             self._local.finishing = True
             self._finishing += 1
@@ -171,8 +175,8 @@ class Ledger:
             devices = self._take(request)
             if on_dispatch is not None:
                 on_dispatch(devices)
-            spawn = self.workers._count_queued()
-        self.workers._put(work, spawn)
+            spawn = self.workers.count_queued()
+        self.workers.put(work, spawn)
 
     def release(self, request: Signature, finishing: bool = False, devices: Devices = ()) -> Work | None:
         """Give resources (and the GPUs `devices`) back; return one unit of work that can now start, for the
@@ -184,10 +188,10 @@ class Ledger:
                     self.devices.give(devices, qty)
             ready = self._drain() if self._queues or self._staged else []
             if finishing and not ready:  # (a worker that runs the next work itself stays busy: not finishing)
-                self.workers._mark_finishing()
-            spawns = [self.workers._count_queued() for _ in ready[1:]]
+                self.workers.mark_finishing()
+            spawns = [self.workers.count_queued() for _ in ready[1:]]
         for work, spawn in zip(ready[1:], spawns, strict=True):
-            self.workers._put(work, spawn)
+            self.workers.put(work, spawn)
         return ready[0] if ready else None
 
     def give_back(self, request: Signature, devices: Devices = ()) -> None:
@@ -205,9 +209,9 @@ class Ledger:
         """Start whatever fits now (staged work whose resources were freed while it was staged)."""
         with self._lock:
             ready = self._drain()
-            spawns = [self.workers._count_queued() for _ in ready]
+            spawns = [self.workers.count_queued() for _ in ready]
         for work, spawn in zip(ready, spawns, strict=True):
-            self.workers._put(work, spawn)
+            self.workers.put(work, spawn)
 
     def _unstage(self) -> None:  # holds the lock: staged work joins the queues, in the order it came
         while self._staged:
