@@ -274,7 +274,7 @@ def test_a_group_call_split_by_a_death_between_its_members_routes_waits_whole_fo
 
     from fray.errors import ActorUnavailableError
     from fray.testing.workloads import kill_descendant
-    from fray_ray._gangs import Refusal
+    from fray_ray._refusals import Refusal
 
     group = ctx.create_actor_group(g.GlooMember, 2, distributed=True, options=ActorOptions(max_restarts=1))
     try:
@@ -299,5 +299,39 @@ def test_a_group_call_split_by_a_death_between_its_members_routes_waits_whole_fo
         monkeypatch.undo()
         assert ctx.get(refs, timeout=50) == [[4.0], [4.0]]  # (under gloo's 60 s: a split call would time out)
         assert [f["restarts"] for f in ctx.get(group.facts(), timeout=60)] == [1, 1]
+    finally:
+        ctx.kill(group)
+
+
+def test_a_call_right_after_a_kill_waits_for_the_restart_before_the_watcher_has_looked(
+    ctx: RayJobContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member killed at once after the group is up, and a call made 50 ms later: the call must wait for the
+    group's next life (a short get times out, then the call runs there), not fail with the restart. Seen in CI on
+    a loaded machine: the watcher had not looked at the new members yet, so route knew no local process to see
+    exiting. Its looks are put off here (POLL) to force that."""
+    pytest.importorskip("torch", reason="the group uses torch.distributed")
+    from fray.errors import GetTimeoutError
+    from fray.testing.workloads import kill_descendant
+    from fray_ray import _gangs
+
+    group = ctx.create_actor_group(
+        g.GlooMemberRestartingSlowly, 2, args=(3.0,), distributed=True, options=ActorOptions(max_restarts=1)
+    )
+    try:
+        before = ctx.get(group.facts(), timeout=180)
+        gangs = ctx._groups.gangs
+        gang, _ = gangs._ranks[id(group.handles[0].payload)]
+        monkeypatch.setattr(_gangs, "POLL", 3600.0)  # (the watcher sleeps until poked: its next look is late)
+        time.sleep(1.0)  # (its wait begun before is over: it has looked once more and now sleeps)
+        gang.local_pids = {}  # as before its first look at the members alive
+        kill_descendant(before[0]["pid"])
+        time.sleep(0.05)
+        refs = group.all_reduce(3.0)
+        with pytest.raises(GetTimeoutError):  # the members are still in their __init__: a timeout, not an error
+            ctx.get(refs, timeout=1.0)
+        monkeypatch.undo()
+        gangs._poke.set()
+        assert ctx.get(refs, timeout=180) == [[6.0], [6.0]]
     finally:
         ctx.kill(group)

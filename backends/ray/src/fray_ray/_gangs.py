@@ -30,7 +30,6 @@ from typing import Any
 
 import ray
 import ray.exceptions as rex
-from ray.experimental import internal_kv
 
 from fray.backend import (
     LOST_PEER_GRACE,
@@ -41,11 +40,12 @@ from fray.backend import (
     hung_reason,
     lost_peer,
     restarting_error,
-    settings,
 )
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, GetTimeoutError
+from fray_ray._heartbeats import last_beat
+from fray_ray._refusals import Refusal
 
-__all__ = ["HEARTBEAT_ENV", "POLL", "GangWatch", "RayGang", "Refusal", "raise_refusals", "start_heartbeat"]
+__all__ = ["POLL", "GangWatch", "RayGang"]
 
 POLL = 0.2  # seconds between two looks at the members' states
 _GONE = {"DEAD", "RESTARTING"}
@@ -71,8 +71,9 @@ class RayGang:
     hang_timeout: float = math.inf  # seconds a member's heartbeat may stay unchanged (fray.runtime.gang.hang_timeout)
     beats: dict[str, tuple[Any, float]] = field(default_factory=dict)  # actor id -> (last beat, when it changed)
     ended_at: dict[int, float] = field(default_factory=dict)  # life -> when its member died (time.time(), by Ray)
-    # rank -> pid of its process, if on this machine; replaced, never changed in place (read without the lock)
+    # rank -> pid of its process if on this machine, 0 elsewhere; replaced, never changed in place (read unlocked)
     local_pids: dict[int, int] = field(default_factory=dict)
+    next_pid_look: float = 0.0  # (time.monotonic()) when route may ask the GCS for the pids not known yet
 
 
 class GangWatch:
@@ -170,9 +171,9 @@ class GangWatch:
 
         for rank, actor_id in enumerate(list(gang.ids)):
             info = state.actors(actor_id=actor_id)
-            if rank not in gang.local_pids and info.get("State") == "ALIVE" and _on_this_node(info):
+            if rank not in gang.local_pids and info.get("State") == "ALIVE":
                 # a new dict, not an insert: `route` iterates the one it read on the caller's thread, unlocked
-                gang.local_pids = {**gang.local_pids, rank: int(info.get("Pid") or 0)}
+                gang.local_pids = {**gang.local_pids, rank: _local_pid(info)}
             if info.get("State") in _GONE:
                 found = _DEATH_MESSAGE.search(str(info.get("DeathCause", "")))
                 # (Ray's message goes on with advice about OOM kills: its first sentence says what happened)
@@ -188,7 +189,7 @@ class GangWatch:
     @staticmethod
     def _silent(gang: RayGang, actor_id: str) -> bool:
         """The member's heartbeat (a counter its process writes in Ray's KV) has not changed for hang_timeout."""
-        beat = internal_kv._internal_kv_get(_beat_key(actor_id))
+        beat = last_beat(actor_id)
         last, since = gang.beats.get(actor_id, (None, time.monotonic()))
         now = time.monotonic()
         if beat != last:
@@ -281,8 +282,7 @@ class GangWatch:
         gang, rank = found
         error = gang.error
         if error is None:
-            pids = gang.local_pids
-            if not (pids and any(exiting(pid) for pid in pids.values() if pid)):
+            if not self._member_ending(gang):
                 return gang.actors[rank], None
             # A member's process has begun to exit (SIGKILLed: a torch process takes a while to end, Ray and the
             # watcher see the death after that): the call waits for the group's next life instead.
@@ -291,6 +291,32 @@ class GangWatch:
             return None, ray.put(Refusal(coming, waits=True, after=gang.generation))
         self.refusing = True
         return None, ray.put(Refusal(type(error)(str(error)), waits=not gang.dead))
+
+    def _member_ending(self, gang: RayGang) -> bool:
+        """A member's process here has begun to exit, or Ray reports a member gone. Until the watcher has seen
+        every member alive, the GCS is asked here for the others' pids (once a POLL at most)."""
+        pids, ids = gang.local_pids, gang.ids
+        if any(exiting(pid) for pid in pids.values() if pid):
+            return True
+        if len(pids) >= len(ids) or time.monotonic() < gang.next_pid_look:
+            return False
+        gang.next_pid_look = time.monotonic() + POLL
+        from ray._private import state
+
+        learnt = dict(pids)
+        for rank, actor_id in enumerate(ids):
+            if rank not in learnt:
+                try:
+                    info = state.actors(actor_id=actor_id)
+                except Exception:  # the GCS did not answer: the watcher's next look
+                    return False
+                if info.get("State") in _GONE:
+                    return True
+                if info.get("State") == "ALIVE":
+                    learnt[rank] = _local_pid(info)
+        if gang.ids is ids:  # (not replaced by a restart meanwhile)
+            gang.local_pids = learnt
+        return any(exiting(pid) for pid in learnt.values() if pid)
 
     def member_now(self, actor: Any) -> Any:
         """The Ray handle a call through `actor` goes to now (its group's current member of that rank); raises
@@ -379,52 +405,9 @@ _STARTUP_GRACE = 60.0  # seconds a member's process gets to send its first heart
 _RESTART_TIMEOUT = 60.0  # seconds the old members get to be DEAD in the GCS before the new ones are made
 
 
-class Refusal:
-    """The value behind a refused call's ref (`route`): its get raises `error`. A put value, not a failing Ray
-    task: Ray would log every failed object nobody read as an "Unhandled error"."""
-
-    __slots__ = ("after", "error", "waits")
-
-    def __init__(self, error: FrayError, waits: bool = False, after: int = -1) -> None:
-        self.error = error
-        self.waits = waits  # the group restarts: the get waits for it and sends the call then (fray_ray._resend)
-        self.after = after  # (waits for a life later than this one: a member's process was ending)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Refusal, (self.error, self.waits, self.after))
-
-
-def raise_refusals(values: Sequence[Any]) -> None:
-    """Raise the error of the first Refusal among the values a get returned."""
-    for value in values:
-        if type(value) is Refusal:
-            raise type(value.error)(str(value.error))
-
-
-# --------------------------------------------------------------------------------------- heartbeats
-HEARTBEAT_ENV = settings.SPMD_HEARTBEAT.name  # in an SPMD member's environment: seconds between its heartbeats
-
-
-def _beat_key(actor_id: str) -> bytes:
-    return f"fray-beat/{actor_id}".encode()
-
-
-def start_heartbeat(interval: float) -> None:
-    """In an SPMD member's process: a thread counting up in Ray's KV every `interval` seconds (a stopped process
-    stops counting; the driver's watcher notices)."""
-    key = _beat_key(ray.get_runtime_context().get_actor_id() or "")
-
-    def beat() -> None:
-        count = 0
-        while True:
-            count += 1
-            try:
-                internal_kv._internal_kv_put(key, str(count).encode(), overwrite=True)
-            except Exception:  # Ray going away
-                return
-            time.sleep(interval)
-
-    threading.Thread(target=beat, name="fray-heartbeat", daemon=True).start()
+def _local_pid(info: dict[str, Any]) -> int:
+    """The pid of a live member's process, from its GCS record, if on this machine; else 0."""
+    return int(info.get("Pid") or 0) if _on_this_node(info) else 0
 
 
 def _on_this_node(info: dict[str, Any]) -> bool:

@@ -64,8 +64,9 @@ from fray.errors import InfeasibleResourcesError
 from fray_ray._actors import RayActors
 from fray_ray._args import hold_shares, is_serialization_error, share_args, share_kwargs, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
-from fray_ray._gangs import HEARTBEAT_ENV, GangWatch, RayGang
+from fray_ray._gangs import GangWatch, RayGang
 from fray_ray._gpus import RENDEZVOUS_ENV
+from fray_ray._heartbeats import HEARTBEAT_ENV
 from fray_ray._resend import Resender
 
 __all__ = [

@@ -22,8 +22,8 @@ import ray
 
 from fray.backend import ActorInfo, current, serve_store, set_job_context, settings
 from fray.backend import portable as make_portable
-from fray_ray._gangs import start_heartbeat
 from fray_ray._gpus import RENDEZVOUS_ENV, ViewSeen, see_group_gpus
+from fray_ray._heartbeats import start_heartbeat
 from fray_ray._values import pack
 from fray_ray._worker_events import actor_started, attach_worker, call_ended, call_started, task_ended, task_started
 

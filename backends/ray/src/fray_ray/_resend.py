@@ -36,6 +36,7 @@ import ray
 import ray.exceptions as rex
 
 from fray.backend import ObjectRef, exiting
+from fray_ray._refusals import Refusal
 
 __all__ = ["MAX_SENDS", "Resender"]
 MAX_SENDS = 16  # sends of one call at most (each waits for a restart: an actor that keeps dying stops it)
@@ -140,8 +141,6 @@ class Resender:
     def resend_waiting(self, refs: Sequence[ObjectRef], values: Sequence[Any], deadline: float | None) -> bool:
         """A get of `refs` read `values`: each call that waited for its SPMD group's restart (a Refusal that
         waits) is sent to the group's new member once it is back (GetTimeoutError at `deadline`). True if any."""
-        from fray_ray._gangs import Refusal
-
         again = False
         for ref, value in zip(refs, values, strict=True):
             if type(value) is not Refusal or not value.waits:

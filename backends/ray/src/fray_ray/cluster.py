@@ -81,6 +81,12 @@ def _is_written_back(details: Any) -> bool:
 AGENT_WAIT = START_TIMEOUT
 
 
+def _camel(name: str) -> str:
+    """A name as Ray's dashboard camel-cases the keys of its answers (ray.dashboard.utils.to_camel_case)."""
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
 class RayClusterContext(ClusterContext):
     backend: ClassVar[str] = "ray"
     # By address; a context with a private head has no persistent_jobs (set in __init__).
@@ -345,18 +351,23 @@ class RayClusterContext(ClusterContext):
                 break
             time.sleep(0.2)
         names: dict[str, str] = {}
+        # The cluster status camel-cases every key, custom resources' names too ("member_slot" is "memberSlot"
+        # there); the state API's node list keeps them: each node's own names, by their camel-cased form.
+        spelled: dict[str, dict[str, str]] = {}
         try:
             listed = self._get_json("/api/v0/nodes?limit=1000").get("result", {}).get("result", [])
             names = {node["node_id"]: node.get("node_ip") or node["node_id"] for node in listed}
-        except Exception:  # names are a nicety: ids do
+            spelled = {node["node_id"]: {_camel(k): k for k in node.get("resources_total") or {}} for node in listed}
+        except Exception:  # names are a nicety: ids do (a custom resource's keeps its camel case then)
             pass
         nodes = []
         for node_id, resources in sorted((usage.get("usageByNode") or {}).items()):
             total, free = {}, {}
+            exact = {"objectStoreMemory": "object_store_memory", **spelled.get(node_id, {})}
             for name, (used, amount) in resources.items():
                 if name.startswith("node:"):
                     continue
-                name = {"objectStoreMemory": "object_store_memory"}.get(name, name)
+                name = exact.get(name, name)
                 total[name], free[name] = float(amount), float(amount) - float(used)
             nodes.append({"node": names.get(node_id, node_id), "id": node_id, "total": total, "free": free})
         return nodes

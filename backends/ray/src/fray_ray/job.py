@@ -45,8 +45,8 @@ from fray_ray._actors import RayActors
 from fray_ray._args import hold_shares, is_serialization_error, unwrap_args, unwrap_kwargs
 from fray_ray._cancel import CancelTracker
 from fray_ray._driver_events import generator_ref, submitted, task_name
-from fray_ray._gangs import raise_refusals
 from fray_ray._groups import RayGroups
+from fray_ray._refusals import raise_refusals
 from fray_ray._remote import Registry, registered_callable
 from fray_ray._resend import remaining
 from fray_ray._streams import RayStreamSource
