@@ -150,7 +150,9 @@ def test_a_stopped_rank_is_detected_and_its_group_restarts(
 ) -> None:
     """A rank that stops answering without dying (SIGSTOP) counts as dead after FRAY_SPMD_HANG_TIMEOUT."""
     pytest.importorskip("torch", reason="torch is not installed (the group uses torch.distributed)")
-    hang_timeout = 3.0
+    # (long enough for a member starting on a loaded machine, torch and gloo's rendezvous holding its interpreter,
+    # to answer its process's pings before the group is up: 3 s was not, with two test parts on two cores)
+    hang_timeout = 6.0
     monkeypatch.setenv("FRAY_SPMD_HANG_TIMEOUT", str(hang_timeout))  # (read when the group is created)
     group = fray_ctx.create_actor_group(g.GlooMember, 2, distributed=True, options=ActorOptions(max_restarts=1))
     stopped = 0
