@@ -211,10 +211,20 @@ def _records() -> Iterator[tuple[Path, dict[str, Any]]]:
             continue
 
 
+def _pid_namespace() -> int:
+    """The inode of this process's PID namespace: a pid names a process only there."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
 def stale_cleanup() -> None:
-    """Remove the networks whose owner (pid and start time) is gone: what a SIGKILLed pytest left behind."""
+    """Remove the networks whose owner (pid and start time) is gone: what a SIGKILLed pytest left behind. Only
+    the owners of this PID namespace are judged: another's pid means nothing here (make test runs its parts in
+    namespaces of their own; a part's networks go with its mount namespace when it ends)."""
+    here = _pid_namespace()
     with _locked():
         for path, rec in _records():
+            if rec.get("owner_pid_namespace", here) != here:
+                continue
             if start_time(rec["owner_pid"]) != rec["owner_start"]:
                 _remove(_Names(rec["tag"], rec["count"]))
                 path.unlink(missing_ok=True)
@@ -271,7 +281,11 @@ def namespaced_hosts(count: int) -> Iterator[list[Host]]:
             if not record.exists() and not (RUN_NETNS / names.netns(0)).exists():
                 break
         subnet = _pick_subnet(rng)
-        owner = {"owner_pid": os.getpid(), "owner_start": start_time(os.getpid())}
+        owner = {
+            "owner_pid": os.getpid(),
+            "owner_start": start_time(os.getpid()),
+            "owner_pid_namespace": _pid_namespace(),
+        }
         # Recorded before anything is made, so a kill at any later point leaves something stale_cleanup finds.
         partial = record.with_suffix(".partial")  # renamed into place: a record is never seen half-written
         partial.write_text(json.dumps({"tag": names.tag, "count": count, "subnet": str(subnet), **owner}))

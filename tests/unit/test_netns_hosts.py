@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,13 @@ from _sshd import require_sshd, start_sshd
 from fray.host import procfs
 
 TESTS = Path(__file__).resolve().parents[1]
+
+
+SERVE_ONCE = (
+    "import socket, sys\ns = socket.create_server((sys.argv[1], 29555))\nprint('LISTENING', flush=True)\n"
+    "s.settimeout(30)\ns.accept()"
+)
+CONNECT = "import socket, sys\nsocket.create_connection((sys.argv[1], 29555), timeout=10)\nprint('CONNECTED')"
 
 
 def _py(host: Host, code: str, *args: str) -> str:
@@ -131,6 +139,29 @@ def test_stale_cleanup_removes_the_hosts_of_a_killed_owner() -> None:
     assert Path("/run/netns", hosts[0].netns).exists()
     stale_cleanup()
     _assert_removed(hosts)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_stale_cleanup_leaves_the_hosts_of_an_owner_in_another_pid_namespace() -> None:
+    """make test runs parts in PID namespaces of their own: an owner's pid means nothing in another one, so a
+    part cleaning up must not take a live part's network for a dead owner's (it did: the other part's hosts lost
+    their switch, and each other)."""
+    require_namespaced_hosts()
+    with namespaced_hosts(2) as hosts:
+        cleanup = "import sys; sys.path.insert(0, sys.argv[1]); import _netns; _netns.stale_cleanup()"
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", cleanup, str(TESTS)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert Path("/run/netns", hosts[0].netns).exists()
+        assert Path("/run/netns", f"fray-{hosts[0].netns.split('-')[1]}-sw").exists()  # the switch, too
+        server = hosts[1].popen([sys.executable, "-c", SERVE_ONCE, hosts[1].address], stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None and server.stdout.readline().strip() == "LISTENING"
+        assert _py(hosts[0], CONNECT, hosts[1].address) == "CONNECTED"  # the two still reach each other
+        server.wait(30)
 
 
 def test_plain_socket_rate_times_every_transfer() -> None:
