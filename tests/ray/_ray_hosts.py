@@ -28,6 +28,7 @@ from _netns import Host
 from fray.host import procfs
 
 PORT = 6379  # each host has a network stack of its own: Ray's default port collides with nobody's
+DASHBOARD_PORT = 8265
 RAY = str(Path(sys.executable).with_name("ray"))  # absolute: nsenter enters the host's mount namespace
 STOP_GRACE = 15.0  # seconds between SIGTERM and SIGKILL of a node's process group
 OBJECT_STORE = 100_000_000
@@ -79,8 +80,11 @@ def cluster_env(base: Path) -> dict[str, str]:
     return env
 
 
-def start_node(host: Host, base: Path, env: dict[str, str], resources: dict[str, float], head: Host | None) -> RayNode:
-    """`ray start --block` in `host`: the head when `head` is None, else a worker node joining `head`'s GCS."""
+def start_node(
+    host: Host, base: Path, env: dict[str, str], resources: dict[str, float], head: Host | None, dashboard: bool = False
+) -> RayNode:
+    """`ray start --block` in `host`: the head when `head` is None, else a worker node joining `head`'s GCS. A head
+    with `dashboard` serves Ray's job API (what fray's Ray cluster context submits jobs to) at DASHBOARD_PORT."""
     temp_dir = base / f"h{host.index}"  # short: Ray's unix socket paths live under it (at most 107 bytes)
     temp_dir.mkdir()
     output = base / f"ray-start-{host.index}.out"
@@ -88,7 +92,12 @@ def start_node(host: Host, base: Path, env: dict[str, str], resources: dict[str,
     args += [f"--resources={json.dumps(resources)}", f"--object-store-memory={OBJECT_STORE}"]
     args += ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
     if head is None:
-        args += ["--head", f"--port={PORT}", "--include-dashboard=false"]
+        args += ["--head", f"--port={PORT}"]
+        if dashboard:
+            args += ["--include-dashboard=true", f"--dashboard-host={host.address}"]
+            args += [f"--dashboard-port={DASHBOARD_PORT}"]
+        else:
+            args += ["--include-dashboard=false"]
     else:
         args += [f"--address={head.address}:{PORT}"]
     node_env = {**env, "RAY_AUTH_MODE": "token", "RAY_TMPDIR": str(temp_dir), **NO_DRAIN}
@@ -132,14 +141,20 @@ def wait_for_nodes(nodes: list[RayNode], env: dict[str, str], deadline: float) -
 
 @contextlib.contextmanager
 def running_cluster(
-    hosts: list[Host], base: Path, env: dict[str, str], worker_resources: dict[str, float], wait: float
+    hosts: list[Host],
+    base: Path,
+    env: dict[str, str],
+    worker_resources: dict[str, float],
+    wait: float,
+    dashboard: bool = False,
 ) -> Iterator[tuple[list[RayNode], list[dict[str, Any]]]]:
-    """A Ray head on hosts[0] (resource head_tag) and a worker node on each other host (`worker_resources`), up
-    within `wait` seconds: its nodes (the head's first) and the live nodes as the GCS lists them. Stopped after."""
+    """A Ray head on hosts[0] (resource head_tag; its job API with `dashboard`) and a worker node on each other
+    host (`worker_resources`), up within `wait` seconds: its nodes (the head's first) and the live nodes as the GCS
+    lists them. Stopped after."""
     nodes: list[RayNode] = []
     try:
         deadline = time.monotonic() + wait
-        nodes.append(start_node(hosts[0], base, env, {"head_tag": 1}, head=None))
+        nodes.append(start_node(hosts[0], base, env, {"head_tag": 1}, head=None, dashboard=dashboard))
         wait_started(nodes, deadline)  # (a worker node best starts once its head has: it finds the GCS at once)
         for host in hosts[1:]:
             nodes.append(start_node(host, base, env, worker_resources, head=hosts[0]))

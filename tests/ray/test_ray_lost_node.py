@@ -22,9 +22,10 @@ pytest.importorskip("fray_ray")
 
 from _lost_host_driver import marked_line
 from _netns import Host, namespaced_hosts, require_namespaced_hosts
-from _ray_hosts import PORT, RayNode, cluster_env, log_tails, running_cluster
+from _ray_hosts import DASHBOARD_PORT, PORT, RayNode, cluster_env, log_tails, running_cluster
 
 DRIVER = Path(__file__).resolve().parent.parent / "_lost_host_driver.py"
+JOB_DRIVER = DRIVER.with_name("_lost_rank_job_driver.py")
 CLUSTER_WAIT = 180.0
 # The GCS declares a node dead after health_check_failure_threshold failed checks health_check_period_ms apart
 # (Ray's defaults 5 and 3000: ~15 s of this test's wait). A check only fails when the raylet does not answer within
@@ -40,13 +41,15 @@ def _line(stream: Any, marker: str, err: Path, nodes: list[RayNode]) -> dict[str
 
 
 @pytest.fixture
-def cluster() -> Iterator[tuple[list[Host], list[RayNode], Path, dict[str, str]]]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[list[Host], list[RayNode], Path, dict[str, str]]]:
+    """The nodes; with the indirect parameter True, the head serves Ray's job API (a job's test needs it)."""
     require_namespaced_hosts()
     base = Path(tempfile.mkdtemp(prefix="fray-ln-", dir="/tmp"))  # short: Ray's socket paths are under it
+    dashboard = bool(getattr(request, "param", False))
     try:
         with namespaced_hosts(3) as hosts:
             env = {**cluster_env(base), **FAST_NODE_DEATH}
-            with running_cluster(hosts, base, env, {"member_slot": 2}, CLUSTER_WAIT) as (nodes, _):
+            with running_cluster(hosts, base, env, {"member_slot": 2}, CLUSTER_WAIT, dashboard) as (nodes, _):
                 yield hosts, nodes, base, env
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -92,3 +95,54 @@ def test_a_group_on_a_lost_node_comes_back_on_the_node_left(
     assert {r["MASTER_ADDR"] for r in ranks} == {"127.0.0.1"}
     assert [(r["RANK"], r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"]) for r in ranks] == [("0", "0", "2"), ("1", "1", "2")]
     assert not {w["pid"] for w in before["where"]} & {r["pid"] for r in ranks}, "fresh processes"
+
+
+@pytest.mark.parametrize("cluster", [True], indirect=True, ids=["job-api"])
+def test_a_jobs_attempt_on_a_lost_node_is_lost_and_not_counted_against_max_retries(
+    cluster: tuple[list[Host], list[RayNode], Path, dict[str, str]],
+) -> None:
+    """A job of 2 ranks spread over the two worker nodes (create_job(..., placement="spread", max_retries=0), its
+    supervisor on the head's node) loses one rank's node: every process of that host SIGKILLed. The attempt is
+    "lost", naming that rank; with no failure retried, the next attempt runs both ranks on the node left and the
+    job succeeds."""
+    hosts, nodes, base, env = cluster
+    err = base / "job-driver.err"
+    work = base / "work"  # (the job's working directory, uploaded by Ray: not the nodes' temp directories)
+    work.mkdir()
+    spec = f"ray?address=http://{hosts[0].address}:{DASHBOARD_PORT}"
+    with open(err, "w") as errors:
+        driver = hosts[0].popen(
+            [sys.executable, str(JOB_DRIVER), spec, json.dumps({"member_slot": 1}), str(len(nodes))],
+            cwd=str(work),
+            env={**env, "RAY_AUTH_MODE": "token"},  # (fray sends the token to a cluster it did not start only so)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+    assert driver.stdin is not None and driver.stdout is not None
+    try:
+        before = _line(driver.stdout, "BEFORE", err, nodes)
+        assert sorted(before["ranks"].values()) == sorted([hosts[1].name, hosts[2].name]), before
+        # the names as the nodes have them (the dashboard's status camel-cases them: "memberSlot" was refused)
+        assert sum("member_slot" in names for names in before["nodes"]) == 2, before
+        assert not any("memberSlot" in names for names in before["nodes"]), before
+        rank = "1"
+        lost = next(h for h in hosts if h.name == before["ranks"][rank])
+        left = next(h for h in hosts[1:] if h is not lost)
+        lost.kill_all()
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        after = _line(driver.stdout, "AFTER", err, nodes)
+        driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    attempts = after["attempts"]
+    assert after["status"] == "SUCCEEDED", after
+    assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")], after
+    assert attempts[0]["message"].startswith(f"lost: rank {rank}'s node: "), attempts[0]
+    assert [a["world_size"] for a in attempts] == [2, 2]
+    assert after["ranks_after"] == {"0": left.name, "1": left.name}, after
+    assert "[fray] attempt 2 (the last was lost: " in after["logs"] and "recovery 1 of 10)" in after["logs"], after

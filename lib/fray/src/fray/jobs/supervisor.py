@@ -54,6 +54,7 @@ from fray.jobs.rank_procs import (
 from fray.jobs.records import JobRecord, record_line
 from fray.jobs.signals import StopSignals, unblock_in_child
 from fray.jobs.supervisor_args import parse_args
+from fray.runtime.gang import died_rank
 from fray.runtime.rendezvous import AGENT_STORE_ENV, serve_job_store
 from fray.types import JobAttempt, JobError, JobStatus
 
@@ -327,8 +328,9 @@ class Supervisor:
                 try:
                     polled: RankPoll = ctx.get(ref, timeout=GROUP_CALL_TIMEOUT)
                 except Exception as exc:  # its member died (a node lost; the group fails as one) or hangs
-                    self._say(f"rank {index}: {type(exc).__name__}: {exc}")
-                    failed, lost = index, f"{type(exc).__name__}: {exc}"
+                    died = died_rank(str(exc))  # (every member's poll fails alike: the error names the rank)
+                    failed, lost = index if died is None else died, f"{type(exc).__name__}: {exc}"
+                    self._say(f"rank {failed}: {lost}")
                     break
                 self._write(index, polled)
                 quiet = quiet and not polled.lines

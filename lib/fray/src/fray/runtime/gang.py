@@ -13,6 +13,7 @@ holds it for up to `LOST_PEER_GRACE` seconds waiting for the death, so the call 
 from __future__ import annotations
 
 import math
+import re
 
 from fray.errors import ActorDiedError, ActorUnavailableError
 from fray.host import settings
@@ -23,6 +24,7 @@ __all__ = [
     "HANG_TIMEOUT_ENV",
     "LOST_PEER_GRACE",
     "died_error",
+    "died_rank",
     "group_label",
     "hang_timeout",
     "heartbeat_interval",
@@ -91,6 +93,13 @@ def group_label(class_name: str, size: int, name: str | None) -> str:
 def died_error(label: str, rank: int, why: str) -> ActorDiedError:
     """The error of every pending and later call of a group that lost `rank` with no restart left."""
     return ActorDiedError(f"{label} is dead: its rank {rank} died ({why}); fray stopped every member of the group")
+
+
+def died_rank(message: str) -> int | None:
+    """The rank a died_error's message names (the one whose death ended the group: each member's calls fail with
+    the same error), else None."""
+    found = re.search(r" is dead: its rank (\d+) died \(", message)
+    return int(found.group(1)) if found else None
 
 
 def restarting_error(label: str, rank: int, why: str, restart: int, max_restarts: int) -> ActorUnavailableError:
