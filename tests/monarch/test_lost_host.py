@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from _netns import Host, namespaced_hosts, require_namespaced_hosts
 
 HERE = Path(__file__).parent
 DRIVER = HERE.parent / "_lost_host_driver.py"
+JOB_DRIVER = HERE.parent / "_lost_rank_job_driver.py"
+SHUTDOWN_WITHIN = 20.0  # seconds a driver's cluster.shutdown() may take after one of its hosts was lost
 PY = sys.executable
 
 
@@ -30,11 +34,12 @@ def hosts() -> Iterator[list[Host]]:
         yield made
 
 
-def _lose(host: Host) -> None:
-    """The machine is lost: SIGKILL all that runs there. Then remove the TLS files its fray processes kept in the
-    /tmp this test's hosts share (a real machine's go with it; here nothing else would remove them): their paths
-    are in the environment of each process there (FRAY_TLS_RUNTIME_DIR, "<owner pid>:<dir>", set by the host
-    worker and inherited by what it started)."""
+def _lose(host: Host, worker_only: bool = False) -> None:
+    """The machine is lost: SIGKILL all that runs there (worker_only: its host worker alone; what runs under it
+    then ends itself, its lifeline gone). Then remove the TLS files its fray processes kept in the /tmp this test's
+    hosts share (a real machine's go with it; here nothing else would remove them): their paths are in the
+    environment of each process there (FRAY_TLS_RUNTIME_DIR, "<owner pid>:<dir>", set by the host worker and
+    inherited by what it started)."""
     dirs = set()
     for pid in host.pids():
         try:
@@ -45,7 +50,14 @@ def _lose(host: Host) -> None:
             name, _, value = item.partition(b"=")
             if name == b"FRAY_TLS_RUNTIME_DIR":
                 dirs.add(value.decode().partition(":")[2])
-    host.kill_all()
+    for pid in host.pids() if worker_only else ():
+        try:
+            if b"fray_monarch.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+    if not worker_only:
+        host.kill_all()
     for path in dirs:
         if os.path.basename(path).startswith("fray-tls-"):
             shutil.rmtree(path, ignore_errors=True)
@@ -156,3 +168,78 @@ def test_with_every_host_lost_a_task_fails_naming_them(hosts: list[Host], tmp_pa
     assert error.startswith("WorkerCrashedError") and "every host is lost" in error, after
     assert f"tls://{hosts[1].name}:29500 is lost" in error and f"tls://{hosts[2].name}:29500 is lost" in error
     assert after["seconds"] < 60, after
+
+
+def _supervisor_host(hosts: list[Host]) -> Host:
+    """The host where the job's supervisor (its own first process, under that host's job runner) runs."""
+    for host in hosts:
+        for pid in host.pids():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"fray.jobs.supervisor" in argv:
+                return host
+    raise AssertionError("no job supervisor runs in any host")
+
+
+def test_a_jobs_attempt_on_a_lost_host_is_lost_and_not_counted_against_max_retries(
+    hosts: list[Host], tmp_path: Path
+) -> None:
+    """A job of 2 ranks spread over hosts 1 and 2 (create_job(..., placement="spread", max_retries=0)) loses the
+    host of the rank that is not beside its supervisor: its host worker SIGKILLed (what ran under it ends with
+    it). The attempt is "lost", naming that rank; with no failure retried, the next attempt runs both ranks on the
+    host left (before the fix it was placed on the lost host again and failed, not started, after Monarch's 30 s
+    spawn timeout) and the job succeeds. The driver's cluster then shuts down without waiting for the lost host."""
+    env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
+    workers = [
+        h.popen(
+            [PY, "-m", "fray_monarch.worker", "--address", f"tls://{h.name}:29500"], stdout=subprocess.DEVNULL, env=env
+        )
+        for h in hosts[1:]
+    ]
+    spec = f"monarch?hosts=tls://{hosts[1].name}:29500,tls://{hosts[2].name}:29500&procs=1&cpus=2"
+    log = tmp_path / "driver.log"
+    work = tmp_path / "work"
+    work.mkdir()
+    try:
+        with open(log, "w") as errors:
+            driver = hosts[0].popen(
+                [PY, str(JOB_DRIVER), spec, json.dumps({"CPU": 1})],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+                cwd=work,
+                env=env,
+            )
+        assert driver.stdin is not None and driver.stdout is not None
+        try:
+            before = _line(driver.stdout, "BEFORE", log)
+            assert sorted(before["ranks"].values()) == [hosts[1].name, hosts[2].name], before
+            beside = _supervisor_host(hosts[1:])
+            lost = next(h for h in hosts[1:] if h is not beside)
+            rank = next(r for r, name in before["ranks"].items() if name == lost.name)
+            _lose(lost, worker_only=True)
+            driver.stdin.write("go\n")
+            driver.stdin.flush()
+            after = _line(driver.stdout, "AFTER", log)
+            ended = time.monotonic()
+            driver.wait(timeout=120)
+            # its cluster's shutdown does not wait for the lost host's job runner (it waited 30 s, then 20 s more)
+            assert time.monotonic() - ended < SHUTDOWN_WITHIN, f"the driver took {time.monotonic() - ended:.1f} s"
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait(10)
+    attempts = after["attempts"]
+    assert after["status"] == "SUCCEEDED", after
+    assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")], after
+    assert attempts[0]["message"].startswith(f"lost: rank {rank}'s node: "), attempts[0]
+    assert [a["world_size"] for a in attempts] == [2, 2]
+    assert after["ranks_after"] == {"0": beside.name, "1": beside.name}, after
+    assert "[fray] attempt 2 (the last was lost: " in after["logs"] and "recovery 1 of 10)" in after["logs"], after

@@ -183,7 +183,10 @@ class MonarchClusterContext(ClusterContext):
         # directory of this context, removed at shutdown or with the driver's private directory by the watchdog.
         tempdirs.private_dir()  # (for the life of the process)
         self._tmpdir = None if remote else tempdirs.context_dir()
-        self._lifeline = LifelineServer(driver_bind) if remote else None
+        # The roots of job runners on other hosts whose lifeline closed: their host (or process) is gone, and
+        # shutdown does not wait for an answer from them that cannot come.
+        self._gone: set[str] = set()
+        self._lifeline = LifelineServer(driver_bind, self._gone.add) if remote else None
         boot = {"bootstrap_command": tempdirs.bootstrap_command(self._tmpdir)} if self._tmpdir else {}
         self._procs = [
             host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}", **boot) for host in hosts
@@ -195,6 +198,7 @@ class MonarchClusterContext(ClusterContext):
             # made by the runner on its host (was made here too, and left behind here)
             roots = [os.path.join(tempfile.gettempdir(), f"fray-monarch-jobs-{uuid.uuid4().hex[:12]}") for _ in hosts]
             user_tmp = None
+        self._roots = roots
         self._runners = [
             procs.spawn("fray_job_runner", JobRunner, root, user_tmp, self._lifeline_of(root))
             for procs, root in zip(self._procs, roots, strict=True)
@@ -295,14 +299,16 @@ class MonarchClusterContext(ClusterContext):
         return nodes
 
     def _shutdown(self) -> None:
-        for runner in self._runners:
+        live = [i for i, root in enumerate(self._roots) if root not in self._gone]  # (a lost host's never answer)
+        closing = [self._runners[i].close.call_one() for i in live]
+        for fut in closing:
             try:
-                runner.close.call_one().get(timeout=MARGIN)
+                fut.get(timeout=MARGIN)
             except Exception:
                 pass
-        for procs in self._procs:
+        for i in live:
             try:
-                procs.stop().get(timeout=20)
+                self._procs[i].stop().get(timeout=20)
             except Exception:
                 pass
         if self._lifeline is not None:

@@ -124,6 +124,8 @@ class Controller:
         with self.lock:
             if self.pool.closed or not self.pool.forget(proc):
                 return
+            if self.pool.stores.host_ids[proc.host] != "local":
+                self.pool.doubted.add(proc.host)  # (its host may be lost: probed before a group is placed)
             reason = f"worker process {proc.key} died ({str(exc).splitlines()[0] if exc else 'stopped'})"
             RECORDER.record(Kind.WORKER_DIED, proc.key, proc.role, {"reason": reason, "host": proc.host})
             self.directory.forget_holder(proc.key)

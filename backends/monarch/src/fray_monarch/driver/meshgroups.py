@@ -192,8 +192,13 @@ class GroupRegistry:
             request.distributed,
         )
         resources = request.member.resource_dict()
+        self.pool.probe_doubted()
         with self.lock:
-            layout = self._layout(count, placement, resources)
+            live = self.pool.live_hosts()
+            if not live:
+                why = "; ".join(sorted(set(self.pool.lost_hosts.values())))
+                raise ActorDiedError(f"group {class_name} of {count} cannot be placed: every host is lost: {why}")
+            layout = self._layout(count, placement, resources, live)  # (never on a lost host)
         envs: list[dict[str, str]] = [{} for _ in range(count)]
         if distributed:  # torch.distributed's variables: rank 0's host is the master; LOCAL_RANK per host
             master = layout[0][0]

@@ -85,6 +85,7 @@ class ProcessPool:
         self.started_here: list[Identity] = []  # every process of this machine it spawned (ended at shutdown)
         self.host_addresses = list(host_addresses or [])  # each host worker's address (probed: host_lost)
         self.lost_hosts: dict[int, str] = {}  # host -> why it counts as lost; a lost host is never used again
+        self.doubted: set[int] = set()  # hosts where a process died unexpectedly, not probed since (host_lost)
         self.closed = False  # nothing is spawned, and no death is reported, any more
         self.coord: Any = None  # the coordinator actor their requests go to (start)
         self.sys_path = driver_import_path()  # (what each worker takes of it: import_path.take)
@@ -252,10 +253,9 @@ class ProcessPool:
         if why is None:  # asked as its processes die: a host worker killed with them may still accept for a moment
             time.sleep(PROBE_AGAIN)
             why = network.why_silent(address)
-        if why is None:
-            return None
         with self.lock:
-            return self.lost_hosts.setdefault(host, f"its host {address} is lost ({why})")
+            self.doubted.discard(host)
+            return None if why is None else self.lost_hosts.setdefault(host, f"its host {address} is lost ({why})")
 
     def hosts_lost(self, hosts: Iterable[int]) -> dict[int, str]:
         """host_lost of each of `hosts` that is lost, probed in parallel (each probe may take PROBE_AGAIN and
@@ -264,6 +264,15 @@ class ProcessPool:
         with ThreadPoolExecutor(max_workers=max(1, len(unique)), thread_name_prefix="fray-probe") as probes:
             whys = list(probes.map(self.host_lost, unique))
         return {host: why for host, why in zip(unique, whys, strict=True) if why is not None}
+
+    def probe_doubted(self) -> None:
+        """(Not under the lock: probes.) The hosts not known lost where a process died unexpectedly, or where no
+        general process runs (they are replaced only once their host answers), are probed, so that what is placed
+        next leaves out a host lost meanwhile: a spawn there would wait for an answer that never comes."""
+        with self.lock:
+            doubted = [h for h in self.live_hosts() if h in self.doubted or not self.general(h)]
+        if doubted:
+            self.hosts_lost(doubted)
 
     def live_hosts(self) -> list[int]:
         """Under the lock: the hosts not lost."""
