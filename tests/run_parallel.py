@@ -39,17 +39,23 @@ FAILED_TAIL = 400  # lines of a failed part's output printed at the end
 SLOWEST = 30  # the slowest steps (setup, call, teardown) over every part, printed at the end
 # Seconds each part took in a full run on a 2-core machine (two parts at a time); only their order matters.
 WEIGHTS: dict[str, float] = {
-    f"{CONFORMANCE}::ray": 700.0,
-    "tests/ray": 650.0,
-    f"{CONFORMANCE}::monarch": 450.0,
-    "tests/monarch": 420.0,
-    "tests/unit": 280.0,
+    f"{CONFORMANCE}::ray": 594.0,
+    "tests/ray": 565.0,
+    "tests/monarch": 430.0,
+    f"{CONFORMANCE}::monarch": 351.0,
+    "tests/test_benchmarks.py": 160.0,
+    "tests/unit": 204.0,
+    f"{CONFORMANCE}::in_memory": 180.0,
     "tests/reliability": 180.0,
-    f"{CONFORMANCE}::in_memory": 120.0,
-    "tests/test_cli_jobs.py": 110.0,
-    "tests/test_benchmarks.py": 100.0,
-    "tests/test_conformance_process_pool.py": 60.0,
-    "tests/test_conformance_process_actors.py": 60.0,
+    "tests/test_conformance_process_pool.py": 116.0,
+    "tests/test_cli_jobs.py": 86.0,
+    "tests/dashboard": 40.0,
+    "tests/test_worker_output.py": 30.0,
+    "tests/test_cli_job_shapes.py": 29.0,
+    "tests/test_interrupts.py": 24.0,
+    "tests/test_conformance_process_actors.py": 21.0,
+    "tests/gpu": 4.0,
+    "tests/test_cli_job_dependencies.py": 4.0,
 }
 
 
