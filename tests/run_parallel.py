@@ -18,6 +18,7 @@ part that failed is printed at the end.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -36,6 +37,8 @@ MAX_PARALLEL = 3
 DEFAULT_WEIGHT = 60.0
 PART_TIMEOUT = 3600.0  # seconds a part may run before it is killed (with everything it started)
 FAILED_TAIL = 400  # lines of a failed part's output printed at the end
+PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
+_LIBC = ctypes.CDLL(None, use_errno=True)  # (loaded here: a forked child of a threaded process must not load)
 SLOWEST = 30  # the slowest steps (setup, call, teardown) over every part, printed at the end
 # Seconds each part took in a full run on a 2-core machine (two parts at a time); only their order matters.
 WEIGHTS: dict[str, float] = {
@@ -162,9 +165,17 @@ def _private_dirs() -> None:
     _mount("-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(state))
 
 
+def _end_namespace(signum: int, _frame: object) -> None:
+    """PID 1 ending ends every process of its namespace (the kernel kills them): the part is stopped whole."""
+    os._exit(128 + signum)
+
+
 def inside(args: list[str]) -> int:
     """As PID 1 of a part's namespace: its private directories, then pytest; reaps every orphan until pytest
-    ends (an init's duty), and returns pytest's exit code."""
+    ends (an init's duty), and returns pytest's exit code. A PID 1 ignores the signals it has no handler for:
+    SIGTERM, SIGINT and SIGHUP (the runner stopped, a Ctrl-C) end the namespace."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _end_namespace)
     _private_dirs()
     child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO)
     while True:
@@ -174,6 +185,12 @@ def inside(args: list[str]) -> int:
 
 
 # ------------------------------------------------------------------ the runner
+def _die_with_parent() -> None:
+    """In a part's first process, before it runs: SIGKILL when the runner's thread that started it ends."""
+    if _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
 def run_part(part: Part, logs: Path, isolated: bool) -> None:
     part.log = logs / (part.name.replace("/", "_").replace(":", "_") + ".log")
     command = [sys.executable, str(Path(__file__).resolve()), "--inside", *part.args]
@@ -183,7 +200,14 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *part.args]
     start = time.monotonic()
     with part.log.open("wb") as out:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # (the runner killed: its parts with it, however it ended)
+        )
         try:
             part.code = proc.wait(timeout=PART_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -237,7 +261,8 @@ def main(argv: list[str]) -> int:
                 print(f"[{at:6.0f} s] {part.name}: {verdict} in {part.seconds:.0f} s  {part.summary}")
                 sys.stdout.flush()
 
-    threads = [threading.Thread(target=worker, name=f"fray-test-part-{i}") for i in range(count)]
+    # (daemon threads: a Ctrl-C ends the runner at once, and each part's PDEATHSIG ends the part with it)
+    threads = [threading.Thread(target=worker, name=f"fray-test-part-{i}", daemon=True) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -127,3 +129,74 @@ def test_the_slowest_steps_are_read_from_each_parts_durations_table() -> None:
         (35.2, "call tests/test_conformance.py::test_50_actors[ray]"),
         (0.5, "setup tests/ray/test_ray_events.py::test_x"),
     ]
+
+
+SLEEPS = textwrap.dedent(
+    """
+    import os, subprocess, time
+    from pathlib import Path
+
+    def test_sleeps() -> None:
+        subprocess.Popen(["sleep", "300"], start_new_session=True)
+        Path(os.environ["READY"]).write_text("ready")
+        time.sleep(300)
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+@pytest.mark.parametrize("how", ["SIGTERM to the part", "the runner's thread ends"])
+def test_a_part_stopped_ends_with_everything_it_started(how: str) -> None:
+    """A PID 1 ignores the signals it has no handler for: a part's must end on SIGTERM, and a part must end when
+    the runner's thread that started it ends (PDEATHSIG), or a killed runner leaves its parts running."""
+    part = TESTS / "unit" / f"_part_sleeps_{os.getpid()}.py"
+    tag, ready = f"fray-part-sleeps-{os.getpid()}", part.with_suffix(".ready")
+    part.write_text(SLEEPS)
+    env = {**os.environ, "TAG": tag, "READY": str(ready)}
+    command = [
+        *["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"],
+        *[sys.executable, str(TESTS / "run_parallel.py"), "--inside", str(part), "-q"],
+    ]
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        if how == "SIGTERM to the part":
+            started.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        else:
+            release = threading.Event()
+
+            def start() -> None:  # (PDEATHSIG fires when this thread ends: once released)
+                started.append(
+                    subprocess.Popen(
+                        command,
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        preexec_fn=run_parallel._die_with_parent,
+                    )
+                )
+                release.wait(180)
+
+            thread = threading.Thread(target=start)
+            thread.start()
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists() and len(_sleeps_with(tag)) >= 3  # PID 1, pytest, sleep
+        if how != "SIGTERM to the part":
+            release.set()
+            thread.join()
+        else:
+            first = Path(f"/proc/{started[0].pid}/task/{started[0].pid}/children").read_text().split()
+            os.kill(int(first[0]), signal.SIGTERM)  # (PID 1 of the part: unshare's one child, started here)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _sleeps_with(tag):
+            time.sleep(0.1)
+        assert not _sleeps_with(tag)
+        assert started[0].wait(30) != 0
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        part.unlink()
+        ready.unlink(missing_ok=True)
