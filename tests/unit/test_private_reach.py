@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKED = [
     REPO / "lib/fray/src/fray/kit",
     REPO / "backends/monarch/src/fray_monarch/data",
+    REPO / "backends/monarch/src/fray_monarch/driver",
 ]
 # Private names of other modules that are their documented API, each with why it is needed.
 ALLOWED = {

@@ -135,7 +135,7 @@ class GangKeeper:
         group.error = ActorDiedError(why)
         waiting = [entry for _, entry, *_ in group.waiting]  # (calls made while it restarted: they fail too)
         group.waiting = []
-        meshes = self.groups._drop(group, why)
+        meshes = self.groups.drop(group, why)
         group.blocks = []  # (stopped here once: a later kill of the group has no mesh left to stop)
         self._stop(meshes)
         self._fail(group, [*group.held.values(), *group.calls.values(), *waiting])
@@ -183,7 +183,7 @@ class GangKeeper:
             return
         try:
             one_host = len({member.host for member in group.members}) == 1
-            addr, port = self.groups._master(group.members[0].host, loopback=one_host)
+            addr, port = self.groups.master_address(group.members[0].host, loopback=one_host)
         except Exception as exc:
             with self.lock:
                 if group.generation == generation:

@@ -158,7 +158,7 @@ class GroupRegistry:
             return [(hosts, layout[0][1], True)]
         return [([h], n, False) for h, n in layout]
 
-    def _master(self, host: int, loopback: bool = False) -> tuple[str, int]:
+    def master_address(self, host: int, loopback: bool = False) -> tuple[str, int]:
         """The address of `host` (rank 0's; 127.0.0.1 if `loopback`: every member is on that host) and a TCP port
         free there now, asked of a process there unless it is this machine's. Rank 0 serves the rendezvous store
         on that address alone (fray.runtime.rendezvous)."""
@@ -202,7 +202,7 @@ class GroupRegistry:
         envs: list[dict[str, str]] = [{} for _ in range(count)]
         if distributed:  # torch.distributed's variables: rank 0's host is the master; LOCAL_RANK per host
             master = layout[0][0]
-            addr, port = self._master(master, loopback=len(layout) == 1)
+            addr, port = self.master_address(master, loopback=len(layout) == 1)
             rank = 0
             for _host, n in layout:
                 for local in range(n):
@@ -227,8 +227,8 @@ class GroupRegistry:
             except BaseException:
                 made = len(group.members)
                 for member, devices in zip(group.members, held, strict=False):
-                    member.gpus = devices  # (given back as _drop kills them)
-                self._drop(group, "its group could not be created")
+                    member.gpus = devices  # (given back as drop kills them)
+                self.drop(group, "its group could not be created")
                 for host, devices in list(zip(self._hosts_of(layout), held, strict=True))[made:]:
                     self.actors.holds.give_back(host, devices, resources.get("GPU", 0.0))
                 raise
@@ -303,7 +303,7 @@ class GroupRegistry:
             members.append((info, envs[rank]))
         runtime.on_done(actors.init.call(cls_data, args, deps, members, self.reply_port), ignore)
 
-    def _drop(self, group: GroupRec, reason: str) -> list[Any]:
+    def drop(self, group: GroupRec, reason: str) -> list[Any]:
         """Under the lock: every member dead, their processes forgotten; returns the meshes to stop."""
         meshes = [block.procs for block in group.blocks]
         group.dead = True  # (an SPMD group's restart under way stops here: gangs.py checks it)
@@ -397,7 +397,7 @@ class GroupRegistry:
             recs = [self.actors.get(aid) for aid in aids]
             group = recs[0].group
             whole = group is not None and {r.id for r in recs} == {m.id for m in group.members}
-            meshes = self._drop(group, "it was killed") if whole and group is not None else None
+            meshes = self.drop(group, "it was killed") if whole and group is not None else None
         if meshes is None:
             for aid in aids:
                 self.actors.kill(aid)
