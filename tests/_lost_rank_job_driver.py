@@ -66,7 +66,11 @@ def main() -> None:
                 break
             time.sleep(0.2)
         names = sorted(sorted(node["total"]) for node in cluster.node_status())  # (the resources' names)
-        print("BEFORE " + json.dumps({"ranks": ranks, "status": job.status().value, "nodes": names}), flush=True)
+        before: dict[str, Any] = {"ranks": ranks, "status": job.status().value, "nodes": names}
+        if job.status().is_terminal:  # (ended before its ranks said where they run: why, for the test's message)
+            before["message"] = job.info().message
+            before["logs"] = job.logs(tail=40)
+        print("BEFORE " + json.dumps(before), flush=True)
         sys.stdin.readline()
         start = time.monotonic()
         info = job.wait(timeout=END_WAIT, raise_on_failure=False)

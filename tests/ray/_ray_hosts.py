@@ -69,7 +69,9 @@ class RayNode:
 
 
 def cluster_env(base: Path) -> dict[str, str]:
-    """The environment of the nodes and of the drivers: token auth with a private token, no inherited address."""
+    """The environment of the nodes and of the drivers: token auth with a private token, no inherited address, and
+    this installation's bin directory first on PATH, as on a cluster whose nodes run with its environment activated
+    (a job's `python` there is the cluster's own: fray_ray's job API path names no interpreter of this machine)."""
     token = base / "auth_token"
     if not token.exists():
         token.write_text(secrets.token_hex(32))
@@ -77,6 +79,7 @@ def cluster_env(base: Path) -> dict[str, str]:
     dropped = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_TMPDIR")  # RAY_AUTH_TOKEN beats the file
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     env["RAY_AUTH_TOKEN_PATH"] = str(token)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
     return env
 
 

@@ -123,7 +123,7 @@ def test_a_jobs_attempt_on_a_lost_node_is_lost_and_not_counted_against_max_retri
     assert driver.stdin is not None and driver.stdout is not None
     try:
         before = _line(driver.stdout, "BEFORE", err, nodes)
-        assert sorted(before["ranks"].values()) == sorted([hosts[1].name, hosts[2].name]), before
+        assert sorted(before["ranks"].values()) == sorted([hosts[1].name, hosts[2].name]), json.dumps(before)
         # the names as the nodes have them (the dashboard's status camel-cases them: "memberSlot" was refused)
         assert sum("member_slot" in names for names in before["nodes"]) == 2, before
         assert not any("memberSlot" in names for names in before["nodes"]), before
