@@ -42,6 +42,8 @@ from fray_ray._tokens import remove as remove_token
 __all__ = ["START_TIMEOUT", "LocalHead", "job_client"]
 
 START_TIMEOUT = 90.0
+STOP_WAIT = 30.0  # seconds `ray start --block` has after SIGTERM to stop what it started, before SIGKILL
+KILL_WAIT = 10.0  # seconds a SIGKILLed child may take to be reaped before stop goes on without it
 
 
 class LocalHead:
@@ -166,13 +168,7 @@ class LocalHead:
         raise RuntimeError(f"the private Ray head node did not start ({last}); ray start said:\n{tail}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # --block: Ray stops every process it started
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        self.proc.wait()
+        end_child(self.proc, "ray start --block")  # (on SIGTERM, Ray stops every process it started)
         if self.leader is not None:  # whatever is left of exactly this process group, until it is gone
             stop_group(self.leader, grace=2.0)
         shutil.rmtree(self.temp_dir, ignore_errors=True)  # only now: Ray's processes write there while they stop
@@ -183,6 +179,25 @@ class LocalHead:
 
 
 log = logging.getLogger("fray_ray")
+
+
+def end_child(proc: subprocess.Popen[bytes], what: str) -> None:
+    """SIGTERM this child, STOP_WAIT seconds, then SIGKILL (a child not reaped yet: its pid is its own), and wait
+    KILL_WAIT seconds more at most: stopping a head never waits without bound."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_WAIT)
+        return
+    except subprocess.TimeoutExpired:
+        log.warning("%s (pid %d) did not end %.0f s after SIGTERM: SIGKILL", what, proc.pid, STOP_WAIT)
+    proc.kill()
+    try:
+        proc.wait(timeout=KILL_WAIT)
+    except subprocess.TimeoutExpired:
+        log.warning("%s (pid %d) did not end after SIGKILL either; going on without it", what, proc.pid)
+
 
 _ADDRESS_VARS = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
 _env_lock = threading.Lock()
