@@ -280,15 +280,16 @@ class GangWatch:
         if found is None:
             return actor, None
         gang, rank = found
-        error = gang.error
+        with self._lock:  # (one life's: the watcher may end it while the member's process is looked at below)
+            error, generation = gang.error, gang.generation
         if error is None:
             if not self._member_ending(gang):
                 return gang.actors[rank], None
             # A member's process has begun to exit (SIGKILLed: a torch process takes a while to end, Ray and the
-            # watcher see the death after that): the call waits for the group's next life instead.
+            # watcher see the death after that): the call waits for the life after the one it was made in.
             self.refusing = True
             coming = ActorUnavailableError(f"{gang.label}: a member's process is ending; the group will restart")
-            return None, ray.put(Refusal(coming, waits=True, after=gang.generation))
+            return None, ray.put(Refusal(coming, waits=True, after=generation))
         self.refusing = True
         return None, ray.put(Refusal(type(error)(str(error)), waits=not gang.dead))
 
