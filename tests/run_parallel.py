@@ -13,7 +13,10 @@ own processes; they all die with it), and a mount namespace with its own /dev/sh
 with FRAY_TEST_PARALLEL=1, the parts run one after another in this process's namespaces.
 
 Each part's output goes to a file; a part's summary line is printed as it ends, and the whole output of every
-part that failed is printed at the end.
+part that failed is printed at the end. Where the runner can make cgroups (root, cgroup v1's cpuacct or v2), each
+part runs in one of its own, and the CPU time it used (every process it started, daemons included) is printed
+with its line, and the total at the end: the run is as long as the machine's cores are busy, so that is what a
+cut must lower.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class Part:
     seconds: float = 0.0
     summary: str = ""
     skipped_reason: str = ""
+    cpu: float | None = None  # CPU seconds of everything the part ran (None: no cgroup to count them in)
     tail: list[str] = field(default_factory=list)
     durations: list[tuple[float, str]] = field(default_factory=list)
 
@@ -184,6 +188,59 @@ def inside(args: list[str]) -> int:
             return os.waitstatus_to_exitcode(status)
 
 
+# ------------------------------------------------------------------ CPU time per part
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class CpuMeter:
+    """A cgroup of its own for one part: what its processes use (their children's too: a cgroup is inherited)."""
+
+    path: Path
+    usage_file: str  # cpuacct.usage (v1: nanoseconds) or cpu.stat (v2: usage_usec)
+
+    @staticmethod
+    def make(name: str) -> CpuMeter | None:
+        """A fresh cgroup for the part `name`, or None where none can be made here (not root, no cgroupfs...)."""
+        slug = "".join(c if c.isalnum() else "_" for c in name)
+        leaf = f"fray-test-part-{os.getpid()}-{slug}"
+        if (CGROUP_ROOT / "cpuacct" / "cpuacct.usage").exists():
+            where, usage = CGROUP_ROOT / "cpuacct" / leaf, "cpuacct.usage"
+        elif (CGROUP_ROOT / "cgroup.controllers").exists():
+            mine = Path("/proc/self/cgroup").read_text().splitlines()[0].partition("::")[2].lstrip("/")
+            where, usage = CGROUP_ROOT / mine / leaf, "cpu.stat"
+        else:
+            return None
+        try:
+            where.mkdir()
+        except OSError:
+            return None
+        return CpuMeter(where, usage)
+
+    def enter(self) -> None:
+        """Move the calling process into the cgroup (a part's first process, before it runs anything)."""
+        try:
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:  # then the part's CPU is not counted, and reads as 0
+            pass
+
+    def seconds(self) -> float:
+        text = (self.path / self.usage_file).read_text()
+        if self.usage_file == "cpuacct.usage":
+            return int(text) / 1e9
+        fields = dict(line.split() for line in text.splitlines())
+        return int(fields["usage_usec"]) / 1e6
+
+    def remove(self) -> None:
+        """Once the part's processes are gone (the last ones may take a moment to leave)."""
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
 # ------------------------------------------------------------------ the runner
 def _die_with_parent() -> None:
     """In a part's first process, before it runs: SIGKILL when the runner's thread that started it ends."""
@@ -198,15 +255,17 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
         command = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private", *command]
     else:
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *part.args]
+    meter = CpuMeter.make(part.name) if os.geteuid() == 0 else None
+
+    def before_exec() -> None:
+        _die_with_parent()  # (the runner killed: its parts with it, however it ended)
+        if meter is not None:
+            meter.enter()
+
     start = time.monotonic()
     with part.log.open("wb") as out:
         proc = subprocess.Popen(
-            command,
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # (the runner killed: its parts with it, however it ended)
+            command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=before_exec
         )
         try:
             part.code = proc.wait(timeout=PART_TIMEOUT)
@@ -216,6 +275,9 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
             part.code = -1
             out.write(f"\nrun_parallel: {part.name} ran past {PART_TIMEOUT:.0f} s and was killed\n".encode())
     part.seconds = time.monotonic() - start
+    if meter is not None:
+        part.cpu = meter.seconds()
+        meter.remove()
     lines = part.log.read_text(errors="replace").splitlines()
     part.summary = next((line for line in reversed(lines) if line.startswith("=") and " in " in line), "")
     part.tail = lines[-FAILED_TAIL:]
@@ -258,7 +320,8 @@ def main(argv: list[str]) -> int:
             with lock:
                 verdict = "ok" if part.code == 0 else f"FAILED (exit {part.code})"
                 at = time.monotonic() - began
-                print(f"[{at:6.0f} s] {part.name}: {verdict} in {part.seconds:.0f} s  {part.summary}")
+                cpu = "" if part.cpu is None else f" (CPU {part.cpu:.0f} s)"
+                print(f"[{at:6.0f} s] {part.name}: {verdict} in {part.seconds:.0f} s{cpu}  {part.summary}")
                 sys.stdout.flush()
 
     # (daemon threads: a Ctrl-C ends the runner at once, and each part's PDEATHSIG ends the part with it)
@@ -278,6 +341,13 @@ def main(argv: list[str]) -> int:
     total = time.monotonic() - began
     print(f"\nrun_parallel: {len(todo) - len(failed)} of {len(todo)} parts passed in {total:.0f} s", end="")
     print(f"; failed: {', '.join(p.name for p in failed)}" if failed else "")
+    counted = [p.cpu for p in todo if p.cpu is not None]
+    if counted:
+        cores = os.cpu_count() or 1
+        print(
+            f"run_parallel: the parts used {sum(counted):.0f} CPU seconds, {sum(counted) / (total * cores):.0%} of "
+            f"{cores} cores over the run"
+        )
     if not failed:
         shutil.rmtree(logs, ignore_errors=True)
     else:

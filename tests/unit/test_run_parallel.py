@@ -200,3 +200,48 @@ def test_a_part_stopped_ends_with_everything_it_started(how: str) -> None:
                 proc.wait()
         part.unlink()
         ready.unlink(missing_ok=True)
+
+
+BURNS_CPU = """
+import os, time
+from pathlib import Path
+
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+def test_burn():
+    done = Path(os.environ["DONE"])
+    if os.fork() == 0:  # an orphan daemon, as Ray's and monarch's are: its CPU counts for the part too
+        if os.fork() == 0:
+            os.setsid()
+            burn(1.5)
+            done.write_text("burnt")
+        os._exit(0)
+    os.wait()
+    burn(0.2)
+    deadline = time.monotonic() + 60
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done.exists()
+"""
+
+
+def test_a_parts_cpu_time_counts_every_process_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = run_parallel.CpuMeter.make("probe")
+    if probe is None or os.geteuid() != 0 or run_parallel.isolation_available():
+        pytest.skip("needs root, unshare and a cgroup to count a part's CPU in (cgroup v1 cpuacct or v2)")
+    probe.remove()
+    part_file = TESTS / "unit" / f"_part_cpu_probe_{os.getpid()}.py"  # (no test file name: collected only when named)
+    part_file.write_text(BURNS_CPU)
+    monkeypatch.setenv("DONE", str(TESTS / "unit" / f"_part_cpu_probe_{os.getpid()}.done"))
+    part = run_parallel.Part("cpu-probe", [str(part_file), "-q"], 1.0)
+    try:
+        run_parallel.run_part(part, tmp_path, isolated=True)
+    finally:
+        part_file.unlink(missing_ok=True)
+        Path(os.environ["DONE"]).unlink(missing_ok=True)
+    assert part.code == 0, "\n".join(part.tail)
+    assert part.cpu is not None and part.cpu >= 1.5  # the orphan's 1.5 s (pytest and the test: under 1.5 s)
+    assert not list(run_parallel.CGROUP_ROOT.rglob(f"fray-test-part-{os.getpid()}-*"))  # each part's cgroup removed
