@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +39,13 @@ def _wait_gone(pid: int, timeout: float = 30.0) -> bool:
     return not procfs.alive(pid)
 
 
+def _ignores(pid: int, signum: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
 def test_the_watchdog_cleans_up_after_an_owner_killed_by_sigkill(tmp_path: Path) -> None:
     keep, drop = tmp_path / "keep", tmp_path / "drop"
     keep.mkdir()
@@ -66,3 +75,36 @@ def test_the_watchdog_exits_once_everything_is_forgotten(tmp_path: Path) -> None
     assert "children left: 0" in out.stdout
     assert _wait_gone(watchdog_pid)
     assert keep.exists() and drop.exists()  # a watchdog whose list is empty removes nothing
+
+
+def test_the_watchdog_outlives_a_sigterm_to_every_process_and_ends_the_owners_groups(tmp_path: Path) -> None:
+    """A scheduler ending a job (a Slurm preemption) sends SIGTERM to every process of it at once, the watchdog too:
+    it still ends the groups its owner gave it (here a child ignoring SIGTERM in a session of its own, as a job's
+    supervisor in its grace). Before, the watchdog died of that SIGTERM and the group ran on."""
+    code = (
+        "import os, signal, subprocess, sys, time\n"
+        "from fray.host import procfs, watchdog\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time\\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\ntime.sleep(600)'], start_new_session=True)\n"
+        "watchdog.watch_group(child.pid)\n"
+        "print(child.pid, *procfs.children_of(os.getpid()), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    child, *others = (int(p) for p in owner.stdout.readline().split())
+    (watchdog_pid,) = [p for p in others if p != child]
+    try:
+        deadline = time.monotonic() + 30
+        while not _ignores(watchdog_pid, signal.SIGINT):  # its main() began (it ignores SIGINT first)
+            assert time.monotonic() < deadline, "the watchdog never started"
+            time.sleep(0.05)
+        for pid in (watchdog_pid, owner.pid):  # the watchdog first: it must not depend on hearing it later
+            os.kill(pid, signal.SIGTERM)
+        owner.wait(timeout=30)
+        assert _wait_gone(child), "the watched group outlived its owner"
+        assert _wait_gone(watchdog_pid)
+    finally:
+        for pid in (child, watchdog_pid, owner.pid):
+            if procfs.alive(pid):
+                os.kill(pid, signal.SIGKILL)

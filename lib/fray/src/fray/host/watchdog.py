@@ -148,7 +148,12 @@ def _run_command(line: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe's end means the owner is gone
+    # Only the pipe's end means the owner is gone: a scheduler that ends a job signals every process of it at once
+    # (a Slurm preemption: SIGTERM, then SIGKILL of those it still tracks), and the watchdog must outlive the SIGTERM
+    # to end the groups it was given, which a scheduler tracking processes by parent no longer finds once their
+    # parent is dead.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     groups: list[Identity] = []  # a list, like paths: watched twice and forgotten once is still watched
     paths: list[str] = []
     prefixes: list[str] = []
