@@ -21,6 +21,7 @@ from _netns import Host
 SBIN = "/usr/sbin"
 IDLE_WAIT = 60.0
 PARTITION = "fray"
+URGENT = "urgent"  # with preemption: a partition of the same nodes whose jobs preempt the default one's (requeued)
 
 
 def unavailable() -> str | None:
@@ -43,8 +44,22 @@ def require_slurm() -> None:
         pytest.skip(reason)
 
 
-def _config(hosts: Sequence[Host], controller: Host, workdir: Path, munge_socket: Path, spool: Path) -> str:
+def _config(
+    hosts: Sequence[Host], controller: Host, workdir: Path, munge_socket: Path, spool: Path, preemption: bool = False
+) -> str:
     nodes = ",".join(h.name for h in hosts)
+    # Preemption as a site configures it for preemptible capacity: a job of the higher tier's partition takes the
+    # nodes of the default partition's jobs, which Slurm requeues (they run again once the nodes are free).
+    preempting = (
+        (
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            f"PartitionName={URGENT} Nodes={nodes} Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO "
+            "PriorityTier=10",
+        )
+        if preemption
+        else ()
+    )
     return "".join(
         f"{line}\n"
         for line in (
@@ -87,6 +102,7 @@ def _config(hosts: Sequence[Host], controller: Host, workdir: Path, munge_socket
             "SlurmdParameters=config_overrides",
             *(f"NodeName={h.name} NodeAddr={h.address} CPUs={os.cpu_count() or 1} State=UNKNOWN" for h in hosts),
             f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
+            *preempting,
         )
     )
 
@@ -94,8 +110,9 @@ def _config(hosts: Sequence[Host], controller: Host, workdir: Path, munge_socket
 class SlurmCluster:
     """A running Slurm cluster, a node per host; `close()` cancels every job and stops every daemon."""
 
-    def __init__(self, hosts: Sequence[Host], workdir: Path, controller: Host) -> None:
+    def __init__(self, hosts: Sequence[Host], workdir: Path, controller: Host, preemption: bool = False) -> None:
         self.hosts = list(hosts)
+        self.preemption = preemption
         self.controller = controller
         self.workdir = workdir
         self.partition = PARTITION
@@ -144,7 +161,9 @@ class SlurmCluster:
         (self.workdir / "state").mkdir(exist_ok=True)
         for host in self.hosts:
             (self.spool / host.name).mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(_config(self.hosts, self.controller, self.workdir, self.munge_socket, self.spool))
+        self.conf.write_text(
+            _config(self.hosts, self.controller, self.workdir, self.munge_socket, self.spool, self.preemption)
+        )
         # Found next to slurm.conf. slurmd initialises a cgroup plugin even with proctrack/linuxproc and task/none,
         # and autodetection fails in a host, whose fresh /sys has no /sys/fs/cgroup ("No filesystem mounted on
         # /sys/fs/cgroup", then "Unable to initialize cgroup plugin"); a named plugin is loaded but never used.
@@ -182,6 +201,8 @@ class SlurmCluster:
         """Cancel every job, stop the daemons, and remove the work directory's files."""
         if all(d.poll() is None for d in self.daemons.values()) and len(self.daemons) == 2 + len(self.hosts):
             self.run(["scancel", f"--partition={self.partition}"], timeout=20, check=False)
+            if self.preemption:
+                self.run(["scancel", f"--partition={URGENT}"], timeout=20, check=False)
             # Bounded: a job step that outlives its slurmd still dies with its host's namespace.
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and self.run(["squeue", "-h"], timeout=20, check=False).stdout.strip():
@@ -203,10 +224,13 @@ class SlurmCluster:
         self.close()
 
 
-def start_slurm(hosts: Sequence[Host], workdir: Path, controller: Host | None = None) -> SlurmCluster:
-    """A Slurm cluster of one node per host (partition "fray"), every node idle; use it in a `with` or `close()` it."""
+def start_slurm(
+    hosts: Sequence[Host], workdir: Path, controller: Host | None = None, preemption: bool = False
+) -> SlurmCluster:
+    """A Slurm cluster of one node per host (partition "fray"), every node idle; use it in a `with` or `close()` it.
+    preemption: a job of partition "urgent" (the same nodes) preempts those of "fray", which Slurm requeues."""
     workdir.mkdir(parents=True, exist_ok=True)
-    cluster = SlurmCluster(hosts, workdir, controller or hosts[0])
+    cluster = SlurmCluster(hosts, workdir, controller or hosts[0], preemption)
     try:
         cluster.start()
     except BaseException:

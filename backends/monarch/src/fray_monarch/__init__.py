@@ -86,6 +86,7 @@ class MonarchBackend(Backend):
         """A cluster context of its own hosts, or with address= (the socket `fray cluster start` recorded) a
         client of that cluster's head, whose jobs outlive this process."""
         from fray_monarch.cluster.context import MonarchClusterContext, job_spec
+        from fray_monarch.cluster.job_recovery import PREEMPT_WAIT
 
         if "address" in options:
             from fray_monarch.cluster.head_client import MonarchHeadClient
@@ -96,7 +97,14 @@ class MonarchBackend(Backend):
             remote = top.host_mesh is not None
             jobs_reach = job_spec(options, top.hostset)
             return MonarchClusterContext(
-                top.hosts, top.stores.driver_bind, top.release, remote, top.hostset, jobs_reach
+                top.hosts,
+                top.stores.driver_bind,
+                top.release,
+                remote,
+                top.hostset,
+                jobs_reach,
+                float(options.get("preempt_wait", PREEMPT_WAIT)),
+                lambda hostset: job_spec(options, hostset),
             )
         except BaseException:
             top.release()

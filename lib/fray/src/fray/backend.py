@@ -42,8 +42,16 @@ from fray.host.state_dir import private_dir, state_subdir
 # Jobs run by a backend's ClusterContext (fray.jobs)
 from fray.jobs.call import stash_call
 from fray.jobs.handle import JobHandle
-from fray.jobs.local import LocalJobs, host_resources
+from fray.jobs.local import LocalJobs, host_resources, read_log_end
 from fray.jobs.policy import GRACE_VAR, OWNER_SIGNALS_ALL_VAR, grace_of, kill_delay
+from fray.jobs.recovery import (
+    RECOVERY_VAR,
+    ended_before,
+    is_supervised,
+    log_end_with_record,
+    lost_for_good,
+    recovery_value,
+)
 
 # Refs, outcomes, streams, states and capabilities (fray.runtime)
 from fray.runtime import current, worker_output
@@ -168,6 +176,7 @@ __all__ = [
     "PAGE",
     "POOL_MIN",
     "RECORDER",
+    "RECOVERY_VAR",
     "SHARED",
     "STAGED",
     "ActorGroup",
@@ -236,6 +245,7 @@ __all__ = [
     "dumps_code",
     "end_children",
     "ended",
+    "ended_before",
     "exiting",
     "find_unserializable_argument",
     "first_failure",
@@ -257,12 +267,15 @@ __all__ = [
     "hung_reason",
     "ip_address",
     "is_loopback",
+    "is_supervised",
     "keep_driver_view",
     "kill_delay",
     "live_chunks",
     "loads",
     "loads_data",
     "locate",
+    "log_end_with_record",
+    "lost_for_good",
     "lost_peer",
     "member_name",
     "member_request",
@@ -282,7 +295,9 @@ __all__ = [
     "process_env",
     "procfs",
     "public_methods",
+    "read_log_end",
     "rebuild",
+    "recovery_value",
     "restarting_error",
     "seconds",
     "serve_store",

@@ -10,6 +10,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,9 +27,11 @@ from fray.backend import (
     children_of,
     grace_of,
     kill_delay,
+    state_subdir,
     watchdog,
 )
 from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
+from fray_monarch.cluster.job_recovery import PREEMPT_WAIT, AllocationRecovery
 from fray_monarch.cluster.launchers import HostSet
 from fray_monarch.core import runtime, tempdirs  # _runtime: environment and fault hook first
 from fray_monarch.core.monarch_api import Actor, endpoint
@@ -36,6 +39,7 @@ from fray_monarch.core.protocol import Reply
 from fray_monarch.net.lifeline import LifelineServer, hold
 
 MARGIN = 30.0
+WAIT_SLICE = 10.0  # seconds of one wait call to a job runner where its hosts may be preempted (then asked again)
 
 # What a job's own fray.init() keeps of its cluster's spec: the size of its processes, never how hosts are launched
 # (a job must not launch the cluster's hosts again: it attaches to them by address).
@@ -80,9 +84,14 @@ class JobRunner(Actor):
     """Runs jobs on its host. Each endpoint returns a Reply (a value, or the exception to raise)."""
 
     def __init__(
-        self, root: str, job_tmpdir: str | None = None, lifeline: tuple[str, bytes, str] | None = None
+        self,
+        root: str,
+        job_tmpdir: str | None = None,
+        lifeline: tuple[str, bytes, str] | None = None,
+        shared: bool = False,
     ) -> None:
-        watchdog.watch_path(root)  # this process dies with the driver; its jobs and their logs go with it
+        if not shared:  # (a root on shared storage outlives this host: the driver removes it)
+            watchdog.watch_path(root)  # this process dies with the driver; its jobs and their logs go with it
         if lifeline is not None:  # on another host: this process ends when its driver ends
             address, key, name = lifeline
             hold(address, key, name=name)
@@ -101,6 +110,18 @@ class JobRunner(Actor):
         if self.job_tmpdir is not None and "TMPDIR" not in env.env:  # a job is the user's program
             env = replace(env, env={**env.env, "TMPDIR": self.job_tmpdir})
         return self._safe(self.jobs.start, entrypoint, env, job_id, False, working_dir)
+
+    @endpoint
+    def resume(self, entrypoint: Any, env: RuntimeEnv, job_id: str, working_dir: str | None = None) -> Any:
+        """Run again a job whose directory and log are under this root already (its hosts were lost)."""
+        if self.job_tmpdir is not None and "TMPDIR" not in env.env:
+            env = replace(env, env={**env.env, "TMPDIR": self.job_tmpdir})
+        return self._safe(lambda: self.jobs.start(entrypoint, env, job_id, False, working_dir, resume=True))
+
+    @endpoint
+    def adopt(self, info: JobInfo) -> Any:
+        """List a job that ended before its hosts were lost (or with them), its log under this root."""
+        return self._safe(self.jobs.adopt, info)
 
     @endpoint
     def info(self, job_id: str) -> Any:
@@ -161,7 +182,7 @@ def _unwrap(reply: Any) -> Any:
     return reply.unwrap()
 
 
-class MonarchClusterContext(ClusterContext):
+class MonarchClusterContext(AllocationRecovery, ClusterContext):
     backend = "monarch"
     capabilities = frozenset(
         {Capability.JOB_PACKAGES, Capability.JOB_RESOURCES, Capability.MULTI_HOST, Capability.PROCESS_ISOLATION}
@@ -175,6 +196,8 @@ class MonarchClusterContext(ClusterContext):
         remote: bool = False,
         hostset: HostSet | None = None,
         job_backend: str = "monarch",
+        preempt_wait: float = PREEMPT_WAIT,
+        respec: Callable[[HostSet], str] | None = None,
     ) -> None:
         self._release = release  # ends the hosts this context launched
         self._job_spec = job_backend  # what its jobs' fray.init() reaches (job_spec)
@@ -183,37 +206,59 @@ class MonarchClusterContext(ClusterContext):
         # directory of this context, removed at shutdown or with the driver's private directory by the watchdog.
         tempdirs.private_dir()  # (for the life of the process)
         self._tmpdir = None if remote else tempdirs.context_dir()
-        # The roots of job runners on other hosts whose lifeline closed: their host (or process) is gone, and
-        # shutdown does not wait for an answer from them that cannot come.
+        # The lifeline names of job runners on other hosts whose lifeline closed: their host (or process) is gone,
+        # and shutdown does not wait for an answer from them that cannot come.
         self._gone: set[str] = set()
-        self._lifeline = LifelineServer(driver_bind, self._gone.add) if remote else None
-        boot = {"bootstrap_command": tempdirs.bootstrap_command(self._tmpdir)} if self._tmpdir else {}
-        self._procs = [
-            host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}", **boot) for host in hosts
-        ]
+        allocation = hostset.allocation if hostset is not None else None
+        self._init_recovery(allocation, preempt_wait, driver_bind, respec)
+        self._lifeline = LifelineServer(driver_bind, self._lifeline_lost) if remote else None
+        self._shared: str | None = None
         if self._tmpdir is not None:
             roots = [os.path.join(self._tmpdir, f"runner-{i}") for i in range(len(hosts))]
-            user_tmp: str | None = tempdirs.user_tmpdir()
+            self._user_tmp: str | None = tempdirs.user_tmpdir()
+        elif allocation is not None:
+            # On the state directory, which a Slurm allocation's nodes share with the driver (its TLS authority and
+            # Slurm's output are there): the jobs' logs outlive a preemption of the allocation (job_recovery.py).
+            self._shared = str(state_subdir("monarch", "slurm-jobs", uuid.uuid4().hex[:12]))
+            watchdog.watch_path(self._shared)  # removed with this driver however it ends
+            roots = [os.path.join(self._shared, f"runner-{i}") for i in range(len(hosts))]
+            self._user_tmp = None
         else:
             # made by the runner on its host (was made here too, and left behind here)
             roots = [os.path.join(tempfile.gettempdir(), f"fray-monarch-jobs-{uuid.uuid4().hex[:12]}") for _ in hosts]
-            user_tmp = None
+            self._user_tmp = None
         self._roots = roots
-        self._runners = [
-            procs.spawn("fray_job_runner", JobRunner, root, user_tmp, self._lifeline_of(root))
-            for procs, root in zip(self._procs, roots, strict=True)
-        ]
+        self._lock = threading.Lock()
+        self._procs: list[Any] = []
+        self._runners: list[Any] = []
+        self._names: list[str] = []  # each runner's lifeline name (its root, and the hosts' run: recovery)
+        self._spawn_runners(hosts)
         self._where: dict[str, int] = {}
         self._next = itertools.cycle(range(len(self._runners)))
-        self._lock = threading.Lock()
 
-    def _lifeline_of(self, root: str) -> tuple[str, bytes, str] | None:
-        """The lifeline a job runner on another host holds: address, its own key, its name (its root, unique)."""
+    def _spawn_runners(self, hosts: list[Any]) -> None:
+        """A job runner on each host (again after a preemption: on the hosts of the allocation's next run)."""
+        boot = {"bootstrap_command": tempdirs.bootstrap_command(self._tmpdir)} if self._tmpdir else {}
+        procs = [
+            host.spawn_procs(per_host={"procs": 1}, name=f"fray_jobs_{uuid.uuid4().hex[:6]}", **boot) for host in hosts
+        ]
+        names = [f"{root}#{self._generation}" for root in self._roots]
+        runners = [
+            proc.spawn("fray_job_runner", JobRunner, root, self._user_tmp, self._lifeline_of(name), bool(self._shared))
+            for proc, root, name in zip(procs, self._roots, names, strict=True)
+        ]
+        with self._lock:
+            self._procs, self._runners, self._names = procs, runners, names
+            self._generation += 1
+
+    def _lifeline_of(self, name: str) -> tuple[str, bytes, str] | None:
+        """The lifeline a job runner on another host holds: address, its own key, its name (unique)."""
         if self._lifeline is None:
             return None
-        return self._lifeline.address, self._lifeline.key_for(root), root
+        return self._lifeline.address, self._lifeline.key_for(name), name
 
     def _runner(self, job_id: str) -> Any:
+        self._settle()
         with self._lock:
             index = self._where.get(job_id)
         if index is None:
@@ -225,12 +270,14 @@ class MonarchClusterContext(ClusterContext):
     ) -> str:
         # detached never comes here: no persistent_jobs (the job runners are children of this driver's meshes).
         # working_dir is this driver's path: on another host a directory that does not exist fails the job.
+        self._settle()
         with self._lock:  # one id, one job: ids are taken here, in this driver, whichever runner runs the job
             if job_id is not None and job_id in self._where:
                 raise JobExistsError(f"a job with id {job_id!r} exists")
             index = next(self._next)
             job_id = job_id or f"monarch-job-{uuid.uuid4().hex[:12]}"
             self._where[job_id] = index
+        self._remember(job_id, entrypoint, env, working_dir)
         started = self._runners[index].start.call_one(entrypoint, env, job_id, working_dir)
         return str(_unwrap(started.get(timeout=MARGIN)))
 
@@ -238,12 +285,12 @@ class MonarchClusterContext(ClusterContext):
         return self._job_spec
 
     def _list_jobs(self) -> list[JobInfo]:
+        self._settle()
         futures = [runner.list.call_one() for runner in self._runners]
-        return [info for fut in futures for info in _unwrap(fut.get(timeout=MARGIN))]
+        return [self._saw(info) for fut in futures for info in _unwrap(fut.get(timeout=MARGIN))]
 
     def _get_job(self, job_id: str) -> JobInfo:
-        info: JobInfo = _unwrap(self._runner(job_id).info.call_one(job_id).get(timeout=MARGIN))
-        return info
+        return self._saw(_unwrap(self._runner(job_id).info.call_one(job_id).get(timeout=MARGIN)))
 
     def _stop_job(self, job_id: str) -> None:
         grace = kill_delay(grace_of(self._get_job(job_id).entrypoint))  # a supervised job's ranks have their grace
@@ -268,12 +315,37 @@ class MonarchClusterContext(ClusterContext):
         return str(_unwrap(self._runner(job_id).logs.call_one(job_id).get(timeout=MARGIN)))
 
     def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
-        fut = self._runner(job_id).wait.call_one(job_id, timeout)
-        try:
-            info: JobInfo = _unwrap(fut.get(timeout=None if timeout is None else timeout + MARGIN))
-        except TimeoutError as exc:
-            raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from exc
-        return info
+        if self._allocation is None:
+            fut = self._runner(job_id).wait.call_one(job_id, timeout)
+            try:
+                info: JobInfo = _unwrap(fut.get(timeout=None if timeout is None else timeout + MARGIN))
+            except TimeoutError as exc:
+                raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from exc
+            return info
+        # On a Slurm allocation, in slices: a preemption takes the runner that waits, and the job goes on elsewhere.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            runner, generation = self._runner(job_id), self._generation
+            part = WAIT_SLICE if left is None else min(WAIT_SLICE, left)
+            fut = runner.wait.call_one(job_id, part)
+            answered = time.monotonic() + part + MARGIN
+            while True:
+                try:
+                    return self._saw(_unwrap(fut.get(timeout=1.0)))
+                except GetTimeoutError:
+                    if left is not None and left <= part:
+                        raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from None
+                    break  # not yet: ask again
+                except TimeoutError as exc:
+                    if self._recovering or self._generation != generation:
+                        break  # its hosts are gone: asked again once the job runs on the next ones
+                    if time.monotonic() > answered:
+                        raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from exc
+                except Exception:
+                    if not (self._recovering or self._generation != generation):
+                        raise
+                    break
 
     def node_status(self) -> list[dict[str, Any]]:
         """Each host: its name and worker address, who holds it (ssh, a Slurm job, the user...), how many
@@ -299,21 +371,29 @@ class MonarchClusterContext(ClusterContext):
         return nodes
 
     def _shutdown(self) -> None:
-        live = [i for i, root in enumerate(self._roots) if root not in self._gone]  # (a lost host's never answer)
-        closing = [self._runners[i].close.call_one() for i in live]
+        self._closing = True
+        with self._lock:
+            runners, procs, names = list(self._runners), list(self._procs), list(self._names)
+        # (a lost host's runner never answers; a stand-in for one, after its hosts were lost for good, has no name)
+        live = [i for i in range(len(runners)) if i >= len(names) or names[i] not in self._gone]
+        closing = [runners[i].close.call_one() for i in live]
         for fut in closing:
             try:
                 fut.get(timeout=MARGIN)
             except Exception:
                 pass
         for i in live:
-            try:
-                self._procs[i].stop().get(timeout=20)
-            except Exception:
-                pass
+            if i < len(procs):
+                try:
+                    procs[i].stop().get(timeout=20)
+                except Exception:
+                    pass
         if self._lifeline is not None:
             self._lifeline.close()
         if self._release is not None:
             self._release()
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
+        for path in (self._tmpdir, self._shared):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+        if self._shared is not None:
+            watchdog.forget_path(self._shared)

@@ -88,15 +88,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _slurm_address(spec: str) -> str:
-    """`SCHEME://<this node's name>:PORT`, behind the service identity of this node's rank (SLURM_NODEID)."""
+    """`SCHEME://<this node's name>:PORT`, behind the service identity of this node's rank (SLURM_NODEID), both of
+    this run of the allocation (SLURM_RESTART_COUNT: one more each time Slurm requeued it; slurm_alloc.run_port)."""
     from monarch._src.job.service_identity import ranked_service_proc_id_from_env, service_proc_addr
 
+    from fray_monarch.cluster.slurm_alloc import run_identity, run_port
+
     scheme, _, port = spec.partition(":")
-    return str(
-        service_proc_addr(
-            f"{scheme}://{socket.gethostname()}:{port}", ranked_service_proc_id_from_env(rank_env="SLURM_NODEID")
-        )
-    )
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    identity = ranked_service_proc_id_from_env(rank_env="SLURM_NODEID")
+    if identity is not None:
+        identity = run_identity(identity, restarts)
+    return str(service_proc_addr(f"{scheme}://{socket.gethostname()}:{run_port(int(port), restarts)}", identity))
 
 
 def _identity(host: str, from_stdin: bool) -> tls.Identity:

@@ -58,6 +58,7 @@ class HostSet:
     job: JobTrait | None = None  # a Monarch job object whose state() gives the host mesh (no addresses then)
     explain: Callable[[], str] = lambda: ""  # what the launch printed, for an error that it did not come up
     secure: bool = True  # TLS between the machines (False: plain TCP, asked for with insecure=true)
+    allocation: Any = None  # job=slurm: the slurm_alloc.SlurmAllocation holding them (watched for a preemption)
 
 
 class FraySSHJob(SSHJob):  # type: ignore[misc]  # Monarch is untyped
@@ -250,10 +251,13 @@ def _log_dir(kind: str) -> str:
     return str(state_subdir("monarch", kind))
 
 
-def _release(job: JobTrait, forget: Callable[[], None]) -> Callable[[], None]:
+def _release(job: Any, forget: Callable[[], None]) -> Callable[[], None]:
     def release() -> None:
         try:
-            job.kill()
+            if isinstance(job, JobTrait):
+                job.kill()
+            else:
+                job.release()  # a SlurmAllocation: ended by fray, not preempted
         finally:
             forget()
 
@@ -314,13 +318,17 @@ def _slurm(opts: dict[str, Any], timeout: float) -> HostSet:
         job.kill()
         watchdog.forget_command(cancel)
         raise FrayError(f"the Slurm job {job_id} for {nodes} node(s) did not start: {exc}") from exc
+    from fray_monarch.cluster.slurm_alloc import SlurmAllocation
+
+    allocation = SlurmAllocation(job)
     return HostSet(
         addresses,
         job.hostnames(timeout),
         f"slurm job {job_id}",
-        _release(job, lambda: watchdog.forget_command(cancel)),
+        _release(allocation, lambda: watchdog.forget_command(cancel)),
         local=False,
         secure=secure,
+        allocation=allocation,
     )
 
 

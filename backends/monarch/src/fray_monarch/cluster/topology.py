@@ -77,6 +77,7 @@ SCHEMA: dict[str, Callable[[Any], Any]] = {
     "bind": ip_address,
     "insecure": flag,
     "attach_timeout": seconds,
+    "preempt_wait": seconds,  # job=slurm: how long a preempted allocation's requeued run has to start again
     "mesh": str,
     "address": non_empty_text,  # a recorded head's socket, for fray.cluster (MonarchHeadClient)
     "unguarded_sockets": flag,  # socket_guard.OPT_OUT (a literal: importing fray_monarch must not import

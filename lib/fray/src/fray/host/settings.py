@@ -217,6 +217,10 @@ JOB_RESUMING: Setting[bool | None] = Setting(
     "FRAY_JOB_RESUMING", FLAG, None, "fray.jobs.dirs",
     "The supervisor's look at the job's directory before an attempt's ranks start (`fray.resuming()`).",
     internal=True)
+JOB_RECOVERY: Setting[str | None] = Setting(
+    "FRAY_JOB_RECOVERY", TEXT, None, "fray.jobs.recovery",
+    "A supervised job run again after its hosts were lost at once: its attempts so far, the lost one last (JSON).",
+    internal=True)
 JOB_STOP_GRACE: Setting[float | None] = Setting(
     "FRAY_JOB_STOP_GRACE", SECONDS, None, "fray.jobs.local",
     "A supervised job's ranks' grace between SIGTERM and SIGKILL, in its environment (the backend waits longer).",

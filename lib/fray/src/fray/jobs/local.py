@@ -179,9 +179,12 @@ class LocalJobs:
         job_id: str | None = None,
         detached: bool = False,
         working_dir: str | None = None,
+        resume: bool = False,
     ) -> str:
         """Start a job in `working_dir` (default: its own directory); it dies with this process (fray.host.watchdog)
-        unless `detached`. A working directory that does not exist here fails the job, saying so in its log."""
+        unless `detached`. A working directory that does not exist here fails the job, saying so in its log.
+        `resume`: the job's directory and log are under this root already (a run of it whose host was lost, on
+        storage that outlived it): it runs again there, its log going on."""
         need = {r.name: float(r.quantity) for r in env.minimum_resources}
         short = short_of(self.totals, need)
         if short:
@@ -202,11 +205,17 @@ class LocalJobs:
         # Taken and listed in one step: a racing submitter of the same name that is refused this id must find the
         # job when it lists again (create_job's named runs count on it).
         with self._lock:
-            try:
-                job_dir.mkdir(mode=0o700)  # atomic: of two starts of one id, one fails here
-            except FileExistsError:
-                raise JobExistsError(f"a job with id {job_id!r} exists here") from None
-            os.close(os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            if job_id in self._jobs:
+                raise JobExistsError(f"a job with id {job_id!r} exists here")
+            if resume:
+                private_dir(job_dir, create=False)
+                os.close(os.open(job.log_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW))
+            else:
+                try:
+                    job_dir.mkdir(mode=0o700)  # atomic: of two starts of one id, one fails here
+                except FileExistsError:
+                    raise JobExistsError(f"a job with id {job_id!r} exists here") from None
+                os.close(os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             self._jobs[job_id] = job
         if need:
             threading.Thread(
@@ -280,6 +289,17 @@ class LocalJobs:
             job.need, job.devices = {}, ()
             self._lock.notify_all()
         job.ended.set()
+
+    def adopt(self, info: JobInfo) -> None:
+        """List a job that ended elsewhere, whose directory and log are under this root (a job whose host was lost,
+        on storage that outlived it): it is read, waited for and deleted as if it had run here."""
+        job = _Job(info, self.root / info.id / "log")
+        private_dir(job.log_path.parent, create=False)
+        job.ended.set()
+        with self._lock:
+            if info.id in self._jobs:
+                raise JobExistsError(f"a job with id {info.id!r} exists here")
+            self._jobs[info.id] = job
 
     def _job(self, job_id: str) -> _Job:
         with self._lock:

@@ -28,7 +28,7 @@ from typing import Any
 
 from fray.types import JobAttempt, JobError, JobStatus
 
-__all__ = ["JobRecord", "dump_plain", "last_record", "load_plain", "record_line"]
+__all__ = ["JobRecord", "dump_plain", "final_record", "last_record", "load_plain", "record_line"]
 
 _START = "\x1b]fray-job;"
 _END = "\x07"
@@ -168,3 +168,12 @@ def last_record(log_tail: str) -> JobRecord | None:
             return decoded[0]
         last = decoded[0]
     return last
+
+
+def final_record(log_tail: str) -> JobRecord | None:
+    """The first final record in this piece of a job's raw log, if any: its supervisor had ended the job."""
+    for match in _RECORD.finditer(log_tail):
+        decoded = _decode(match.group(1))
+        if decoded is not None and decoded[1]:
+            return decoded[0]
+    return None

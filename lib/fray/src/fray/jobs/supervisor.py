@@ -52,6 +52,7 @@ from fray.jobs.rank_procs import (
     signal_tree,
 )
 from fray.jobs.records import JobRecord, record_line
+from fray.jobs.recovery import recovered_attempts
 from fray.jobs.signals import StopSignals, unblock_in_child
 from fray.jobs.supervisor_args import parse_args
 from fray.runtime.gang import died_rank
@@ -104,7 +105,12 @@ class Supervisor:
         if self.signals is None:
             self.signals = StopSignals()
         self.subreaper = self.placement is None and become_subreaper()  # (a group's fray context has children)
-        number = 0
+        self.attempts = recovered_attempts(self.replicas)  # (run again after its hosts were lost: fray.jobs.recovery)
+        number = len(self.attempts)
+        if self.attempts and (ends := next_step(self.policy, self.attempts)) is not None:
+            self._record(None, None, final=True)
+            self._say(f"the job ends: {ends}")
+            return 1
         while True:
             number += 1
             if number > 1:

@@ -1,0 +1,286 @@
+"""A monarch cluster's jobs after the Slurm allocation holding its hosts (`job=slurm`) was preempted: every host
+went at once, each job runner and each job's supervisor with it.
+
+The jobs' directories and logs are on storage the allocation's nodes share with the driver (the state directory,
+as the TLS authority and Slurm's output are), so they outlive the hosts. When the lifeline of a job runner closes,
+the context asks Slurm whether it took the allocation (slurm_alloc.SlurmAllocation.taken). If it was requeued, the
+context waits (preempt_wait= s) for its next run, attaches to that run's host workers, starts a job runner on each,
+and there: runs again each supervised job that had not ended, its attempt that ran `lost` (FRAY_JOB_RECOVERY:
+fray.jobs.recovery), its log going on; lists each job that had ended as it ended; and ends each plain command that
+had not, FAILED (it has no attempts to go on from). If it was not requeued, or its next run did not come within the
+wait, every job that had not ended ends FAILED, a supervised one's record saying its last attempt was lost and why,
+and a stand-in of each runner in the driver answers for the jobs from their logs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from fray.backend import (
+    RECOVERY_VAR,
+    JobInfo,
+    JobStatus,
+    LocalJobs,
+    RuntimeEnv,
+    ended_before,
+    is_supervised,
+    log_end_with_record,
+    lost_for_good,
+    read_log_end,
+    recovery_value,
+    settings,
+)
+from fray.errors import FrayError
+from fray_monarch.core.protocol import Reply
+from fray_monarch.net import network
+
+__all__ = ["ATTACH_WAIT", "PREEMPT_WAIT", "AllocationRecovery", "Submitted"]
+
+log = logging.getLogger("fray_monarch")
+
+PREEMPT_WAIT = 600.0  # seconds a requeued allocation has to run again (preempt_wait=)
+TAKEN_WITHIN = 3.0  # seconds after a runner's lifeline closed during which Slurm is asked whether it took the hosts
+ATTACH_WAIT = 120.0  # seconds the host workers of the allocation's next run have to answer
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a job was started with, to start it again."""
+
+    entrypoint: str | list[str]
+    env: RuntimeEnv
+    working_dir: str | None
+
+
+class _Answer:
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+
+    def get(self, timeout: float | None = None) -> Reply:
+        return self.reply
+
+
+class _Endpoint:
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def call_one(self, *args: Any) -> _Answer:
+        try:
+            return _Answer(Reply(self._call(*args)))
+        except Exception as exc:
+            return _Answer(Reply(error=exc))
+
+
+class _EndedRunner:
+    """A job runner's stand-in in the driver, for jobs whose hosts are gone for good: it answers from their logs,
+    as the runner did (the endpoints the context calls)."""
+
+    def __init__(self, root: str, why: str) -> None:
+        self.jobs = LocalJobs(Path(root), totals={})
+        self.why = why
+
+    def _refuse(self, *args: Any) -> Any:
+        raise FrayError(f"this cluster's hosts are lost ({self.why}): it runs no more jobs; start a new one")
+
+    def __getattr__(self, endpoint: str) -> _Endpoint:
+        calls = {
+            "info": self.jobs.info,
+            "list": self.jobs.list,
+            "logs": self.jobs.logs,
+            "log_end": self.jobs.log_end,
+            "stop_job": self.jobs.stop,
+            "delete": self.jobs.delete,
+            "wait": self.jobs.wait,
+            "close": self.jobs.close,
+        }
+        return _Endpoint(calls.get(endpoint, self._refuse))
+
+
+class AllocationRecovery:
+    """The part of MonarchClusterContext that recovers its jobs from a preemption of its Slurm allocation."""
+
+    _gone: set[str]
+    _hostset: Any
+    _job_spec: str
+    _lock: threading.Lock
+    _names: list[str]
+    _procs: list[Any]
+    _roots: list[str]
+    _runners: list[Any]
+    _where: dict[str, int]
+
+    def _init_recovery(self, allocation: Any, preempt_wait: float, driver_bind: str, respec: Any) -> None:
+        self._allocation = allocation  # slurm_alloc.SlurmAllocation, or None: nothing to recover from
+        self._preempt_wait = preempt_wait
+        self._bind = driver_bind
+        self._respec = respec  # HostSet -> the jobs' FRAY_BACKEND (cluster.context.job_spec)
+        self._generation = 0
+        self._recovery = threading.Condition()
+        self._recovering = False
+        self._closing = False
+        self._seen: dict[str, JobInfo] = {}
+        self._submitted: dict[str, Submitted] = {}
+
+    def _spawn_runners(self, hosts: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _lifeline_lost(self, name: str) -> None:
+        """A job runner's lifeline closed: its host or process is gone. Every host of a Slurm allocation going at
+        once is looked into (on a thread of its own)."""
+        self._gone.add(name)
+        if self._allocation is None or self._closing or name not in self._names:
+            return
+        with self._recovery:
+            if self._recovering:
+                return
+            self._recovering = True
+        threading.Thread(target=self._recover, name="fray-monarch-recovery", daemon=True).start()
+
+    def _settle(self) -> None:
+        """Wait out a recovery under way (bounded by its own waits)."""
+        if self._allocation is None:
+            return
+        with self._recovery:
+            self._recovery.wait_for(lambda: not self._recovering, self._preempt_wait + ATTACH_WAIT + 60.0)
+
+    def _saw(self, info: JobInfo) -> JobInfo:
+        self._seen[info.id] = info
+        return info
+
+    def _remember(self, job_id: str, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str | None) -> None:
+        if self._allocation is not None:
+            self._submitted[job_id] = Submitted(entrypoint, env, working_dir)
+
+    def _recover(self) -> None:
+        allocation = self._allocation
+        assert allocation is not None
+        try:
+            deadline = time.monotonic() + TAKEN_WITHIN
+            while (taken := allocation.taken()) is None and time.monotonic() < deadline and not self._closing:
+                time.sleep(0.5)
+            if taken is not None and not self._closing:
+                self._recover_from(*taken)
+        except Exception:
+            log.exception("fray: recovering the jobs of a preempted Slurm allocation failed")
+        finally:
+            with self._recovery:
+                self._recovering = False
+                self._recovery.notify_all()
+
+    def _recover_from(self, reason: str, requeued: bool) -> None:
+        allocation = self._allocation
+        assert allocation is not None
+        lost_at = time.time()
+        with self._lock:
+            where = dict(self._where)
+        log.warning("fray: %s; its jobs' hosts are gone", reason)
+        try:
+            if not requeued:
+                raise FrayError("its jobs are not run again")
+            names = allocation.wait_requeued(self._preempt_wait)
+            addresses = allocation.addresses(ATTACH_WAIT)
+            mesh = network.attach(addresses, ATTACH_WAIT, self._bind, name=f"fray_hosts_{self._generation + 1}")
+        except Exception as exc:
+            self._end_lost(where, f"{reason}; {exc}", lost_at)
+            return
+        self._hostset.addresses, self._hostset.names = addresses, names
+        before = self._job_spec
+        if self._respec is not None:
+            self._job_spec = self._respec(self._hostset)
+        self._spawn_runners([mesh.slice(hosts=i) for i in range(int(mesh.size("hosts")))])
+        for job_id, index in where.items():
+            try:
+                self._resume(job_id, index % len(self._runners), reason, lost_at, before)
+            except Exception as exc:
+                log.warning("fray: job %s could not be run again after %s: %s", job_id, reason, exc)
+
+    def _tail(self, index: int, job_id: str) -> str:
+        """The end of the job's log from its last record on (the log is on storage that outlived its host)."""
+        path = Path(self._roots[index]) / job_id / "log"
+        try:
+            return log_end_with_record(lambda lines: read_log_end(path, lines))
+        except OSError:
+            return ""
+
+    def _ended_info(self, job_id: str, index: int) -> JobInfo | None:
+        """The job as it ended before its hosts went, if it had ended: as last seen, else from its final record."""
+        seen = self._seen.get(job_id)
+        if seen is not None and seen.status.is_terminal:
+            return seen
+        record = ended_before(self._tail(index, job_id))
+        if record is None or not record.attempts:
+            return None
+        last = record.attempts[-1]
+        status = {"succeeded": JobStatus.SUCCEEDED, "stopped": JobStatus.STOPPED}.get(last.outcome, JobStatus.FAILED)
+        return replace(self._lost_info(job_id, ""), status=status, end_time=last.end_time, exit_code=last.exit_code)
+
+    def _lost_info(self, job_id: str, message: str) -> JobInfo:
+        seen = self._seen.get(job_id)
+        submitted = self._submitted.get(job_id)
+        text = "" if submitted is None else _text(submitted.entrypoint)
+        info = seen or JobInfo(job_id, JobStatus.RUNNING, entrypoint=text)
+        return replace(info, status=JobStatus.FAILED, end_time=time.time(), message=message)
+
+    def _resume(self, job_id: str, index: int, reason: str, lost_at: float, old_spec: str) -> None:
+        """Start the job again on runner `index` (the runner that ran it, in the allocation's next run); old_spec:
+        the jobs' FRAY_BACKEND before (a job's own is kept)."""
+        runner = self._runners[index]
+        ended = self._ended_info(job_id, index)
+        submitted = self._submitted.get(job_id)
+        if ended is None and submitted is not None and is_supervised(_text(submitted.entrypoint)):
+            seen = self._seen.get(job_id)
+            started = seen.start_time or seen.submission_time if seen is not None else None
+            extra = {RECOVERY_VAR: recovery_value(self._tail(index, job_id), reason, started, lost_at)}
+            if submitted.env.env.get(settings.BACKEND.name) == old_spec != self._job_spec:
+                extra[settings.BACKEND.name] = self._job_spec  # (the next run's hosts are on other nodes)
+            env = replace(submitted.env, env={**submitted.env.env, **extra})
+            _unwrap(runner.resume.call_one(submitted.entrypoint, env, job_id, submitted.working_dir).get(timeout=60))
+            return
+        info = ended or self._lost_info(job_id, f"lost: {reason} (a plain command is not run again)")
+        _unwrap(runner.adopt.call_one(info).get(timeout=60))
+
+    def _end_lost(self, where: dict[str, int], why: str, lost_at: float) -> None:
+        """The allocation is not coming back: each job that had not ended ends FAILED, answered for by a stand-in
+        of its runner in the driver."""
+        log.warning("fray: %s", why)
+        runners = [_EndedRunner(root, why) for root in self._roots]
+        for job_id, index in where.items():
+            info = self._ended_info(job_id, index)
+            if info is None:
+                info = self._lost_info(job_id, f"lost: {why}")
+                submitted = self._submitted.get(job_id)
+                if submitted is not None and is_supervised(_text(submitted.entrypoint)):
+                    seen = self._seen.get(job_id)
+                    started = seen.start_time if seen is not None else None
+                    ending, message = lost_for_good(self._tail(index, job_id), why, started, lost_at)
+                    _append(Path(self._roots[index]) / job_id / "log", ending)
+                    info = replace(info, message=message)
+            try:
+                runners[index].jobs.adopt(info)
+            except (OSError, FrayError) as exc:  # its directory did not outlive its host: not on shared storage
+                log.warning("fray: job %s: %s", job_id, exc)
+        with self._lock:
+            self._runners, self._procs, self._names = list(runners), [], []
+            self._generation += 1
+
+
+def _text(entrypoint: str | list[str]) -> str:
+    return entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
+
+
+def _unwrap(reply: Any) -> Any:
+    return reply.unwrap()
+
+
+def _append(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
