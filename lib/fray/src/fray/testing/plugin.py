@@ -27,6 +27,7 @@ from fray.registry import available_backends, cluster_context_from, get_backend,
 from fray.runtime.capabilities import Capability
 from fray.runtime.current import using
 from fray.testing.capability_table import CapabilityResults, disagreements, documented_table
+from fray.testing.wheels import probe_wheel
 
 requires_capability = pytest.mark.fray_capability
 # A case that checks every capability the backend lacks is refused; it names each one it saw refused in its
@@ -119,6 +120,13 @@ def _skip_missing(request: pytest.FixtureRequest, have: frozenset[Capability], b
             if capability not in have:
                 request.node.stash[_LACKING] = capability
                 pytest.skip(f"backend {backend!r} lacks capability {capability.value!r}")
+
+
+@pytest.fixture(scope="session")
+def probe_ok_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One wheel for the session's jobs that install a package: an engine that keeps environments (Ray's
+    virtualenv for a requirement list) builds it once."""
+    return probe_wheel(tmp_path_factory.mktemp("wheels"), "probe-ok")
 
 
 @pytest.fixture

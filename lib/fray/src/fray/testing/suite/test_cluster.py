@@ -17,7 +17,6 @@ from fray import GetTimeoutError, JobNotFoundError, JobStatus, Resource, Runtime
 from fray.cluster_context import ClusterContext
 from fray.testing import requires_capability
 from fray.testing.plugin import spec_options
-from fray.testing.wheels import probe_wheel
 
 PY = shlex.quote(sys.executable)
 
@@ -128,8 +127,8 @@ def test_unknown_job_id(fray_cluster: ClusterContext) -> None:
 
 
 @requires_capability("job_packages")
-def test_job_package_requirements_are_installed(fray_cluster: ClusterContext, tmp_path: Path) -> None:
-    wheel = probe_wheel(tmp_path, "probe-ok")
+def test_job_package_requirements_are_installed(fray_cluster: ClusterContext, probe_ok_wheel: Path) -> None:
+    wheel = probe_ok_wheel
     # Plain `python`, not this interpreter's absolute path: a backend may install packages into an environment
     # of the job's own (Ray builds a virtualenv) that only the job's `python` sees.
     job = fray_cluster.create_job(

@@ -20,7 +20,6 @@ from fray.jobs.handle import JobHandle
 from fray.runtime.capabilities import Capability
 from fray.testing import job_workloads as w
 from fray.testing import requires_capability
-from fray.testing.wheels import probe_wheel
 
 PY = shlex.quote(sys.executable)
 TIMEOUT = 120
@@ -147,8 +146,9 @@ def test_what_a_failed_rank_left_running_ends_with_its_attempt(fray_cluster: Clu
 
 
 @requires_capability("job_packages")
-def test_a_job_with_packages_has_its_grace_too(fray_cluster: ClusterContext, tmp_path: Path) -> None:
+def test_a_job_with_packages_has_its_grace_too(
+    fray_cluster: ClusterContext, tmp_path: Path, probe_ok_wheel: Path
+) -> None:
     """With packages, the job's command installs them first, in a shell: its stop must still reach the supervisor
     alone, which gives the ranks their grace (a shell in between would end at the SIGTERM, and the job with it)."""
-    wheel = probe_wheel(tmp_path, "probe-ok")
-    _stopped_with_grace(fray_cluster, tmp_path, 1, 2.0, env=RuntimeEnv(package_requirements=[str(wheel)]))
+    _stopped_with_grace(fray_cluster, tmp_path, 1, 2.0, env=RuntimeEnv(package_requirements=[str(probe_ok_wheel)]))
