@@ -257,8 +257,8 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
             return None
         return self._lifeline.address, self._lifeline.key_for(name), name
 
-    def _runner(self, job_id: str) -> Any:
-        self._settle()
+    def _runner(self, job_id: str, within: float | None = None) -> Any:
+        self._settle(within)
         with self._lock:
             index = self._where.get(job_id)
         if index is None:
@@ -326,7 +326,11 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            runner, generation = self._runner(job_id), self._generation
+            runner, generation = self._runner(job_id, left), self._generation
+            if self._recovering:  # its hosts are still being brought back
+                if left is None:
+                    continue
+                raise GetTimeoutError(f"job {job_id} did not end within {timeout} s: its hosts were preempted")
             part = WAIT_SLICE if left is None else min(WAIT_SLICE, left)
             fut = runner.wait.call_one(job_id, part)
             answered = time.monotonic() + part + MARGIN

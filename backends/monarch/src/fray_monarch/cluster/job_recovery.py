@@ -46,6 +46,7 @@ log = logging.getLogger("fray_monarch")
 
 PREEMPT_WAIT = 600.0  # seconds a requeued allocation has to run again (preempt_wait=)
 TAKEN_WITHIN = 3.0  # seconds after a runner's lifeline closed during which Slurm is asked whether it took the hosts
+ENDING_WITHIN = 300.0  # seconds Slurm may take to end an allocation it is ending (COMPLETING) before it says how
 ATTACH_WAIT = 120.0  # seconds the host workers of the allocation's next run have to answer
 
 
@@ -142,12 +143,13 @@ class AllocationRecovery:
             self._recovering = True
         threading.Thread(target=self._recover, name="fray-monarch-recovery", daemon=True).start()
 
-    def _settle(self) -> None:
-        """Wait out a recovery under way (bounded by its own waits)."""
+    def _settle(self, within: float | None = None) -> None:
+        """Wait out a recovery under way (bounded by its own waits, and by `within` s where given)."""
         if self._allocation is None:
             return
+        limit = self._preempt_wait + ATTACH_WAIT + 60.0
         with self._recovery:
-            self._recovery.wait_for(lambda: not self._recovering, self._preempt_wait + ATTACH_WAIT + 60.0)
+            self._recovery.wait_for(lambda: not self._recovering, limit if within is None else min(within, limit))
 
     def _saw(self, info: JobInfo) -> JobInfo:
         self._seen[info.id] = info
@@ -161,8 +163,11 @@ class AllocationRecovery:
         allocation = self._allocation
         assert allocation is not None
         try:
-            deadline = time.monotonic() + TAKEN_WITHIN
-            while (taken := allocation.taken()) is None and time.monotonic() < deadline and not self._closing:
+            start = time.monotonic()
+            while (taken := allocation.taken()) is None and not self._closing:
+                waited = time.monotonic() - start
+                if waited > ENDING_WITHIN or (waited > TAKEN_WITHIN and not allocation.ending()):
+                    break
                 time.sleep(0.5)
             if taken is not None and not self._closing:
                 self._recover_from(*taken)

@@ -74,6 +74,12 @@ class SlurmAllocation:
             return f"the Slurm job {self.job_id} of its hosts ended {state} (not requeued)", False
         return None
 
+    def ending(self) -> bool:
+        """Whether Slurm is ending this run of the allocation (COMPLETING: its processes get SIGTERM, then SIGKILL
+        KillWait s later), without fray's asking: what follows says whether it was requeued."""
+        seen = self.state()
+        return not self.released and seen is not None and seen[0] == "COMPLETING" and seen[1] == self.restarts
+
     def wait_requeued(self, timeout: float) -> list[str]:
         """The host names of the allocation's next run, once Slurm runs it; FrayError naming the job, its state
         and the wait if it does not run within `timeout` s, or ends."""
