@@ -23,6 +23,10 @@ def pytest_configure(config: "pytest.Config") -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
+    import _cpu_per_test
+
+    _cpu_per_test.register(config)
+
     try:
         from fray_monarch import socket_guard
     except ImportError:  # the core alone: no monarch tests

@@ -43,6 +43,7 @@ FAILED_TAIL = 400  # lines of a failed part's output printed at the end
 PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 _LIBC = ctypes.CDLL(None, use_errno=True)  # (loaded here: a forked child of a threaded process must not load)
 SLOWEST = 30  # the slowest steps (setup, call, teardown) over every part, printed at the end
+CPU_TOP_ENV = "FRAY_TEST_CPU_TOP"  # (tests/_cpu_per_test.py: how many of a part's costliest tests it lists)
 # Seconds each part took in a full run on a 2-core machine (two parts at a time); only their order matters.
 WEIGHTS: dict[str, float] = {
     f"{CONFORMANCE}::ray": 594.0,
@@ -78,6 +79,7 @@ class Part:
     cpu: float | None = None  # CPU seconds of everything the part ran (None: no cgroup to count them in)
     tail: list[str] = field(default_factory=list)
     durations: list[tuple[float, str]] = field(default_factory=list)
+    cpu_tests: list[tuple[float, str]] = field(default_factory=list)
 
 
 def installed_backends() -> list[str]:
@@ -217,6 +219,17 @@ class CpuMeter:
             return None
         return CpuMeter(where, usage)
 
+    @staticmethod
+    def current() -> CpuMeter | None:
+        """The cgroup this process runs in, to read (a part's own, inside run_parallel), or None."""
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "cpuacct" in controllers.split(","):
+                return CpuMeter(CGROUP_ROOT / "cpuacct" / path.lstrip("/"), "cpuacct.usage")
+            if controllers == "" and (CGROUP_ROOT / "cgroup.controllers").exists():
+                return CpuMeter(CGROUP_ROOT / path.lstrip("/"), "cpu.stat")
+        return None
+
     def enter(self) -> None:
         """Move the calling process into the cgroup (a part's first process, before it runs anything)."""
         try:
@@ -262,10 +275,19 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
         if meter is not None:
             meter.enter()
 
+    env = dict(os.environ)
+    if meter is not None:  # (its pytest lists the tests that used the most CPU: tests/_cpu_per_test.py)
+        env[CPU_TOP_ENV] = str(SLOWEST)
     start = time.monotonic()
     with part.log.open("wb") as out:
         proc = subprocess.Popen(
-            command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=before_exec
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=before_exec,
         )
         try:
             part.code = proc.wait(timeout=PART_TIMEOUT)
@@ -282,6 +304,17 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
     part.summary = next((line for line in reversed(lines) if line.startswith("=") and " in " in line), "")
     part.tail = lines[-FAILED_TAIL:]
     part.durations = slowest_steps(lines)
+    part.cpu_tests = costliest_tests(lines)
+
+
+def costliest_tests(lines: list[str]) -> list[tuple[float, str]]:
+    """(CPU seconds, test) of each line of tests/_cpu_per_test.py's table ("12.34s cpu tests/...")."""
+    found = []
+    for line in lines:
+        head, _, rest = line.strip().partition("s cpu ")
+        if rest and head.replace(".", "", 1).isdigit():
+            found.append((float(head), rest.strip()))
+    return found
 
 
 def slowest_steps(lines: list[str]) -> list[tuple[float, str]]:
@@ -335,6 +368,11 @@ def main(argv: list[str]) -> int:
     print(f"\nrun_parallel: the slowest {len(steps)} steps of every part")
     for seconds, what in steps:
         print(f"{seconds:8.2f}s {what}")
+    costliest = sorted((test for part in todo for test in part.cpu_tests), reverse=True)[:SLOWEST]
+    if costliest:
+        print(f"\nrun_parallel: the {len(costliest)} tests that used the most CPU (their fixtures' set-up included)")
+        for seconds, what in costliest:
+            print(f"{seconds:8.2f}s cpu {what}")
     for part in failed:
         print(f"\n{'#' * 30} {part.name}: exit {part.code}, the last {FAILED_TAIL} lines {'#' * 30}")
         print("\n".join(part.tail))

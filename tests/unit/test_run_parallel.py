@@ -244,4 +244,6 @@ def test_a_parts_cpu_time_counts_every_process_it_started(tmp_path: Path, monkey
         Path(os.environ["DONE"]).unlink(missing_ok=True)
     assert part.code == 0, "\n".join(part.tail)
     assert part.cpu is not None and part.cpu >= 1.5  # the orphan's 1.5 s (pytest and the test: under 1.5 s)
+    [(seconds, test)] = part.cpu_tests  # the part's own table of its costliest tests (tests/_cpu_per_test.py)
+    assert test == f"tests/unit/{part_file.name}::test_burn" and 1.5 <= seconds <= part.cpu
     assert not list(run_parallel.CGROUP_ROOT.rglob(f"fray-test-part-{os.getpid()}-*"))  # each part's cgroup removed

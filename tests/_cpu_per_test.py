@@ -1,0 +1,45 @@
+"""A pytest plugin that lists the tests that used the most CPU, where run_parallel asks for it (FRAY_TEST_CPU_TOP):
+each test's share of its part's cgroup (every process the part runs, the engines' daemons included). The run is
+CPU-bound on a small machine, so a test's wall time says little about what it costs the run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from run_parallel import CPU_TOP_ENV, CpuMeter
+
+
+class CpuPerTest:
+    def __init__(self, meter: CpuMeter, top: int) -> None:
+        self._meter = meter
+        self._top = top
+        self._spent: list[tuple[float, str]] = []
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
+        before = self._meter.seconds()
+        yield
+        self._spent.append((self._meter.seconds() - before, item.nodeid))
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        costliest = sorted(self._spent, reverse=True)[: self._top]
+        terminalreporter.write_sep("=", f"the {len(costliest)} tests that used the most CPU")
+        for seconds, nodeid in costliest:
+            terminalreporter.write_line(f"{seconds:8.2f}s cpu {nodeid}")
+
+
+def register(config: pytest.Config) -> None:
+    """Registers the plugin where run_parallel asked for it and this process's cgroup can be read."""
+    top = os.environ.get(CPU_TOP_ENV, "")
+    if not top.isdigit():
+        return
+    meter = CpuMeter.current()
+    if meter is None:
+        return
+    try:
+        meter.seconds()
+    except (OSError, ValueError, KeyError):
+        return
+    config.pluginmanager.register(CpuPerTest(meter, int(top)), "fray-cpu-per-test")
