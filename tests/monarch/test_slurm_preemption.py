@@ -2,11 +2,13 @@
 multi-host tests (slurmctld in namespaced host 0, a slurmd in each of hosts 1 and 2), configured for preemption as
 a site with preemptible capacity is: PreemptType=preempt/partition_prio, PreemptMode=REQUEUE, and a partition of the
 same nodes with a higher priority tier. A whole-node job submitted there takes both nodes: Slurm signals every
-process of the cluster's allocation (its host workers, the job runners, the job's supervisor and rank) and requeues
-it. The driver's cluster waits for the allocation's next run, records the running attempt `lost` naming the
-preemption (not counted against max_retries=0), and runs the job's next attempt there, which finds the first
-attempt's checkpoint in `fray.job_dir()`. An allocation the scheduler ends without requeueing it (here `scancel` by
-hand) is not recovered: its job ends FAILED, its attempt `lost`, saying why."""
+process of the cluster's allocation (its host workers, the job runners, the jobs' supervisors and ranks) and
+requeues it. The driver's cluster waits for the allocation's next run, records each job's running attempt `lost`
+naming the preemption (not counted against max_retries=0), and runs its next attempt there, which finds the first
+attempt's checkpoint in `fray.job_dir()`: for a rank that goes on after SIGTERM (its supervisor is killed before
+it records anything) and for one that ends at SIGTERM (its supervisor records the attempt lost itself). An
+allocation the scheduler ends without requeueing it (here `scancel` by hand) is not recovered: its jobs end
+FAILED, their attempt `lost`, saying why."""
 
 from __future__ import annotations
 
@@ -51,9 +53,9 @@ def _wait(ready: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def _run(hosts: list[Host], tmp_path: Path, requeue: bool) -> tuple[dict[str, Any], str]:
-    """Run the driver in host 0 on a Slurm allocation of hosts 1 and 2; once the job's first attempt saved its
-    checkpoint, have Slurm preempt the allocation (requeue) or cancel it (not requeued). What the driver saw of
-    the job's end, and the allocation's job id. The driver's shutdown then cancels the allocation, and nothing of
+    """Run the driver in host 0 on a Slurm allocation of hosts 1 and 2; once its jobs' first attempts saved their
+    checkpoints, have Slurm preempt the allocation (requeue) or cancel it (not requeued). What the driver saw of
+    the jobs' ends, and the allocation's job id. The driver's shutdown then cancels the allocation, and nothing of
     fray is left on any host."""
     from _slurm import URGENT, require_slurm, start_slurm
 
@@ -77,7 +79,7 @@ def _run(hosts: list[Host], tmp_path: Path, requeue: bool) -> tuple[dict[str, An
         try:
             before = marked_line(driver.stdout, "BEFORE")
             assert before is not None, log.read_text(errors="replace")[-4000:]
-            assert "saved" in before["logs"], before
+            assert all("saved" in logs for logs in before.values()), before
             (job_id,) = slurm.run(["squeue", "-h", "-p", slurm.partition, "-o", "%i"]).stdout.split()
             if requeue:  # the preemption: a job of the higher tier that needs both nodes whole
                 slurm.run(["sbatch", f"--partition={URGENT}", "--nodes=2", "--exclusive", "--wrap", "sleep 1"])
@@ -110,28 +112,34 @@ def _run(hosts: list[Host], tmp_path: Path, requeue: bool) -> tuple[dict[str, An
     return after, job_id
 
 
-def test_a_preempted_allocations_job_is_lost_then_runs_again_on_the_requeued_hosts(
+def test_a_preempted_allocations_jobs_are_lost_then_run_again_on_the_requeued_hosts(
     hosts: list[Host], tmp_path: Path
 ) -> None:
     after, job_id = _run(hosts, tmp_path, requeue=True)
-    attempts = after["attempts"]
-    assert after["status"] == "SUCCEEDED", after
-    assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")]
-    assert attempts[0]["message"].startswith(
-        f"lost: the Slurm job {job_id} of its hosts was preempted and requeued by Slurm"
-    ), attempts[0]
-    logs = after["logs"]
-    assert "attempt 1 resuming False checkpoint None" in logs, logs
-    assert "[fray] attempt 2 (the last was lost: " in logs and "recovery 1 of 3)" in logs, logs
-    assert "attempt 2 resuming True checkpoint 100" in logs, logs  # fray.job_dir() outlived the hosts
+    preempted = f"lost: the Slurm job {job_id} of its hosts was preempted and requeued by Slurm"
+    for name in ("trap", "plain"):
+        job = after[name]
+        attempts, logs = job["attempts"], job["logs"]
+        assert job["status"] == "SUCCEEDED", job
+        assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")]
+        assert "attempt 1 resuming False checkpoint None" in logs, logs
+        assert logs.count("[fray] attempt 2 (the last was lost: ") == 1 and "recovery 1 of 3)" in logs, logs
+        assert "attempt 2 resuming True checkpoint 100" in logs, logs  # fray.job_dir() outlived the hosts
+    # trap: its supervisor was killed before it recorded anything; the driver's cluster records the attempt
+    assert after["trap"]["attempts"][0]["message"] == preempted, after["trap"]
+    # plain: its supervisor recorded the attempt lost to the SIGTERM and started no other on the preempted host
+    assert after["plain"]["attempts"][0]["message"].startswith(f"{preempted} (its supervisor saw: preempted: ")
+    assert "no further attempt here" in after["plain"]["logs"], after["plain"]["logs"]
 
 
-def test_an_allocation_ended_without_a_requeue_ends_its_job_failed_saying_why(
+def test_an_allocation_ended_without_a_requeue_ends_its_jobs_failed_saying_why(
     hosts: list[Host], tmp_path: Path
 ) -> None:
     after, job_id = _run(hosts, tmp_path, requeue=False)
     why = f"lost: the Slurm job {job_id} of its hosts ended CANCELLED (not requeued); its jobs are not run again"
-    assert after["status"] == "FAILED" and after["message"] == why, after
-    assert [(a["outcome"], a["message"]) for a in after["attempts"]] == [("lost", why)], after
-    assert f"[fray] the job ends: {why}" in after["logs"], after["logs"]
-    assert after["listed"] == ["preempted.1"], after  # its record is still there to read
+    job = after["trap"]
+    assert job["status"] == "FAILED" and job["message"] == why, job
+    assert [(a["outcome"], a["message"]) for a in job["attempts"]] == [("lost", why)], job
+    assert f"[fray] the job ends: {why}" in job["logs"], job["logs"]
+    assert after["plain"]["status"] == "FAILED" and [a["outcome"] for a in after["plain"]["attempts"]] == ["lost"]
+    assert after["listed"] == ["plain.1", "trap.1"], after  # their records are still there to read

@@ -217,6 +217,10 @@ JOB_RESUMING: Setting[bool | None] = Setting(
     "FRAY_JOB_RESUMING", FLAG, None, "fray.jobs.dirs",
     "The supervisor's look at the job's directory before an attempt's ranks start (`fray.resuming()`).",
     internal=True)
+JOB_OWNER: Setting[int | None] = Setting(
+    "FRAY_JOB_OWNER", INTEGER, None, "fray.jobs.supervisor",
+    "The process a job dies with (not a detached job's): a supervisor whose owner ended starts no further attempt.",
+    internal=True)
 JOB_RECOVERY: Setting[str | None] = Setting(
     "FRAY_JOB_RECOVERY", TEXT, None, "fray.jobs.recovery",
     "A supervised job run again after its hosts were lost at once: its attempts so far, the lost one last (JSON).",

@@ -242,6 +242,8 @@ class LocalJobs:
         site_dir = job.log_path.parent / "site-packages"
         argv, shell = job_command(entrypoint, env, site_dir)
         child_env = {**job_environment(env, site_dir), **process_env(job.devices, self.gpus)}
+        if not job.detached:  # it dies with this process (the watchdog): its supervisor starts nothing after that
+            child_env[settings.JOB_OWNER.name] = str(os.getpid())
         with open(job.log_path, "ab") as log:
             if job.working_dir is not None and not os.path.isdir(job.working_dir):
                 log.write(missing_dir_message(job.working_dir).encode())

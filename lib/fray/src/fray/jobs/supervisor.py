@@ -9,7 +9,8 @@ torch.distributed set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RAN
 port each attempt), each with its own GPUs where it asks for some. One rank failing ends the attempt: the others are
 stopped (SIGTERM to each one's process tree, SIGKILL after S seconds). A failed attempt runs again, up to R more
 times (those exit codes only, or all but those); a lost one (preempted, fray.jobs.signals; a node lost) up to L
-times; a stopped job (SIGTERM from the backend that started it, or SIGINT) does not (fray.jobs.outcomes).
+times, while the process the job dies with (FRAY_JOB_OWNER) runs; a stopped job (SIGTERM from the backend that started
+it, or SIGINT) does not (fray.jobs.outcomes).
 With several ranks, each line a rank writes is prefixed "[rank I] ". After each attempt a record of all attempts so
 far (fray.jobs.records) goes to stdout, the job's log, where ClusterContext.get_job reads it. The ranks stay in
 this process's group, so a backend that stops or kills the job's group reaches them too.
@@ -35,6 +36,7 @@ from typing import Any
 
 from fray.errors import FrayError
 from fray.host import settings
+from fray.host.procfs import Identity
 from fray.jobs.call import RESULT_FD_VAR, CallOutcome, read_outcome, take_stashed_call
 from fray.jobs.dirs import RESUMING_VAR, resuming_now
 from fray.jobs.elastic import world_size
@@ -62,6 +64,7 @@ from fray.types import JobAttempt, JobError, JobStatus
 __all__ = ["main"]
 
 SETTLE = 0.5  # seconds a rank killed by SIGTERM waits for the backend's stop to be seen (a stop, not a preemption)
+OWNER_SETTLE = 0.5  # seconds after a lost attempt during which the job's owner ending means it went with the job
 GROUP_POLL = 0.25  # seconds between polls of a group's ranks while none wrote anything
 GROUP_CALL_TIMEOUT = 120.0  # seconds a group's member has to answer a start or a poll
 POLL = 0.05
@@ -95,6 +98,8 @@ class Supervisor:
         self.output_lock = threading.Lock()
         self.context: Any = None  # the job backend's JobContext, for --placement
         self.stores: list[Any] = []  # the rendezvous stores served for the attempts' ranks
+        owner = settings.JOB_OWNER.read()
+        self.owner = Identity.of(owner) if owner is not None else None  # (alive now: the job's own start)
 
     @property
     def stopping(self) -> threading.Event:
@@ -121,6 +126,11 @@ class Supervisor:
             ends = next_step(self.policy, self.attempts) if not self.signals.stopping else "stopped"
             self._record(error, result, final=ends is not None)
             if attempt.outcome == "lost":
+                if ends is None and self._owner_ended():
+                    # A scheduler ending every process of the job at once (a Slurm preemption): the SIGKILL comes
+                    # next, and whatever runs the job again (its backend) does it elsewhere.
+                    self._say("the process that runs this job ended with it: no further attempt here")
+                    return 128 + signal.SIGTERM
                 self.signals.take_preemption()  # handled: the next attempt runs
             if ends is None:
                 continue
@@ -132,6 +142,18 @@ class Supervisor:
                 self._say(f"the job ends: {ends}")
             code = attempt.exit_code
             return code if code is not None and 0 < code < 256 else (128 - code if code and code < 0 else 1)
+
+    def _owner_ended(self) -> bool:
+        """Whether the process the job dies with (FRAY_JOB_OWNER: its job runner, its submitting process) has ended,
+        or ends within OWNER_SETTLE s: it got the same signal as this attempt's ranks."""
+        if self.owner is None:
+            return False
+        deadline = time.monotonic() + OWNER_SETTLE
+        while self.owner.running():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL)
+        return True
 
     def _again(self, number: int) -> str:
         """The line that opens a retry (at most 1 + max_retries + the lost attempts) or a recovery."""
