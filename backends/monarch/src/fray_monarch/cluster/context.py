@@ -31,7 +31,7 @@ from fray.backend import (
     watchdog,
 )
 from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
-from fray_monarch.cluster.job_recovery import PREEMPT_WAIT, AllocationRecovery
+from fray_monarch.cluster.job_recovery import PREEMPT_WAIT, AllocationRecovery, ContextHooks
 from fray_monarch.cluster.launchers import HostSet
 from fray_monarch.core import runtime, tempdirs  # _runtime: environment and fault hook first
 from fray_monarch.core.monarch_api import Actor, endpoint
@@ -182,7 +182,7 @@ def _unwrap(reply: Any) -> Any:
     return reply.unwrap()
 
 
-class MonarchClusterContext(AllocationRecovery, ClusterContext):
+class MonarchClusterContext(ClusterContext):
     backend = "monarch"
     capabilities = frozenset(
         {Capability.JOB_PACKAGES, Capability.JOB_RESOURCES, Capability.MULTI_HOST, Capability.PROCESS_ISOLATION}
@@ -210,7 +210,6 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
         # and shutdown does not wait for an answer from them that cannot come.
         self._gone: set[str] = set()
         allocation = hostset.allocation if hostset is not None else None
-        self._init_recovery(allocation, preempt_wait, driver_bind, respec)
         self._lifeline = LifelineServer(driver_bind, self._lifeline_lost) if remote else None
         self._shared: str | None = None
         if self._tmpdir is not None:
@@ -232,9 +231,45 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
         self._procs: list[Any] = []
         self._runners: list[Any] = []
         self._names: list[str] = []  # each runner's lifeline name (its root, and the hosts' run: recovery)
+        self._generation = 0  # how many times the runners were started (or replaced by stand-ins)
+        self._recovery = AllocationRecovery(allocation, preempt_wait, driver_bind, respec, self._hooks())
         self._spawn_runners(hosts)
         self._where: dict[str, int] = {}
         self._next = itertools.cycle(range(len(self._runners)))
+
+    def _hooks(self) -> ContextHooks:
+        """What the recovery from a preemption of the hosts' Slurm allocation reads and changes of this context."""
+
+        def where() -> dict[str, int]:
+            with self._lock:
+                return dict(self._where)
+
+        def set_job_spec(spec: str) -> None:
+            self._job_spec = spec
+
+        return ContextHooks(
+            hostset=self._hostset,
+            roots=self._roots,
+            runners=lambda: self._runners,
+            names=lambda: self._names,
+            where=where,
+            generation=lambda: self._generation,
+            job_spec=lambda: self._job_spec,
+            set_job_spec=set_job_spec,
+            spawn_runners=self._spawn_runners,
+            runners_ended=self._runners_ended,
+        )
+
+    def _lifeline_lost(self, name: str) -> None:
+        """A job runner's lifeline closed: its host or process is gone (shutdown waits for no answer from it)."""
+        self._gone.add(name)
+        self._recovery.lifeline_lost(name)
+
+    def _runners_ended(self, stand_ins: list[Any]) -> None:
+        """The hosts are gone for good: stand-ins in the driver answer for their runners' jobs."""
+        with self._lock:
+            self._runners, self._procs, self._names = stand_ins, [], []
+            self._generation += 1
 
     def _spawn_runners(self, hosts: list[Any]) -> None:
         """A job runner on each host (again after a preemption: on the hosts of the allocation's next run)."""
@@ -258,7 +293,7 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
         return self._lifeline.address, self._lifeline.key_for(name), name
 
     def _runner(self, job_id: str, within: float | None = None) -> Any:
-        self._settle(within)
+        self._recovery.settle(within)
         with self._lock:
             index = self._where.get(job_id)
         if index is None:
@@ -270,14 +305,14 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
     ) -> str:
         # detached never comes here: no persistent_jobs (the job runners are children of this driver's meshes).
         # working_dir is this driver's path: on another host a directory that does not exist fails the job.
-        self._settle()
+        self._recovery.settle()
         with self._lock:  # one id, one job: ids are taken here, in this driver, whichever runner runs the job
             if job_id is not None and job_id in self._where:
                 raise JobExistsError(f"a job with id {job_id!r} exists")
             index = next(self._next)
             job_id = job_id or f"monarch-job-{uuid.uuid4().hex[:12]}"
             self._where[job_id] = index
-        self._remember(job_id, entrypoint, env, working_dir)
+        self._recovery.remember(job_id, entrypoint, env, working_dir)
         started = self._runners[index].start.call_one(entrypoint, env, job_id, working_dir)
         return str(_unwrap(started.get(timeout=MARGIN)))
 
@@ -285,12 +320,12 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
         return self._job_spec
 
     def _list_jobs(self) -> list[JobInfo]:
-        self._settle()
+        self._recovery.settle()
         futures = [runner.list.call_one() for runner in self._runners]
-        return [self._saw(info) for fut in futures for info in _unwrap(fut.get(timeout=MARGIN))]
+        return [self._recovery.saw(info) for fut in futures for info in _unwrap(fut.get(timeout=MARGIN))]
 
     def _get_job(self, job_id: str) -> JobInfo:
-        return self._saw(_unwrap(self._runner(job_id).info.call_one(job_id).get(timeout=MARGIN)))
+        return self._recovery.saw(_unwrap(self._runner(job_id).info.call_one(job_id).get(timeout=MARGIN)))
 
     def _stop_job(self, job_id: str) -> None:
         grace = kill_delay(grace_of(self._get_job(job_id).entrypoint))  # a supervised job's ranks have their grace
@@ -315,7 +350,7 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
         return str(_unwrap(self._runner(job_id).logs.call_one(job_id).get(timeout=MARGIN)))
 
     def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
-        if self._allocation is None:
+        if self._recovery.allocation is None:
             fut = self._runner(job_id).wait.call_one(job_id, timeout)
             try:
                 info: JobInfo = _unwrap(fut.get(timeout=None if timeout is None else timeout + MARGIN))
@@ -327,7 +362,7 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             runner, generation = self._runner(job_id, left), self._generation
-            if self._recovering:  # its hosts are still being brought back
+            if self._recovery.recovering:  # its hosts are still being brought back
                 if left is None:
                     continue
                 raise GetTimeoutError(f"job {job_id} did not end within {timeout} s: its hosts were preempted")
@@ -336,18 +371,18 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
             answered = time.monotonic() + part + MARGIN
             while True:
                 try:
-                    return self._saw(_unwrap(fut.get(timeout=1.0)))
+                    return self._recovery.saw(_unwrap(fut.get(timeout=1.0)))
                 except GetTimeoutError:
                     if left is not None and left <= part:
                         raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from None
                     break  # not yet: ask again
                 except TimeoutError as exc:
-                    if self._recovering or self._generation != generation:
+                    if self._recovery.recovering or self._generation != generation:
                         break  # its hosts are gone: asked again once the job runs on the next ones
                     if time.monotonic() > answered:
                         raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from exc
                 except Exception:
-                    if not (self._recovering or self._generation != generation):
+                    if not (self._recovery.recovering or self._generation != generation):
                         raise
                     break
 
@@ -375,7 +410,7 @@ class MonarchClusterContext(AllocationRecovery, ClusterContext):
         return nodes
 
     def _shutdown(self) -> None:
-        self._closing = True
+        self._recovery.close()
         with self._lock:
             runners, procs, names = list(self._runners), list(self._procs), list(self._names)
         # (a lost host's runner never answers; a stand-in for one, after its hosts were lost for good, has no name)

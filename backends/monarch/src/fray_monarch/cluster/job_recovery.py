@@ -18,9 +18,10 @@ import os
 import shlex
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fray.backend import (
     RECOVERY_VAR,
@@ -40,7 +41,10 @@ from fray.errors import FrayError
 from fray_monarch.core.protocol import Reply
 from fray_monarch.net import network
 
-__all__ = ["ATTACH_WAIT", "PREEMPT_WAIT", "AllocationRecovery", "Submitted"]
+if TYPE_CHECKING:
+    from fray_monarch.cluster.launchers import HostSet
+
+__all__ = ["ATTACH_WAIT", "PREEMPT_WAIT", "AllocationRecovery", "ContextHooks", "Submitted"]
 
 log = logging.getLogger("fray_monarch")
 
@@ -103,59 +107,85 @@ class _EndedRunner:
         return _Endpoint(calls.get(endpoint, self._refuse))
 
 
+@dataclass(frozen=True)
+class ContextHooks:
+    """What AllocationRecovery needs of the cluster context whose jobs it recovers, handed to it when it is made:
+    the context's state stays its own, read and changed only through these."""
+
+    hostset: HostSet | None  # the cluster's hosts: their addresses and names become the next run's
+    roots: list[str]  # each job runner's root, on storage shared with the driver (the same in each run)
+    runners: Callable[[], list[Any]]  # the job runners now
+    names: Callable[[], list[str]]  # their lifeline names
+    where: Callable[[], dict[str, int]]  # a copy of each job's runner index (taken under the context's lock)
+    generation: Callable[[], int]  # how many times the context's runners were started or replaced
+    job_spec: Callable[[], str]  # the jobs' FRAY_BACKEND now
+    set_job_spec: Callable[[str], None]
+    spawn_runners: Callable[[list[Any]], None]  # a job runner on each host of the allocation's next run
+    runners_ended: Callable[[list[Any]], None]  # the hosts are gone for good: these stand-ins answer for them
+
+
 class AllocationRecovery:
-    """The part of MonarchClusterContext that recovers its jobs from a preemption of its Slurm allocation."""
+    """Recovers a MonarchClusterContext's jobs from a preemption of its Slurm allocation (the module docstring)."""
 
-    _gone: set[str]
-    _hostset: Any
-    _job_spec: str
-    _lock: threading.Lock
-    _names: list[str]
-    _procs: list[Any]
-    _roots: list[str]
-    _runners: list[Any]
-    _where: dict[str, int]
-
-    def _init_recovery(self, allocation: Any, preempt_wait: float, driver_bind: str, respec: Any) -> None:
+    def __init__(
+        self,
+        allocation: Any,
+        preempt_wait: float,
+        driver_bind: str,
+        respec: Callable[[HostSet], str] | None,
+        host: ContextHooks,
+    ) -> None:
         self._allocation = allocation  # slurm_alloc.SlurmAllocation, or None: nothing to recover from
         self._preempt_wait = preempt_wait
         self._bind = driver_bind
         self._respec = respec  # HostSet -> the jobs' FRAY_BACKEND (cluster.context.job_spec)
-        self._generation = 0
-        self._recovery = threading.Condition()
+        self._host = host
+        self._idle = threading.Condition()
         self._recovering = False
         self._closing = False
         self._seen: dict[str, JobInfo] = {}
         self._submitted: dict[str, Submitted] = {}
 
-    def _spawn_runners(self, hosts: list[Any]) -> None:
-        raise NotImplementedError
+    @property
+    def allocation(self) -> Any:
+        """The Slurm allocation holding the hosts (None: nothing to recover from)."""
+        return self._allocation
 
-    def _lifeline_lost(self, name: str) -> None:
+    @property
+    def recovering(self) -> bool:
+        """Whether the jobs' hosts are being looked into or brought back now."""
+        return self._recovering
+
+    def close(self) -> None:
+        """The context is shutting down: a lost runner is no longer looked into."""
+        self._closing = True
+
+    def lifeline_lost(self, name: str) -> None:
         """A job runner's lifeline closed: its host or process is gone. Every host of a Slurm allocation going at
         once is looked into (on a thread of its own)."""
-        self._gone.add(name)
-        if self._allocation is None or self._closing or name not in self._names:
+        if self._allocation is None or self._closing or name not in self._host.names():
             return
-        with self._recovery:
+        with self._idle:
             if self._recovering:
                 return
             self._recovering = True
         threading.Thread(target=self._recover, name="fray-monarch-recovery", daemon=True).start()
 
-    def _settle(self, within: float | None = None) -> None:
+    def settle(self, within: float | None = None) -> None:
         """Wait out a recovery under way (bounded by its own waits, and by `within` s where given)."""
         if self._allocation is None:
             return
         limit = self._preempt_wait + ATTACH_WAIT + 60.0
-        with self._recovery:
-            self._recovery.wait_for(lambda: not self._recovering, limit if within is None else min(within, limit))
+        with self._idle:
+            self._idle.wait_for(lambda: not self._recovering, limit if within is None else min(within, limit))
 
-    def _saw(self, info: JobInfo) -> JobInfo:
+    def saw(self, info: JobInfo) -> JobInfo:
+        """A job as the context last saw it (how it ended, if its hosts go after it did)."""
         self._seen[info.id] = info
         return info
 
-    def _remember(self, job_id: str, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str | None) -> None:
+    def remember(self, job_id: str, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str | None) -> None:
+        """What a job was started with, to start it again."""
         if self._allocation is not None:
             self._submitted[job_id] = Submitted(entrypoint, env, working_dir)
 
@@ -174,40 +204,41 @@ class AllocationRecovery:
         except Exception:
             log.exception("fray: recovering the jobs of a preempted Slurm allocation failed")
         finally:
-            with self._recovery:
+            with self._idle:
                 self._recovering = False
-                self._recovery.notify_all()
+                self._idle.notify_all()
 
     def _recover_from(self, reason: str, requeued: bool) -> None:
         allocation = self._allocation
         assert allocation is not None
         lost_at = time.time()
-        with self._lock:
-            where = dict(self._where)
+        where = self._host.where()
         log.warning("fray: %s; its jobs' hosts are gone", reason)
         try:
             if not requeued:
                 raise FrayError("its jobs are not run again")
             names = allocation.wait_requeued(self._preempt_wait)
             addresses = allocation.addresses(ATTACH_WAIT)
-            mesh = network.attach(addresses, ATTACH_WAIT, self._bind, name=f"fray_hosts_{self._generation + 1}")
+            mesh = network.attach(addresses, ATTACH_WAIT, self._bind, name=f"fray_hosts_{self._host.generation() + 1}")
         except Exception as exc:
             self._end_lost(where, f"{reason}; {exc}", lost_at)
             return
-        self._hostset.addresses, self._hostset.names = addresses, names
-        before = self._job_spec
+        hostset = self._host.hostset
+        assert hostset is not None  # (the allocation is the hostset's)
+        hostset.addresses, hostset.names = addresses, names
+        before = self._host.job_spec()
         if self._respec is not None:
-            self._job_spec = self._respec(self._hostset)
-        self._spawn_runners([mesh.slice(hosts=i) for i in range(int(mesh.size("hosts")))])
+            self._host.set_job_spec(self._respec(hostset))
+        self._host.spawn_runners([mesh.slice(hosts=i) for i in range(int(mesh.size("hosts")))])
         for job_id, index in where.items():
             try:
-                self._resume(job_id, index % len(self._runners), reason, lost_at, before)
+                self._resume(job_id, index % len(self._host.runners()), reason, lost_at, before)
             except Exception as exc:
                 log.warning("fray: job %s could not be run again after %s: %s", job_id, reason, exc)
 
     def _tail(self, index: int, job_id: str) -> str:
         """The end of the job's log from its last record on (the log is on storage that outlived its host)."""
-        path = Path(self._roots[index]) / job_id / "log"
+        path = Path(self._host.roots[index]) / job_id / "log"
         try:
             return log_end_with_record(lambda lines: read_log_end(path, lines))
         except OSError:
@@ -235,15 +266,16 @@ class AllocationRecovery:
     def _resume(self, job_id: str, index: int, reason: str, lost_at: float, old_spec: str) -> None:
         """Start the job again on runner `index` (the runner that ran it, in the allocation's next run); old_spec:
         the jobs' FRAY_BACKEND before (a job's own is kept)."""
-        runner = self._runners[index]
+        runner = self._host.runners()[index]
         ended = self._ended_info(job_id, index)
         submitted = self._submitted.get(job_id)
         if ended is None and submitted is not None and is_supervised(_text(submitted.entrypoint)):
             seen = self._seen.get(job_id)
             started = seen.start_time or seen.submission_time if seen is not None else None
             extra = {RECOVERY_VAR: recovery_value(self._tail(index, job_id), reason, started, lost_at)}
-            if submitted.env.env.get(settings.BACKEND.name) == old_spec != self._job_spec:
-                extra[settings.BACKEND.name] = self._job_spec  # (the next run's hosts are on other nodes)
+            spec = self._host.job_spec()
+            if submitted.env.env.get(settings.BACKEND.name) == old_spec != spec:
+                extra[settings.BACKEND.name] = spec  # (the next run's hosts are on other nodes)
             env = replace(submitted.env, env={**submitted.env.env, **extra})
             _unwrap(runner.resume.call_one(submitted.entrypoint, env, job_id, submitted.working_dir).get(timeout=60))
             return
@@ -254,7 +286,8 @@ class AllocationRecovery:
         """The allocation is not coming back: each job that had not ended ends FAILED, answered for by a stand-in
         of its runner in the driver."""
         log.warning("fray: %s", why)
-        runners = [_EndedRunner(root, why) for root in self._roots]
+        roots = self._host.roots
+        runners = [_EndedRunner(root, why) for root in roots]
         for job_id, index in where.items():
             info = self._ended_info(job_id, index)
             if info is None:
@@ -264,15 +297,13 @@ class AllocationRecovery:
                     seen = self._seen.get(job_id)
                     started = seen.start_time if seen is not None else None
                     ending, message = lost_for_good(self._tail(index, job_id), why, started, lost_at)
-                    _append(Path(self._roots[index]) / job_id / "log", ending)
+                    _append(Path(roots[index]) / job_id / "log", ending)
                     info = replace(info, message=message)
             try:
                 runners[index].jobs.adopt(info)
             except (OSError, FrayError) as exc:  # its directory did not outlive its host: not on shared storage
                 log.warning("fray: job %s: %s", job_id, exc)
-        with self._lock:
-            self._runners, self._procs, self._names = list(runners), [], []
-            self._generation += 1
+        self._host.runners_ended(list(runners))
 
 
 def _text(entrypoint: str | list[str]) -> str:
