@@ -33,7 +33,8 @@ DRIVER = textwrap.dedent(
         kids = [" ".join(procfs.cmdline(p) or []).strip() for p in children_of(os.getpid())]
         kids = ["the watchdog" if k.endswith(f"-m fray.host.watchdog {os.getpid()}") else k for k in kids]
         tag = f"{os.getpid()}-"
-        dirs = [d for d in glob.glob("/tmp/fray-m*") if open(os.path.join(d, "owner")).read().startswith(tag)]
+        owned = [os.path.join(d, "owner") for d in glob.glob("/tmp/fray-m*")]  # (a cluster's job roots have none)
+        dirs = [os.path.dirname(o) for o in owned if os.path.isfile(o) and open(o).read().startswith(tag)]
         mine = os.environ["FRAY_TLS_RUNTIME_DIR"].partition(":")[2]
         tls = "private" if os.path.exists(mine) and private(mine) else "none" if not os.path.exists(mine) else "open"
         return {"children": kids, "private dirs": [private(d) for d in dirs], "tls files": tls}, dirs + [mine]
