@@ -63,23 +63,6 @@ WEIGHTS: dict[str, float] = {
     "tests/test_conformance_process_actors.py": 21.0,
     "tests/test_cli_job_dependencies.py": 7.0,
     "tests/gpu": 4.0,
-}::ray": 594.0,
-    "tests/ray": 565.0,
-    "tests/monarch": 430.0,
-    f"{CONFORMANCE}::monarch": 351.0,
-    "tests/test_benchmarks.py": 160.0,
-    "tests/unit": 204.0,
-    f"{CONFORMANCE}::in_memory": 180.0,
-    "tests/reliability": 180.0,
-    "tests/test_conformance_process_pool.py": 116.0,
-    "tests/test_cli_jobs.py": 86.0,
-    "tests/dashboard": 40.0,
-    "tests/test_worker_output.py": 30.0,
-    "tests/test_cli_job_shapes.py": 29.0,
-    "tests/test_interrupts.py": 24.0,
-    "tests/test_conformance_process_actors.py": 21.0,
-    "tests/gpu": 4.0,
-    "tests/test_cli_job_dependencies.py": 4.0,
 }
 
 
