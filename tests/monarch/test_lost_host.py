@@ -23,6 +23,7 @@ from _netns import Host, namespaced_hosts, require_namespaced_hosts
 HERE = Path(__file__).parent
 DRIVER = HERE.parent / "_lost_host_driver.py"
 JOB_DRIVER = HERE.parent / "_lost_rank_job_driver.py"
+PLAIN_DRIVER = HERE.parent / "_lost_host_plain_driver.py"
 SHUTDOWN_WITHIN = 20.0  # seconds a driver's cluster.shutdown() may take after one of its hosts was lost
 PY = sys.executable
 
@@ -183,14 +184,11 @@ def _supervisor_host(hosts: list[Host]) -> Host:
     raise AssertionError("no job supervisor runs in any host")
 
 
-def test_a_jobs_attempt_on_a_lost_host_is_lost_and_not_counted_against_max_retries(
-    hosts: list[Host], tmp_path: Path
-) -> None:
-    """A job of 2 ranks spread over hosts 1 and 2 (create_job(..., placement="spread", max_retries=0)) loses the
-    host of the rank that is not beside its supervisor: its host worker SIGKILLed (what ran under it ends with
-    it). The attempt is "lost", naming that rank; with no failure retried, the next attempt runs both ranks on the
-    host left (before the fix it was placed on the lost host again and failed, not started, after Monarch's 30 s
-    spawn timeout) and the job succeeds. The driver's cluster then shuts down without waiting for the lost host."""
+def _job_run(hosts: list[Host], tmp_path: Path, supervisor: bool) -> tuple[Any, Any, Host, Host]:
+    """Run the lost-rank job driver in host 0 over host workers on hosts 1 and 2; once both ranks said where they
+    run, SIGKILL the host worker of the host of the job's supervisor (`supervisor`) or of the other host (what ran
+    under it ends with it). What the driver saw before and after, the host lost and the host left. The driver's
+    cluster then shuts down without waiting for the lost host."""
     env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
     workers = [
         h.popen(
@@ -218,8 +216,7 @@ def test_a_jobs_attempt_on_a_lost_host_is_lost_and_not_counted_against_max_retri
             before = _line(driver.stdout, "BEFORE", log)
             assert sorted(before["ranks"].values()) == [hosts[1].name, hosts[2].name], before
             beside = _supervisor_host(hosts[1:])
-            lost = next(h for h in hosts[1:] if h is not beside)
-            rank = next(r for r, name in before["ranks"].items() if name == lost.name)
+            lost = beside if supervisor else next(h for h in hosts[1:] if h is not beside)
             _lose(lost, worker_only=True)
             driver.stdin.write("go\n")
             driver.stdin.flush()
@@ -236,6 +233,18 @@ def test_a_jobs_attempt_on_a_lost_host_is_lost_and_not_counted_against_max_retri
         for worker in workers:
             worker.kill()
             worker.wait(10)
+    return before, after, lost, next(h for h in hosts[1:] if h is not lost)
+
+
+def test_a_jobs_attempt_on_a_lost_host_is_lost_and_not_counted_against_max_retries(
+    hosts: list[Host], tmp_path: Path
+) -> None:
+    """A job of 2 ranks spread over hosts 1 and 2 (create_job(..., placement="spread", max_retries=0)) loses the
+    host of the rank that is not beside its supervisor. The attempt is "lost", naming that rank; with no failure
+    retried, the next attempt runs both ranks on the host left (before the fix it was placed on the lost host again
+    and failed, not started, after Monarch's 30 s spawn timeout) and the job succeeds."""
+    before, after, lost, beside = _job_run(hosts, tmp_path, supervisor=False)
+    rank = next(r for r, name in before["ranks"].items() if name == lost.name)
     attempts = after["attempts"]
     assert after["status"] == "SUCCEEDED", after
     assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")], after
@@ -243,3 +252,68 @@ def test_a_jobs_attempt_on_a_lost_host_is_lost_and_not_counted_against_max_retri
     assert [a["world_size"] for a in attempts] == [2, 2]
     assert after["ranks_after"] == {"0": beside.name, "1": beside.name}, after
     assert "[fray] attempt 2 (the last was lost: " in after["logs"] and "recovery 1 of 10)" in after["logs"], after
+
+
+def test_a_job_whose_supervisors_host_is_lost_runs_again_on_the_host_left(hosts: list[Host], tmp_path: Path) -> None:
+    """The same job loses the host of its supervisor (its own first process, under that host's job runner), which
+    takes the supervisor and the attempt with it. The cluster's context sees the runner's lifeline close, finds the
+    host silent, and starts the job again on the other host's runner: attempt 1 "lost" naming the host (not counted
+    against max_retries=0), attempt 2 runs both ranks on the host left and succeeds. Before, nothing ran it again:
+    the job was lost with its host. The runners' roots are host-local, so the new log says the earlier output was
+    lost with the host."""
+    _, after, lost, left = _job_run(hosts, tmp_path, supervisor=True)
+    attempts = after["attempts"]
+    assert after["status"] == "SUCCEEDED", after
+    assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")], after
+    assert attempts[0]["message"].startswith("lost: the job's host ") and lost.name in attempts[0]["message"], after
+    assert [a["world_size"] for a in attempts] == [2, 2]
+    assert after["ranks_after"] == {"0": left.name, "1": left.name}, after
+    assert "[fray] attempt 2 (the last was lost: " in after["logs"] and "recovery 1 of 10)" in after["logs"], after
+    assert "was lost with its host" in after["logs"], after
+
+
+def test_a_plain_command_on_a_lost_host_fails_naming_it_and_new_jobs_go_to_the_host_left(
+    hosts: list[Host], tmp_path: Path
+) -> None:
+    """Two plain commands (unsupervised: no record to go on from), one on each host; host 2's worker is SIGKILLed.
+    Its job ends FAILED naming the host, the other runs on, and a new job runs on the host left."""
+    env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
+    workers = [
+        h.popen(
+            [PY, "-m", "fray_monarch.worker", "--address", f"tls://{h.name}:29500"], stdout=subprocess.DEVNULL, env=env
+        )
+        for h in hosts[1:]
+    ]
+    spec = f"monarch?hosts=tls://{hosts[1].name}:29500,tls://{hosts[2].name}:29500&procs=1&cpus=2"
+    log = tmp_path / "driver.log"
+    try:
+        with open(log, "w") as errors:
+            driver = hosts[0].popen(
+                [PY, str(PLAIN_DRIVER), spec],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+                cwd=tmp_path,
+                env=env,
+            )
+        assert driver.stdin is not None and driver.stdout is not None
+        try:
+            assert _line(driver.stdout, "BEFORE", log) == sorted([hosts[1].name, hosts[2].name])
+            _lose(hosts[2], worker_only=True)
+            driver.stdin.write(hosts[2].name + "\n")
+            driver.stdin.flush()
+            after = _line(driver.stdout, "AFTER", log)
+            driver.wait(timeout=60)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait(10)
+    assert after["status"] == "FAILED", after
+    assert after["message"].startswith("lost: the job's host ") and hosts[2].name in after["message"], after
+    assert "a plain command is not run again" in after["message"], after
+    assert after["other"] == "RUNNING" and after["new"] == ["SUCCEEDED", hosts[1].name], after

@@ -20,6 +20,7 @@ CHECKED = [
     # objects, whose state Monarch has no public names for).
     REPO / "backends/monarch/src/fray_monarch/cluster/context.py",
     REPO / "backends/monarch/src/fray_monarch/cluster/job_recovery.py",
+    REPO / "backends/monarch/src/fray_monarch/cluster/host_recovery.py",
 ]
 # Private names of other modules that are their documented API, each with why it is needed.
 ALLOWED = {

@@ -47,6 +47,7 @@ from fray.jobs.policy import GRACE_VAR, OWNER_SIGNALS_ALL_VAR, grace_of, kill_de
 from fray.jobs.recovery import (
     RECOVERY_VAR,
     ended_before,
+    has_record,
     is_supervised,
     log_end_with_record,
     lost_for_good,
@@ -259,6 +260,7 @@ __all__ = [
     "grace_of",
     "group_label",
     "hang_timeout",
+    "has_record",
     "heartbeat_interval",
     "held_from_env",
     "host_gpus",

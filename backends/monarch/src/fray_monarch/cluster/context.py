@@ -31,6 +31,7 @@ from fray.backend import (
     watchdog,
 )
 from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
+from fray_monarch.cluster.host_recovery import HostRecovery, answer, start_again
 from fray_monarch.cluster.job_recovery import PREEMPT_WAIT, AllocationRecovery, ContextHooks
 from fray_monarch.cluster.launchers import HostSet
 from fray_monarch.core import runtime, tempdirs  # _runtime: environment and fault hook first
@@ -39,7 +40,7 @@ from fray_monarch.core.protocol import Reply
 from fray_monarch.net.lifeline import LifelineServer, hold
 
 MARGIN = 30.0
-WAIT_SLICE = 10.0  # seconds of one wait call to a job runner where its hosts may be preempted (then asked again)
+WAIT_SLICE = 10.0  # seconds of one wait call to a job runner on another host, which may be lost (then asked again)
 
 # What a job's own fray.init() keeps of its cluster's spec: the size of its processes, never how hosts are launched
 # (a job must not launch the cluster's hosts again: it attaches to them by address).
@@ -112,11 +113,11 @@ class JobRunner(Actor):
         return self._safe(self.jobs.start, entrypoint, env, job_id, False, working_dir)
 
     @endpoint
-    def resume(self, entrypoint: Any, env: RuntimeEnv, job_id: str, working_dir: str | None = None) -> Any:
-        """Run again a job whose directory and log are under this root already (its hosts were lost)."""
+    def resume(self, entrypoint: Any, env: RuntimeEnv, job_id: str, working_dir: str | None, first_line: str) -> Any:
+        """Run again a job whose hosts were lost (host_recovery.start_again)."""
         if self.job_tmpdir is not None and "TMPDIR" not in env.env:
             env = replace(env, env={**env.env, "TMPDIR": self.job_tmpdir})
-        return self._safe(lambda: self.jobs.start(entrypoint, env, job_id, False, working_dir, resume=True))
+        return self._safe(start_again, self.jobs, entrypoint, env, job_id, working_dir, first_line)
 
     @endpoint
     def adopt(self, info: JobInfo) -> Any:
@@ -232,13 +233,14 @@ class MonarchClusterContext(ClusterContext):
         self._runners: list[Any] = []
         self._names: list[str] = []  # each runner's lifeline name (its root, and the hosts' run: recovery)
         self._generation = 0  # how many times the runners were started (or replaced by stand-ins)
-        self._recovery = AllocationRecovery(allocation, preempt_wait, driver_bind, respec, self._hooks())
+        hooks = self._hooks()
+        lost_host = HostRecovery(hooks, respec).recover  # one host lost while the others run on
+        self._recovery = AllocationRecovery(allocation, preempt_wait, driver_bind, respec, hooks, lost_host)
         self._spawn_runners(hosts)
         self._where: dict[str, int] = {}
-        self._next = itertools.cycle(range(len(self._runners)))
 
     def _hooks(self) -> ContextHooks:
-        """What the recovery from a preemption of the hosts' Slurm allocation reads and changes of this context."""
+        """What the recovery of its jobs from a lost host (or a preempted Slurm allocation) reads and changes."""
 
         def where() -> dict[str, int]:
             with self._lock:
@@ -246,6 +248,13 @@ class MonarchClusterContext(ClusterContext):
 
         def set_job_spec(spec: str) -> None:
             self._job_spec = spec
+
+        def retire(index: int, stand_in: Any, live: list[int], moved: dict[str, int]) -> None:
+            with self._lock:  # (new jobs go to the live hosts' runners)
+                self._where.update(moved)
+                self._runners = [stand_in if i == index else r for i, r in enumerate(self._runners)]
+                self._next = itertools.cycle(live or range(len(self._runners)))
+                self._generation += 1
 
         return ContextHooks(
             hostset=self._hostset,
@@ -258,6 +267,9 @@ class MonarchClusterContext(ClusterContext):
             set_job_spec=set_job_spec,
             spawn_runners=self._spawn_runners,
             runners_ended=self._runners_ended,
+            shared_roots=self._shared is not None,
+            gone=lambda: set(self._gone),
+            retire=retire,
         )
 
     def _lifeline_lost(self, name: str) -> None:
@@ -284,6 +296,7 @@ class MonarchClusterContext(ClusterContext):
         ]
         with self._lock:
             self._procs, self._runners, self._names = procs, runners, names
+            self._next = itertools.cycle(range(len(runners)))
             self._generation += 1
 
     def _lifeline_of(self, name: str) -> tuple[str, bytes, str] | None:
@@ -299,6 +312,10 @@ class MonarchClusterContext(ClusterContext):
         if index is None:
             raise JobNotFoundError(f"no job {job_id!r} here (it never existed or was deleted)")
         return self._runners[index]
+
+    def _ask(self, job_id: str, endpoint: str, *args: Any) -> Any:
+        """The answer of the job's runner (asked again of its runner now where its host was lost meanwhile)."""
+        return answer(self._runner, job_id, endpoint, args, lambda: (self._generation, self._recovery.recovering))
 
     def _create_job(
         self, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str, detached: bool, job_id: str | None
@@ -325,19 +342,19 @@ class MonarchClusterContext(ClusterContext):
         return [self._recovery.saw(info) for fut in futures for info in _unwrap(fut.get(timeout=MARGIN))]
 
     def _get_job(self, job_id: str) -> JobInfo:
-        return self._recovery.saw(_unwrap(self._runner(job_id).info.call_one(job_id).get(timeout=MARGIN)))
+        return self._recovery.saw(self._ask(job_id, "info"))
 
     def _stop_job(self, job_id: str) -> None:
         grace = kill_delay(grace_of(self._get_job(job_id).entrypoint))  # a supervised job's ranks have their grace
         _unwrap(self._runner(job_id).stop_job.call_one(job_id).get(timeout=MARGIN + grace))
 
     def _delete_job(self, job_id: str) -> None:
-        _unwrap(self._runner(job_id).delete.call_one(job_id).get(timeout=MARGIN))
+        self._ask(job_id, "delete")
         with self._lock:
             self._where.pop(job_id, None)
 
     def _get_job_log_end(self, job_id: str, lines: int) -> str:
-        return str(_unwrap(self._runner(job_id).log_end.call_one(job_id, lines).get(timeout=MARGIN)))
+        return self._recovery.saw_log(job_id, str(self._ask(job_id, "log_end", lines)))
 
     def raw_log_end(self, job_id: str, lines: int) -> str:
         """The raw last lines of a job's log, records included (for a head's clients: fray.jobs.records)."""
@@ -347,17 +364,10 @@ class MonarchClusterContext(ClusterContext):
         return "python"  # a job runner puts its own interpreter first on a job's PATH (this path may not be there)
 
     def _get_job_logs(self, job_id: str) -> str:
-        return str(_unwrap(self._runner(job_id).logs.call_one(job_id).get(timeout=MARGIN)))
+        return str(self._ask(job_id, "logs"))
 
     def _wait_job(self, job_id: str, timeout: float | None) -> JobInfo:
-        if self._recovery.allocation is None:
-            fut = self._runner(job_id).wait.call_one(job_id, timeout)
-            try:
-                info: JobInfo = _unwrap(fut.get(timeout=None if timeout is None else timeout + MARGIN))
-            except TimeoutError as exc:
-                raise GetTimeoutError(f"job {job_id} did not end within {timeout} s") from exc
-            return info
-        # On a Slurm allocation, in slices: a preemption takes the runner that waits, and the job goes on elsewhere.
+        # In slices: a lost host (or a preempted allocation) takes the runner that waits; the job goes on elsewhere.
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -365,7 +375,7 @@ class MonarchClusterContext(ClusterContext):
             if self._recovery.recovering:  # its hosts are still being brought back
                 if left is None:
                     continue
-                raise GetTimeoutError(f"job {job_id} did not end within {timeout} s: its hosts were preempted")
+                raise GetTimeoutError(f"job {job_id} did not end within {timeout} s: its hosts were lost")
             part = WAIT_SLICE if left is None else min(WAIT_SLICE, left)
             fut = runner.wait.call_one(job_id, part)
             answered = time.monotonic() + part + MARGIN

@@ -9,7 +9,8 @@ and there: runs again each supervised job that had not ended, its attempt that r
 fray.jobs.recovery), its log going on; lists each job that had ended as it ended; and ends each plain command that
 had not, FAILED (it has no attempts to go on from). If it was not requeued, or its next run did not come within the
 wait, every job that had not ended ends FAILED, a supervised one's record saying its last attempt was lost and why,
-and a stand-in of each runner in the driver answers for the jobs from their logs."""
+and a stand-in of each runner in the driver answers for the jobs from their logs. Where Slurm did not take the
+allocation (or the cluster is not a Slurm allocation), the lost host alone is looked into (host_recovery.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from fray.backend import (
     LocalJobs,
     RuntimeEnv,
     ended_before,
+    has_record,
     is_supervised,
     log_end_with_record,
     lost_for_good,
@@ -44,7 +46,7 @@ from fray_monarch.net import network
 if TYPE_CHECKING:
     from fray_monarch.cluster.launchers import HostSet
 
-__all__ = ["ATTACH_WAIT", "PREEMPT_WAIT", "AllocationRecovery", "ContextHooks", "Submitted"]
+__all__ = ["ATTACH_WAIT", "PREEMPT_WAIT", "AllocationRecovery", "ContextHooks", "StandInEndpoint", "Submitted"]
 
 log = logging.getLogger("fray_monarch")
 
@@ -52,6 +54,7 @@ PREEMPT_WAIT = 600.0  # seconds a requeued allocation has to run again (preempt_
 TAKEN_WITHIN = 3.0  # seconds after a runner's lifeline closed during which Slurm is asked whether it took the hosts
 ENDING_WITHIN = 300.0  # seconds Slurm may take to end an allocation it is ending (COMPLETING) before it says how
 ATTACH_WAIT = 120.0  # seconds the host workers of the allocation's next run have to answer
+HOST_WAIT = 120.0  # seconds the jobs of one lost host take to be started again elsewhere (probe, then each start)
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,9 @@ class _Answer:
         return self.reply
 
 
-class _Endpoint:
+class StandInEndpoint:
+    """An endpoint of a job runner's stand-in in the driver: call_one(...).get() as a runner's answers."""
+
     def __init__(self, call: Any) -> None:
         self._call = call
 
@@ -93,7 +98,7 @@ class _EndedRunner:
     def _refuse(self, *args: Any) -> Any:
         raise FrayError(f"this cluster's hosts are lost ({self.why}): it runs no more jobs; start a new one")
 
-    def __getattr__(self, endpoint: str) -> _Endpoint:
+    def __getattr__(self, endpoint: str) -> StandInEndpoint:
         calls = {
             "info": self.jobs.info,
             "list": self.jobs.list,
@@ -104,16 +109,16 @@ class _EndedRunner:
             "wait": self.jobs.wait,
             "close": self.jobs.close,
         }
-        return _Endpoint(calls.get(endpoint, self._refuse))
+        return StandInEndpoint(calls.get(endpoint, self._refuse))
 
 
 @dataclass(frozen=True)
 class ContextHooks:
-    """What AllocationRecovery needs of the cluster context whose jobs it recovers, handed to it when it is made:
+    """What AllocationRecovery and HostRecovery need of the cluster context whose jobs they recover, handed them:
     the context's state stays its own, read and changed only through these."""
 
     hostset: HostSet | None  # the cluster's hosts: their addresses and names become the next run's
-    roots: list[str]  # each job runner's root, on storage shared with the driver (the same in each run)
+    roots: list[str]  # each job runner's root (the same in each run; shared with the driver where shared_roots)
     runners: Callable[[], list[Any]]  # the job runners now
     names: Callable[[], list[str]]  # their lifeline names
     where: Callable[[], dict[str, int]]  # a copy of each job's runner index (taken under the context's lock)
@@ -122,6 +127,10 @@ class ContextHooks:
     set_job_spec: Callable[[str], None]
     spawn_runners: Callable[[list[Any]], None]  # a job runner on each host of the allocation's next run
     runners_ended: Callable[[list[Any]], None]  # the hosts are gone for good: these stand-ins answer for them
+    shared_roots: bool  # the roots are on storage the driver shares with the hosts
+    gone: Callable[[], set[str]]  # the lifeline names of the runners whose lifeline closed
+    # A runner's host is lost: the stand-in answers for it, new jobs go to the live runners, jobs moved run there.
+    retire: Callable[[int, Any, list[int], dict[str, int]], None]
 
 
 class AllocationRecovery:
@@ -134,12 +143,16 @@ class AllocationRecovery:
         driver_bind: str,
         respec: Callable[[HostSet], str] | None,
         host: ContextHooks,
+        lost_host: Callable[[str, Callable[[str], tuple[JobInfo | None, Submitted | None, str]]], None],
     ) -> None:
         self._allocation = allocation  # slurm_alloc.SlurmAllocation, or None: nothing to recover from
         self._preempt_wait = preempt_wait
         self._bind = driver_bind
         self._respec = respec  # HostSet -> the jobs' FRAY_BACKEND (cluster.context.job_spec)
         self._host = host
+        self._lost_host = lost_host  # one host lost while the others run on (host_recovery.HostRecovery.recover)
+        self._pending: set[str] = set()  # lifelines closed, not looked into yet
+        self._tails: dict[str, str] = {}  # the end of each job's log the context last read that held its record
         self._idle = threading.Condition()
         self._recovering = False
         self._closing = False
@@ -161,21 +174,20 @@ class AllocationRecovery:
         self._closing = True
 
     def lifeline_lost(self, name: str) -> None:
-        """A job runner's lifeline closed: its host or process is gone. Every host of a Slurm allocation going at
-        once is looked into (on a thread of its own)."""
-        if self._allocation is None or self._closing or name not in self._host.names():
+        """A job runner's lifeline closed: its host or process is gone. A preemption of the Slurm allocation
+        holding every host, or else the loss of that one host, is looked into (on a thread of its own)."""
+        if self._closing or name not in self._host.names():
             return
         with self._idle:
+            self._pending.add(name)
             if self._recovering:
-                return
+                return  # (the thread under way looks into it next)
             self._recovering = True
         threading.Thread(target=self._recover, name="fray-monarch-recovery", daemon=True).start()
 
     def settle(self, within: float | None = None) -> None:
         """Wait out a recovery under way (bounded by its own waits, and by `within` s where given)."""
-        if self._allocation is None:
-            return
-        limit = self._preempt_wait + ATTACH_WAIT + 60.0
+        limit = (HOST_WAIT if self._allocation is None else self._preempt_wait + ATTACH_WAIT) + 60.0
         with self._idle:
             self._idle.wait_for(lambda: not self._recovering, limit if within is None else min(within, limit))
 
@@ -184,29 +196,57 @@ class AllocationRecovery:
         self._seen[info.id] = info
         return info
 
+    def saw_log(self, job_id: str, log_end: str) -> str:
+        """The end of a job's raw log as the context last read it (its record, if its host goes with its log)."""
+        if has_record(log_end):
+            self._tails[job_id] = log_end
+        return log_end
+
     def remember(self, job_id: str, entrypoint: str | list[str], env: RuntimeEnv, working_dir: str | None) -> None:
         """What a job was started with, to start it again."""
-        if self._allocation is not None:
-            self._submitted[job_id] = Submitted(entrypoint, env, working_dir)
+        self._submitted[job_id] = Submitted(entrypoint, env, working_dir)
+
+    def _last_seen(self, job_id: str) -> tuple[JobInfo | None, Submitted | None, str]:
+        return self._seen.get(job_id), self._submitted.get(job_id), self._tails.get(job_id, "")
 
     def _recover(self) -> None:
-        allocation = self._allocation
-        assert allocation is not None
+        taken = False
         try:
-            start = time.monotonic()
-            while (taken := allocation.taken()) is None and not self._closing:
-                waited = time.monotonic() - start
-                if waited > ENDING_WITHIN or (waited > TAKEN_WITHIN and not allocation.ending()):
-                    break
-                time.sleep(0.5)
-            if taken is not None and not self._closing:
-                self._recover_from(*taken)
+            taken = self._allocation is not None and self._allocation_taken()
+            while not taken and not self._closing:
+                with self._idle:
+                    if not self._pending:
+                        break
+                    name = self._pending.pop()
+                try:
+                    self._lost_host(name, self._last_seen)
+                except Exception:
+                    log.exception("fray: running again the jobs of a lost host failed")
         except Exception:
             log.exception("fray: recovering the jobs of a preempted Slurm allocation failed")
         finally:
             with self._idle:
-                self._recovering = False
+                if taken or self._closing:
+                    self._pending.clear()
+                again = self._recovering = bool(self._pending)  # (a lifeline that closed meanwhile)
                 self._idle.notify_all()
+            if again:
+                threading.Thread(target=self._recover, name="fray-monarch-recovery", daemon=True).start()
+
+    def _allocation_taken(self) -> bool:
+        """Whether Slurm took the allocation (then its jobs were recovered from that), else one host was lost."""
+        allocation = self._allocation
+        assert allocation is not None
+        start = time.monotonic()
+        while (taken := allocation.taken()) is None and not self._closing:
+            waited = time.monotonic() - start
+            if waited > ENDING_WITHIN or (waited > TAKEN_WITHIN and not allocation.ending()):
+                break
+            time.sleep(0.5)
+        if taken is None or self._closing:
+            return self._closing
+        self._recover_from(*taken)
+        return True
 
     def _recover_from(self, reason: str, requeued: bool) -> None:
         allocation = self._allocation
@@ -277,7 +317,8 @@ class AllocationRecovery:
             if submitted.env.env.get(settings.BACKEND.name) == old_spec != spec:
                 extra[settings.BACKEND.name] = spec  # (the next run's hosts are on other nodes)
             env = replace(submitted.env, env={**submitted.env.env, **extra})
-            _unwrap(runner.resume.call_one(submitted.entrypoint, env, job_id, submitted.working_dir).get(timeout=60))
+            again = runner.resume.call_one(submitted.entrypoint, env, job_id, submitted.working_dir, "")  # (log kept)
+            _unwrap(again.get(timeout=60))
             return
         info = ended or self._lost_info(job_id, f"lost: {reason} (a plain command is not run again)")
         _unwrap(runner.adopt.call_one(info).get(timeout=60))

@@ -20,6 +20,7 @@ from fray.types import JobAttempt, JobStatus
 __all__ = [
     "RECOVERY_VAR",
     "ended_before",
+    "has_record",
     "is_supervised",
     "log_end_with_record",
     "lost_for_good",
@@ -41,6 +42,11 @@ def is_supervised(entrypoint: str) -> bool:
 def ended_before(log_tail: str) -> JobRecord | None:
     """The final record in this end of a job's raw log: the job had ended before its hosts were lost."""
     return final_record(log_tail)
+
+
+def has_record(log_tail: str) -> bool:
+    """Whether this end of a job's raw log holds a record (its attempts so far) of its supervisor."""
+    return last_record(log_tail) is not None
 
 
 def _with_lost(log_tail: str, reason: str, started: float | None, lost_at: float) -> tuple[int, list[JobAttempt]]:
