@@ -87,5 +87,18 @@ def main() -> None:
         cluster.shutdown()
 
 
+def assert_lost_then_succeeded(after: dict[str, Any], lost_message: str, host_left: str, naming: str = "") -> None:
+    """What a test checks of AFTER when one host was lost: the job succeeded, its attempt 1 `lost` (its message
+    starting with `lost_message` and naming `naming`), attempt 2 with both ranks on `host_left`, and the log's line
+    for the recovery (the loss not counted against max_retries=0)."""
+    attempts = after["attempts"]
+    assert after["status"] == "SUCCEEDED", after
+    assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")], after
+    assert attempts[0]["message"].startswith(lost_message) and naming in attempts[0]["message"], attempts[0]
+    assert [a["world_size"] for a in attempts] == [2, 2]
+    assert after["ranks_after"] == {"0": host_left, "1": host_left}, after
+    assert "[fray] attempt 2 (the last was lost: " in after["logs"] and "recovery 1 of 10)" in after["logs"], after
+
+
 if __name__ == "__main__":
     main()

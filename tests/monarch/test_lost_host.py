@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from _lost_host_driver import marked_line
+from _lost_rank_job_driver import assert_lost_then_succeeded
 from _netns import Host, namespaced_hosts, require_namespaced_hosts
 
 HERE = Path(__file__).parent
@@ -245,13 +246,7 @@ def test_a_jobs_attempt_on_a_lost_host_is_lost_and_not_counted_against_max_retri
     and failed, not started, after Monarch's 30 s spawn timeout) and the job succeeds."""
     before, after, lost, beside = _job_run(hosts, tmp_path, supervisor=False)
     rank = next(r for r, name in before["ranks"].items() if name == lost.name)
-    attempts = after["attempts"]
-    assert after["status"] == "SUCCEEDED", after
-    assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")], after
-    assert attempts[0]["message"].startswith(f"lost: rank {rank}'s node: "), attempts[0]
-    assert [a["world_size"] for a in attempts] == [2, 2]
-    assert after["ranks_after"] == {"0": beside.name, "1": beside.name}, after
-    assert "[fray] attempt 2 (the last was lost: " in after["logs"] and "recovery 1 of 10)" in after["logs"], after
+    assert_lost_then_succeeded(after, f"lost: rank {rank}'s node: ", beside.name)
 
 
 def test_a_job_whose_supervisors_host_is_lost_runs_again_on_the_host_left(hosts: list[Host], tmp_path: Path) -> None:
@@ -262,13 +257,7 @@ def test_a_job_whose_supervisors_host_is_lost_runs_again_on_the_host_left(hosts:
     the job was lost with its host. The runners' roots are host-local, so the new log says the earlier output was
     lost with the host."""
     _, after, lost, left = _job_run(hosts, tmp_path, supervisor=True)
-    attempts = after["attempts"]
-    assert after["status"] == "SUCCEEDED", after
-    assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")], after
-    assert attempts[0]["message"].startswith("lost: the job's host ") and lost.name in attempts[0]["message"], after
-    assert [a["world_size"] for a in attempts] == [2, 2]
-    assert after["ranks_after"] == {"0": left.name, "1": left.name}, after
-    assert "[fray] attempt 2 (the last was lost: " in after["logs"] and "recovery 1 of 10)" in after["logs"], after
+    assert_lost_then_succeeded(after, "lost: the job's host ", left.name, naming=lost.name)
     assert "was lost with its host" in after["logs"], after
 
 

@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("fray_ray")
 
 from _lost_host_driver import marked_line
+from _lost_rank_job_driver import assert_lost_then_succeeded
 from _netns import Host, namespaced_hosts, require_namespaced_hosts
 from _ray_hosts import DASHBOARD_PORT, PORT, RayNode, cluster_env, log_tails, running_cluster
 
@@ -139,10 +140,4 @@ def test_a_jobs_attempt_on_a_lost_node_is_lost_and_not_counted_against_max_retri
         if driver.poll() is None:
             driver.kill()
             driver.wait()
-    attempts = after["attempts"]
-    assert after["status"] == "SUCCEEDED", after
-    assert [(a["outcome"], a["status"]) for a in attempts] == [("lost", "FAILED"), ("succeeded", "SUCCEEDED")], after
-    assert attempts[0]["message"].startswith(f"lost: rank {rank}'s node: "), attempts[0]
-    assert [a["world_size"] for a in attempts] == [2, 2]
-    assert after["ranks_after"] == {"0": left.name, "1": left.name}, after
-    assert "[fray] attempt 2 (the last was lost: " in after["logs"] and "recovery 1 of 10)" in after["logs"], after
+    assert_lost_then_succeeded(after, f"lost: rank {rank}'s node: ", left.name)
