@@ -5,6 +5,7 @@ too: MASTER_ADDR moves with it); if it cannot, the group dies with an error nami
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -71,13 +72,15 @@ def _line(stream: Any, marker: str, log: Path) -> dict[str, Any]:
     return found
 
 
-def _run(
-    hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: str, member_gpus: int = 0
-) -> tuple[Any, Any, Host]:
-    """Start host workers on hosts 1 and 2, the driver in host 0; once the group answered, SIGKILL every process
-    of the host where rank `lose` ("0" or "1") runs, or of both hosts ("all": the driver then runs a task).
-    member_gpus: each member asks for that many of 2 GPUs declared per host. What the driver saw before and
-    after, and the host left."""
+def _spec(hosts: list[Host], cpus: int = 2) -> str:
+    return f"monarch?hosts=tls://{hosts[1].name}:29500,tls://{hosts[2].name}:29500&procs=1&cpus={cpus}"
+
+
+@contextlib.contextmanager
+def _driving(hosts: list[Host], tmp_path: Path, args: list[str], cwd: Path) -> Iterator[tuple[Any, Path]]:
+    """Host workers on hosts 1 and 2 (the hosts of `_spec`), and in host 0 the driver `python ARGS...` (stdin and
+    stdout piped, stderr to the log): (the driver, its log). On leaving, the driver is killed if it still runs, and
+    the workers are."""
     env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
     workers = [
         h.popen(
@@ -85,42 +88,47 @@ def _run(
         )
         for h in hosts[1:]
     ]
-    spec = f"monarch?hosts=tls://{hosts[1].name}:29500,tls://{hosts[2].name}:29500&procs=1&cpus={cpus}"
-    spec += "&gpus=2" if member_gpus else ""
-    resources = {**({"CPU": member_cpus} if member_cpus else {}), **({"GPU": member_gpus} if member_gpus else {})}
     log = tmp_path / "driver.log"
     try:
         with open(log, "w") as errors:
             driver = hosts[0].popen(
-                [PY, str(DRIVER), spec, json.dumps(resources)] + (["task"] if lose == "all" else []),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-                text=True,
-                cwd=HERE,
-                env=env,
+                [PY, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=cwd, env=env
             )
         assert driver.stdin is not None and driver.stdout is not None
         try:
-            before = _line(driver.stdout, "BEFORE", log)
-            names = [w["host"] for w in before["where"]] if lose == "all" else [before["where"][int(lose)]["host"]]
-            lost = [h for h in hosts if h.name in names]
-            left = next((h for h in hosts[1:] if h not in lost), hosts[0])
-            for host in lost:
-                _lose(host)
-            driver.stdin.write("go\n")
-            driver.stdin.flush()
-            after = _line(driver.stdout, "AFTER", log)
-            driver.wait(timeout=120)
+            yield driver, log
         finally:
             if driver.poll() is None:
                 driver.kill()
                 driver.wait()
-        return before, after, left
     finally:
         for worker in workers:
             worker.kill()
             worker.wait(10)
+
+
+def _run(
+    hosts: list[Host], tmp_path: Path, cpus: int, member_cpus: int, lose: str, member_gpus: int = 0
+) -> tuple[Any, Any, Host]:
+    """Start host workers on hosts 1 and 2, the driver in host 0; once the group answered, SIGKILL every process
+    of the host where rank `lose` ("0" or "1") runs, or of both hosts ("all": the driver then runs a task).
+    member_gpus: each member asks for that many of 2 GPUs declared per host. What the driver saw before and
+    after, and the host left."""
+    spec = _spec(hosts, cpus) + ("&gpus=2" if member_gpus else "")
+    resources = {**({"CPU": member_cpus} if member_cpus else {}), **({"GPU": member_gpus} if member_gpus else {})}
+    args = [str(DRIVER), spec, json.dumps(resources)] + (["task"] if lose == "all" else [])
+    with _driving(hosts, tmp_path, args, HERE) as (driver, log):
+        before = _line(driver.stdout, "BEFORE", log)
+        names = [w["host"] for w in before["where"]] if lose == "all" else [before["where"][int(lose)]["host"]]
+        lost = [h for h in hosts if h.name in names]
+        left = next((h for h in hosts[1:] if h not in lost), hosts[0])
+        for host in lost:
+            _lose(host)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        after = _line(driver.stdout, "AFTER", log)
+        driver.wait(timeout=120)
+    return before, after, left
 
 
 @pytest.mark.parametrize("lose", ["1", "0"])  # rank 0's host lost: the new rendezvous is on the host left
@@ -190,50 +198,21 @@ def _job_run(hosts: list[Host], tmp_path: Path, supervisor: bool) -> tuple[Any, 
     run, SIGKILL the host worker of the host of the job's supervisor (`supervisor`) or of the other host (what ran
     under it ends with it). What the driver saw before and after, the host lost and the host left. The driver's
     cluster then shuts down without waiting for the lost host."""
-    env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
-    workers = [
-        h.popen(
-            [PY, "-m", "fray_monarch.worker", "--address", f"tls://{h.name}:29500"], stdout=subprocess.DEVNULL, env=env
-        )
-        for h in hosts[1:]
-    ]
-    spec = f"monarch?hosts=tls://{hosts[1].name}:29500,tls://{hosts[2].name}:29500&procs=1&cpus=2"
-    log = tmp_path / "driver.log"
     work = tmp_path / "work"
     work.mkdir()
-    try:
-        with open(log, "w") as errors:
-            driver = hosts[0].popen(
-                [PY, str(JOB_DRIVER), spec, json.dumps({"CPU": 1})],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-                text=True,
-                cwd=work,
-                env=env,
-            )
-        assert driver.stdin is not None and driver.stdout is not None
-        try:
-            before = _line(driver.stdout, "BEFORE", log)
-            assert sorted(before["ranks"].values()) == [hosts[1].name, hosts[2].name], before
-            beside = _supervisor_host(hosts[1:])
-            lost = beside if supervisor else next(h for h in hosts[1:] if h is not beside)
-            _lose(lost, worker_only=True)
-            driver.stdin.write("go\n")
-            driver.stdin.flush()
-            after = _line(driver.stdout, "AFTER", log)
-            ended = time.monotonic()
-            driver.wait(timeout=120)
-            # its cluster's shutdown does not wait for the lost host's job runner (it waited 30 s, then 20 s more)
-            assert time.monotonic() - ended < SHUTDOWN_WITHIN, f"the driver took {time.monotonic() - ended:.1f} s"
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-                driver.wait()
-    finally:
-        for worker in workers:
-            worker.kill()
-            worker.wait(10)
+    with _driving(hosts, tmp_path, [str(JOB_DRIVER), _spec(hosts), json.dumps({"CPU": 1})], work) as (driver, log):
+        before = _line(driver.stdout, "BEFORE", log)
+        assert sorted(before["ranks"].values()) == [hosts[1].name, hosts[2].name], before
+        beside = _supervisor_host(hosts[1:])
+        lost = beside if supervisor else next(h for h in hosts[1:] if h is not beside)
+        _lose(lost, worker_only=True)
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        after = _line(driver.stdout, "AFTER", log)
+        ended = time.monotonic()
+        driver.wait(timeout=120)
+        # its cluster's shutdown does not wait for the lost host's job runner (it waited 30 s, then 20 s more)
+        assert time.monotonic() - ended < SHUTDOWN_WITHIN, f"the driver took {time.monotonic() - ended:.1f} s"
     return before, after, lost, next(h for h in hosts[1:] if h is not lost)
 
 
@@ -266,42 +245,13 @@ def test_a_plain_command_on_a_lost_host_fails_naming_it_and_new_jobs_go_to_the_h
 ) -> None:
     """Two plain commands (unsupervised: no record to go on from), one on each host; host 2's worker is SIGKILLed.
     Its job ends FAILED naming the host, the other runs on, and a new job runs on the host left."""
-    env = {**os.environ, "FRAY_STATE_DIR": str(tmp_path / "state"), "FRAY_TLS_DIR": str(tmp_path / "tls")}
-    workers = [
-        h.popen(
-            [PY, "-m", "fray_monarch.worker", "--address", f"tls://{h.name}:29500"], stdout=subprocess.DEVNULL, env=env
-        )
-        for h in hosts[1:]
-    ]
-    spec = f"monarch?hosts=tls://{hosts[1].name}:29500,tls://{hosts[2].name}:29500&procs=1&cpus=2"
-    log = tmp_path / "driver.log"
-    try:
-        with open(log, "w") as errors:
-            driver = hosts[0].popen(
-                [PY, str(PLAIN_DRIVER), spec],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-                text=True,
-                cwd=tmp_path,
-                env=env,
-            )
-        assert driver.stdin is not None and driver.stdout is not None
-        try:
-            assert _line(driver.stdout, "BEFORE", log) == sorted([hosts[1].name, hosts[2].name])
-            _lose(hosts[2], worker_only=True)
-            driver.stdin.write(hosts[2].name + "\n")
-            driver.stdin.flush()
-            after = _line(driver.stdout, "AFTER", log)
-            driver.wait(timeout=60)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-                driver.wait()
-    finally:
-        for worker in workers:
-            worker.kill()
-            worker.wait(10)
+    with _driving(hosts, tmp_path, [str(PLAIN_DRIVER), _spec(hosts)], tmp_path) as (driver, log):
+        assert _line(driver.stdout, "BEFORE", log) == sorted([hosts[1].name, hosts[2].name])
+        _lose(hosts[2], worker_only=True)
+        driver.stdin.write(hosts[2].name + "\n")
+        driver.stdin.flush()
+        after = _line(driver.stdout, "AFTER", log)
+        driver.wait(timeout=60)
     assert after["status"] == "FAILED", after
     assert after["message"].startswith("lost: the job's host ") and hosts[2].name in after["message"], after
     assert "a plain command is not run again" in after["message"], after
