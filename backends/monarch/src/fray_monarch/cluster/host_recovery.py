@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,21 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from fray.backend import (
-    RECOVERY_VAR,
     JobInfo,
     JobStatus,
     LocalJobs,
     RuntimeEnv,
-    ended_before,
     is_supervised,
-    log_end_with_record,
     lost_for_good,
-    read_log_end,
-    recovery_value,
-    settings,
 )
 from fray.errors import FrayError, JobNotFoundError
-from fray_monarch.cluster.job_recovery import ContextHooks, StandInEndpoint, Submitted
+from fray_monarch.cluster.job_recovery import ContextHooks, StandInEndpoint, Submitted, final_state, record_tail
 from fray_monarch.net import network
 
 __all__ = ["HostRecovery", "LastSeen", "LostRunner", "answer", "start_again"]
@@ -167,7 +160,7 @@ class HostRecovery:
             reason = f"the job's host {host_name} was lost"
             ended = _ended(seen, tail)
             target = live[len(moved) % len(live)] if live else None
-            if ended is None and target is not None and submitted is not None and is_supervised(_text(submitted)):
+            if ended is None and target is not None and submitted is not None and is_supervised(submitted.command):
                 try:
                     self._run_again(
                         job_id, (index, target), runners[target], submitted, seen, tail, reason, lost_at, before
@@ -187,9 +180,8 @@ class HostRecovery:
         are on shared storage), else as the driver last read it."""
         if not self._host.shared_roots:
             return seen_tail
-        path = Path(self._host.roots[index]) / job_id / "log"
         try:
-            return log_end_with_record(lambda lines: read_log_end(path, lines))
+            return record_tail(self._host.roots[index], job_id)
         except OSError:
             return seen_tail
 
@@ -209,11 +201,8 @@ class HostRecovery:
         FRAY_BACKEND before the host was lost (a job's own is kept)."""
         index, target = moves
         started = (seen.start_time or seen.submission_time) if seen is not None else None
-        extra = {RECOVERY_VAR: recovery_value(tail, reason, started, lost_at)}
-        spec = self._host.job_spec()
-        if submitted.env.env.get(settings.BACKEND.name) == before != spec:
-            extra[settings.BACKEND.name] = spec  # (the cluster's hosts less the lost one)
-        env = replace(submitted.env, env={**submitted.env.env, **extra})
+        specs = (before, self._host.job_spec())  # (the cluster's hosts less the lost one)
+        env = submitted.env_to_run_again(tail, reason, started, lost_at, specs)
         first_line = f"[fray] the output of this job's attempts before this one was lost with its host: {reason}\n"
         if self._host.shared_roots:  # its directory and log go on under the new runner's root
             os.rename(Path(self._host.roots[index]) / job_id, Path(self._host.roots[target]) / job_id)
@@ -234,7 +223,7 @@ class HostRecovery:
         lost_at: float,
     ) -> tuple[JobInfo, str]:
         """What the stand-in answers for a job not run again: its info and its log."""
-        text = _text(submitted) if submitted is not None else ""
+        text = submitted.command if submitted is not None else ""
         path = Path(self._host.roots[index]) / job_id / "log"
         try:
             log_text = path.read_text(errors="replace") if self._host.shared_roots else ""
@@ -261,11 +250,10 @@ def _ended(seen: JobInfo | None, tail: str) -> JobInfo | None:
     """The job as it ended before its host went, if it had ended: as last seen, else from its final record."""
     if seen is not None and seen.status.is_terminal:
         return seen
-    record = ended_before(tail)
-    if seen is None or record is None or not record.attempts:
+    final = final_state(tail)
+    if seen is None or final is None:
         return None
-    last = record.attempts[-1]
-    status = {"succeeded": JobStatus.SUCCEEDED, "stopped": JobStatus.STOPPED}.get(last.outcome, JobStatus.FAILED)
+    status, last = final
     return replace(seen, status=status, end_time=last.end_time, exit_code=last.exit_code, message=last.message)
 
 
@@ -277,8 +265,3 @@ def _silent(address: str) -> str | None:
         time.sleep(PROBE_AGAIN)
         why = network.why_silent(address)
     return why
-
-
-def _text(submitted: Submitted) -> str:
-    entrypoint = submitted.entrypoint
-    return entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)

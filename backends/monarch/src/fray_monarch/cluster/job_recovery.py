@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fray import JobAttempt
 from fray.backend import (
     RECOVERY_VAR,
     JobInfo,
@@ -64,6 +65,39 @@ class Submitted:
     entrypoint: str | list[str]
     env: RuntimeEnv
     working_dir: str | None
+
+    @property
+    def command(self) -> str:
+        """The entrypoint as one command line (what is_supervised reads)."""
+        return self.entrypoint if isinstance(self.entrypoint, str) else shlex.join(self.entrypoint)
+
+    def env_to_run_again(
+        self, tail: str, reason: str, started: float | None, lost_at: float, specs: tuple[str, str]
+    ) -> RuntimeEnv:
+        """Its environment for the attempt after one lost (`reason`): FRAY_JOB_RECOVERY from the end of its log
+        (`tail`), and FRAY_BACKEND changed from specs[0] (the jobs' before) to specs[1] (now) where it was the
+        jobs' own, not the job's."""
+        extra = {RECOVERY_VAR: recovery_value(tail, reason, started, lost_at)}
+        before, now = specs
+        if self.env.env.get(settings.BACKEND.name) == before != now:
+            extra[settings.BACKEND.name] = now
+        return replace(self.env, env={**self.env.env, **extra})
+
+
+def record_tail(root: str, job_id: str) -> str:
+    """The end of a job's log under a runner's root from its last record on; OSError where it has none there."""
+    path = Path(root) / job_id / "log"
+    return log_end_with_record(lambda lines: read_log_end(path, lines))
+
+
+def final_state(tail: str) -> tuple[JobStatus, JobAttempt] | None:
+    """How a job ended by its final record in `tail` (its status, its last attempt), or None if it had not."""
+    record = ended_before(tail)
+    if record is None or not record.attempts:
+        return None
+    last = record.attempts[-1]
+    status = {"succeeded": JobStatus.SUCCEEDED, "stopped": JobStatus.STOPPED}.get(last.outcome, JobStatus.FAILED)
+    return status, last
 
 
 class _Answer:
@@ -278,9 +312,8 @@ class AllocationRecovery:
 
     def _tail(self, index: int, job_id: str) -> str:
         """The end of the job's log from its last record on (the log is on storage that outlived its host)."""
-        path = Path(self._host.roots[index]) / job_id / "log"
         try:
-            return log_end_with_record(lambda lines: read_log_end(path, lines))
+            return record_tail(self._host.roots[index], job_id)
         except OSError:
             return ""
 
@@ -289,17 +322,16 @@ class AllocationRecovery:
         seen = self._seen.get(job_id)
         if seen is not None and seen.status.is_terminal:
             return seen
-        record = ended_before(self._tail(index, job_id))
-        if record is None or not record.attempts:
+        final = final_state(self._tail(index, job_id))
+        if final is None:
             return None
-        last = record.attempts[-1]
-        status = {"succeeded": JobStatus.SUCCEEDED, "stopped": JobStatus.STOPPED}.get(last.outcome, JobStatus.FAILED)
+        status, last = final
         return replace(self._lost_info(job_id, ""), status=status, end_time=last.end_time, exit_code=last.exit_code)
 
     def _lost_info(self, job_id: str, message: str) -> JobInfo:
         seen = self._seen.get(job_id)
         submitted = self._submitted.get(job_id)
-        text = "" if submitted is None else _text(submitted.entrypoint)
+        text = "" if submitted is None else submitted.command
         info = seen or JobInfo(job_id, JobStatus.RUNNING, entrypoint=text)
         return replace(info, status=JobStatus.FAILED, end_time=time.time(), message=message)
 
@@ -309,14 +341,11 @@ class AllocationRecovery:
         runner = self._host.runners()[index]
         ended = self._ended_info(job_id, index)
         submitted = self._submitted.get(job_id)
-        if ended is None and submitted is not None and is_supervised(_text(submitted.entrypoint)):
+        if ended is None and submitted is not None and is_supervised(submitted.command):
             seen = self._seen.get(job_id)
             started = seen.start_time or seen.submission_time if seen is not None else None
-            extra = {RECOVERY_VAR: recovery_value(self._tail(index, job_id), reason, started, lost_at)}
-            spec = self._host.job_spec()
-            if submitted.env.env.get(settings.BACKEND.name) == old_spec != spec:
-                extra[settings.BACKEND.name] = spec  # (the next run's hosts are on other nodes)
-            env = replace(submitted.env, env={**submitted.env.env, **extra})
+            specs = (old_spec, self._host.job_spec())  # (the next run's hosts are on other nodes)
+            env = submitted.env_to_run_again(self._tail(index, job_id), reason, started, lost_at, specs)
             again = runner.resume.call_one(submitted.entrypoint, env, job_id, submitted.working_dir, "")  # (log kept)
             _unwrap(again.get(timeout=60))
             return
@@ -334,7 +363,7 @@ class AllocationRecovery:
             if info is None:
                 info = self._lost_info(job_id, f"lost: {why}")
                 submitted = self._submitted.get(job_id)
-                if submitted is not None and is_supervised(_text(submitted.entrypoint)):
+                if submitted is not None and is_supervised(submitted.command):
                     seen = self._seen.get(job_id)
                     started = seen.start_time if seen is not None else None
                     ending, message = lost_for_good(self._tail(index, job_id), why, started, lost_at)
@@ -345,10 +374,6 @@ class AllocationRecovery:
             except (OSError, FrayError) as exc:  # its directory did not outlive its host: not on shared storage
                 log.warning("fray: job %s: %s", job_id, exc)
         self._host.runners_ended(list(runners))
-
-
-def _text(entrypoint: str | list[str]) -> str:
-    return entrypoint if isinstance(entrypoint, str) else shlex.join(entrypoint)
 
 
 def _unwrap(reply: Any) -> Any:
