@@ -8,9 +8,11 @@ removal), what must not leak (placement groups, threads), and the Ray 2.60 cance
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,29 @@ def _pg_state(group: fray.ActorGroup) -> str:
 
 def _pg_states() -> dict[str, str]:
     return {pg_id: str(row["state"]) for pg_id, row in placement_group_table().items()}
+
+
+@contextlib.contextmanager
+def _gloo_pair(
+    ctx: RayJobContext, klass: type = g.GlooMember, args: tuple[Any, ...] = ()
+) -> Iterator[tuple[fray.ActorGroup, list[dict[str, Any]], Any, Any]]:
+    """An SPMD group of 2 gloo members with one restart, up: (the group, its members' facts, the context's
+    GangWatch, the group's RayGang). Killed on leaving."""
+    group = ctx.create_actor_group(klass, 2, args=args, distributed=True, options=ActorOptions(max_restarts=1))
+    try:
+        before = ctx.get(group.facts(), timeout=180)
+        gangs = ctx._groups.gangs
+        gang, _ = gangs._ranks[id(group.handles[0].payload)]
+        yield group, before, gangs, gang
+    finally:
+        ctx.kill(group)
+
+
+def _answers_restarted_once(ctx: RayJobContext, group: fray.ActorGroup, refs: list[Any]) -> None:
+    """The all_reduce(2.0) of `refs` answered whole (under gloo's 60 s: a split call would time out), by members
+    restarted once."""
+    assert ctx.get(refs, timeout=50) == [[4.0], [4.0]]
+    assert [f["restarts"] for f in ctx.get(group.facts(), timeout=60)] == [1, 1]
 
 
 def _until(condition: Any, timeout: float = 30.0) -> bool:
@@ -276,11 +301,7 @@ def test_a_group_call_split_by_a_death_between_its_members_routes_waits_whole_fo
     from fray.testing.workloads import kill_descendant
     from fray_ray._refusals import Refusal
 
-    group = ctx.create_actor_group(g.GlooMember, 2, distributed=True, options=ActorOptions(max_restarts=1))
-    try:
-        before = ctx.get(group.facts(), timeout=180)
-        gangs = ctx._groups.gangs
-        gang, _ = gangs._ranks[id(group.handles[0].payload)]
+    with _gloo_pair(ctx) as (group, before, gangs, gang):
         first, dead, life = group.handles[0].payload, gang.actors[1], gang.generation
 
         def racing_route(actor: Any) -> tuple[Any, Any]:
@@ -297,10 +318,7 @@ def test_a_group_call_split_by_a_death_between_its_members_routes_waits_whole_fo
         monkeypatch.setattr(gangs, "route", racing_route)
         refs = group.all_reduce(2.0)
         monkeypatch.undo()
-        assert ctx.get(refs, timeout=50) == [[4.0], [4.0]]  # (under gloo's 60 s: a split call would time out)
-        assert [f["restarts"] for f in ctx.get(group.facts(), timeout=60)] == [1, 1]
-    finally:
-        ctx.kill(group)
+        _answers_restarted_once(ctx, group, refs)
 
 
 def test_a_call_refused_as_the_watcher_ends_its_life_waits_for_the_restart_not_a_later_one(
@@ -312,11 +330,7 @@ def test_a_call_refused_as_the_watcher_ends_its_life_waits_for_the_restart_not_a
     pytest.importorskip("torch", reason="the group uses torch.distributed")
     from fray.testing.workloads import kill_descendant
 
-    group = ctx.create_actor_group(g.GlooMember, 2, distributed=True, options=ActorOptions(max_restarts=1))
-    try:
-        before = ctx.get(group.facts(), timeout=180)
-        gangs = ctx._groups.gangs
-        gang, _ = gangs._ranks[id(group.handles[0].payload)]
+    with _gloo_pair(ctx) as (group, before, gangs, gang):
         life, member_ending = gang.generation, gangs._member_ending
         looked: list[bool] = []
 
@@ -331,10 +345,7 @@ def test_a_call_refused_as_the_watcher_ends_its_life_waits_for_the_restart_not_a
         monkeypatch.setattr(gangs, "_member_ending", ending_while_the_watcher_ends_the_life)
         refs = group.all_reduce(2.0)
         monkeypatch.undo()
-        assert ctx.get(refs, timeout=50) == [[4.0], [4.0]]
-        assert [f["restarts"] for f in ctx.get(group.facts(), timeout=60)] == [1, 1]
-    finally:
-        ctx.kill(group)
+        _answers_restarted_once(ctx, group, refs)
 
 
 def test_a_call_right_after_a_kill_waits_for_the_restart_before_the_watcher_has_looked(
@@ -349,13 +360,7 @@ def test_a_call_right_after_a_kill_waits_for_the_restart_before_the_watcher_has_
     from fray.testing.workloads import kill_descendant
     from fray_ray import _gangs
 
-    group = ctx.create_actor_group(
-        g.GlooMemberRestartingSlowly, 2, args=(3.0,), distributed=True, options=ActorOptions(max_restarts=1)
-    )
-    try:
-        before = ctx.get(group.facts(), timeout=180)
-        gangs = ctx._groups.gangs
-        gang, _ = gangs._ranks[id(group.handles[0].payload)]
+    with _gloo_pair(ctx, g.GlooMemberRestartingSlowly, (3.0,)) as (group, before, gangs, gang):
         monkeypatch.setattr(_gangs, "POLL", 3600.0)  # (the watcher sleeps until poked: its next look is late)
         time.sleep(1.0)  # (its wait begun before is over: it has looked once more and now sleeps)
         gang.local_pids = {}  # as before its first look at the members alive
@@ -367,5 +372,3 @@ def test_a_call_right_after_a_kill_waits_for_the_restart_before_the_watcher_has_
         monkeypatch.undo()
         gangs._poke.set()
         assert ctx.get(refs, timeout=180) == [[6.0], [6.0]]
-    finally:
-        ctx.kill(group)
