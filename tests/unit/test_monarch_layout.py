@@ -4,6 +4,8 @@ Circles, module sizes and underscores are checked for every distribution by test
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from _import_graph import import_graph
@@ -28,3 +30,18 @@ def test_shared_modules_import_neither_wing() -> None:
     wings = (f"{PACKAGE}.driver", f"{PACKAGE}.workers")
     crossing = {m: sorted(t for t in graph[m] if t.startswith(wings)) for m in shared}
     assert {m: ts for m, ts in crossing.items() if ts} == {}
+
+
+def test_a_mesh_process_and_a_local_driver_load_no_monarch_job_module() -> None:
+    """Monarch's job module loads its telemetry's web server and table libraries (flask, pyarrow, numpy): a
+    quarter of a second of every process of a mesh, and of every driver on this machine, that none of them uses.
+    Only job_launch.py imports it, when Monarch launches the hosts."""
+    probe = (
+        "import sys, fray_monarch, fray_monarch.workers.runtime, fray_monarch.driver.client;"
+        "from fray_monarch.cluster import launchers, topology;"
+        "launchers.launch({}, 1.0);"
+        "print(sorted(m for m in sys.modules if m.startswith(('monarch._src.job', 'flask', 'pyarrow'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -5,7 +5,7 @@ host, default CPU count / the GPUs found here),
 resources ("name:qty,name:qty" custom resources per host), hosts ("tls://h:p,tls://h2:p2": attach to workers
 started with `python -m fray_monarch.worker --address tls://h:p`; with job=ssh host names, with job=process a
 count), insecure (true: plain TCP between machines instead of TLS), job (ssh|slurm|process|local, or a Monarch
-job object: hosts launched through Monarch's job API, see cluster/launchers.py), nodes / partition / time (job=slurm),
+job object: hosts launched through Monarch's job API, see cluster/job_launch.py), nodes / partition / time (job=slurm),
 port / python / ssh_options (launched host workers), bind (this machine's address the driver listens on when
 other machines take part), attach_timeout (seconds), log_to_driver (true|false, default true: what tasks and
 actors print reaches the driver's console as `(square pid=4242) ...`), unguarded_sockets (true: run in a driver

@@ -32,8 +32,8 @@ from fray.backend import (
 )
 from fray.errors import GetTimeoutError, JobExistsError, JobNotFoundError
 from fray_monarch.cluster.host_recovery import HostRecovery, answer, start_again
+from fray_monarch.cluster.host_set import HostSet
 from fray_monarch.cluster.job_recovery import PREEMPT_WAIT, AllocationRecovery, ContextHooks
-from fray_monarch.cluster.launchers import HostSet
 from fray_monarch.core import runtime, tempdirs  # _runtime: environment and fault hook first
 from fray_monarch.core.monarch_api import Actor, endpoint
 from fray_monarch.core.protocol import Reply

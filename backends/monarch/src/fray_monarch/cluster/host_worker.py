@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fray_monarch.worker", description=__doc__.split("\n\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--address", help="tls://HOST:PORT to listen on (or tcp://HOST:PORT with --insecure)")
-    where.add_argument("--slurm", metavar="SCHEME:PORT", help=argparse.SUPPRESS)  # launchers.FraySlurmJob's srun
+    where.add_argument("--slurm", metavar="SCHEME:PORT", help=argparse.SUPPRESS)  # job_launch.FraySlurmJob's srun
     parser.add_argument("--insecure", action="store_true", help="allow plain TCP on an address other machines reach")
     parser.add_argument(
         "--unguarded-sockets",

@@ -45,7 +45,7 @@ from fray_monarch.core.protocol import Reply
 from fray_monarch.net import network
 
 if TYPE_CHECKING:
-    from fray_monarch.cluster.launchers import HostSet
+    from fray_monarch.cluster.host_set import HostSet
 
 __all__ = ["ATTACH_WAIT", "PREEMPT_WAIT", "AllocationRecovery", "ContextHooks", "StandInEndpoint", "Submitted"]
 

@@ -40,7 +40,7 @@ def run_identity(proc_id: Any, restarts: int) -> Any:
 
 
 class SlurmAllocation:
-    """One Slurm job (a launchers.FraySlurmJob, applied): its id, and the run of it whose hosts the context holds
+    """One Slurm job (a job_launch.FraySlurmJob, applied): its id, and the run of it whose hosts the context holds
     (Slurm's restart count: 0 for the first run, one more for each requeue)."""
 
     def __init__(self, job: Any) -> None:

@@ -7,7 +7,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fray.backend import (
     HostGpus,
@@ -25,10 +25,12 @@ from fray.backend import (
     positive_int,
     seconds,
 )
-from fray_monarch.cluster.launchers import HostSet, launch
 from fray_monarch.core import tempdirs
 from fray_monarch.core.protocol import StoreConfig
 from fray_monarch.net import network
+
+if TYPE_CHECKING:
+    from fray_monarch.cluster.host_set import HostSet
 
 __all__ = ["SCHEMA", "Topology", "topology"]
 
@@ -123,6 +125,10 @@ def topology(opts: dict[str, Any]) -> Topology:
     from monarch.actor import this_host
 
     from fray_monarch import socket_guard
+
+    # Monarch's job module loads its telemetry's web and table libraries: the processes of a mesh import this
+    # module, and only a driver launches hosts.
+    from fray_monarch.cluster.launchers import launch
 
     unguarded = bool(opts.get(socket_guard.OPT_OUT, False))
     socket_guard.require(unguarded)  # before any Monarch socket exists
