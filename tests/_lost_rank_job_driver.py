@@ -1,13 +1,14 @@
 """Driver for the lost-rank job tests (tests/monarch/test_lost_host.py, tests/ray/test_ray_lost_node.py), run inside
 namespaced host 0: a job of 2 ranks spread over hosts 1 and 2 (`create_job(..., replicas=2, placement="spread",
-max_retries=0)`). Each rank of the first attempt prints where it runs and sleeps; the driver prints
-`BEFORE <json>` (each rank's host, the names of each node's resources), waits for a line on stdin (the test
-loses one rank's host meanwhile), then waits for the job's end and prints `AFTER <json>`: its status, message and
-attempts as JobInfo has them, and its log.
+max_retries=0)`; PLACEMENT `none`: no placement, where the backend puts them). Each rank of the first attempt
+prints where it runs and sleeps; the driver prints `BEFORE <json>` (each rank's host, the names of each node's
+resources), waits for a line on stdin (the test loses one rank's host meanwhile), then waits for the job's end
+and prints `AFTER <json>`: its status, message and attempts as JobInfo has them, and its log.
 
-    python _lost_rank_job_driver.py SPEC RANK_RESOURCES_JSON [NODES]
+    python _lost_rank_job_driver.py SPEC RANK_RESOURCES_JSON [NODES [PLACEMENT]]
 
 NODES: first wait until the cluster's node_status lists that many nodes (a job's feasibility is checked there).
+PLACEMENT: create_job's placement (default spread; `none`: None).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _ranks(logs: str, attempt: str) -> dict[str, str]:
 def main() -> None:
     spec, resources = sys.argv[1], json.loads(sys.argv[2])
     nodes = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    placement = sys.argv[4] if len(sys.argv) > 4 else "spread"
     cluster = fray.cluster(spec)
     try:
         deadline = time.monotonic() + STARTED_WAIT
@@ -56,7 +58,7 @@ def main() -> None:
             [sys.executable, "-c", RANK],
             name="lost-rank",
             replicas=2,
-            placement="spread",
+            placement=None if placement == "none" else placement,
             resources=resources,
             max_retries=0,  # a lost attempt counted as a failure would end the job
         )

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ CLUSTER_WAIT = 180.0
 # health_check_timeout_ms (10 s, unchanged), so a live node is never taken for dead; a killed one refuses at once.
 FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 pytestmark = pytest.mark.timeout(CLUSTER_WAIT + 420)
+Cluster = tuple[list[Host], list[RayNode], Path, dict[str, str]]  # the cluster fixture's: hosts, nodes, base, env
 
 
 def _line(stream: Any, marker: str, err: Path, nodes: list[RayNode]) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def _line(stream: Any, marker: str, err: Path, nodes: list[RayNode]) -> dict[str
 
 
 @pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[list[Host], list[RayNode], Path, dict[str, str]]]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """The nodes; with the indirect parameter True, the head serves Ray's job API (a job's test needs it)."""
     require_namespaced_hosts()
     base = Path(tempfile.mkdtemp(prefix="fray-ln-", dir="/tmp"))  # short: Ray's socket paths are under it
@@ -56,9 +57,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[list[Host], list[R
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_a_group_on_a_lost_node_comes_back_on_the_node_left(
-    cluster: tuple[list[Host], list[RayNode], Path, dict[str, str]],
-) -> None:
+def test_a_group_on_a_lost_node_comes_back_on_the_node_left(cluster: Cluster) -> None:
     hosts, nodes, base, env = cluster
     err = base / "driver.err"
     spec = f"ray?address={hosts[0].address}:{PORT}&log_to_driver=false"
@@ -98,22 +97,21 @@ def test_a_group_on_a_lost_node_comes_back_on_the_node_left(
     assert not {w["pid"] for w in before["where"]} & {r["pid"] for r in ranks}, "fresh processes"
 
 
-@pytest.mark.parametrize("cluster", [True], indirect=True, ids=["job-api"])
-def test_a_jobs_attempt_on_a_lost_node_is_lost_and_not_counted_against_max_retries(
-    cluster: tuple[list[Host], list[RayNode], Path, dict[str, str]],
-) -> None:
-    """A job of 2 ranks spread over the two worker nodes (create_job(..., placement="spread", max_retries=0), its
-    supervisor on the head's node) loses one rank's node: every process of that host SIGKILLed. The attempt is
-    "lost", naming that rank; with no failure retried, the next attempt runs both ranks on the node left and the
-    job succeeds."""
+def _job_losing_a_node(
+    cluster: Cluster, placement: str, lose: Callable[[dict[str, Any]], str]
+) -> tuple[dict[str, Any], dict[str, Any], Host]:
+    """Run _lost_rank_job_driver.py's job (2 ranks of member_slot 1, max_retries=0) with `placement` ("none": no
+    placement); once its ranks said where they run, SIGKILL every process of the host `lose(before)` names.
+    BEFORE's and AFTER's JSON, and the worker host left."""
     hosts, nodes, base, env = cluster
     err = base / "job-driver.err"
     work = base / "work"  # (the job's working directory, uploaded by Ray: not the nodes' temp directories)
     work.mkdir()
     spec = f"ray?address=http://{hosts[0].address}:{DASHBOARD_PORT}"
+    argv = [sys.executable, str(JOB_DRIVER), spec, json.dumps({"member_slot": 1}), str(len(nodes)), placement]
     with open(err, "w") as errors:
         driver = hosts[0].popen(
-            [sys.executable, str(JOB_DRIVER), spec, json.dumps({"member_slot": 1}), str(len(nodes))],
+            argv,
             cwd=str(work),
             env={**env, "RAY_AUTH_MODE": "token"},  # (fray sends the token to a cluster it did not start only so)
             stdin=subprocess.PIPE,
@@ -124,12 +122,12 @@ def test_a_jobs_attempt_on_a_lost_node_is_lost_and_not_counted_against_max_retri
     assert driver.stdin is not None and driver.stdout is not None
     try:
         before = _line(driver.stdout, "BEFORE", err, nodes)
-        assert sorted(before["ranks"].values()) == sorted([hosts[1].name, hosts[2].name]), json.dumps(before)
+        assert set(before["ranks"].values()) <= {hosts[1].name, hosts[2].name}, json.dumps(before)
+        assert len(before["ranks"]) == 2, json.dumps(before)
         # the names as the nodes have them (the dashboard's status camel-cases them: "memberSlot" was refused)
         assert sum("member_slot" in names for names in before["nodes"]) == 2, before
         assert not any("memberSlot" in names for names in before["nodes"]), before
-        rank = "1"
-        lost = next(h for h in hosts if h.name == before["ranks"][rank])
+        lost = next(h for h in hosts if h.name == lose(before))
         left = next(h for h in hosts[1:] if h is not lost)
         lost.kill_all()
         driver.stdin.write("go\n")
@@ -140,4 +138,27 @@ def test_a_jobs_attempt_on_a_lost_node_is_lost_and_not_counted_against_max_retri
         if driver.poll() is None:
             driver.kill()
             driver.wait()
-    assert_lost_then_succeeded(after, f"lost: rank {rank}'s node: ", left.name)
+    return before, after, left
+
+
+@pytest.mark.parametrize("cluster", [True], indirect=True, ids=["job-api"])
+def test_a_jobs_attempt_on_a_lost_node_is_lost_and_not_counted_against_max_retries(cluster: Cluster) -> None:
+    """A job of 2 ranks spread over the two worker nodes (create_job(..., placement="spread", max_retries=0), its
+    supervisor on the head's node) loses one rank's node: every process of that host SIGKILLed. The attempt is
+    "lost", naming that rank; with no failure retried, the next attempt runs both ranks on the node left and the
+    job succeeds."""
+    hosts = cluster[0]
+    before, after, left = _job_losing_a_node(cluster, "spread", lambda before: str(before["ranks"]["1"]))
+    assert sorted(before["ranks"].values()) == sorted([hosts[1].name, hosts[2].name]), json.dumps(before)
+    assert_lost_then_succeeded(after, "lost: rank 1's node: ", left.name)
+
+
+@pytest.mark.parametrize("cluster", [True], indirect=True, ids=["job-api"])
+def test_a_job_without_placement_whose_node_is_lost_runs_again_on_the_node_left(cluster: Cluster) -> None:
+    """A job of 2 ranks without placement (max_retries=0) whose resources only the worker nodes have: its first
+    process (the supervisor, Ray's job entrypoint) holds nothing, so Ray keeps it on the head's node, and its ranks
+    run on one worker node. That node is lost (every process of its host SIGKILLed): attempt 1 is "lost", not
+    counted against max_retries, and attempt 2 runs both ranks on the node left; the job succeeds."""
+    before, after, left = _job_losing_a_node(cluster, "none", lambda before: str(before["ranks"]["0"]))
+    assert len(set(before["ranks"].values())) == 1, json.dumps(before)  # where they fit one node: all there
+    assert_lost_then_succeeded(after, "lost: rank ", left.name)

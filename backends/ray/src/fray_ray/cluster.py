@@ -89,6 +89,12 @@ def _camel(name: str) -> str:
 
 class RayClusterContext(ClusterContext):
     backend: ClassVar[str] = "ray"
+    # A job's first process is the entrypoint of Ray's JobSupervisor actor, which dies with its node, and Ray's job
+    # manager then ends the job FAILED, never running it again. Ray places an entrypoint that holds nothing on the
+    # head node (JobManager._get_label_selector), lost only with the cluster; a supervised job's ranks that hold
+    # resources are therefore a group of the job's own (fray.jobs.requests.ONE_NODE), whose node's loss is a lost
+    # attempt that the supervisor runs again.
+    ranks_apart: ClassVar[bool] = True
     # By address; a context with a private head has no persistent_jobs (set in __init__).
     capabilities = frozenset(
         {

@@ -67,6 +67,8 @@ class ClusterContext(ABC):
     _shut_down: bool = False  # set by the first shutdown(); later ones do nothing
     _dashboard: Any = None  # its live page's server, once asked for (fray.dashboard)
     job_dirs: str | None = None  # the job_dirs spec option: where named jobs' directories are (fray.jobs.dirs)
+    # A supervised job's ranks holding resources run apart from its first process, which holds nothing (ONE_NODE).
+    ranks_apart: ClassVar[bool] = False
 
     def create_job(
         self,
@@ -115,7 +117,8 @@ class ClusterContext(ABC):
         resources: what each rank needs (CPU, GPU, memory in bytes, custom); the job holds it for all its ranks.
         placement: where the ranks run. None (default): all on the job's host where they fit one node, else over
         the nodes as "pack" would; "pack" / "spread": as an SPMD actor group of this backend placed over its nodes
-        (as create_actor_group places one), each rank holding its own resources.
+        (as create_actor_group places one), each rank holding its own resources. On Ray a supervised job's ranks that
+        hold resources are such a group even with None, on one node where they fit: its first process holds nothing.
         Ranks, retries and callables run under fray.jobs.supervisor.
         after: jobs of this cluster (handles, ids or names) it waits for, PENDING, listed at once; it starts when
         all have SUCCEEDED and ends FAILED without running when one fails, is stopped or deleted
@@ -124,7 +127,9 @@ class ClusterContext(ABC):
         policy = JobPolicy.of(max_retries, max_recoveries, retry_on_exit_codes, no_retry_on_exit_codes, stop_grace)
         launch = launch_of(entrypoint, args, kwargs, policy, replicas, resources, placement)
         # where the ranks go, checked against the nodes' totals (asked only for several ranks with resources)
-        launch = place(launch, self.node_status, Capability.MULTI_HOST in self.capabilities, self.backend)
+        launch = place(
+            launch, self.node_status, Capability.MULTI_HOST in self.capabilities, self.backend, self.ranks_apart
+        )
         command = None if launch.call is not None else checked_command(entrypoint)
         if env is not None and not isinstance(env, RuntimeEnv):
             raise TypeError(f"env must be a fray.RuntimeEnv, got {type(env).__name__}")

@@ -9,6 +9,12 @@ supervisor polls each member (`poll`: the lines written since, and once the rank
 given, how it ended) and writes them to the job's log, "[rank I] " before each. So it does not depend on whether a
 backend forwards a worker's console to its driver (Monarch's attached hosts do not), and nothing folds or
 relabels the lines on the way (Ray's log deduplication and prefixes).
+
+With ONE_NODE (`--placement node`: a job placed apart from its first process only so that this process holds
+nothing) the group is every rank on one node (strict "pack"), as a job's ranks on its host are: while the nodes
+could hold it but their resources are busy, it is asked for again until they are free (a job on its host waits for
+them too), and each rank sees only its own GPUs (an SPMD member sees its node's members' devices, torchrun's view;
+a rank on the job's host sees its own slice).
 """
 
 from __future__ import annotations
@@ -20,14 +26,19 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
+from fray.errors import InfeasibleResourcesError
 from fray.host import settings, watchdog
 from fray.jobs.call import CALL_VAR, RESULT_FD_VAR, CallOutcome, read_outcome
+from fray.jobs.requests import ONE_NODE
 from fray.jobs.signals import unblock_in_child
+from fray.runtime.groups import check_group_feasible
+from fray.types import ActorOptions
 
-__all__ = ["RankPoll", "RankProcess"]
+__all__ = ["RankPoll", "RankProcess", "own_gpus_of", "rank_group"]
 
 KEPT_LINES = 100_000  # lines a member keeps between two polls; older ones are dropped, and counted
 
@@ -56,9 +67,14 @@ class RankProcess:
         self._outcome: list[CallOutcome] = []
         self._code: int | None = None
 
-    def start(self, command: list[str] | None, call: str | None, attempt: int, resuming: str | None = None) -> str:
-        """Start the rank (the command, or the callable FRAY_JOB_CALL would hold); this member's host name."""
+    def start(
+        self, command: list[str] | None, call: str | None, attempt: int, resuming: str | None = None, own_gpus: int = 0
+    ) -> str:
+        """Start the rank (the command, or the callable FRAY_JOB_CALL would hold); this member's host name.
+        own_gpus: the rank sees only its own that many GPUs (see own_gpus_of)."""
         env = dict(os.environ)
+        if own_gpus:
+            _see_own_gpus(env, own_gpus)
         env[settings.JOB_ATTEMPT.name] = str(attempt)
         if resuming is not None:  # (the supervisor's look at the job's directory: fray.jobs.dirs)
             env[settings.JOB_RESUMING.name] = resuming
@@ -141,3 +157,48 @@ class RankProcess:
             self._lines.clear()
             self._dropped = 0
         return RankPoll(lines, dropped, code, self._outcome[0] if code is not None and self._outcome else None)
+
+
+def own_gpus_of(placement: str, per_rank: Mapping[str, float]) -> int:
+    """How many GPUs a rank of a group placed so sees, only its own: ONE_NODE's ranks hold, else 0 (the member's
+    view, which the rank inherits, stays)."""
+    return int(per_rank.get("GPU", 0)) if placement == ONE_NODE else 0
+
+
+def _see_own_gpus(env: dict[str, str], own: int) -> None:
+    """Narrow an SPMD member's CUDA_VISIBLE_DEVICES (its node's members' devices, in local rank order, `own` each)
+    to its own slice; a member that kept its own view (the devices of its node's members not all seen) keeps it."""
+    entries = [e for e in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+    local, size = int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "1"))
+    if len(entries) == own * size and size > 1:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(entries[local * own : (local + 1) * own])
+
+
+def rank_group(
+    ctx: Any,
+    placement: str,
+    count: int,
+    per_rank: dict[str, float],
+    stopping: threading.Event,
+    say: Callable[[str], None],
+) -> Any:
+    """An attempt's group of `count` ranks (RankProcess members) in the job's fray context `ctx`, placed as
+    `placement` says; a ONE_NODE group is asked for again while the nodes could hold it (see above), until the
+    job stops."""
+    options = ActorOptions(resources=per_rank)
+    if placement != ONE_NODE:
+        return ctx.create_actor_group(RankProcess, count, options=options, placement=placement, distributed=True)
+    waiting = False
+    while True:
+        try:
+            return ctx.create_actor_group(
+                RankProcess, count, options=options, placement="pack", strict_placement=True, distributed=True
+            )
+        except InfeasibleResourcesError:
+            # never placed on the nodes there are now (one was lost): the attempt fails, not started
+            check_group_feasible(ctx.node_resources(), per_rank, count, "pack", True, "the job's ranks")
+            if stopping.is_set():
+                raise
+            if not waiting:
+                waiting = True
+                say(f"waiting for a node with room for the {count} ranks (its resources are busy)")

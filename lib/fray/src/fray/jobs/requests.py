@@ -26,6 +26,7 @@ from fray.types import JobInfo, Resource, normalize_resources
 
 __all__ = [
     "IF_EXISTS",
+    "ONE_NODE",
     "JobLaunch",
     "check_name",
     "checked_command",
@@ -44,6 +45,9 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 _NAMED_ID = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_-]{0,62})\.(?P<run>[1-9][0-9]*)")
 SUPERVISOR = ("-m", "fray.jobs.supervisor")
 PLACEMENTS = (None, "pack", "spread")
+# A job's ranks as a group all on one node, each rank seeing only its own GPUs, waiting while that node's resources
+# are busy: as on the job's host, but apart from its first process (a backend's ClusterContext.ranks_apart).
+ONE_NODE = "node"
 
 
 def is_name(text: str) -> bool:
@@ -109,16 +113,22 @@ class JobLaunch:
     policy: JobPolicy = field(default_factory=JobPolicy)
     per_rank: dict[str, float] = field(default_factory=dict)
     call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None
-    placement: str | None = None  # None: every rank on the job's host; "pack"/"spread": a group over the nodes
+    placement: str | None = None  # None: every rank on the job's host; "pack"/"spread": a group over the nodes;
+    # ONE_NODE: a group on one node
     min_replicas: int | None = None  # elastic: at least this many ranks (None: exactly `replicas`)
 
     def __post_init__(self) -> None:
         replica_bounds(self.replicas if self.min_replicas is None else (self.min_replicas, self.replicas))
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, got {self.placement!r}")
+        if self.placement not in (*PLACEMENTS, ONE_NODE):
+            _bad_placement(self.placement)
         gpus = self.per_rank.get("GPU", 0.0)
         if gpus != int(gpus):
             raise ValueError(f"a job's rank holds whole GPUs, got resources GPU={gpus}")
+
+    @property
+    def on_one_node(self) -> bool:
+        """Whether its ranks run together on one node (the job's host, or ONE_NODE)."""
+        return self.placement in (None, ONE_NODE)
 
     @property
     def supervised(self) -> bool:
@@ -138,7 +148,7 @@ class JobLaunch:
     def command(self, entrypoint: str | list[str] | None, python: str) -> list[str]:
         """The supervisor's argv for this job (entrypoint None: the callable)."""
         argv = [python, *SUPERVISOR]
-        if self.min_replicas is not None and self.placement is not None:  # counted at each attempt's start
+        if self.min_replicas is not None and not self.on_one_node:  # counted at each attempt's start
             argv += ["--replicas", f"{self.min_replicas}:{self.replicas}"]
         elif self.replicas > 1:
             argv += ["--replicas", str(self.replicas)]
@@ -178,6 +188,10 @@ class JobLaunch:
         return {**grace, CALL_VAR: encode_call(payload)}
 
 
+def _bad_placement(placement: object) -> None:
+    raise ValueError(f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, got {placement!r}")
+
+
 def launch_of(
     entrypoint: object,
     args: Sequence[Any],
@@ -197,28 +211,36 @@ def launch_of(
         call = (entrypoint, tuple(args), dict(kwargs or {}))
     elif args or kwargs:
         raise TypeError("args and kwargs go with a callable entrypoint; a command takes its arguments in it")
+    if placement not in PLACEMENTS:
+        _bad_placement(placement)
     low, high = replica_bounds(replicas)
     elastic = isinstance(replicas, (tuple, list))
     return JobLaunch(high, policy, parse_resources(resources), call, placement, low if elastic else None)
 
 
-def place(launch: JobLaunch, nodes: Callable[[], list[dict[str, Any]]], multi_host: bool, backend: str) -> JobLaunch:
+def place(
+    launch: JobLaunch, nodes: Callable[[], list[dict[str, Any]]], multi_host: bool, backend: str, apart: bool = False
+) -> JobLaunch:
     """Where a job's ranks go (create_job's placement), checked against the nodes' totals (`nodes()`: a
     ClusterContext's node_status): a job whose ranks could never be placed is refused now
-    (InfeasibleResourcesError), as a task or a group is."""
+    (InfeasibleResourcesError), as a task or a group is. `apart` (ClusterContext.ranks_apart): a supervised job's
+    ranks that hold resources and have no placement are a group on one node (ONE_NODE), the job's first process
+    holding nothing."""
+    if apart and launch.placement is None and launch.per_rank and launch.supervised:
+        launch = launch.over_nodes(ONE_NODE)
     if launch.min_replicas is not None:
         return _place_elastic(launch, nodes, multi_host, backend)
-    if launch.replicas == 1 or not launch.per_rank:
-        return launch
+    if not launch.per_rank or (launch.replicas == 1 and launch.placement is None):
+        return launch  # (one rank on the job's host: the backend's own check of a job's resources applies)
     if launch.placement is None and not multi_host:
         return launch  # one node: the backend's own check of a job's resources applies
     totals = [dict(node["total"]) for node in nodes() if node.get("total")]
     if not totals:
         return launch  # nothing known of the nodes: the backend decides when the job runs
     whole = {name: qty * launch.replicas for name, qty in launch.per_rank.items()}
-    if launch.placement is None:
+    if launch.on_one_node:
         if any(not short_of(total, whole) for total in totals):
-            return launch  # they fit one node: all on the job's host
+            return launch  # they fit one node: all on it
         launch = launch.over_nodes("pack")
     held = sum(ranks_fitting(total, launch.per_rank) for total in totals)
     if held < launch.replicas:
@@ -243,17 +265,17 @@ def _place_elastic(
         return launch  # nothing limits them: max ranks
     totals = [dict(node["total"]) for node in nodes() if node.get("total")]
     if not totals:  # nothing known of the nodes: min ranks, and the backend decides when they run
-        return replace(launch, replicas=low) if launch.placement is None else launch
+        return replace(launch, replicas=low) if launch.on_one_node else launch
     one, every = fitting(totals, launch.per_rank)
     if not multi_host:
         every = one
-    if launch.placement is None and one < high and every > one:
+    if launch.on_one_node and one < high and every > one:
         launch = launch.over_nodes("pack")
-    most = one if launch.placement is None else every
+    most = one if launch.on_one_node else every
     if most < low:
         raise InfeasibleResourcesError(
             f"the job's ranks need {format_resources(launch.per_rank)} each, and the {len(totals)} node(s) of this "
-            f"{backend} cluster hold {most} such ranks at most{' on one node' if launch.placement is None else ''}, "
+            f"{backend} cluster hold {most} such ranks at most{' on one node' if launch.on_one_node else ''}, "
             f"fewer than its min of {low}; lower its min replicas or resources"
         )
-    return replace(launch, replicas=min(high, most)) if launch.placement is None else launch
+    return replace(launch, replicas=min(high, most)) if launch.on_one_node else launch

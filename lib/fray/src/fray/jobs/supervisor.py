@@ -2,7 +2,7 @@
 
     python -m fray.jobs.supervisor [--replicas N|MIN:MAX] [--retries R] [--recoveries L] [--grace S] [--gpus-per-rank G]
                                   [--retry-on-exit-codes C,.. | --no-retry-on-exit-codes C,..]
-                                  [--placement pack|spread --rank-resources JSON] (--call LABEL | -- COMMAND ...)
+                                  [--placement pack|spread|node --rank-resources JSON] (--call LABEL | -- COMMAND ...)
 
 It starts the job's N ranks (COMMAND, or the callable of FRAY_JOB_CALL: fray.jobs.run_call) with the variables of
 torch.distributed set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; a fresh
@@ -19,7 +19,8 @@ Every backend runs this as an ordinary job command: ranks, retries and callables
 The ranks run on the host this process runs on; with --placement, each attempt's ranks are instead an SPMD group
 of the job's own backend (fray.init(): the backend the job was submitted to), which places them over its nodes
 with --rank-resources each (fray.jobs.group_ranks); --replicas MIN:MAX there counts them at each attempt's start,
-as many as the nodes then hold (fray.jobs.elastic).
+as many as the nodes then hold (fray.jobs.elastic). `--placement node` places them all on one node, as if on this
+process's host, this process holding nothing (a backend that keeps it apart: fray.jobs.requests.ONE_NODE).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from fray.host.procfs import Identity
 from fray.jobs.call import RESULT_FD_VAR, CallOutcome, read_outcome, take_stashed_call
 from fray.jobs.dirs import RESUMING_VAR, resuming_now
 from fray.jobs.elastic import world_size
-from fray.jobs.group_ranks import RankPoll, RankProcess
+from fray.jobs.group_ranks import RankPoll, own_gpus_of, rank_group
 from fray.jobs.outcomes import AttemptEnd, judge, next_step
 from fray.jobs.policy import JobPolicy, is_preemption_code
 from fray.jobs.rank_procs import (
@@ -315,7 +316,6 @@ class Supervisor:
     def _group_attempt(self, number: int) -> tuple[JobAttempt, JobError | None, CallOutcome | None]:
         """One attempt with the ranks as an SPMD group of the job's backend (see fray.jobs.group_ranks)."""
         import fray  # only here: a job on one host never starts a fray context of its own
-        from fray.types import ActorOptions
 
         start = time.time()
         if self.context is None:
@@ -325,15 +325,12 @@ class Supervisor:
         try:
             if self.bounds[0] < self.bounds[1]:  # elastic: as many as the nodes hold now (a node lost: fewer)
                 self.replicas = world_size(self.bounds, self.rank_resources, ctx.node_resources())
-            group = ctx.create_actor_group(
-                RankProcess,
-                self.replicas,
-                options=ActorOptions(resources=self.rank_resources),
-                placement=str(self.placement),
-                distributed=True,
+            group = rank_group(ctx, str(self.placement), self.replicas, self.rank_resources, self.stopping, self._say)
+            command, own_gpus = (
+                None if self.call else self.command,
+                own_gpus_of(str(self.placement), self.rank_resources),
             )
-            command = None if self.call else self.command
-            ctx.get(group.start(command, call, number, self.resuming), timeout=GROUP_CALL_TIMEOUT)
+            ctx.get(group.start(command, call, number, self.resuming, own_gpus), timeout=GROUP_CALL_TIMEOUT)
         except Exception as exc:  # not placed (InfeasibleResourcesError...), or not started: the attempt failed
             self._say(f"could not start the {self.replicas} ranks: {type(exc).__name__}: {exc}")
             return self._unstarted(number, start, None, f"not started: {exc}")

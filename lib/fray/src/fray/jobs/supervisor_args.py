@@ -28,7 +28,10 @@ def parse_args(argv: Sequence[str], description: str) -> argparse.Namespace:
         "--call", default=None, metavar="LABEL", help=f"run the callable in ${CALL_VAR} in each rank (LABEL names it)"
     )
     parser.add_argument(
-        "--placement", choices=("pack", "spread"), default=None, help="the ranks as a group over the nodes"
+        "--placement",
+        choices=("pack", "spread", "node"),
+        default=None,
+        help="the ranks as a group over the nodes (node: on one node, each rank seeing its own GPUs)",
     )
     parser.add_argument("--rank-resources", default="{}", help="with --placement: each rank's resources (JSON)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
