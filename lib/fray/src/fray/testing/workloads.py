@@ -4,6 +4,7 @@ name. Public, so that a backend's own tests and the repository's matrix reuse th
 from __future__ import annotations
 
 import os
+import select
 import signal
 import threading
 import time
@@ -377,17 +378,25 @@ def _parent_of(pid: int) -> int:
     return found.ppid
 
 
-def kill_descendant(pid: int) -> None:
+def kill_descendant(pid: int, exit_wait: float = 10.0) -> None:
     """SIGKILL process `pid` (an actor's, as its `pid()` method said), after proving it a descendant of this
     process (started by it directly or through the engine's daemons): a test never signals a process that is not
-    its own. Raises ValueError naming the process otherwise."""
+    its own. Raises ValueError naming the process otherwise. Returns once the process has ended (at most
+    `exit_wait` seconds): the kernel takes a while to end a process, longer on a loaded machine, and a test's
+    "just after the death" counts from its end, not from the signal."""
     ancestor = pid
     for _ in range(64):
         if ancestor <= 1:
             break
         ancestor = _parent_of(ancestor)
         if ancestor == os.getpid():
-            os.kill(pid, signal.SIGKILL)
+            ended = os.pidfd_open(pid)  # (the process proven above, signalled and waited for by this descriptor)
+            try:
+                signal.pidfd_send_signal(ended, signal.SIGKILL)
+                if not select.select([ended], [], [], exit_wait)[0]:
+                    raise TimeoutError(f"process {pid} was sent SIGKILL and had not ended {exit_wait:g} s later")
+            finally:
+                os.close(ended)
             return
     raise ValueError(f"process {pid} is not a descendant of this process ({os.getpid()}): not signalled")
 
