@@ -45,3 +45,13 @@ def test_a_mesh_process_and_a_local_driver_load_no_monarch_job_module() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_mesh_process_loads_numpy_before_its_tasks() -> None:
+    """A worker's threads race in a package's first import, and numpy's cannot be retried once it failed halfway
+    (its C module loads once per process): a task whose arguments hold an array then failed to load them for
+    good ("cannot load module more than once per process"). The worker's runtime loads numpy as it starts."""
+    probe = "import sys, fray_monarch.workers.runtime; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"

@@ -16,6 +16,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+# Loaded before any task: a worker's threads race in the first import of a package their values need, and numpy's
+# cannot be retried once it failed halfway (its C module loads once per process), so a value of numpy's
+# would fail to load there for good.
+import numpy  # noqa: F401
+
 from fray.backend import RECORDER, Blob, PathStats, capture_exception, device_stats, dumps, merge
 from fray_monarch.core import import_path
 from fray_monarch.core.calls import contained_ids
