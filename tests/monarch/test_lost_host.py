@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from _lost_host_driver import marked_line
 from _lost_rank_job_driver import assert_lost_then_succeeded
-from _netns import Host, namespaced_hosts, require_namespaced_hosts
+from _netns import Host
 
 HERE = Path(__file__).parent
 DRIVER = HERE.parent / "_lost_host_driver.py"
@@ -28,13 +28,6 @@ JOB_DRIVER = HERE.parent / "_lost_rank_job_driver.py"
 PLAIN_DRIVER = HERE.parent / "_lost_host_plain_driver.py"
 SHUTDOWN_WITHIN = 20.0  # seconds a driver's cluster.shutdown() may take after one of its hosts was lost
 PY = sys.executable
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[list[Host]]:
-    require_namespaced_hosts()
-    with namespaced_hosts(3) as made:
-        yield made
 
 
 def _lose(host: Host, worker_only: bool = False) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _netns import Host, namespaced_hosts, require_namespaced_hosts
+from _netns import Host
 
 from fray.host import procfs
 
@@ -34,13 +34,6 @@ HERE = Path(__file__).parent
 DRIVER = HERE / "_multihost_driver.py"
 PY = sys.executable
 GONE_WITHIN = 15.0
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[list[Host]]:
-    require_namespaced_hosts()
-    with namespaced_hosts(3) as made:
-        yield made
 
 
 @pytest.fixture

@@ -17,13 +17,12 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from _lost_host_driver import marked_line
-from _netns import Host, namespaced_hosts, require_namespaced_hosts
+from _netns import Host
 
 from fray.host import procfs
 
@@ -31,13 +30,6 @@ HERE = Path(__file__).parent
 DRIVER = HERE.parent / "_preempted_job_driver.py"
 PY = sys.executable
 GONE_WITHIN = 15.0
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[list[Host]]:
-    require_namespaced_hosts()
-    with namespaced_hosts(3) as made:
-        yield made
 
 
 def _fray_processes(host: Host) -> list[str]:
