@@ -27,6 +27,7 @@ from fray.types import JobInfo, Resource, normalize_resources
 __all__ = [
     "IF_EXISTS",
     "ONE_NODE",
+    "PLACEMENTS",
     "JobLaunch",
     "check_name",
     "checked_command",

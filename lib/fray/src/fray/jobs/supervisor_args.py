@@ -9,6 +9,7 @@ from fray.host import settings
 from fray.jobs.call import CALL_VAR
 from fray.jobs.elastic import parse_replicas
 from fray.jobs.policy import JobPolicy
+from fray.jobs.requests import ONE_NODE, PLACEMENTS
 
 __all__ = ["parse_args"]
 
@@ -29,7 +30,7 @@ def parse_args(argv: Sequence[str], description: str) -> argparse.Namespace:
     )
     parser.add_argument(
         "--placement",
-        choices=("pack", "spread", "node"),
+        choices=(*(p for p in PLACEMENTS if p is not None), ONE_NODE),
         default=None,
         help="the ranks as a group over the nodes (node: on one node, each rank seeing its own GPUs)",
     )
