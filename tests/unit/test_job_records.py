@@ -11,8 +11,10 @@ import time
 
 import pytest
 
+from fray.jobs.job_info import RECORD_LINES, with_record
 from fray.jobs.records import RECORD_MAX, JobRecord, last_record, record_line
-from fray.types import JobAttempt, JobStatus
+from fray.jobs.requests import SUPERVISOR
+from fray.types import JobAttempt, JobInfo, JobStatus
 
 START, END = "\x1b]fray-job;", "\x07"
 
@@ -85,3 +87,21 @@ def test_a_real_supervisors_final_record_outlives_a_grandchilds_fake_one() -> No
     found = last_record(done.stdout)
     assert found is not None
     assert [(a.number, a.status) for a in found.attempts] == [(1, JobStatus.SUCCEEDED)]
+
+
+def test_an_ended_jobs_record_is_found_behind_many_lines_written_after_it() -> None:
+    """An ended job's record is read however many lines follow it: its supervisor's engine (Ray's driver messages
+    at its shutdown), or a process the job left running, may write a screenful after the final record."""
+    record = JobRecord(2, (JobAttempt(1, JobStatus.FAILED, None, 1.0, 2.0, "lost: rank 1's node", "lost"),))
+    raw = "rank 0 on h1\n" + record_line(record, None, final=True) + "".join(f"straggler {i}\n" for i in range(300))
+    asked: list[int] = []
+
+    def log_end(job_id: str, lines: int) -> str:
+        asked.append(lines)
+        return "".join(raw.splitlines(keepends=True)[-lines:])
+
+    entrypoint = " ".join([sys.executable, *SUPERVISOR, "--replicas", "2", "--", "true"])
+    ended = with_record(JobInfo("j", JobStatus.SUCCEEDED, entrypoint=entrypoint, message="Job finished."), log_end)
+    assert [a.outcome for a in ended.attempts] == ["lost"] and ended.replicas == 2, (ended, asked)
+    running = with_record(JobInfo("j", JobStatus.RUNNING, entrypoint=entrypoint), log_end)
+    assert running.attempts == () and asked[-1] == RECORD_LINES, "a running job's info reads only the log's end"

@@ -7,14 +7,28 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from fray.errors import JobNotFoundError
-from fray.jobs.records import last_record
+from fray.jobs.records import final_record, last_record
 from fray.jobs.requests import SUPERVISOR, name_of
 from fray.types import JobInfo
 
-__all__ = ["RECORD_LINES", "with_record"]
+__all__ = ["RECORD_LINES", "log_end_with_record", "with_record"]
 
 
-RECORD_LINES = 20  # a supervised job's record is among its log's last lines (only stragglers write after it)
+RECORD_LINES = 20  # a supervised job's record is usually among its log's last lines (only stragglers write after it)
+_LONGER_ENDS = (2_000, 200_000)  # lines read next where it is not: each read bounded, a huge log never read whole
+
+
+def log_end_with_record(read: Callable[[int], str], final: bool = False) -> str:
+    """The end of a job's raw log that holds its last record (`final`: its final one), where it has one: a long
+    attempt writes much after the record of the one before, and an ended job's engine or stragglers may write a
+    screenful after the final one. `read(lines)` reads the log's last lines."""
+    found = final_record if final else last_record
+    text = ""
+    for lines in (RECORD_LINES, *_LONGER_ENDS):
+        text = read(lines)
+        if found(text) is not None:
+            break
+    return text
 
 
 def with_record(info: JobInfo, log_end: Callable[[str, int], str]) -> JobInfo:
@@ -26,7 +40,10 @@ def with_record(info: JobInfo, log_end: Callable[[str, int], str]) -> JobInfo:
     if " ".join(SUPERVISOR) not in info.entrypoint:
         return info
     try:
-        record = last_record(log_end(info.id, RECORD_LINES))
+        if info.status.is_terminal:  # (read once it ended: a running job's info reads only its log's end)
+            record = last_record(log_end_with_record(lambda lines: log_end(info.id, lines), final=True))
+        else:
+            record = last_record(log_end(info.id, RECORD_LINES))
     except JobNotFoundError:
         return info
     if record is None:

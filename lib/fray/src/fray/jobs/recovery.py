@@ -7,12 +7,11 @@ running last, `lost`. The new supervisor goes on from there: one record, one num
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from fray.host import settings
-from fray.jobs.job_info import RECORD_LINES
+from fray.jobs.job_info import log_end_with_record
 from fray.jobs.records import JobRecord, final_record, last_record, record_line
 from fray.jobs.requests import SUPERVISOR
 from fray.types import JobAttempt, JobStatus
@@ -67,17 +66,6 @@ def _with_lost(log_tail: str, reason: str, started: float | None, lost_at: float
     since = last.end_time if last is not None and last.end_time is not None else started
     lost = JobAttempt(len(attempts) + 1, JobStatus.FAILED, None, since, lost_at, f"lost: {reason}", "lost")
     return replicas, [*attempts, lost]
-
-
-def log_end_with_record(read: Callable[[int], str]) -> str:
-    """The end of a job's raw log that holds its last record, where it has one (a long attempt writes much after
-    the record of the one before): `read(lines)` reads the log's last lines."""
-    text = ""
-    for lines in (RECORD_LINES, 2_000, 200_000):
-        text = read(lines)
-        if last_record(text) is not None:
-            break
-    return text
 
 
 def recovery_value(log_tail: str, reason: str, started: float | None, lost_at: float) -> str:
