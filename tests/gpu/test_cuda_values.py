@@ -75,6 +75,25 @@ def test_actor_to_actor_and_into_the_callers_own_buffers(gpu_backend_ctx: JobCon
         gpu_backend_ctx.kill(b)
 
 
+def test_a_get_into_the_callers_tensors_makes_no_copy_of_its_own_on_the_way(gpu_backend_ctx: JobContext) -> None:
+    """put -> get(out=) and a task's result -> get(out=): the value goes straight into the caller's tensors, by
+    whichever path it came (`*-out`: no temporary copy on the device first), and no device memory is left held."""
+    torch = _torch()
+    value = {"w": torch.arange(1 << 20, dtype=torch.float32, device="cuda"), "b": torch.ones(7, device="cuda")}
+    out = {"w": torch.zeros(1 << 20, device="cuda"), "b": torch.zeros(7, device="cuda")}
+    ref = gpu_backend_ctx.put(value)
+    made = gpu_backend_ctx.create_task(w.make_on_gpu, args=(1 << 20, 3.0), options=ON_GPU)
+    gpu_backend_ctx.wait([made], timeout=120)
+    before = gpu_backend_ctx.transfer_stats()
+    assert gpu_backend_ctx.get(ref, timeout=120, out=out) is out
+    assert torch.equal(out["w"], value["w"]) and torch.equal(out["b"], value["b"])
+    into = torch.zeros(1 << 20, device="cuda")
+    assert gpu_backend_ctx.get(made, timeout=120, out=into) is into and float(into.sum().item()) == 3.0 * (1 << 20)
+    paths = {p for p, n in gpu_backend_ctx.transfer_stats().items() if p not in before or n != before[p]}
+    assert paths & {"cuda-device-copy-out", "cuda-staged-out", "cuda-ipc-out"}, paths
+    assert not paths & CUDA_PATHS, f"a copy was made before the one into out: {paths}"
+
+
 def test_device_memory_comes_back_after_a_loop(gpu_backend_ctx: JobContext) -> None:
     torch = _torch()
     t = torch.ones(1 << 22, device="cuda")

@@ -21,6 +21,7 @@ import pytest
 from _sockets import unguarded_env
 
 from fray.errors import FrayError, ObjectLostError
+from fray.runtime.borrowing import borrowing, not_borrowing
 from fray.runtime.device_shares import (
     SHARED,
     MemfdBuffer,
@@ -32,7 +33,9 @@ from fray.runtime.device_shares import (
     share_server,
 )
 from fray.runtime.device_shares.wire import Granted, OpenShare, read_message, send_message
+from fray.runtime.receive import receive, receive_into
 from fray.runtime.serialization import dumps, loads
+from fray.telemetry.transfers import device_stats, since
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root (setpriv)")
@@ -295,3 +298,31 @@ def test_a_context_counts_the_device_loads_of_its_own_time_only(value: MemfdBuff
         del token
     finally:
         ctx.shutdown()
+
+
+def test_a_get_into_the_callers_memory_borrows_the_snapshot_and_gives_its_lease_back_after(value: MemfdBuffer) -> None:
+    """In a borrowing scope (a get into `out`), the reader opens the share and reads the producer's snapshot itself
+    (`memfd-ipc-out`), holding its lease until the scope ends; outside one, or in a not_borrowing scope inside it,
+    it copies as ever (`memfd-ipc`)."""
+    ref, token = publish(memfd_memory, value, None)
+    server = share_server()
+    out = {"w": MemfdBuffer(bytes(value.nbytes))}
+    before = device_stats.snapshot()
+    with borrowing():
+        lent = rebuild_shared(ref)
+        assert server.leases() == 1, "the borrowed snapshot's lease is held while it is read"
+        with not_borrowing():
+            own = rebuild_shared(ref)
+        assert receive_into(out, {"w": lent}) is out
+    assert out["w"].tobytes() == own.tobytes() == value.tobytes()
+    assert sorted(since(device_stats.snapshot(), before)) == ["memfd-ipc", "memfd-ipc-out"]
+    _eventually(lambda: server.leases() == 0, "the borrowed snapshot's lease given back")
+    del token
+
+
+def test_a_get_into_memory_that_does_not_fit_the_value_gives_its_borrows_back(value: MemfdBuffer) -> None:
+    ref, token = publish(memfd_memory, value, None)
+    with pytest.raises(ValueError, match=r"out\['w'\] is a MemfdBuffer of 3 bytes, but the value there is"):
+        receive({"w": MemfdBuffer(b"abc")}, lambda: {"w": rebuild_shared(ref)})
+    _eventually(lambda: share_server().leases() == 0, "the lease of a get that failed given back")
+    del token

@@ -36,7 +36,7 @@ from fray.runtime.completion import RefWatcher, get_with_progress, outcomes
 from fray.runtime.current import clear_job_context
 from fray.runtime.groups import PLACEMENTS, ActorGroup, admit_group, create_one_by_one
 from fray.runtime.hooks import JobContextHooks
-from fray.runtime.receive import receive_into
+from fray.runtime.receive import receive
 from fray.runtime.refs import ActorHandle, ObjectRef, async_methods
 from fray.runtime.requests import GroupRequest, Resources, actor_request, task_request
 from fray.runtime.streams import ObjectRefStream
@@ -172,7 +172,7 @@ class JobContext(JobContextHooks):
         one). out: tensors and arrays of the caller's (a `state_dict`; a list of them for a list of refs) that
         receive the value in place, and are returned (fray.runtime.receive)."""
         if out is not None:
-            return receive_into(out, self.get(refs, timeout, progress))
+            return receive(out, lambda: self.get(refs, timeout, progress))
         if self._shut_down:
             self._refuse_if_shut_down()
         seconds = check_timeout(timeout)  # (the whole call's: hooks take what is left of it, never more)

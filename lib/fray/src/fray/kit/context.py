@@ -36,6 +36,7 @@ from fray.kit.ledger import Ledger, Signature, Work, lendable
 from fray.kit.objects import IMMUTABLE, Entry, Failure, Serialized, immutable_call
 from fray.runtime import current
 from fray.runtime import worker_output as output
+from fray.runtime.borrowing import not_borrowing
 from fray.runtime.capabilities import Capability
 from fray.runtime.cuda_values import KEPT
 from fray.runtime.gpus import DevicePool, HostGpus
@@ -227,7 +228,8 @@ class KitJobContext(EngineHooks, JobContext):
             task.state = TaskState.RUNNING
             task.stolen = True
             task.thread_id = threading.get_ident()
-        next_work = self._execute(task, on_worker=False)
+        with not_borrowing():  # (its arguments are its own copies, even where this get borrows: fray.runtime.borrowing)
+            next_work = self._execute(task, on_worker=False)
         if next_work is not None:
             self._ledger.workers.submit(next_work)
 

@@ -28,6 +28,11 @@ and `record_stream` so that its memory is not reused while that stream still rea
   on another stream: another thread, or `torch.cuda.stream(...)`) waits for that event on its current stream and
   records that stream on the kept memory, so freeing the value while the reader's copy is queued cannot hand that
   memory to other work first.
+
+A get into the caller's own tensors (`get(out=...)`, fray.runtime.borrowing) makes no copy of its own on the way:
+a kept value is read from the kept copy, a staged one uploaded from the staged bytes, a shared one read from the
+producer's snapshot, each straight into `out` (paths ``cuda-device-copy-out``, ``cuda-staged-out``,
+``cuda-ipc-out``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import warnings
 from typing import Any
 
 from fray.errors import FrayError
+from fray.runtime.borrowing import current_borrows
 from fray.runtime.device_shares.cuda_memory import cuda_memory
 from fray.runtime.device_shares.producer import publish
 from fray.runtime.device_shares.reader import rebuild_shared
@@ -156,15 +162,25 @@ def _rebuild_staged(buf: Any, host_id: int) -> Any:
 
     start = time.perf_counter()
     view = memoryview(buf)
+    if current_borrows() is not None:  # get's copy into `out` uploads from the staged bytes themselves
+        host = _host_tensor(view) if view.nbytes else torch.empty(0, dtype=torch.uint8)
+        device_stats.record("cuda-staged-out", view.nbytes, time.perf_counter() - start)
+        return host.untyped_storage()
     target = _target(host_id)
     out = torch.empty(view.nbytes, dtype=torch.uint8, device=target)
     if view.nbytes:
-        with warnings.catch_warnings():  # a read-only buffer: torch warns that it is not writable; it is only read
-            warnings.simplefilter("ignore", UserWarning)
-            host = torch.frombuffer(view, dtype=torch.uint8)
-        out.copy_(host)
+        out.copy_(_host_tensor(view))
     device_stats.record("cuda-staged", view.nbytes, time.perf_counter() - start)
     return out.untyped_storage()
+
+
+def _host_tensor(view: memoryview) -> Any:
+    """The bytes of `view` as a CPU tensor over the same memory, to be read only."""
+    import torch
+
+    with warnings.catch_warnings():  # a read-only buffer: torch warns that it is not writable; it is only read
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(view, dtype=torch.uint8)
 
 
 def _rebuild_shared(ref: ShareRef) -> Any:
@@ -189,6 +205,9 @@ def _rebuild_kept(token: int, nbytes: int) -> Any:
     stream = torch.cuda.current_stream(kept.device)  # (the stream this copy runs on: its device's current one)
     stream.wait_event(copied)  # the kept copy is complete
     source.record_stream(stream)  # not reused while this stream reads it, even if the value is freed meanwhile
+    if current_borrows() is not None:  # get's copy into `out` reads the kept copy itself, on this stream
+        device_stats.record("cuda-device-copy-out", nbytes, time.perf_counter() - start)
+        return kept
     copy = source.clone()
     device_stats.record("cuda-device-copy", nbytes, time.perf_counter() - start)
     return copy.untyped_storage()

@@ -7,6 +7,9 @@ the same dicts (the same keys), lists and tuples (the same lengths). Everything 
 written (a mismatch is a ValueError naming where it is and what differs), then each leaf is copied in place
 (`Tensor.copy_`, across devices where they differ; `numpy.copyto`). Other leaves (numbers, strings, None) must be
 equal in both, and are left alone.
+
+The value is loaded for this copy alone: its device values are borrowed, not copied on the way
+(fray.runtime.borrowing), and `receive` lets go of them once the copies are done.
 """
 
 from __future__ import annotations
@@ -15,7 +18,16 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["receive_into"]
+from fray.runtime.borrowing import borrowing
+from fray.runtime.device_shares.memory import MemfdBuffer
+
+__all__ = ["receive", "receive_into"]
+
+
+def receive(out: Any, load: Callable[[], Any]) -> Any:
+    """`load()` (a get of the value) copied into `out`, its device values borrowed while it is (module doc)."""
+    with borrowing():
+        return receive_into(out, load())
 
 
 def receive_into(out: Any, value: Any, what: str = "out") -> Any:
@@ -38,6 +50,11 @@ def _plan(out: Any, value: Any, where: str, copies: list[Callable[[], None]]) ->
                 f"tensor of shape {tuple(value.shape)}: give a tensor of the value's shape and dtype"
             )
         copies.append(lambda: _copy_tensor(torch, out, value))
+        return
+    if isinstance(out, MemfdBuffer):  # (the CPU stand-in of a device tensor: it receives as one does)
+        if not isinstance(value, MemfdBuffer) or value.nbytes != out.nbytes:
+            raise ValueError(f"{where} is a MemfdBuffer of {out.nbytes} bytes, but the value there is {value!r}")
+        copies.append(lambda: out.copy_from(value))
         return
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(out, numpy.ndarray):

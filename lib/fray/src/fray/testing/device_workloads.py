@@ -17,6 +17,10 @@ def buffer_summary(buf: MemfdBuffer) -> tuple[int, int, int]:
     return len(data), data[0], data[-1]
 
 
+def in_a_dict(buf: MemfdBuffer) -> dict[str, MemfdBuffer]:
+    return {"weights": buf}
+
+
 def overwrite_and_summarize(buf: MemfdBuffer) -> tuple[int, int, int]:
     """Write this reader's copy, then summarize it: no other reader may see the write."""
     buf.write_at(0, b"\xff")

@@ -10,6 +10,8 @@
   of its own on the target device and drops the alias, so the producer's memory is never the reader's value.
   A handle this process cannot open (the device not visible here, another container, a MIG slice) is
   DeviceOpenError: the reader asks for staging.
+- A get into the caller's own memory (fray.runtime.borrowing) borrows the opened snapshot instead of copying it:
+  get's copy into `out` reads it on the same stream, and the lease goes back once that device is done with it.
 - Staging: the producer copies the snapshot into pinned host memory; the reader receives into pinned memory of
   its own and uploads from it (no pageable copy on either side).
 """
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +65,33 @@ class CudaMemory:
     def open_copy(self, share: Share, fds: list[int], where: Any) -> Any:
         import torch
 
+        alias, target = self._open(share, where)
+        with torch.cuda.device(target):
+            source = torch.empty(0, dtype=torch.uint8, device=alias.device).set_(alias)
+            out = torch.empty(source.numel(), dtype=torch.uint8, device=target)
+            out.copy_(source)
+            torch.cuda.current_stream(target).synchronize()  # the alias is dropped below: the copy must have read it
+        del source, alias
+        return out.untyped_storage()
+
+    def open_alias(self, share: Share, fds: list[int], where: Any) -> tuple[Any, Callable[[], None]]:
+        import torch
+
+        alias, _ = self._open(share, where)
+        device = alias.device
+
+        def reads_done() -> None:
+            # A copy out of it runs on its device's current stream, a copy to another device too (torch copies
+            # between devices on the source's stream and syncs the destination's).
+            torch.cuda.synchronize(device)
+
+        return alias, reads_done
+
+    def _open(self, share: Share, where: Any) -> tuple[Any, Any]:
+        """The snapshot's storage opened here, readable on this thread's current stream of the target device
+        (after the producer's copy, by its event), and that target device."""
+        import torch
+
         host_id, handle, event_handle = share.handle
         if not torch.cuda.is_available():
             raise DeviceOpenError("this process has no CUDA device")
@@ -79,14 +109,10 @@ class CudaMemory:
         except (RuntimeError, TypeError) as exc:  # (cudaErrorInvalidDevice, a handle from another container)
             raise DeviceOpenError(f"the share of a value on device {host_id} cannot be opened here: {exc}") from None
         with torch.cuda.device(target):
-            stream = torch.cuda.current_stream(target)
-            stream.wait_event(event)
-            source = torch.empty(0, dtype=torch.uint8, device=alias.device).set_(alias)
-            out = torch.empty(source.numel(), dtype=torch.uint8, device=target)
-            out.copy_(source)
-            stream.synchronize()  # the alias is dropped below: the copy must have read it
-        del source, alias
-        return out.untyped_storage()
+            torch.cuda.current_stream(target).wait_event(event)
+            if alias.device != target:  # (a copy from it runs on its own device's stream: that one waits too)
+                torch.cuda.current_stream(alias.device).wait_event(event)
+        return alias, target
 
     def stage(self, snapshot: Any) -> memoryview:
         import torch

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,6 +59,12 @@ class DeviceMemory(Protocol):
     def open_copy(self, share: Share, fds: list[int], where: Any) -> Any:
         """Open a share, copy it into this process's own memory on `where`, let go of the share; the copy
         (reader). Raises DeviceOpenError when this process cannot open it."""
+        ...
+
+    def open_alias(self, share: Share, fds: list[int], where: Any) -> tuple[Any, Callable[[], None]]:
+        """Open a share and give the producer's snapshot itself, to be read only, not copied (reader, for a get
+        into the caller's own memory: fray.runtime.borrowing); and a callable that returns once every read of it
+        queued so far is done. Raises DeviceOpenError as open_copy does."""
         ...
 
     def stage(self, snapshot: Any) -> memoryview:
@@ -124,6 +131,13 @@ class MemfdBuffer:
         with self.segment.view() as view:
             return bytes(view)
 
+    def copy_from(self, other: MemfdBuffer) -> None:
+        """Write `other`'s bytes over this buffer's (of the same size): the stand-in of a device tensor's copy_."""
+        if other.nbytes != self.nbytes:
+            raise ValueError(f"a MemfdBuffer of {self.nbytes} bytes cannot take {other.nbytes} bytes")
+        with self.segment.view() as target, other.segment.view() as source:
+            target[:] = source
+
     def write_at(self, offset: int, data: bytes) -> None:
         with self.segment.view() as view:
             view[offset : offset + len(data)] = data
@@ -172,18 +186,26 @@ class MemfdMemory:
         return Share((snapshot.nbytes,), (snapshot.fd,))
 
     def open_copy(self, share: Share, fds: list[int], where: Any) -> MemfdBuffer:
+        alias = self._open(share, fds)
+        try:
+            with alias.view() as view:
+                return MemfdBuffer(view)
+        finally:
+            alias.close()
+
+    def open_alias(self, share: Share, fds: list[int], where: Any) -> tuple[MemfdBuffer, Callable[[], None]]:
+        # (a copy out of the mapping is done when it returns: nothing is left to wait for)
+        return MemfdBuffer.adopt(self._open(share, fds)), _nothing_queued
+
+    def _open(self, share: Share, fds: list[int]) -> MemfdSegment:
+        """The snapshot's segment mapped here (the reader's view of it); the share's descriptors are closed."""
         try:
             if self.refuse_open:
                 raise DeviceOpenError("this process was set to refuse device shares (MemfdMemory.refuse_open)")
             if len(fds) != 1:
                 raise DeviceOpenError(f"a memfd share came with {len(fds)} file descriptors, not 1")
             (nbytes,) = share.handle
-            alias = MemfdSegment(nbytes, fd=os.dup(fds[0]))  # (mapped here: the reader's view of the snapshot)
-            try:
-                with alias.view() as view:
-                    return MemfdBuffer(view)
-            finally:
-                alias.close()
+            return MemfdSegment(nbytes, fd=os.dup(fds[0]))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -199,6 +221,10 @@ class MemfdMemory:
 
     def free(self, snapshot: Any) -> None:
         snapshot.close()
+
+
+def _nothing_queued() -> None:
+    pass
 
 
 memfd_memory = MemfdMemory()  # this process's one: its refuse_open is what tests switch

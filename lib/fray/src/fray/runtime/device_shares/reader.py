@@ -1,10 +1,11 @@
 """The reader's side of device shares: rebuild a value's device snapshot from its producer (producer.py).
 
 One connection per producer, kept for the next value (a share costs a round trip, not a connect). Per value:
-ask for a share, open it and copy into this process's own memory (`{memory}-ipc`), release the lease. Where
-this process cannot open it (`DeviceOpenError`), ask for the bytes staged through host memory instead
-(`{memory}-ipc-staged`). A producer that is gone, or a value it no longer holds, is `ObjectLostError`: never a
-crash or garbage.
+ask for a share, open it and copy into this process's own memory (`{memory}-ipc`), release the lease; in a get
+into the caller's own memory (fray.runtime.borrowing), open it and lend the snapshot itself to that get's copy,
+releasing the lease once the copy is done (`{memory}-ipc-out`). Where this process cannot open it
+(`DeviceOpenError`), ask for the bytes staged through host memory instead (`{memory}-ipc-staged`). A producer
+that is gone, or a value it no longer holds, is `ObjectLostError`: never a crash or garbage.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from fray.errors import FrayError, ObjectLostError
+from fray.runtime.borrowing import current_borrows
 from fray.runtime.device_shares.memory import DeviceMemory, DeviceOpenError, Share, memfd_memory
 from fray.runtime.device_shares.producer import host_key
 from fray.runtime.device_shares.wire import (
@@ -146,12 +149,21 @@ def _fetch(conn: _Connection, ref: ShareRef, memory: DeviceMemory, where: Any) -
         for fd in fds:
             os.close(fd)
         raise FrayError(f"a device-share producer answered {type(reply).__name__} to a request for a share")
+    borrows = current_borrows()
+    release = ReleaseLease(reply.lease)
+    lent = False
     try:
+        if borrows is not None:  # (a get into the caller's memory: the snapshot is read from, not copied first)
+            alias, reads_done = memory.open_alias(Share(reply.handle), fds, where)
+            borrows.hold(lambda: _let_go(conn, release, reads_done))
+            lent = True
+            return alias, f"{memory.name}-ipc-out"
         return memory.open_copy(Share(reply.handle), fds, where), f"{memory.name}-ipc"
     except DeviceOpenError:
         pass
     finally:
-        send_message(conn.sock, ReleaseLease(reply.lease))
+        if not lent:
+            send_message(conn.sock, release)
     send_message(conn.sock, StageSnapshot(ref.snapshot))
     reply, fds = read_message(conn.sock)
     for fd in fds:
@@ -163,6 +175,17 @@ def _fetch(conn: _Connection, ref: ShareRef, memory: DeviceMemory, where: Any) -
     with memory.host_buffer(reply.nbytes) as view:
         read_exactly(conn.sock, reply.nbytes, into=view)
         return memory.upload(view, where), f"{memory.name}-ipc-staged"
+
+
+def _let_go(conn: _Connection, release: ReleaseLease, reads_done: Callable[[], None]) -> None:
+    """A borrowed snapshot's lease goes back once every read of it is done (a connection closed meanwhile has
+    given it back already: the producer ends a closed connection's leases)."""
+    reads_done()
+    try:
+        with conn.lock:
+            send_message(conn.sock, release)
+    except OSError:
+        pass
 
 
 os.register_at_fork(after_in_child=drop_connections)

@@ -10,6 +10,7 @@ import time
 
 from fray.context import JobContext
 from fray.runtime.device_shares import MemfdBuffer, share_server
+from fray.telemetry.transfers import device_stats, since
 from fray.testing import device_workloads as d
 from fray.testing import requires_capability
 
@@ -65,3 +66,19 @@ def test_device_values_the_driver_sends_to_other_processes_go_by_shares_and_are_
             time.sleep(0.05)
     finally:
         fray_ctx.kill(group)
+
+
+def test_a_get_into_a_device_buffer_of_the_callers_fills_it_without_a_copy_of_its_own_first(
+    fray_ctx: JobContext,
+) -> None:
+    """`get(ref, out=...)` copies a device value into the caller's own buffers (inside a dict), the same ones
+    returned; where the value comes by a share (a task's result, on a backend that sends results so), the share is
+    read into `out` itself, never first copied into memory of the reader's (`memfd-ipc-out`, not `memfd-ipc`)."""
+    made = fray_ctx.create_task(d.make_buffer, args=(21, SIZE))
+    fray_ctx.wait([made], timeout=120)
+    out = {"weights": d.make_buffer(0, SIZE)}
+    before = device_stats.snapshot()
+    got = fray_ctx.get(fray_ctx.create_task(d.in_a_dict, args=(made,)), timeout=120, out=out)
+    paths = sorted(since(device_stats.snapshot(), before))
+    assert got is out and d.buffer_summary(out["weights"]) == (SIZE, 21, 21), paths
+    assert "memfd-ipc" not in paths, f"the value was copied before it went into out: {paths}"
