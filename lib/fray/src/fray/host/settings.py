@@ -184,6 +184,10 @@ GPUS = Setting(
     "FRAY_GPUS", ID_LIST, (), "fray.runtime.current",
     "Set by fray in a process it starts for work holding GPUs: their ids (what `fray.current_gpus()` says).",
     shown_default="unset")
+PINNED_KEEP_BYTES = Setting(
+    "FRAY_PINNED_KEEP_BYTES", INTEGER, 1 << 30, "fray.runtime.pinned",
+    "Bytes of pinned host memory (for staging device values) a process keeps for reuse once unused; beyond that, "
+    "or after 60 s unused, it gives them back.", shown_default="1073741824 (1 GiB)")
 TLS_DIR: Setting[Path | None] = Setting(
     "FRAY_TLS_DIR", PATH, None, "fray_monarch.net.tls",
     "The directory of the user's certificate authority for Monarch's TLS (the same on every host).",

@@ -6,7 +6,7 @@ One storage per dump (views sharing it share it again when loaded), moved one of
   at dump time and kept in a table of this process while the serialized value lives; each load copies it again
   on the device. A value sent stays a snapshot, and no reader's writes reach another's (``cuda-device-copy``).
 - ``staged`` (a reader in another process, on this host or another): copied once into pinned host memory
-  (torch's caching host allocator: the pinned copy runs at the bus's speed, many times a pageable one's),
+  (fray.runtime.pinned: the pinned copy runs at the bus's speed, many times a pageable one's),
   carried as an out-of-band buffer by the backend's data plane like a CPU tensor's bytes (shared memory,
   sockets, Ray's object store), and copied onto the reader's device (``cuda-staged``).
 - ``shared`` (a reader in another process of this host): snapshotted once on the device and served by this
@@ -37,7 +37,6 @@ producer's snapshot, each straight into `out` (paths ``cuda-device-copy-out``, `
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import pickle
 import threading
@@ -53,6 +52,7 @@ from fray.runtime.device_shares.reader import rebuild_shared
 from fray.runtime.device_shares.values import KEPT, SHARED, STAGED
 from fray.runtime.device_shares.wire import ShareRef
 from fray.runtime.gpus import discover
+from fray.runtime.pinned import cuda_pinned
 from fray.telemetry.transfers import device_stats
 
 __all__ = ["KEPT", "SHARED", "STAGED", "CudaStorage", "KeptToken", "device_stats"]
@@ -113,13 +113,11 @@ class CudaStorage:
             ref, share_token = publish(cuda_memory, storage, _host_id(device.index))
             self.pickler.keep.append(share_token)  # the snapshot is served while the serialized value lives
             return (_rebuild_shared, (ref,))
-        pinned = torch.empty(source.numel(), dtype=torch.uint8, pin_memory=True)
+        pinned = cuda_pinned(source.numel())  # (its memory goes back to the pool when the serialized value is gone)
         with torch.cuda.device(device):
-            pinned.copy_(source)  # pinned destination: a DMA at the bus's speed; returns once the bytes are here
-        self.pickler.keep.append(pinned)  # the buffer below is a view of it
-        raw = (ctypes.c_ubyte * pinned.numel()).from_address(pinned.data_ptr())  # (torch has no buffer protocol)
-        raw.pinned = pinned  # type: ignore[attr-defined]  # the buffer keeps its memory alive
-        return (_rebuild_staged, (pickle.PickleBuffer(raw), _host_id(device.index)))
+            # A pinned destination: a DMA at the bus's speed; returns once the bytes are here.
+            torch.frombuffer(pinned, dtype=torch.uint8).copy_(source)
+        return (_rebuild_staged, (pickle.PickleBuffer(pinned), _host_id(device.index)))
 
 
 def _host_id(ordinal: int | None) -> int:

@@ -12,19 +12,19 @@
   DeviceOpenError: the reader asks for staging.
 - A get into the caller's own memory (fray.runtime.borrowing) borrows the opened snapshot instead of copying it:
   get's copy into `out` reads it on the same stream, and the lease goes back once that device is done with it.
-- Staging: the producer copies the snapshot into pinned host memory; the reader receives into pinned memory of
-  its own and uploads from it (no pageable copy on either side).
+- Staging: the producer copies the snapshot into pinned host memory (fray.runtime.pinned); the reader receives
+  into pinned memory of its own and uploads from it (no pageable copy on either side).
 """
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fray.runtime.device_shares.memory import DeviceOpenError, Share
 from fray.runtime.gpus import discover
+from fray.runtime.pinned import cuda_pinned
 
 __all__ = ["CudaMemory", "CudaSnapshot", "cuda_memory"]
 
@@ -118,18 +118,19 @@ class CudaMemory:
         import torch
 
         storage = snapshot.storage
-        pinned = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
+        pinned = cuda_pinned(storage.nbytes())
         with torch.cuda.device(storage.device):
             torch.cuda.current_stream(storage.device).wait_event(snapshot.event)
-            pinned.copy_(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage))
-        return _view(pinned)
+            source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            torch.frombuffer(pinned, dtype=torch.uint8).copy_(source)
+        return pinned
 
     def host_buffer(self, nbytes: int) -> memoryview:
         import torch
 
         if not torch.cuda.is_available():
             return memoryview(bytearray(nbytes))
-        return _view(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
+        return cuda_pinned(nbytes)
 
     def upload(self, data: memoryview, where: Any) -> Any:
         import torch
@@ -143,13 +144,6 @@ class CudaMemory:
     def free(self, snapshot: Any) -> None:
         snapshot.storage = None
         snapshot.event = None
-
-
-def _view(pinned: Any) -> memoryview:
-    """A writable memoryview of a host tensor's bytes that keeps the tensor alive (torch has no buffer protocol)."""
-    raw = (ctypes.c_ubyte * pinned.numel()).from_address(pinned.data_ptr())
-    raw.pinned = pinned  # type: ignore[attr-defined]
-    return memoryview(raw).cast("B")
 
 
 cuda_memory = CudaMemory()

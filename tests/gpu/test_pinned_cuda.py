@@ -1,0 +1,29 @@
+"""Staging a CUDA tensor through host memory pins a region of the value's own size (fray.runtime.pinned, registered
+with cudaHostRegister), not torch's next power of two, reuses it for the next value of that size, and the bytes
+staged are the tensor's."""
+
+from __future__ import annotations
+
+import gc
+
+from fray.runtime import pinned
+from fray.runtime.cuda_values import STAGED
+from fray.runtime.serialization import dumps, loads
+
+
+def test_a_staged_tensor_pins_its_own_size_and_the_next_one_reuses_it() -> None:
+    import torch
+
+    nbytes = 3 * (1 << 20) + 4 * 5  # not a power of two, nor a whole number of pages
+    t = torch.arange(nbytes // 4, dtype=torch.float32, device="cuda")
+    blob = dumps(t, device_mode=STAGED)
+    pool = pinned.cuda_pool()
+    rounded = -(-nbytes // pinned.PAGE) * pinned.PAGE
+    assert pool.pinned_bytes() == rounded, (pool.pinned_bytes(), rounded)
+    assert torch.equal(loads(blob).cpu(), t.cpu())
+    del blob
+    gc.collect()
+    assert pool.spare_bytes() == rounded
+    again = dumps(t * 2, device_mode=STAGED)
+    assert pool.pinned_bytes() == rounded and pool.spare_bytes() == 0, "the spare served the same size again"
+    assert torch.equal(loads(again).cpu(), (t * 2).cpu())
