@@ -195,3 +195,27 @@ def test_completions_are_collected_in_rounds_not_one_per_round(ctx: RayJobContex
         assert done == refs[:2] and rest == refs[2:]  # the public wait still gives num_returns, in input order
     finally:
         del ctx._wait
+
+
+def _worker_start() -> tuple[str, str, str]:
+    """What a Ray worker of this context started with: its job's runtime_env, fray's GPU variable, PYTHONPATH."""
+    import os
+
+    import ray
+
+    runtime_env = ray.get_runtime_context().get_runtime_env_string()
+    return runtime_env, os.environ.get("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", ""), os.environ.get("PYTHONPATH", "")
+
+
+def test_a_private_instances_workers_start_without_a_runtime_env_and_with_the_drivers_paths(
+    ctx: RayJobContext,
+) -> None:
+    """A job runtime_env makes Ray start every worker through its runtime_env setup, a second Python start (twice a
+    worker's CPU), and leaves the workers it prestarted unused: a private instance's workers get fray's variable
+    and the driver's paths from the raylet's environment instead."""
+    import os
+
+    runtime_env, accel, path = ctx.get(ctx.create_task(_worker_start), timeout=60)
+    assert runtime_env in ("", "{}"), runtime_env
+    assert accel == "1"
+    assert os.path.dirname(os.path.abspath(__file__)) in path.split(os.pathsep), path

@@ -30,7 +30,7 @@ from fray_ray._local import (
     LOOPBACK,
     GroupedSpawn,
     LocalOnly,
-    driver_path_env,
+    driver_path_vars,
     is_loopback_address,
     short_tmp,
     stop_private,
@@ -74,13 +74,6 @@ def _on_a_terminal() -> bool:
 # never starts on a device that other work holds, and a CUDA value read there arrives on the CPU
 # (fray.runtime.cuda_values).
 _WORKERS_ENV = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
-
-
-def _with_env(runtime_env: dict[str, Any] | None, env: dict[str, str]) -> dict[str, Any]:
-    """runtime_env (or none) with `env` added to its env_vars (its own win)."""
-    out = dict(runtime_env or {})
-    out["env_vars"] = {**env, **out.get("env_vars", {})}
-    return out
 
 
 def acquire(
@@ -146,7 +139,8 @@ def acquire(
             set_auth_mode("token")
             token = new_token_file(owned=True)
             tokens = use_token(token)  # (its processes inherit RAY_AUTH_TOKEN_PATH)
-        spawn = GroupedSpawn()
+        # The workers' environment is the raylet's (GroupedSpawn), not a job runtime_env: see GroupedSpawn.
+        spawn = GroupedSpawn({**workers_env, **driver_path_vars()})
         try:
             with spawn:
                 ray.init(
@@ -154,7 +148,6 @@ def acquire(
                     include_dashboard=False,
                     _temp_dir=temp_dir,
                     _node_ip_address=LOOPBACK,
-                    runtime_env=_with_env(driver_path_env(), workers_env),
                     **init_kwargs,
                     **common,
                 )

@@ -26,7 +26,7 @@ __all__ = [
     "LOOPBACK",
     "GroupedSpawn",
     "LocalOnly",
-    "driver_path_env",
+    "driver_path_vars",
     "is_loopback_address",
     "short_tmp",
     "stop_private",
@@ -61,11 +61,16 @@ class LocalOnly:
 class GroupedSpawn:
     """While active, every process Ray starts from this process (GCS, raylet, dashboard, monitors; the raylet's
     agents inherit it) joins one new process group, watched by fray.host.watchdog from its first member on; and Ray
-    treats this node as local-only (loopback addresses). Used around ray.init under the module lock."""
+    treats this node as local-only (loopback addresses). Used around ray.init under the module lock.
 
-    def __init__(self) -> None:
+    `env` is added to the environment of each of those processes, and so of every worker the raylet starts: the
+    workers' environment without a job runtime_env, with which Ray would start each worker through its
+    runtime_env setup (a second Python start, twice a worker's CPU) and leave the workers it prestarted unused."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.pgid: int | None = None
         self.leader: Identity | None = None
+        self.env = dict(env or {})
 
     def __enter__(self) -> GroupedSpawn:
         original = self._original = ray_services.ConsolePopen
@@ -81,7 +86,7 @@ class GroupedSpawn:
                         then()
 
                 kwargs["preexec_fn"] = join_group
-                kwargs["env"] = {**(kwargs.get("env") or os.environ), **LOCAL_ONLY_ENV}
+                kwargs["env"] = {**(kwargs.get("env") or os.environ), **spawn.env, **LOCAL_ONLY_ENV}
                 super().__init__(*args, **kwargs)
                 if spawn.pgid is None:
                     spawn.pgid = self.pid
@@ -109,7 +114,7 @@ def stop_private(leader: Identity | None, temp_dir: str) -> None:
     watchdog.forget_path(temp_dir)
 
 
-def driver_path_env() -> dict[str, Any] | None:
+def driver_path_vars() -> dict[str, str]:
     """Workers of a private local Ray see the modules this driver sees: its sys.path entries outside the Python
     installation (a script's directory, a test directory pytest inserted) go to the workers' PYTHONPATH.
     Installed packages are left out, so a task's pip runtime_env is never shadowed."""
@@ -123,7 +128,7 @@ def driver_path_env() -> dict[str, Any] | None:
             extra.append(path)
     if os.environ.get("PYTHONPATH"):
         extra.append(os.environ["PYTHONPATH"])
-    return {"env_vars": {"PYTHONPATH": os.pathsep.join(extra)}} if extra else None
+    return {"PYTHONPATH": os.pathsep.join(extra)} if extra else {}
 
 
 # Ray puts unix sockets under the temp dir, and a unix socket path has at most 107 bytes. The longest one, with
