@@ -118,6 +118,8 @@ class CudaMemory:
         import torch
 
         storage = snapshot.storage
+        if not storage.nbytes():
+            return memoryview(b"")
         pinned = cuda_pinned(storage.nbytes())
         with torch.cuda.device(storage.device):
             torch.cuda.current_stream(storage.device).wait_event(snapshot.event)
