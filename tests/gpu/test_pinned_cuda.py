@@ -8,6 +8,7 @@ import gc
 
 from fray.runtime import pinned
 from fray.runtime.cuda_values import STAGED
+from fray.runtime.pool import PAGE
 from fray.runtime.serialization import dumps, loads
 
 
@@ -18,7 +19,7 @@ def test_a_staged_tensor_pins_its_own_size_and_the_next_one_reuses_it() -> None:
     t = torch.arange(nbytes // 4, dtype=torch.float32, device="cuda")
     blob = dumps(t, device_mode=STAGED)
     pool = pinned.cuda_pool()
-    rounded = -(-nbytes // pinned.PAGE) * pinned.PAGE
+    rounded = -(-nbytes // PAGE) * PAGE
     assert pool.pinned_bytes() == rounded, (pool.pinned_bytes(), rounded)
     assert torch.equal(loads(blob).cpu(), t.cpu())
     del blob

@@ -8,7 +8,8 @@ import gc
 
 import pytest
 
-from fray.runtime.pinned import PAGE, PinnedPool
+from fray.runtime.pinned import PinnedPool
+from fray.runtime.pool import PAGE
 
 
 class RecordedPinning:

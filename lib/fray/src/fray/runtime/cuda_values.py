@@ -161,9 +161,8 @@ def _rebuild_staged(buf: Any, host_id: int) -> Any:
     start = time.perf_counter()
     view = memoryview(buf)
     if current_borrows() is not None:  # get's copy into `out` uploads from the staged bytes themselves
-        host = _host_tensor(view) if view.nbytes else torch.empty(0, dtype=torch.uint8)
         device_stats.record("cuda-staged-out", view.nbytes, time.perf_counter() - start)
-        return host.untyped_storage()
+        return _host_tensor(view).untyped_storage()
     target = _target(host_id)
     out = torch.empty(view.nbytes, dtype=torch.uint8, device=target)
     if view.nbytes:
@@ -176,6 +175,8 @@ def _host_tensor(view: memoryview) -> Any:
     """The bytes of `view` as a CPU tensor over the same memory, to be read only."""
     import torch
 
+    if not view.nbytes:  # (torch.frombuffer refuses an empty buffer)
+        return torch.empty(0, dtype=torch.uint8)
     with warnings.catch_warnings():  # a read-only buffer: torch warns that it is not writable; it is only read
         warnings.simplefilter("ignore", UserWarning)
         return torch.frombuffer(view, dtype=torch.uint8)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fray.host import settings
+from fray.runtime.pool import PAGE, align
 
 __all__ = ["IDLE_SECONDS", "NO_PINNING", "CudaHostPinning", "HostPinning", "PinnedPool", "cuda_pinned", "cuda_pool"]
 
 IDLE_SECONDS = 60.0  # a spare unused this long is given back
-PAGE = mmap.PAGESIZE
 
 
 class HostPinning(Protocol):
@@ -112,7 +112,7 @@ class PinnedPool:
     def take(self, nbytes: int) -> memoryview:
         """A writable view of `nbytes` pinned bytes, this caller's until the view (and every view made of it) is
         gone."""
-        size = max(PAGE, -(-nbytes // PAGE) * PAGE)
+        size = max(PAGE, align(nbytes))
         with self._lock:
             gone = self._drop_idle(self.clock())
             region = next((r for r in self._spares if r.nbytes == size), None)

@@ -23,7 +23,18 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["POOL_MIN", "FreeList", "Piece", "buffer_address", "live_chunks", "locate", "pool_copy", "pool_piece"]
+__all__ = [
+    "PAGE",
+    "POOL_MIN",
+    "FreeList",
+    "Piece",
+    "align",
+    "buffer_address",
+    "live_chunks",
+    "locate",
+    "pool_copy",
+    "pool_piece",
+]
 
 PAGE = mmap.PAGESIZE
 POOL_MIN = 1024 * 1024  # smaller buffers are plain bytes: their allocation is cheap
