@@ -8,6 +8,7 @@ module sizes and underscores are checked for every distribution by test_import_g
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import subprocess
 import sys
 import warnings
@@ -18,12 +19,13 @@ from _import_graph import import_graph
 
 SRC = Path(__file__).resolve().parents[2] / "lib/fray/src"
 ROOMS = ["fray.host", "fray.telemetry", "fray.runtime", "fray.jobs"]  # lowest first
-LEAVES = {"fray.errors", "fray.types", "fray._moved"}  # fray._moved: the old paths (fray.jobs forwards its own)
+LEAVES = {"fray.errors", "fray.types", "fray._moved", "fray._lazy"}  # _moved: old paths; _lazy: the faces' loader
 # The job supervisor is a program: a job run as an SPMD group is a group of the job's own backend, made through
 # the API (`fray.init()`), in the supervisor's process only.
 PROGRAMS_OVER_THE_API = {("fray.jobs.supervisor", "fray")}
 API_MODULES = {
     "fray",
+    "fray._lazy",
     "fray._moved",
     "fray.actor_pool",
     "fray.backend",
@@ -177,3 +179,60 @@ def test_the_job_context_does_not_load_the_jobs_room() -> None:
 
     with pytest.warns(DeprecationWarning, match=r"fray\.cluster_context\.ClusterContext"):
         assert fray.context.ClusterContext is ClusterContext
+
+
+LAZY_FACES = ("fray", "fray.backend")
+
+
+def _type_checking_names(module: str) -> dict[str, str]:
+    """name -> the module it is imported from, in the face's `if TYPE_CHECKING:` block (a module imported whole:
+    its own path)."""
+    import ast
+
+    path = SRC / (module.replace(".", "/") + ("/__init__.py" if module == "fray" else ".py"))
+    names: dict[str, str] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for imported in node.body:
+                assert isinstance(imported, ast.ImportFrom) and imported.module is not None
+                for alias in imported.names:
+                    package = hasattr(importlib.import_module(imported.module), "__path__")
+                    whole = f"{imported.module}.{alias.name}"
+                    names[alias.name] = whole if package and importlib.util.find_spec(whole) else imported.module
+    return names
+
+
+@pytest.mark.parametrize("face", LAZY_FACES)
+def test_a_face_loads_each_name_from_the_module_type_checkers_are_told(face: str) -> None:
+    """`fray` and `fray.backend` import their names when first asked for (fray._lazy); the same names are imported
+    under TYPE_CHECKING for type checkers. The two lists must agree, and every name of `__all__` must resolve."""
+    module = importlib.import_module(face)
+    declared = _type_checking_names(face)
+    assert len(declared) > 20
+    for name, home in declared.items():
+        value = getattr(module, name)
+        expected = importlib.import_module(home)
+        assert value is (expected if home.endswith(f".{name}") else getattr(expected, name)), name
+    assert sorted(set(module.__all__) - set(vars(module)) - set(declared)) == []
+    for name in module.__all__:
+        getattr(module, name)
+
+
+@pytest.mark.parametrize(
+    ("program", "not_loaded"),
+    [
+        ("fray", ["fray.context", "fray.cluster_context", "fray.registry", "fray.runtime.serialization"]),
+        ("fray.host.watchdog", ["fray.context", "fray.jobs.local", "fray.runtime.serialization", "fray.types"]),
+        ("fray.jobs.supervisor", ["fray.context", "fray.cluster_context", "fray.runtime.serialization"]),
+        ("fray.jobs.run_call", ["fray.context", "fray.cluster_context", "fray.runtime.serialization"]),
+        ("fray.backend", ["fray.context", "fray.cluster_context", "fray.jobs.local", "fray.runtime.serialization"]),
+    ],
+)
+def test_a_process_running_one_room_does_not_load_the_others(program: str, not_loaded: list[str]) -> None:
+    """The watchdog, a job's supervisor and a job rank's callable are processes of their own, started many times:
+    importing any module of fray runs `fray/__init__`, which must not import the API's modules behind it."""
+    code = f"import sys, {program}; print(' '.join(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded = set(done.stdout.split())
+    assert program in loaded
+    assert sorted(set(not_loaded) & loaded) == []

@@ -9,14 +9,16 @@ of a moved package move with it. `python -m` with an old path runs the new modul
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from types import CodeType, ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 __all__ = ["MOVED", "install", "moved_names", "warn_moved"]
 
@@ -107,7 +109,9 @@ def _new_name(fullname: str) -> str | None:
     return None
 
 
-class _MovedLoader(importlib.abc.Loader):
+# The loader and finder follow the import system's protocols without importlib.abc's classes: importing that
+# module loads importlib.resources, a cost every process that imports fray would pay.
+class _MovedLoader:
     def __init__(self, old: str, new: str) -> None:
         self._old = old
         self._new = new
@@ -130,7 +134,7 @@ class _MovedLoader(importlib.abc.Loader):
         return get_code(self._new) if get_code is not None else None
 
 
-class _MovedFinder(importlib.abc.MetaPathFinder):
+class _MovedFinder:
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
@@ -139,7 +143,7 @@ class _MovedFinder(importlib.abc.MetaPathFinder):
         new = _new_name(fullname)
         if new is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _MovedLoader(fullname, new))
+        return importlib.machinery.ModuleSpec(fullname, cast("Loader", _MovedLoader(fullname, new)))
 
 
 def install() -> None:

@@ -21,7 +21,6 @@ from fray.jobs.call import CALL_VAR, encode_call
 from fray.jobs.elastic import fitting, replica_bounds
 from fray.jobs.policy import GRACE_VAR, JobPolicy
 from fray.runtime.resources import format_resources, ranks_fitting, short_of
-from fray.runtime.serialization import find_unserializable_argument, unpicklable_code
 from fray.types import JobInfo, Resource, normalize_resources
 
 __all__ = [
@@ -181,10 +180,15 @@ class JobLaunch:
         try:
             cloudpickle.dumps(fn)
         except Exception as exc:
+            # (the serializer's diagnosis only on this failure: a job's supervisor imports this module, not it)
+            from fray.runtime.serialization import unpicklable_code
+
             raise unpicklable_code(fn, exc) from exc
         try:
             payload = cloudpickle.dumps((fn, args, kwargs))
         except Exception as exc:
+            from fray.runtime.serialization import find_unserializable_argument
+
             raise find_unserializable_argument(where, args, kwargs, exc) from exc
         return {**grace, CALL_VAR: encode_call(payload)}
 

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fray.errors import FrayError
 from fray.host import settings
@@ -41,7 +41,6 @@ from fray.host.procfs import Identity
 from fray.jobs.call import RESULT_FD_VAR, CallOutcome, read_outcome, take_stashed_call
 from fray.jobs.dirs import RESUMING_VAR, resuming_now
 from fray.jobs.elastic import world_size
-from fray.jobs.group_ranks import RankPoll, own_gpus_of, rank_group
 from fray.jobs.outcomes import AttemptEnd, judge, next_step
 from fray.jobs.policy import JobPolicy, is_preemption_code
 from fray.jobs.rank_procs import (
@@ -61,6 +60,9 @@ from fray.jobs.supervisor_args import parse_args
 from fray.runtime.gang import died_rank
 from fray.runtime.rendezvous import AGENT_STORE_ENV, serve_job_store
 from fray.types import JobAttempt, JobError, JobStatus
+
+if TYPE_CHECKING:
+    from fray.jobs.group_ranks import RankPoll
 
 __all__ = ["main"]
 
@@ -315,7 +317,9 @@ class Supervisor:
 
     def _group_attempt(self, number: int) -> tuple[JobAttempt, JobError | None, CallOutcome | None]:
         """One attempt with the ranks as an SPMD group of the job's backend (see fray.jobs.group_ranks)."""
-        import fray  # only here: a job on one host never starts a fray context of its own
+        # Only here: a job on one host never starts a fray context of its own, nor loads what one needs.
+        import fray
+        from fray.jobs.group_ranks import own_gpus_of, rank_group
 
         start = time.time()
         if self.context is None:
