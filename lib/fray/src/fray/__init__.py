@@ -30,12 +30,15 @@ from fray.errors import (
     WorkerCrashedError,
 )
 
+# Eager, unlike the rest: importing the registry installs how a process without a context makes its default one
+# (fray.runtime.current), which a worker unpickling a function that refers to a context needs.
+from fray.registry import available_backends, cluster, init, register_backend, shutdown
+
 if TYPE_CHECKING:
     from fray.cluster_context import ClusterContext
     from fray.context import JobContext, get_job_context, set_job_context
     from fray.jobs.dirs import job_dir, resuming
     from fray.jobs.handle import JobHandle, wait_jobs
-    from fray.registry import available_backends, cluster, init, register_backend, shutdown
     from fray.runtime.capabilities import Capability
     from fray.runtime.completion import as_completed
     from fray.runtime.current import ActorInfo, clear_job_context, current_actor, current_gpus, using
@@ -63,7 +66,6 @@ __getattr__, __dir__ = lazy_face(
         "fray.context": "JobContext get_job_context set_job_context",
         "fray.jobs.dirs": "job_dir resuming",
         "fray.jobs.handle": "JobHandle wait_jobs",
-        "fray.registry": "available_backends cluster init register_backend shutdown",
         "fray.runtime.capabilities": "Capability",
         "fray.runtime.completion": "as_completed",
         "fray.runtime.current": "ActorInfo clear_job_context current_actor current_gpus using",

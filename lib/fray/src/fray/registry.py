@@ -14,19 +14,19 @@ import sys
 import threading
 from collections.abc import Mapping
 from importlib import import_module
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from fray.backend import Backend
-from fray.cluster_context import ClusterContext
-from fray.context import JobContext
 from fray.errors import BackendNotAvailableError
 from fray.host import interrupts, settings
-from fray.jobs.dirs import cluster_with_job_dirs
 from fray.runtime import current
 from fray.runtime.options import did_you_mean, parse_options
+
+if TYPE_CHECKING:
+    from fray.cluster_context import ClusterContext
+    from fray.context import JobContext
 
 __all__ = [
     "available_backends",
@@ -81,6 +81,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 def available_backends(registered: bool = True) -> dict[str, str]:
     """Every backend name known here -> where it comes from (entry point value, first-party path, or, unless
     registered=False, a registration in this process)."""
+    from importlib.metadata import entry_points  # (read when backends are looked for, not at import)
+
     names = {name: path for name, (path, _) in FIRST_PARTY.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         names[ep.name] = ep.value
@@ -148,6 +150,8 @@ def _import_exported(name: str) -> Any:
 
 
 def get_backend(name: str) -> Backend:
+    from importlib.metadata import entry_points
+
     with _lock:
         if name in _backends:
             return _backends[name]
@@ -210,6 +214,8 @@ def job_context_from(backend: Backend, options: Mapping[str, Any]) -> JobContext
 def cluster_context_from(backend: Backend, options: Mapping[str, Any]) -> ClusterContext:
     """`backend`'s ClusterContext for a spec's options, converted first; the core's own `job_dirs` option (any
     backend's) is taken out before and kept on the context for its jobs."""
+    from fray.jobs.dirs import cluster_with_job_dirs  # (the jobs room loads with the first ClusterContext)
+
     return cluster_with_job_dirs(
         lambda **rest: backend.cluster_context(**backend_options(backend, rest)), dict(options)
     )
