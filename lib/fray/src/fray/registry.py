@@ -25,6 +25,8 @@ from fray.runtime import current
 from fray.runtime.options import did_you_mean, parse_options
 
 if TYPE_CHECKING:
+    from importlib.metadata import EntryPoints
+
     from fray.cluster_context import ClusterContext
     from fray.context import JobContext
 
@@ -81,10 +83,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 def available_backends(registered: bool = True) -> dict[str, str]:
     """Every backend name known here -> where it comes from (entry point value, first-party path, or, unless
     registered=False, a registration in this process)."""
-    from importlib.metadata import entry_points  # (read when backends are looked for, not at import)
-
     names = {name: path for name, (path, _) in FIRST_PARTY.items()}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in _declared_backends():
         names[ep.name] = ep.value
     if not registered:
         return names
@@ -149,13 +149,19 @@ def _import_exported(name: str) -> Any:
     return obj
 
 
-def get_backend(name: str) -> Backend:
+def _declared_backends() -> EntryPoints:
+    """The installed distributions' "fray.backends" entry points. importlib.metadata is imported here, when
+    backends are looked for, not with fray."""
     from importlib.metadata import entry_points
 
+    return entry_points(group=ENTRY_POINT_GROUP)
+
+
+def get_backend(name: str) -> Backend:
     with _lock:
         if name in _backends:
             return _backends[name]
-        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        found = [ep for ep in _declared_backends() if ep.name == name]
         try:
             if found:
                 obj = found[0].load()
