@@ -30,6 +30,7 @@ from fray_ray._local import (
     LOOPBACK,
     GroupedSpawn,
     LocalOnly,
+    WithoutHeadExtras,
     driver_path_vars,
     is_loopback_address,
     short_tmp,
@@ -142,7 +143,7 @@ def acquire(
         # The workers' environment is the raylet's (GroupedSpawn), not a job runtime_env: see GroupedSpawn.
         spawn = GroupedSpawn({**workers_env, **driver_path_vars()})
         try:
-            with spawn:
+            with spawn, WithoutHeadExtras():
                 ray.init(
                     address="local",
                     include_dashboard=False,

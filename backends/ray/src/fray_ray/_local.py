@@ -1,7 +1,8 @@
 """A private Ray instance on this machine: loopback only, its processes in one watched process group, its temp
-dir short enough for Ray's Unix sockets, and its workers seeing the driver's own modules.
+dir short enough for Ray's Unix sockets, its workers seeing the driver's own modules, and no dashboard or
+autoscaler processes (`WithoutHeadExtras`).
 
-A private instance's processes (GCS, raylet, its agents, dashboard, monitors) are started in one new process
+A private instance's processes (GCS, raylet, its agents, the log monitor) are started in one new process
 group (`GroupedSpawn`), and that group and the temp dir are handed to fray.host.watchdog: if this process ends without
 shutdown (even by SIGKILL), the watchdog kills the group and removes the dir. Ray's workers put themselves in
 groups of their own; they exit by themselves within a few seconds of their raylet.
@@ -16,6 +17,7 @@ import sys
 import tempfile
 from typing import Any
 
+import ray._private.node as ray_node
 import ray._private.ray_constants as ray_constants
 import ray._private.services as ray_services
 
@@ -26,6 +28,7 @@ __all__ = [
     "LOOPBACK",
     "GroupedSpawn",
     "LocalOnly",
+    "WithoutHeadExtras",
     "driver_path_vars",
     "is_loopback_address",
     "short_tmp",
@@ -59,7 +62,7 @@ class LocalOnly:
 
 
 class GroupedSpawn:
-    """While active, every process Ray starts from this process (GCS, raylet, dashboard, monitors; the raylet's
+    """While active, every process Ray starts from this process (GCS, raylet, log monitor; the raylet's
     agents inherit it) joins one new process group, watched by fray.host.watchdog from its first member on; and Ray
     treats this node as local-only (loopback addresses). Used around ray.init under the module lock.
 
@@ -101,6 +104,26 @@ class GroupedSpawn:
     def __exit__(self, *exc_info: object) -> None:
         ray_services.ConsolePopen = self._original  # type: ignore[misc]
         ray_constants.ENABLE_RAY_CLUSTER = self._cluster_flag
+
+
+class WithoutHeadExtras:
+    """While active, a Ray head started in this process runs neither the autoscaler monitor nor the dashboard
+    process. With include_dashboard=False that process serves Ray's usage-stats reporting only, and ray.init waits
+    for it to answer before it returns; the monitor watches for nodes to add or remove, and a private instance
+    has one node for its life (a request no node can hold is refused by fray itself). Both are Python processes
+    started for nothing there. Used around ray.init under the module lock."""
+
+    def __enter__(self) -> None:
+        self._saved = (ray_node.Node.start_monitor, ray_node.Node.start_api_server)
+        ray_node.Node.start_monitor = _start_nothing  # type: ignore[method-assign]
+        ray_node.Node.start_api_server = _start_nothing  # type: ignore[method-assign]
+
+    def __exit__(self, *exc_info: object) -> None:
+        ray_node.Node.start_monitor, ray_node.Node.start_api_server = self._saved  # type: ignore[method-assign]
+
+
+def _start_nothing(_node: object, **_options: object) -> None:
+    return None
 
 
 def stop_private(leader: Identity | None, temp_dir: str) -> None:
