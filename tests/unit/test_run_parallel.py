@@ -247,3 +247,17 @@ def test_a_parts_cpu_time_counts_every_process_it_started(tmp_path: Path, monkey
     [(seconds, test)] = part.cpu_tests  # the part's own table of its costliest tests (tests/_cpu_per_test.py)
     assert test == f"tests/unit/{part_file.name}::test_burn" and 1.5 <= seconds <= part.cpu
     assert not list(run_parallel.CGROUP_ROOT.rglob(f"fray-test-part-{os.getpid()}-*"))  # each part's cgroup removed
+
+
+def test_the_checkouts_sources_are_compiled_even_where_python_writes_no_bytecode(tmp_path: Path) -> None:
+    (tmp_path / "lib" / "pkg").mkdir(parents=True)
+    (tmp_path / "lib" / "pkg" / "mod.py").write_text("VALUE = 1\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "helper.py").write_text("VALUE = 2\n")
+    script = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import run_parallel, pathlib; "
+    script += f"run_parallel.compile_sources(pathlib.Path({str(tmp_path)!r}))"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=120)
+    tag = sys.implementation.cache_tag
+    assert (tmp_path / "lib" / "pkg" / "__pycache__" / f"mod.{tag}.pyc").is_file()
+    assert (tmp_path / "tests" / "__pycache__" / f"helper.{tag}.pyc").is_file()
