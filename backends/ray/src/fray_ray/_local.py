@@ -115,14 +115,18 @@ class WithoutHeadExtras:
 
     def __enter__(self) -> None:
         self._saved = (ray_node.Node.start_monitor, ray_node.Node.start_api_server)
-        ray_node.Node.start_monitor = _start_nothing  # type: ignore[method-assign]
-        ray_node.Node.start_api_server = _start_nothing  # type: ignore[method-assign]
+        ray_node.Node.start_monitor = _no_monitor  # type: ignore[method-assign]
+        ray_node.Node.start_api_server = _no_api_server  # type: ignore[method-assign, assignment]
 
     def __exit__(self, *exc_info: object) -> None:
         ray_node.Node.start_monitor, ray_node.Node.start_api_server = self._saved  # type: ignore[method-assign]
 
 
-def _start_nothing(_node: object, **_options: object) -> None:
+def _no_monitor(_node: ray_node.Node) -> None:
+    return None
+
+
+def _no_api_server(_node: ray_node.Node, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
     return None
 
 
