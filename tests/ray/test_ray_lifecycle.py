@@ -24,6 +24,7 @@ from _procs import cmdline, group_and_descendants, listening
 
 import fray
 from fray.errors import JobNotFoundError
+from fray.host import procfs
 from fray.host.net import is_loopback
 from fray.registry import cluster_context_from, job_context_from, parse_spec
 from fray_ray import RayBackend, RayClusterContext, RayJobContext, _auth, _connect, _local
@@ -67,19 +68,12 @@ def test_private_ray_listens_on_loopback_only(ctx: RayJobContext) -> None:
     ctx.kill(actor)
 
 
-def _whole_cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:  # (ended meanwhile)
-        return ""
-
-
 def test_a_private_ray_starts_no_dashboard_and_no_autoscaler_process(ctx: RayJobContext) -> None:
     conn = _connect._conn
     if conn is None or not conn.started_here or conn.leader is None:
         pytest.skip("this process's Ray connection is not a private instance started by fray")
     assert ctx.get(ctx.create_task(pid), timeout=60) != os.getpid()
-    commands = [_whole_cmdline(p) for p in group_and_descendants(conn.leader.pid)]
+    commands = [" ".join(procfs.cmdline(p) or []) for p in group_and_descendants(conn.leader.pid)]
     assert any("log_monitor.py" in c for c in commands), commands  # (the instance's own processes are looked at)
     started = [c for c in commands if "dashboard/dashboard.py" in c or "autoscaler/_private/monitor.py" in c]
     assert not started, started
