@@ -37,6 +37,7 @@ from fray.backend import (
     Kind,
     died_error,
     exiting,
+    hung,
     hung_reason,
     lost_peer,
     restarting_error,
@@ -70,6 +71,7 @@ class RayGang:
     history: list[Any] = field(default_factory=list)  # every handle it had (their id() stay valid for route)
     hang_timeout: float = math.inf  # seconds a member's heartbeat may stay unchanged (fray.runtime.gang.hang_timeout)
     beats: dict[str, tuple[Any, float]] = field(default_factory=dict)  # actor id -> (last beat, when it changed)
+    up_since: dict[str, float] = field(default_factory=dict)  # actor id -> when first seen ALIVE (__init__ returned)
     ended_at: dict[int, float] = field(default_factory=dict)  # life -> when its member died (time.time(), by Ray)
     # rank -> pid of its process if on this machine, 0 elsewhere; replaced, never changed in place (read unlocked)
     local_pids: dict[int, int] = field(default_factory=dict)
@@ -110,6 +112,7 @@ class GangWatch:
         gang.history += actors
         now = time.monotonic()
         gang.beats = {actor_id: (None, now) for actor_id in gang.ids}  # (silence counts from now)
+        gang.up_since = {}
         gang.local_pids = {}
         for rank, (actor, actor_id) in enumerate(zip(actors, gang.ids, strict=True)):
             self._by_actor[actor_id] = (gang, gang.generation)
@@ -171,6 +174,8 @@ class GangWatch:
 
         for rank, actor_id in enumerate(list(gang.ids)):
             info = state.actors(actor_id=actor_id)
+            if info.get("State") == "ALIVE" and actor_id not in gang.up_since:
+                gang.up_since[actor_id] = time.monotonic()
             if rank not in gang.local_pids and info.get("State") == "ALIVE":
                 # a new dict, not an insert: `route` iterates the one it read on the caller's thread, unlocked
                 gang.local_pids = {**gang.local_pids, rank: _local_pid(info)}
@@ -188,15 +193,15 @@ class GangWatch:
 
     @staticmethod
     def _silent(gang: RayGang, actor_id: str) -> bool:
-        """The member's heartbeat (a counter its process writes in Ray's KV) has not changed for hang_timeout."""
+        """The member's heartbeat (a counter its process writes in Ray's KV) has not changed for hang_timeout
+        (fray.runtime.gang.hung: longer while its __init__ runs)."""
         beat = last_beat(actor_id)
         last, since = gang.beats.get(actor_id, (None, time.monotonic()))
         now = time.monotonic()
         if beat != last:
             gang.beats[actor_id] = (beat, now)
             return False
-        # (before its first beat the process may still be starting: Ray starts a worker, it imports torch...)
-        return now - since > gang.hang_timeout + (0.0 if last is not None else _STARTUP_GRACE)
+        return hung(since, now, gang.hang_timeout, gang.up_since.get(actor_id))
 
     def _fail(
         self, gang: RayGang, generation: int, rank: int, why: str, restart: bool = True, at: float | None = None
@@ -402,7 +407,6 @@ class GangWatch:
         return None
 
 
-_STARTUP_GRACE = 60.0  # seconds a member's process gets to send its first heartbeat, on top of hang_timeout
 _RESTART_TIMEOUT = 60.0  # seconds the old members get to be DEAD in the GCS before the new ones are made
 
 

@@ -23,7 +23,7 @@ import time
 from functools import partial
 from typing import Any
 
-from fray.backend import RECORDER, Kind, died_error, heartbeat_interval, hung_reason, restarting_error
+from fray.backend import RECORDER, Kind, died_error, heartbeat_interval, hung, hung_reason, restarting_error
 from fray.errors import ActorDiedError
 from fray_monarch.core import runtime
 from fray_monarch.core.protocol import ReplyStatus
@@ -99,7 +99,7 @@ class GangKeeper:
         if sent is None:
             self._pings[proc.key] = now
             runtime.on_done(proc.worker.ping.call_one(), partial(self._answered, proc.key))
-        elif now - sent > group.hang_timeout:
+        elif hung(sent, now, group.hang_timeout, group.up_since):
             self._pings.pop(proc.key, None)
             if proc.pid:  # (a stopped process cannot be asked to stop; on another host Monarch stops its mesh)
                 try:
@@ -120,6 +120,7 @@ class GangKeeper:
             return
         group.restarts += 1
         group.generation += 1
+        group.up_since = None
         RECORDER.record(Kind.GROUP_RESTART, group.label, group.label, {"reason": f"rank {rank}: {reason}"})
         group.error = restarting_error(group.label, rank, reason, group.restarts, group.max_restarts)
         self._stop_all(group)
@@ -233,6 +234,7 @@ class GangKeeper:
             group.initializing -= 1
             if group.initializing == 0:
                 group.error = None
+                group.up_since = time.monotonic()
                 waiting, group.waiting = group.waiting, []
                 for rec, entry, method, args, deps in waiting:  # calls made during the restart run now
                     if not entry.outcome.done():

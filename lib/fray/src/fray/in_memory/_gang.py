@@ -18,10 +18,20 @@ import os
 import select
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
-from fray.backend import RECORDER, Kind, died_error, free_port, hung_reason, restarting_error
+from fray.backend import (
+    RECORDER,
+    Kind,
+    died_error,
+    free_port,
+    heartbeat_interval,
+    hung,
+    hung_reason,
+    restarting_error,
+)
 from fray.errors import ActorUnavailableError, FrayError
 
 __all__ = ["Gang", "GangMember"]
@@ -53,6 +63,7 @@ class Gang:
         self.dead = False
         self.cond = threading.Condition()
         self.devices: dict[int, tuple[int, ...]] = {}  # rank -> the GPUs that member holds
+        self._up: dict[tuple[int, int], float] = {}  # (rank, generation) -> when that process's __init__ returned
 
     def devices_of_all(self, rank: int, held: tuple[int, ...], given_up: Callable[[], bool]) -> list[int]:
         """Every member's GPUs in rank order, once each member has said which it holds (`held`: this rank's). The
@@ -72,6 +83,10 @@ class Gang:
             self.members[rank] = member
             self.started = len(self.members) == self.size
 
+    def up(self, rank: int, generation: int) -> None:
+        """The __init__ of rank `rank`'s process of life `generation` returned: its silences count in full."""
+        self._up[(rank, generation)] = time.monotonic()
+
     def watch(self, rank: int, proc: subprocess.Popen[bytes], generation: int, beats: int) -> None:
         """Learn of the exit of a member's process (of the group's life `generation`), and of its silence: its
         heartbeats arrive on the pipe `beats` (closed here)."""
@@ -81,17 +96,22 @@ class Gang:
             self.died(rank, generation, f"its process exited with code {code}", exited=(proc.pid, code))
 
         def await_silence() -> None:
+            interval = None if math.isinf(self.hang_timeout) else heartbeat_interval(self.hang_timeout)
+            silent_since = time.monotonic()
             try:
                 while True:
-                    wait = None if math.isinf(self.hang_timeout) else self.hang_timeout
-                    ready, _, _ = select.select([beats], [], [], wait)
-                    if not ready:  # (a stopped process is SIGKILLed with the others by died)
-                        self.died(rank, generation, hung_reason(self.hang_timeout))
+                    ready, _, _ = select.select([beats], [], [], interval)
+                    now = time.monotonic()
+                    if ready:
+                        if not os.read(beats, 4096):
+                            return  # its process exited: await_exit says so
+                        silent_since = now
+                    elif hung(silent_since, now, self.hang_timeout, self._up.get((rank, generation))):
+                        self.died(rank, generation, hung_reason(self.hang_timeout))  # (SIGKILLs a stopped one)
                         return
-                    if not os.read(beats, 4096):
-                        return  # its process exited: await_exit says so
             finally:
                 os.close(beats)
+                self._up.pop((rank, generation), None)
 
         threading.Thread(target=await_exit, name=f"fray-gang-watch-{rank}", daemon=True).start()
         threading.Thread(target=await_silence, name=f"fray-gang-beats-{rank}", daemon=True).start()

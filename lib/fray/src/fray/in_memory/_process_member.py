@@ -106,6 +106,8 @@ class ProcessMember:
             os.close(beats)
         klass, args, kwargs, _ = self._init
         self._outcome(self._send_receive((klass, args, kwargs, info), "__init__", call=False), generation)
+        if self._gang is not None:
+            self._gang.up(info.rank, generation)
 
     def respawn(self, env: dict[str, str], restarts: int, generation: int) -> None:
         """The group restarts: this member on a fresh process (the old one was stopped), __init__ again."""

@@ -23,11 +23,13 @@ __all__ = [
     "DEFAULT_HANG_TIMEOUT",
     "HANG_TIMEOUT_ENV",
     "LOST_PEER_GRACE",
+    "STARTUP_GRACE",
     "died_error",
     "died_rank",
     "group_label",
     "hang_timeout",
     "heartbeat_interval",
+    "hung",
     "hung_reason",
     "lost_peer",
     "restarting_error",
@@ -64,6 +66,20 @@ def hang_timeout() -> float:
 def heartbeat_interval(timeout: float) -> float:
     """How often a member's process says it is alive: several beats per timeout, none needed when it is off."""
     return 5.0 if math.isinf(timeout) else max(0.05, min(timeout / 6, 5.0))
+
+
+# Seconds of silence a member's process gets on top of the hang timeout while its __init__ runs: a process still
+# starting (importing torch, held by a rendezvous, or an __init__ holding the interpreter) may not answer yet.
+STARTUP_GRACE = 60.0
+
+
+def hung(silent_since: float, now: float, timeout: float, up_since: float | None) -> bool:
+    """A member's process silent since `silent_since` counts as hung (dead) at `now`: once its __init__ has
+    returned (at `up_since`), after `timeout` seconds of silence counted from then at the earliest; while its
+    __init__ runs (up_since None), after timeout + STARTUP_GRACE."""
+    if up_since is None:
+        return now - silent_since > timeout + STARTUP_GRACE
+    return now - max(silent_since, up_since) > timeout
 
 
 def hung_reason(timeout: float) -> str:

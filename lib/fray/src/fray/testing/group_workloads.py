@@ -50,6 +50,17 @@ class Member:
         return {name: os.environ.get(name) for name in names}
 
 
+class MemberHoldingItsInterpreter(Member):
+    """A group member whose __init__ keeps its process's interpreter for `seconds` whole seconds, as a slow C
+    extension may (libc's sleep called holding the GIL): no thread of its process runs meanwhile, nor answers."""
+
+    def __init__(self, seconds: int) -> None:
+        import ctypes
+
+        super().__init__()
+        ctypes.PyDLL(None).sleep(seconds)
+
+
 class GlooMember:
     """An SPMD member: torch.distributed initialized in __init__ from the environment fray set."""
 

@@ -175,3 +175,24 @@ def test_a_stopped_rank_is_detected_and_its_group_restarts(
         if stopped and not procfs.gone(stopped):  # (a failed test must not leave a stopped process behind)
             os.kill(stopped, signal.SIGKILL)
         fray_ctx.kill(group)
+
+
+@requires_capability("spmd_groups", "spmd_hang_detection")
+def test_a_member_holding_its_interpreter_in_init_past_the_hang_timeout_is_not_taken_for_hung(
+    fray_ctx: JobContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow __init__ (importing torch on a loaded machine, a rendezvous, an extension holding the GIL) leaves
+    its process silent: the hang timeout counts only once __init__ has returned (fray.runtime.gang.hung)."""
+    hang_timeout = 2
+    monkeypatch.setenv("FRAY_SPMD_HANG_TIMEOUT", str(hang_timeout))
+    group = fray_ctx.create_actor_group(
+        g.MemberHoldingItsInterpreter,
+        2,
+        args=(3 * hang_timeout,),
+        distributed=True,
+    )
+    try:
+        whoami = fray_ctx.get(group.whoami(), timeout=120)  # (a member taken for hung: the group is dead)
+        assert [w["rank"] for w in whoami] == [0, 1]
+    finally:
+        fray_ctx.kill(group)
