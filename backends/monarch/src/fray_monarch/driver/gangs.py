@@ -82,6 +82,8 @@ class GangKeeper:
                 for group in self._watched:
                     if group.error is not None:
                         continue  # restarting: its new processes are pinged once it is back
+                    if group.up_since is None and all(init.done() for init in group.inits):
+                        group.up_since = now  # (after a restart, set when its last __init__ returned)
                     for member in group.members:
                         self._ping(group, member, now)
             time.sleep(interval)

@@ -70,8 +70,9 @@ class GroupRec:
     max_restarts: int = 0
     restarts: int = 0  # how many times the whole group has been restarted
     generation: int = 0  # +1 at each failure (a restart's late news of an earlier life is ignored)
-    initializing: int = 0  # members whose __init__ (at creation, or of the current restart) has not returned
-    up_since: float | None = None  # (monotonic) when the last of them returned; None while one runs (gangs.py)
+    initializing: int = 0  # members whose __init__ of the current restart has not returned
+    inits: list[Any] = field(default_factory=list)  # its blocks' __init__ broadcasts at creation (done: returned)
+    up_since: float | None = None  # (monotonic) when every member's __init__ was seen returned, else None (gangs.py)
     error: FrayError | None = None  # while it restarts (ActorUnavailableError) or once dead (ActorDiedError)
     hang_timeout: float = math.inf  # seconds a member's process may leave a ping unanswered (gangs.py)
     dead: bool = False

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from monarch.actor import Channel
@@ -303,17 +301,7 @@ class GroupRegistry:
             self.actors.holds.claim_on_host(rec, rec.host)
             group.members.append(rec)
             members.append((info, envs[rank]))
-        group.initializing += size
-        init = actors.init.call(cls_data, args, deps, members, self.reply_port)
-        runtime.on_done(init, partial(self._block_initialized, group, group.generation, size))
-
-    def _block_initialized(self, group: GroupRec, generation: int, size: int, _value: Any, _exc: Any) -> None:
-        """The __init__ of every member of one of the group's blocks returned (or failed: its replies say so)."""
-        with self.lock:
-            if group.generation == generation and not group.dead:
-                group.initializing -= size
-                if group.initializing == 0:
-                    group.up_since = time.monotonic()
+        group.inits.append(runtime.on_done(actors.init.call(cls_data, args, deps, members, self.reply_port), ignore))
 
     def drop(self, group: GroupRec, reason: str) -> list[Any]:
         """Under the lock: every member dead, their processes forgotten; returns the meshes to stop."""
