@@ -68,7 +68,7 @@ def test_private_ray_listens_on_loopback_only(ctx: RayJobContext) -> None:
     ctx.kill(actor)
 
 
-def test_a_private_ray_starts_no_dashboard_and_no_autoscaler_process(ctx: RayJobContext) -> None:
+def test_a_private_ray_starts_no_dashboard_no_autoscaler_and_a_minimal_agent(ctx: RayJobContext) -> None:
     conn = _connect._conn
     if conn is None or not conn.started_here or conn.leader is None:
         pytest.skip("this process's Ray connection is not a private instance started by fray")
@@ -77,6 +77,9 @@ def test_a_private_ray_starts_no_dashboard_and_no_autoscaler_process(ctx: RayJob
     assert any("log_monitor.py" in c for c in commands), commands  # (the instance's own processes are looked at)
     started = [c for c in commands if "dashboard/dashboard.py" in c or "autoscaler/_private/monitor.py" in c]
     assert not started, started
+    # the agent the raylet runs (Ray's processes retitle themselves: its command line is found in the raylet's)
+    [raylet] = [c for c in commands if "/raylet/raylet " in c]
+    assert "-m fray_ray._minimal_agent " in raylet and "dashboard/agent.py" not in raylet, raylet
 
 
 def test_private_head_listens_on_loopback_only(cluster: RayClusterContext) -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -108,18 +110,43 @@ class GroupedSpawn:
 
 class WithoutHeadExtras:
     """While active, a Ray head started in this process runs neither the autoscaler monitor nor the dashboard
-    process. With include_dashboard=False that process serves Ray's usage-stats reporting only, and ray.init waits
-    for it to answer before it returns; the monitor watches for nodes to add or remove, and a private instance
-    has one node for its life (a request no node can hold is refused by fray itself). Both are Python processes
-    started for nothing there. Used around ray.init under the module lock."""
+    process, and its raylet runs Ray's dashboard agent as a minimal install does (fray_ray._minimal_agent). With
+    include_dashboard=False the dashboard process serves Ray's usage-stats reporting only, and ray.init waits for
+    it to answer before it returns; the monitor watches for nodes to add or remove, and a private instance has one
+    node for its life (a request no node can hold is refused by fray itself); the full agent serves a dashboard's
+    modules. All are Python processes started for nothing there. Used around ray.init under the module lock."""
 
     def __enter__(self) -> None:
-        self._saved = (ray_node.Node.start_monitor, ray_node.Node.start_api_server)
+        self._saved = (ray_node.Node.start_monitor, ray_node.Node.start_api_server, ray_services.start_ray_process)
         ray_node.Node.start_monitor = _no_monitor  # type: ignore[method-assign]
         ray_node.Node.start_api_server = _no_api_server  # type: ignore[method-assign, assignment]
+        start = self._saved[2]
+
+        def start_with_minimal_agent(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+            if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+                command = [_with_minimal_agent(arg) for arg in command]
+            return start(command, process_type, *args, **kwargs)
+
+        ray_services.start_ray_process = start_with_minimal_agent
 
     def __exit__(self, *exc_info: object) -> None:
-        ray_node.Node.start_monitor, ray_node.Node.start_api_server = self._saved  # type: ignore[method-assign]
+        monitor, api_server, start = self._saved
+        ray_node.Node.start_monitor, ray_node.Node.start_api_server = monitor, api_server  # type: ignore[method-assign]
+        ray_services.start_ray_process = start
+
+
+_AGENT_FLAG = "--dashboard_agent_command="
+_FULL_AGENT = os.path.join(os.path.dirname(ray_services.__file__), os.pardir, "dashboard", "agent.py")
+
+
+def _with_minimal_agent(arg: str) -> str:
+    """A raylet's argument, with the dashboard agent's script replaced by fray_ray._minimal_agent."""
+    if not arg.startswith(_AGENT_FLAG):
+        return arg
+    parts = shlex.split(arg[len(_AGENT_FLAG) :])
+    full = os.path.realpath(_FULL_AGENT)
+    swapped = [["-m", "fray_ray._minimal_agent"] if os.path.realpath(p) == full else [p] for p in parts]
+    return _AGENT_FLAG + subprocess.list2cmdline([p for group in swapped for p in group])
 
 
 def _no_monitor(_node: ray_node.Node) -> None:
