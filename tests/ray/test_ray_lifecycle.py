@@ -79,7 +79,7 @@ def test_a_private_ray_starts_no_dashboard_no_autoscaler_and_a_minimal_agent(ctx
     assert not started, started
     # the agent the raylet runs (Ray's processes retitle themselves: its command line is found in the raylet's)
     [raylet] = [c for c in commands if "/raylet/raylet " in c]
-    assert "-m fray_ray._minimal_agent " in raylet and "dashboard/agent.py" not in raylet, raylet
+    assert "fray_ray/_minimal_agent.py " in raylet and "dashboard/agent.py" not in raylet, raylet
 
 
 def test_private_head_listens_on_loopback_only(cluster: RayClusterContext) -> None:

@@ -136,17 +136,17 @@ class WithoutHeadExtras:
 
 
 _AGENT_FLAG = "--dashboard_agent_command="
-_FULL_AGENT = os.path.join(os.path.dirname(ray_services.__file__), os.pardir, "dashboard", "agent.py")
+_FULL_AGENT = os.path.realpath(os.path.join(os.path.dirname(ray_services.__file__), os.pardir, "dashboard", "agent.py"))
+# A script path, as Ray names its own: `python -m` would look the module up in the raylet's working directory first.
+_MINIMAL_AGENT = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_minimal_agent.py")
 
 
 def _with_minimal_agent(arg: str) -> str:
-    """A raylet's argument, with the dashboard agent's script replaced by fray_ray._minimal_agent."""
+    """A raylet's argument, with the dashboard agent's script replaced by fray_ray._minimal_agent's."""
     if not arg.startswith(_AGENT_FLAG):
         return arg
-    parts = shlex.split(arg[len(_AGENT_FLAG) :])
-    full = os.path.realpath(_FULL_AGENT)
-    swapped = [["-m", "fray_ray._minimal_agent"] if os.path.realpath(p) == full else [p] for p in parts]
-    return _AGENT_FLAG + subprocess.list2cmdline([p for group in swapped for p in group])
+    parts = [_MINIMAL_AGENT if os.path.realpath(p) == _FULL_AGENT else p for p in shlex.split(arg[len(_AGENT_FLAG) :])]
+    return _AGENT_FLAG + subprocess.list2cmdline(parts)
 
 
 def _no_monitor(_node: ray_node.Node) -> None:

@@ -8,10 +8,14 @@ an agent: it waits for the ports the agent writes (here -1: none) and shares its
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
 if __name__ == "__main__":
+    # Run as a script: its own folder is first on sys.path, where fray_ray's module names would shadow others.
+    if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+        del sys.path[0]
     # What a minimal install lacks: each dashboard module's import then fails, and the agent loads none of them.
     sys.modules["ray.dashboard.optional_deps"] = None  # type: ignore[assignment]
     sys.argv.append("--minimal")
