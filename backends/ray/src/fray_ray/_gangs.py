@@ -174,9 +174,10 @@ class GangWatch:
 
         for rank, actor_id in enumerate(list(gang.ids)):
             info = state.actors(actor_id=actor_id)
-            if info.get("State") == "ALIVE" and actor_id not in gang.up_since:
+            alive = info.get("State") == "ALIVE"  # (its __init__ has returned)
+            if alive and actor_id not in gang.up_since:
                 gang.up_since[actor_id] = time.monotonic()
-            if rank not in gang.local_pids and info.get("State") == "ALIVE":
+            if alive and rank not in gang.local_pids:
                 # a new dict, not an insert: `route` iterates the one it read on the caller's thread, unlocked
                 gang.local_pids = {**gang.local_pids, rank: _local_pid(info)}
             if info.get("State") in _GONE:
