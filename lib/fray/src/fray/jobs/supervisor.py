@@ -58,7 +58,7 @@ from fray.jobs.recovery import recovered_attempts
 from fray.jobs.signals import StopSignals, unblock_in_child
 from fray.jobs.supervisor_args import parse_args
 from fray.runtime.gang import died_rank
-from fray.runtime.rendezvous import AGENT_STORE_ENV, serve_job_store
+from fray.runtime.rendezvous import AGENT_STORE_ENV, LazyStore, serve_job_store
 from fray.types import JobAttempt, JobError, JobStatus
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class Supervisor:
         self.subreaper = False  # whether what a rank leaves behind becomes this process's child
         self.output_lock = threading.Lock()
         self.context: Any = None  # the job backend's JobContext, for --placement
-        self.stores: list[Any] = []  # the rendezvous stores served for the attempts' ranks
+        self.stores: list[LazyStore] = []  # the rendezvous stores served for the attempts' ranks
         owner = settings.JOB_OWNER.read()
         self.owner = Identity.of(owner) if owner is not None else None  # (alive now: the job's own start)
 
@@ -263,8 +263,8 @@ class Supervisor:
         # serve it on every interface); kept until this process ends (an attempt's ranks may outlive it briefly).
         served = serve_job_store("127.0.0.1", self.replicas) if self.replicas > 1 else None
         if served is not None:
-            self.stores.append(served[1])
-        port = served[0] if served is not None else free_port()
+            self.stores.append(served)
+        port = served.port if served is not None else free_port()
         ranks: list[Rank] = []
         try:
             for index in range(self.replicas):

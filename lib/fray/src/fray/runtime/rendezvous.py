@@ -10,6 +10,8 @@ rank 0's host address, which the members on other hosts need.
 A job's ranks (fray.jobs.supervisor, `--replicas N` on one host) rendezvous the same way: the supervisor, which
 is none of them, serves their store on loopback (`serve_job_store`) and gives them TORCHELASTIC_USE_AGENT_STORE.
 
+The socket listens from the start; torch is loaded and its TCPStore made on that socket only when the first
+connection is waiting (`LazyStore`), so a group or job whose code never rendezvous does not load torch for it.
 Where torch is not installed nothing is served (nothing there can rendezvous). A member whose code names its own
 `init_method="tcp://..."` must serve that store itself or unset TORCHELASTIC_USE_AGENT_STORE.
 """
@@ -17,19 +19,23 @@ Where torch is not installed nothing is served (nothing there can rendezvous). A
 from __future__ import annotations
 
 import importlib.util
+import logging
+import select
 import socket
+import threading
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from fray.errors import FrayError
 
-__all__ = ["AGENT_STORE_ENV", "serve_job_store", "serve_store", "served_store"]
+__all__ = ["AGENT_STORE_ENV", "LazyStore", "serve_job_store", "serve_store", "served_store"]
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+log = logging.getLogger("fray")
 STORE_TIMEOUT = timedelta(minutes=30)  # torch's default for a process group's store operations
 
-_served: list[tuple[socket.socket, Any]] = []  # the listener and the store, kept for the life of the process
+_served: list[LazyStore] = []  # kept for the life of the process
 
 
 def serve_store(env: Mapping[str, str]) -> None:
@@ -40,12 +46,6 @@ def serve_store(env: Mapping[str, str]) -> None:
         return
     if _served or importlib.util.find_spec("torch") is None:
         return
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # (re-exported from torch._C)
-
     addr, port, size = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"])
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     try:
@@ -55,41 +55,66 @@ def serve_store(env: Mapping[str, str]) -> None:
             f"rank 0 of an SPMD group could not listen on MASTER_ADDR {addr} port {port} for the group's "
             f"rendezvous ({exc}): is {addr} an address of this host, and the port free?"
         ) from exc
-    _served.append((listener, _store(TCPStore, listener, size)))
+    _served.append(LazyStore(listener, size))
 
 
-def _store(store_class: Any, listener: socket.socket, size: int) -> Any:
-    addr, port = listener.getsockname()[:2]
-    return store_class(
-        addr,
-        port,
-        size,
-        True,
-        timeout=STORE_TIMEOUT,
-        wait_for_workers=False,
-        multi_tenant=True,
-        master_listen_fd=listener.fileno(),
-    )
+class LazyStore:
+    """A rendezvous store for `size` ranks on a listening socket: torch's TCPStore is made on it when the first
+    connection waits there (a thread of this process watches for it), not before; `store()` makes it at once."""
+
+    def __init__(self, listener: socket.socket, size: int) -> None:
+        self.listener, self.size = listener, size
+        self._store: Any = None
+        self._lock = threading.Lock()
+        self._watch = threading.Thread(target=self._serve_when_called, name="fray-rendezvous-store", daemon=True)
+        self._watch.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.listener.getsockname()[1])
+
+    def store(self) -> Any:
+        """torch's TCPStore serving this socket (made now if no rank has connected yet)."""
+        with self._lock:
+            if self._store is None:
+                from torch.distributed import TCPStore  # type: ignore[attr-defined]  # (re-exported from torch._C)
+
+                addr, port = self.listener.getsockname()[:2]
+                self._store = TCPStore(
+                    addr,
+                    port,
+                    self.size,
+                    True,
+                    timeout=STORE_TIMEOUT,
+                    wait_for_workers=False,
+                    multi_tenant=True,
+                    master_listen_fd=self.listener.fileno(),
+                )
+            return self._store
+
+    def _serve_when_called(self) -> None:
+        # Lives with the process, as the store it makes does: it waits for a connection without taking it (the
+        # store accepts it from the backlog), and the socket is never closed before the process ends.
+        readable = select.poll()
+        readable.register(self.listener, select.POLLIN)
+        readable.poll()
+        try:
+            self.store()
+        except Exception:  # the ranks then fail by their own rendezvous timeout; this says why
+            addr, port = self.listener.getsockname()[:2]
+            log.exception("fray could not serve the rendezvous store on %s port %s", addr, port)
 
 
-def serve_job_store(addr: str, size: int) -> tuple[int, Any] | None:
-    """Serves the TCPStore of `size` ranks that this process starts (and is none of) on `addr` alone, on a port of
-    its choosing: (that port, the store; keep it while the ranks run). None where torch cannot serve one here (the
-    ranks then rendezvous as torch does by itself)."""
+def serve_job_store(addr: str, size: int) -> LazyStore | None:
+    """Serves the rendezvous store of `size` ranks that this process starts (and is none of) on `addr` alone, on a
+    port of its choosing (keep it while the ranks run). None where torch cannot serve one here (the ranks then
+    rendezvous as torch does by itself)."""
     if importlib.util.find_spec("torch") is None:
         return None
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return None
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    listener = socket.create_server((addr, 0), family=family, backlog=max(128, size))
-    store = _store(TCPStore, listener, size)
-    return int(listener.getsockname()[1]), (listener, store)
+    return LazyStore(socket.create_server((addr, 0), family=family, backlog=max(128, size)), size)
 
 
 def served_store() -> Any:
-    """The store this process serves (None: it serves none)."""
-    return _served[0][1] if _served else None
+    """torch's TCPStore this process serves for its group (None: it serves none)."""
+    return _served[0].store() if _served else None

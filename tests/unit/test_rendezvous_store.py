@@ -1,0 +1,65 @@
+"""The rendezvous store fray serves for an SPMD group (in rank 0's process) and for a job's ranks (in the job's
+supervisor) listens from the start and loads torch only when a rank connects: a group or a job whose code never
+calls torch.distributed does not pay torch's import. Real torch.distributed clients, a real supervisor."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fray.host.net import free_port
+
+pytest.importorskip("torch.distributed", reason="torch is not installed (the rendezvous is torch.distributed's)")
+
+RANK_ZERO = textwrap.dedent(
+    """
+    import os, sys
+    from datetime import timedelta
+    from fray.runtime.rendezvous import serve_store
+    serve_store(os.environ)
+    print("LOADED_BEFORE", "torch" in sys.modules, flush=True)
+    from torch.distributed import TCPStore
+    client = TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), 1, False, timeout=timedelta(seconds=60))
+    client.set("key", "value")
+    print("READ", client.get("key").decode(), flush=True)
+    """
+)
+
+RANK_WITHOUT_TORCH = textwrap.dedent(
+    """
+    import os
+    maps = open(f"/proc/{os.getppid()}/maps").read()  # the supervisor's: is torch's library loaded there?
+    print("SUPERVISOR_HAS_TORCH", "libtorch" in maps, flush=True)
+    """
+)
+
+
+def test_rank_zero_serves_its_groups_store_without_loading_torch_until_a_rank_connects() -> None:
+    env = {
+        **os.environ,
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    done = subprocess.run([sys.executable, "-c", RANK_ZERO], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "LOADED_BEFORE False" in done.stdout, f"torch loaded before a rank connected: {done.stdout}"
+    assert "READ value" in done.stdout  # the store, made once the rank (this same process) connected, serves
+
+
+def test_a_jobs_supervisor_does_not_load_torch_for_ranks_that_never_rendezvous() -> None:
+    ranks = [sys.executable, "-c", RANK_WITHOUT_TORCH]
+    done = subprocess.run(
+        [sys.executable, "-m", "fray.jobs.supervisor", "--replicas", "2", "--", *ranks],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count("SUPERVISOR_HAS_TORCH False") == 2, done.stdout
