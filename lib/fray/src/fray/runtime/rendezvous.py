@@ -46,28 +46,28 @@ def serve_store(env: Mapping[str, str]) -> None:
         return
     if _served or importlib.util.find_spec("torch") is None:
         return
-    addr, port, size = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"])
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     try:
-        listener = socket.create_server((addr, port), family=family, backlog=max(128, size))
+        _served.append(LazyStore(addr, port, int(env["WORLD_SIZE"])))
     except OSError as exc:
         raise FrayError(
             f"rank 0 of an SPMD group could not listen on MASTER_ADDR {addr} port {port} for the group's "
             f"rendezvous ({exc}): is {addr} an address of this host, and the port free?"
         ) from exc
-    _served.append(LazyStore(listener, size))
 
 
 class LazyStore:
-    """A rendezvous store for `size` ranks on a listening socket: torch's TCPStore is made on it when the first
-    connection waits there (a thread of this process watches for it), not before; `store()` makes it at once."""
+    """A rendezvous store for `size` ranks, listening on `addr` port `port` (0: a free one) from the start
+    (OSError if it cannot): torch's TCPStore is made on that socket when the first connection waits there (a
+    thread of this process watches for it), not before; `store()` makes it at once."""
 
-    def __init__(self, listener: socket.socket, size: int) -> None:
-        self.listener, self.size = listener, size
+    def __init__(self, addr: str, port: int, size: int) -> None:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        self.listener = socket.create_server((addr, port), family=family, backlog=max(128, size))
+        self.size = size
         self._store: Any = None
         self._lock = threading.Lock()
-        self._watch = threading.Thread(target=self._serve_when_called, name="fray-rendezvous-store", daemon=True)
-        self._watch.start()
+        threading.Thread(target=self._serve_when_called, name="fray-rendezvous-store", daemon=True).start()
 
     @property
     def port(self) -> int:
@@ -111,8 +111,7 @@ def serve_job_store(addr: str, size: int) -> LazyStore | None:
     rendezvous as torch does by itself)."""
     if importlib.util.find_spec("torch") is None:
         return None
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    return LazyStore(socket.create_server((addr, 0), family=family, backlog=max(128, size)), size)
+    return LazyStore(addr, 0, size)
 
 
 def served_store() -> Any:
