@@ -13,6 +13,7 @@ with
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from fray.registry import available_backends, cluster_context_from, get_backend,
 from fray.runtime.capabilities import Capability
 from fray.runtime.current import using
 from fray.testing.capability_table import CapabilityResults, disagreements, documented_table
+from fray.testing.failure_events import events_during
 from fray.testing.wheels import probe_wheel
 
 requires_capability = pytest.mark.fray_capability
@@ -37,6 +39,7 @@ REFUSED = "fray_refused"
 _LACKING = pytest.StashKey[Capability]()
 _RESULTS = pytest.StashKey[CapabilityResults]()
 _PROBLEMS = pytest.StashKey[list[str]]()
+_CTX_SINCE = pytest.StashKey[tuple[JobContext, int]]()  # a test's context, and when the test began using it
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -143,6 +146,7 @@ def fray_own_ctx(fray_backend_name: str) -> Iterator[JobContext]:
 def fray_ctx(request: pytest.FixtureRequest, fray_session_ctx: JobContext) -> Iterator[JobContext]:
     """The backend's JobContext, current for this test."""
     _skip_missing(request, fray_session_ctx.capabilities, fray_session_ctx.backend)
+    request.node.stash[_CTX_SINCE] = (fray_session_ctx, time.time_ns())
     with using(fray_session_ctx):
         yield fray_session_ctx
 
@@ -194,6 +198,8 @@ def _capabilities_of(item: pytest.Item) -> list[Capability]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
+    if report.when == "call" and report.failed and _CTX_SINCE in item.stash:
+        report.sections.append(("fray events during this test", events_during(*item.stash[_CTX_SINCE])))
     callspec = getattr(item, "callspec", None)
     backend = callspec.params.get("fray_backend_name") if callspec is not None else None
     refusals = item.get_closest_marker("fray_refusals") is not None
