@@ -39,11 +39,11 @@ def events_during(ctx: JobContext, since_ns: int, timeout: float = READ_TIMEOUT)
 
 def _text(ctx: JobContext, since_ns: int) -> str:
     store = ctx.events()
-    labels = {info.index: f"{info.label} pid {info.pid}" for info in store.processes}
+    held = store.rows()  # (plain tuples: a session's context may hold many events, most from earlier tests)
     chosen = [
-        (event, labels.get(source, "?"))
-        for _, source, event in store.page().events
-        if event.t >= since_ns and event.kind != Kind.TRANSFER
+        (Event._make(row), f"{store.processes[source].label} pid {store.processes[source].pid}")
+        for source, row in zip(held.sources, held.rows, strict=True)
+        if row[1] >= since_ns and row[2] != Kind.TRANSFER
     ]
     if not chosen:
         return "none recorded (is event recording on for this backend? FRAY_EVENTS=1)"
