@@ -3,7 +3,8 @@
 `LocalHead` is `ray start --head --block` in a process group of its own, on ports chosen free, with a temp dir of
 its own, listening on loopback unless told otherwise: a private head of a RayClusterContext (owned: handed to
 fray.host.watchdog, it ends with this process however it ends) or the head of `fray cluster start` (not owned: it
-outlives its starter, fray_ray.persistent).
+outlives its starter, fray_ray.persistent). Its own Job API client (`OwnHeadClient`) turns a request the dashboard
+does not take into a FrayError saying whether the head or its dashboard alone has ended, with their logs' ends.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from requests.exceptions import ConnectionError as RequestConnectionError
+
 from fray.backend import Identity, free_ports, stop_group, watchdog
 from fray.errors import FrayError
 from fray_ray._auth import (
@@ -39,7 +42,7 @@ from fray_ray._local import LOCAL_ONLY_ENV, LOOPBACK, is_loopback_address, short
 from fray_ray._tokens import TOKEN_VARS, new_token_file, note_cluster_token
 from fray_ray._tokens import remove as remove_token
 
-__all__ = ["START_TIMEOUT", "LocalHead", "job_client"]
+__all__ = ["START_TIMEOUT", "LocalHead", "OwnHeadClient", "job_client"]
 
 START_TIMEOUT = 90.0
 STOP_WAIT = 30.0  # seconds `ray start --block` has after SIGTERM to stop what it started, before SIGKILL
@@ -158,14 +161,31 @@ class LocalHead:
             try:
                 client = client_factory(self.address)
                 client.list_jobs()
-                return client
+                return OwnHeadClient(client, self)
             except Exception as exc:  # dashboard not up yet
                 last = exc
                 time.sleep(0.5)
-        with open(self.log_path, errors="replace") as f:
-            tail = f.read()[-2000:]
+        tail = _tail(self.log_path)
         self.stop()
         raise RuntimeError(f"the private Ray head node did not start ({last}); ray start said:\n{tail}")
+
+    def unreachable(self, exc: Exception) -> FrayError:
+        """The error for a request its dashboard did not take: the whole head ended, or its dashboard alone (Ray
+        does not start that again), with the end of the logs that say why."""
+        try:  # (`ray start --block` looks for ended processes about once a second)
+            code: int | None = self.proc.wait(timeout=UNREACHABLE_WAIT)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            what = (
+                f"the dashboard of this private Ray head does not answer at {self.address} ({exc}), though the "
+                "head still runs; its Job API went with it. Shut this context down and start another"
+            )
+        else:
+            what = f"this private Ray head has stopped (`ray start` exited with {code}), and its Job API with it"
+        logs = os.path.join(self.temp_dir, "session_latest", "logs")
+        tails = [_tail(self.log_path)] + [_tail(os.path.join(logs, name)) for name in _DASHBOARD_LOGS]
+        return FrayError(f"{what}. The end of its logs:\n" + "\n".join(t for t in tails if t))
 
     def stop(self) -> None:
         end_child(self.proc, "ray start --block")  # (on SIGTERM, Ray stops every process it started)
@@ -176,6 +196,45 @@ class LocalHead:
         if self.owned:
             watchdog.forget_group(self.proc.pid)
             watchdog.forget_path(self.temp_dir)
+
+
+UNREACHABLE_WAIT = 3.0  # seconds a head whose dashboard is unreachable may take to end, before it is called alive
+_DASHBOARD_LOGS = ("dashboard.log", "dashboard.err")
+_TAIL_CHARS = 1500
+
+
+def _tail(path: str) -> str:
+    """The end of a log file of the head, headed by its path ("" when there is none, or it is empty)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - _TAIL_CHARS))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return f"--- {path}:\n{text}" if text.strip() else ""
+
+
+class OwnHeadClient:
+    """The Job API client of a head this process started: a request its dashboard does not take is a FrayError
+    saying whether the head or its dashboard alone has ended, and why (LocalHead.unreachable)."""
+
+    def __init__(self, client: Any, head: LocalHead) -> None:
+        self._client = client
+        self._head = head
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+        head = self._head
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except RequestConnectionError as exc:
+                raise head.unreachable(exc) from exc
+
+        return checked
 
 
 log = logging.getLogger("fray_ray")
