@@ -8,7 +8,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -156,23 +155,6 @@ def test_clean_shutdown_leaves_no_process_and_no_temp_dir() -> None:
     )
     out = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().endswith("OK"), out.stderr[-3000:]
-
-
-def test_a_head_whose_dashboard_ended_says_so_and_still_stops_clean() -> None:
-    """Ray does not start a head's dashboard again when it ends, and `ray start` runs on: the Job API is gone,
-    and a call to it says so, with the end of the head's logs, rather than Ray's bare 'connection refused'."""
-    with fray.cluster("ray?num_cpus=1&object_store_memory=80000000") as cluster:
-        head = cluster._head  # type: ignore[attr-defined]
-        dashboards = [p for p in procfs.group_members(head.proc.pid) if "dashboard/dashboard.py" in cmdline(p)]
-        assert len(dashboards) == 1, [cmdline(p) for p in procfs.group_members(head.proc.pid)]
-        os.kill(dashboards[0], signal.SIGKILL)  # (a process of our own head's group)
-        deadline = time.monotonic() + 30
-        while procfs.alive(dashboards[0]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        with pytest.raises(fray.FrayError, match="dashboard of this private Ray head does not answer") as raised:
-            cluster.list_jobs()
-        assert "ray-start.log" in str(raised.value) and "dashboard.log" in str(raised.value)
-    assert not procfs.group_members(head.proc.pid) and not os.path.exists(head.temp_dir)
 
 
 def test_a_head_fray_started_is_told_not_to_drain_when_stopped(cluster: RayClusterContext) -> None:

@@ -3,8 +3,8 @@
 `LocalHead` is `ray start --head --block` in a process group of its own, on ports chosen free, with a temp dir of
 its own, listening on loopback unless told otherwise: a private head of a RayClusterContext (owned: handed to
 fray.host.watchdog, it ends with this process however it ends) or the head of `fray cluster start` (not owned: it
-outlives its starter, fray_ray.persistent). Its own Job API client (`OwnHeadClient`) turns a request the dashboard
-does not take into a FrayError saying whether the head or its dashboard alone has ended, with their logs' ends.
+outlives its starter, fray_ray.persistent). It is ready once `ray start` says its node is up; its own Job API client
+(`OwnHeadClient`) turns a request the dashboard does not take into a FrayError saying what ended, with the logs' ends.
 """
 
 from __future__ import annotations
@@ -131,19 +131,9 @@ class LocalHead:
         # behind at every stop): under the head's temp dir, they go with it.
         env["TMPDIR"] = self.temp_dir
         self.log_path = os.path.join(self.temp_dir, "ray-start.log")
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                cwd=os.getcwd() if owned else self.temp_dir,  # one that outlives us holds no directory of ours
-            )
-        self.leader = Identity.of(self.proc.pid, zombie_ok=True)  # our child: nothing reaps it before we do
-        if owned:
-            watchdog.watch_group(self.proc.pid)
+        # (a head that outlives us holds no directory of ours)
+        self._command = (cmd, env, os.getcwd() if owned else self.temp_dir)
+        self._start()
         self.address = f"http://{host}:{self.dashboard_port}"
         self.gcs_address = f"{host}:{self.port}"
         note_own_cluster(self.gcs_address)  # drivers of this process join it in token mode without asking
@@ -152,26 +142,61 @@ class LocalHead:
         if self.token_file is not None:
             note_cluster_token(self.token_file, self.gcs_address, self.address)
 
+    def _start(self) -> None:
+        """`ray start` (again, after a start that timed out), its output in log_path, its group watched."""
+        cmd, env, cwd = self._command
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                cwd=cwd,
+            )
+        self.leader = Identity.of(self.proc.pid, zombie_ok=True)  # our child: nothing reaps it before we do
+        if self.owned:
+            watchdog.watch_group(self.proc.pid)
+
+    def _said(self, words: bytes) -> bool:
+        with open(self.log_path, "rb") as f:
+            return words in f.read()
+
     def wait_ready(self, client_factory: Any) -> Any:
+        """The head's Job API client once `ray start` says the node started and the Job API answers. The Job API
+        answers first: the head's raylet may still be registering then, and `ray start` gives up on it after a
+        fixed 30 s, which a loaded machine can miss; such a start is made once more, START_TIMEOUT again."""
         deadline = time.monotonic() + START_TIMEOUT
         last: Exception | None = None
+        started_again = False
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                break
-            try:
-                client = client_factory(self.address)
-                client.list_jobs()
-                return OwnHeadClient(client, self)
-            except Exception as exc:  # dashboard not up yet
-                last = exc
-                time.sleep(0.5)
+                if started_again or not self._said(_START_TIMED_OUT):
+                    break
+                log.warning("Ray's start of a private head timed out waiting for its raylet; starting it again")
+                self._stop_group()
+                self._start()
+                started_again, deadline = True, time.monotonic() + START_TIMEOUT
+                continue
+            if self._said(_STARTED):
+                try:
+                    client = client_factory(self.address)
+                    client.list_jobs()
+                    return OwnHeadClient(client, self)
+                except Exception as exc:  # dashboard not up yet
+                    last = exc
+            time.sleep(0.5)
         tail = _tail(self.log_path)
         self.stop()
-        raise RuntimeError(f"the private Ray head node did not start ({last}); ray start said:\n{tail}")
+        raise RuntimeError(
+            f"the private Ray head node did not start ({last or 'not in time'}); ray start said:\n{tail}"
+        )
 
     def unreachable(self, exc: Exception) -> FrayError:
-        """The error for a request its dashboard did not take: the whole head ended, or its dashboard alone (Ray
-        does not start that again), with the end of the logs that say why."""
+        """The error for a request its dashboard did not take: the whole head ended (`ray start --block` stops it
+        when its dashboard ends), or the dashboard alone and `ray start` has not seen it yet, with the end of the
+        logs that say why."""
         try:  # (`ray start --block` looks for ended processes about once a second)
             code: int | None = self.proc.wait(timeout=UNREACHABLE_WAIT)
         except subprocess.TimeoutExpired:
@@ -187,17 +212,23 @@ class LocalHead:
         tails = [_tail(self.log_path)] + [_tail(os.path.join(logs, name)) for name in _DASHBOARD_LOGS]
         return FrayError(f"{what}. The end of its logs:\n" + "\n".join(t for t in tails if t))
 
-    def stop(self) -> None:
+    def _stop_group(self) -> None:
         end_child(self.proc, "ray start --block")  # (on SIGTERM, Ray stops every process it started)
         if self.leader is not None:  # whatever is left of exactly this process group, until it is gone
             stop_group(self.leader, grace=2.0)
+        if self.owned:
+            watchdog.forget_group(self.proc.pid)
+
+    def stop(self) -> None:
+        self._stop_group()
         shutil.rmtree(self.temp_dir, ignore_errors=True)  # only now: Ray's processes write there while they stop
         remove_token(self.token_file, self.owned)
         if self.owned:
-            watchdog.forget_group(self.proc.pid)
             watchdog.forget_path(self.temp_dir)
 
 
+_STARTED = b"Ray runtime started."  # what `ray start` prints once its node is up
+_START_TIMED_OUT = b"The current node timed out during startup"  # (ray._private.node: its raylet not seen in 30 s)
 UNREACHABLE_WAIT = 3.0  # seconds a head whose dashboard is unreachable may take to end, before it is called alive
 _DASHBOARD_LOGS = ("dashboard.log", "dashboard.err")
 _TAIL_CHARS = 1500
