@@ -38,7 +38,7 @@ def _wait_for_member(head: _head.LocalHead, program: str, timeout: float = 60.0)
         if time.monotonic() > deadline:
             log = Path(head.log_path).read_text(errors="replace")[-2000:]
             raise AssertionError(f"no {program} in the head's group; ray start said: {log}")
-        time.sleep(0.05)
+        time.sleep(0.005)  # (the raylet is to be caught before it registers)
     return found[0]
 
 
@@ -53,6 +53,8 @@ def test_a_start_ray_gave_up_on_is_made_again(
         os.kill(raylet, signal.SIGSTOP)  # (of our own head's group) it never registers: Ray gives up after 30 s
         with caplog.at_level(logging.WARNING, logger="fray_ray"):
             client = head.wait_ready(partial(_head.job_client, own=True))
+        if head.proc.pid == first and b"Ray runtime started." in Path(head.log_path).read_bytes():
+            pytest.skip("the raylet registered before the test stopped it: Ray did not give up this time")
         assert head.proc.pid != first and any("starting it again" in r.getMessage() for r in caplog.records)
         assert b"Ray runtime started." in Path(head.log_path).read_bytes()
         assert client.list_jobs() == [] and head.proc.poll() is None
