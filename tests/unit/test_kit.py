@@ -61,6 +61,19 @@ def test_only_the_hooks_a_worker_may_call_are_answered(service: remote.RemoteSer
     assert client.call("node_resources") == [{"CPU": 2.0}]
 
 
+def test_close_ends_the_threads_serving_workers_that_are_still_connected(service: remote.RemoteService) -> None:
+    """A worker's connection is served by a thread of its own until the worker hangs up; a worker still
+    connected when its driver's context shuts down (a pool process slow to end) must not keep that thread."""
+    client = remote._Client(service.setup)
+    assert client.call("node_resources") == [{"CPU": 2.0}]
+    serving = [t for t in threading.enumerate() if t.name == "fray-kit-request"]
+    assert serving
+    service.close()
+    for thread in serving:
+        thread.join(2.0)
+    assert not [t for t in serving if t.is_alive()]
+
+
 def test_a_reply_that_cannot_be_pickled_fails_the_call_not_the_service() -> None:
     ctx = InMemoryJobContext({"CPU": 2.0}, serialize=False)  # (stores a value as it is: a lock too)
     service = remote.RemoteService(ctx)

@@ -23,6 +23,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ Reply = tuple[bool, bytes, list[bytes]]
 
 __all__ = ["RemoteService", "WorkerSetup", "run_call", "running_task", "start_worker", "worker_context"]
 
-_JOIN_S = 5.0  # the accept thread's join at close: bounded, whatever it is doing
+_JOIN_S = 5.0  # the accept thread's join at close, and the serving threads' together: bounded, whatever they do
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class RemoteService:
         self._listener = Listener(os.path.join(self._dir, "driver"), "AF_UNIX", authkey=authkey)
         self.setup = WorkerSetup(self._listener.address, authkey, ctx.backend, ctx.capabilities)
         self._closed = False
+        self._serving: dict[Connection, threading.Thread] = {}  # a thread per connected worker, until it hangs up
+        self._serving_lock = threading.Lock()
         self._accepter = threading.Thread(target=self._accept, name="fray-kit-service", daemon=True)
         self._accepter.start()
 
@@ -101,35 +104,49 @@ class RemoteService:
                 return
             except Exception:
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="fray-kit-request", daemon=True).start()
+            thread = threading.Thread(target=self._serve, args=(conn,), name="fray-kit-request", daemon=True)
+            with self._serving_lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._serving[conn] = thread
+            thread.start()
 
     def _serve(self, conn: Connection) -> None:
-        with conn:
-            while True:
-                try:
-                    data, buffers = conn.recv()  # (bytes only: what they hold is loaded below)
-                except (EOFError, OSError):
-                    return
-                hook = "a request"
-                try:  # (a request that does not load here fails that request, naming why, not the connection)
-                    work_id, hook, args = loads_data(data, buffers, "a worker's request")
-                    if hook not in HOOKS:
-                        raise FrayError(f"a worker asked for {hook!r}, which is no hook a worker may call")
-                    with self._ctx.acting_for(work_id) as holder:
-                        result = getattr(self._ctx, hook)(*args)
-                    reply: tuple[bool, Any] = (True, result)
-                except BaseException as exc:
-                    holder, reply = None, (False, capture_exception(exc))
-                try:
-                    blob = dumps(reply, f"the reply to {hook}")
-                except SerializationError as exc:  # (the worker waits for a reply: it gets this error instead)
-                    holder, blob = None, dumps((False, capture_exception(exc)), f"the reply to {hook}")
-                if holder is not None:  # what the worker now names: kept with its task, or its actor
-                    holder.held = [*(holder.held or ()), *blob.contained]
-                try:
-                    _send(conn, blob)
-                except OSError:
-                    return
+        try:
+            self._answer(conn)
+        finally:
+            with self._serving_lock:  # (closed under the lock: close() hangs up only connections still open)
+                self._serving.pop(conn, None)
+                conn.close()
+
+    def _answer(self, conn: Connection) -> None:
+        """A worker's requests, each answered with the hook it names, until it hangs up."""
+        while True:
+            try:
+                data, buffers = conn.recv()  # (bytes only: what they hold is loaded below)
+            except (EOFError, OSError):
+                return
+            hook = "a request"
+            try:  # (a request that does not load here fails that request, naming why, not the connection)
+                work_id, hook, args = loads_data(data, buffers, "a worker's request")
+                if hook not in HOOKS:
+                    raise FrayError(f"a worker asked for {hook!r}, which is no hook a worker may call")
+                with self._ctx.acting_for(work_id) as holder:
+                    result = getattr(self._ctx, hook)(*args)
+                reply: tuple[bool, Any] = (True, result)
+            except BaseException as exc:
+                holder, reply = None, (False, capture_exception(exc))
+            try:
+                blob = dumps(reply, f"the reply to {hook}")
+            except SerializationError as exc:  # (the worker waits for a reply: it gets this error instead)
+                holder, blob = None, dumps((False, capture_exception(exc)), f"the reply to {hook}")
+            if holder is not None:  # what the worker now names: kept with its task, or its actor
+                holder.held = [*(holder.held or ()), *blob.contained]
+            try:
+                _send(conn, blob)
+            except OSError:
+                return
 
     def request(self, run: TaskRun, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Request:
         """The arguments of `run_call` for this attempt of a task, to submit to a worker process."""
@@ -164,9 +181,29 @@ class RemoteService:
         except OSError:
             pass
         self._accepter.join(_JOIN_S)
+        with self._serving_lock:  # workers still connected: their threads see the connection end, and return
+            serving = list(self._serving.items())
+            for conn, _ in serving:
+                _hang_up(conn)
+        deadline = time.monotonic() + _JOIN_S  # (one bound for them all)
+        for _, thread in serving:
+            thread.join(max(0.0, deadline - time.monotonic()))
         self._listener.close()
         shutil.rmtree(self._dir, ignore_errors=True)
         watchdog.forget_path(self._dir)
+
+
+def _hang_up(conn: Connection) -> None:
+    """End a connection another thread may be blocked reading: a shutdown wakes that read (a close would not)."""
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:
+        return
+    with sock:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 # ---------------------------------------------------------------------------------------------- the worker's side
