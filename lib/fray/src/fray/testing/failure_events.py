@@ -40,8 +40,9 @@ def events_during(ctx: JobContext, since_ns: int, timeout: float = READ_TIMEOUT)
 def _text(ctx: JobContext, since_ns: int) -> str:
     store = ctx.events()
     held = store.rows()  # (plain tuples: a session's context may hold many events, most from earlier tests)
+    labels = [f"{info.label} pid {info.pid}" for info in store.processes]
     chosen = [
-        (Event._make(row), f"{store.processes[source].label} pid {store.processes[source].pid}")
+        (Event._make(row), labels[source])
         for source, row in zip(held.sources, held.rows, strict=True)
         if row[1] >= since_ns and row[2] != Kind.TRANSFER
     ]
