@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,8 @@ import fray
 from fray import TaskOptions, WorkerCrashedError
 from fray.host import procfs
 from fray_monarch.data.arena import shm_dir
+
+PAUSE_S = 8.0  # longer than the 5 s Monarch was once told to wait for a process's answer
 
 
 def pid_and_ppid() -> tuple[int, int]:
@@ -42,6 +45,31 @@ def test_killed_worker_is_reported_without_waiting_for_the_timeout() -> None:
         assert time.monotonic() - start < 20.0
         assert ctx.get(ctx.create_task(pow, args=(2, 5)), timeout=60) == 32
     finally:
+        fray.shutdown()
+
+
+class Pid:
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_worker_paused_for_seconds_is_not_reported_as_crashed() -> None:
+    """A process that answers nothing for a while (a loaded machine, a debugger, SIGSTOP) is alive: its actor
+    keeps its state and its calls complete once it runs again. Monarch's supervision gives a silent process
+    HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE before calling it crashed."""
+    ctx = fray.init("monarch?procs=1")
+    pid = 0
+    try:
+        actor = ctx.create_actor(Pid)
+        pid = ctx.get(actor.pid(), timeout=60)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(PAUSE_S)
+        os.kill(pid, signal.SIGCONT)
+        assert ctx.get(actor.pid(), timeout=60) == pid
+        assert ctx.get(ctx.create_task(pow, args=(2, 3)), timeout=60) == 8
+    finally:
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGCONT)  # (a failed test must not leave a stopped process behind)
         fray.shutdown()
 
 

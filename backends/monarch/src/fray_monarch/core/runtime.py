@@ -22,9 +22,9 @@ from fray_monarch.net import tls  # imports no Monarch
 os.environ.setdefault("MONARCH_FILE_LOG", "error")  # the internal log file otherwise grows forever
 os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "200ms")  # crash detection in ~0.2 s, not 10 s
 os.environ.setdefault("RUST_LOG", "error")
-# A supervision poll in flight when a process dies otherwise waits this long (default 30 s) before the death is
-# reported: seen as a rare 30 s crash detection. 5 s bounds that race and is far above any live process's reply.
-os.environ.setdefault("HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE", "5s")
+# HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE keeps Monarch's default (30 s): a process whose agent is silent that long
+# is reported crashed, and a shorter bound took live processes for dead (paused, or slow on a loaded machine).
+# Deaths on this machine are seen at once through pidfds (_PidWatch), whatever that bound.
 
 tls.runtime_paths()  # Monarch reads its TLS variables once, at import: they name files written when TLS is used
 claim_monarch_log_dir()  # Monarch opens /tmp/<user>/monarch_log.log as it is imported: that directory must be ours
