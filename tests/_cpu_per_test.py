@@ -1,6 +1,7 @@
 """A pytest plugin that lists the tests that used the most CPU, where run_parallel asks for it (FRAY_TEST_CPU_TOP):
 each test's share of its part's cgroup (every process the part runs, the engines' daemons included). The run is
-CPU-bound on a small machine, so a test's wall time says little about what it costs the run."""
+CPU-bound on a small machine, so a test's wall time says little about what it costs the run. Every test's figure
+also goes to the descriptor FRAY_TEST_CPU_TABLE_FD names (tab-separated, costliest first): where the CPU goes."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from run_parallel import CPU_TOP_ENV, CpuMeter
+from run_parallel import CPU_TABLE_ENV, CPU_TOP_ENV, CpuMeter
 
 
 class CpuPerTest:
-    def __init__(self, meter: CpuMeter, top: int) -> None:
+    def __init__(self, meter: CpuMeter, top: int, table: int | None) -> None:
         self._meter = meter
         self._top = top
+        self._table = table
         self._spent: list[tuple[float, str]] = []
 
     def _seconds(self) -> float | None:
@@ -32,7 +34,11 @@ class CpuPerTest:
             self._spent.append((after - before, item.nodeid))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        costliest = sorted(self._spent, reverse=True)[: self._top]
+        everything = sorted(self._spent, reverse=True)
+        if self._table is not None:
+            with os.fdopen(self._table, "w") as out:
+                out.writelines(f"{seconds:.2f}\t{nodeid}\n" for seconds, nodeid in everything)
+        costliest = everything[: self._top]
         terminalreporter.write_sep("=", f"the {len(costliest)} tests that used the most CPU")
         for seconds, nodeid in costliest:
             terminalreporter.write_line(f"{seconds:8.2f}s cpu {nodeid}")
@@ -40,6 +46,7 @@ class CpuPerTest:
 
 def register(config: pytest.Config) -> None:
     """Registers the plugin where run_parallel asked for it and this process's cgroup can be read."""
+    table = os.environ.pop(CPU_TABLE_ENV, "")  # (a pytest a test starts must not write to a descriptor it lacks)
     top = os.environ.get(CPU_TOP_ENV, "")
     if not top.isdigit():
         return
@@ -50,4 +57,6 @@ def register(config: pytest.Config) -> None:
         meter.seconds()
     except (OSError, ValueError, KeyError):
         return
-    config.pluginmanager.register(CpuPerTest(meter, int(top)), "fray-cpu-per-test")
+    config.pluginmanager.register(
+        CpuPerTest(meter, int(top), int(table) if table.isdigit() else None), "fray-cpu-per-test"
+    )

@@ -44,6 +44,7 @@ PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 _LIBC = ctypes.CDLL(None, use_errno=True)  # (loaded here: a forked child of a threaded process must not load)
 SLOWEST = 30  # the slowest steps (setup, call, teardown) over every part, printed at the end
 CPU_TOP_ENV = "FRAY_TEST_CPU_TOP"  # (tests/_cpu_per_test.py: how many of a part's costliest tests it lists)
+CPU_TABLE_ENV = "FRAY_TEST_CPU_TABLE_FD"  # (tests/_cpu_per_test.py: where every test's CPU goes, beside the log)
 # Seconds each part took in a full run on a 2-core machine (two parts at a time); only their order matters.
 WEIGHTS: dict[str, float] = {
     "tests/ray": 680.0,
@@ -199,7 +200,12 @@ def inside(args: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _end_namespace)
     _private_dirs()
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO)
+    table = os.environ.get(CPU_TABLE_ENV, "")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=REPO,
+        pass_fds=(int(table),) if table.isdigit() else (),
+    )
     while True:
         pid, status = os.waitpid(-1, 0)
         if pid == child.pid:
@@ -292,10 +298,12 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
             meter.enter()
 
     env = dict(os.environ)
-    if meter is not None:  # (its pytest lists the tests that used the most CPU: tests/_cpu_per_test.py)
-        env[CPU_TOP_ENV] = str(SLOWEST)
     start = time.monotonic()
-    with part.log.open("wb") as out:
+    # (the table goes by a descriptor: the part's /tmp, where the logs are, is not this one)
+    with part.log.open("wb") as out, part.log.with_suffix(".cpu.tsv").open("w") as table:
+        if meter is not None:  # (its pytest lists the tests that used the most CPU: tests/_cpu_per_test.py)
+            env[CPU_TOP_ENV] = str(SLOWEST)
+            env[CPU_TABLE_ENV] = str(table.fileno())
         proc = subprocess.Popen(
             command,
             cwd=REPO,
@@ -304,6 +312,7 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=before_exec,
+            pass_fds=(table.fileno(),),
         )
         try:
             part.code = proc.wait(timeout=PART_TIMEOUT)
