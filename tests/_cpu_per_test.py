@@ -1,7 +1,7 @@
 """A pytest plugin that lists the tests that used the most CPU, where run_parallel asks for it (FRAY_TEST_CPU_TOP):
 each test's share of its part's cgroup (every process the part runs, the engines' daemons included). The run is
 CPU-bound on a small machine, so a test's wall time says little about what it costs the run. Every test's figure
-also goes to the descriptor FRAY_TEST_CPU_TABLE_FD names (tab-separated, costliest first): where the CPU goes."""
+also goes to the descriptor FRAY_TEST_CPU_TABLE names (tab-separated, costliest first): where the CPU goes."""
 
 from __future__ import annotations
 
@@ -46,7 +46,6 @@ class CpuPerTest:
 
 def register(config: pytest.Config) -> None:
     """Registers the plugin where run_parallel asked for it and this process's cgroup can be read."""
-    table = os.environ.pop(CPU_TABLE_ENV, "")  # (a pytest a test starts must not write to a descriptor it lacks)
     top = os.environ.get(CPU_TOP_ENV, "")
     if not top.isdigit():
         return
@@ -57,6 +56,16 @@ def register(config: pytest.Config) -> None:
         meter.seconds()
     except (OSError, ValueError, KeyError):
         return
-    config.pluginmanager.register(
-        CpuPerTest(meter, int(top), int(table) if table.isdigit() else None), "fray-cpu-per-test"
-    )
+    if not config.pluginmanager.has_plugin("fray-cpu-per-test"):
+        config.pluginmanager.register(CpuPerTest(meter, int(top), _table()), "fray-cpu-per-test")
+
+
+def _table() -> int | None:
+    """The descriptor run_parallel opened for this part's table; None where it is not that file (a pytest that a
+    test starts inherits the variables, not the descriptor, whose number may then be another file's)."""
+    fd, _, ident = os.environ.get(CPU_TABLE_ENV, "").partition(":")
+    try:
+        st = os.fstat(int(fd))
+    except (ValueError, OSError):
+        return None
+    return int(fd) if ident == f"{st.st_dev}.{st.st_ino}" else None

@@ -44,7 +44,7 @@ PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 _LIBC = ctypes.CDLL(None, use_errno=True)  # (loaded here: a forked child of a threaded process must not load)
 SLOWEST = 30  # the slowest steps (setup, call, teardown) over every part, printed at the end
 CPU_TOP_ENV = "FRAY_TEST_CPU_TOP"  # (tests/_cpu_per_test.py: how many of a part's costliest tests it lists)
-CPU_TABLE_ENV = "FRAY_TEST_CPU_TABLE_FD"  # (tests/_cpu_per_test.py: where every test's CPU goes, beside the log)
+CPU_TABLE_ENV = "FRAY_TEST_CPU_TABLE"  # (tests/_cpu_per_test.py: "fd:dev.inode" of the file for every test's CPU)
 # Seconds each part took in a full run on a 2-core machine (two parts at a time); only their order matters.
 WEIGHTS: dict[str, float] = {
     "tests/ray": 680.0,
@@ -200,7 +200,7 @@ def inside(args: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _end_namespace)
     _private_dirs()
-    table = os.environ.get(CPU_TABLE_ENV, "")
+    table = os.environ.get(CPU_TABLE_ENV, "").partition(":")[0]
     child = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=REPO,
@@ -303,7 +303,8 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
     with part.log.open("wb") as out, part.log.with_suffix(".cpu.tsv").open("w") as table:
         if meter is not None:  # (its pytest lists the tests that used the most CPU: tests/_cpu_per_test.py)
             env[CPU_TOP_ENV] = str(SLOWEST)
-            env[CPU_TABLE_ENV] = str(table.fileno())
+            st = os.fstat(table.fileno())
+            env[CPU_TABLE_ENV] = f"{table.fileno()}:{st.st_dev}.{st.st_ino}"
         proc = subprocess.Popen(
             command,
             cwd=REPO,

@@ -262,3 +262,20 @@ def test_the_checkouts_sources_are_compiled_even_where_python_writes_no_bytecode
     tag = sys.implementation.cache_tag
     assert (tmp_path / "lib" / "pkg" / "__pycache__" / f"mod.{tag}.pyc").is_file()
     assert (tmp_path / "tests" / "__pycache__" / f"helper.{tag}.pyc").is_file()
+
+
+def test_a_cpu_table_descriptor_is_used_only_where_it_is_the_file_run_parallel_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytest starts again under the socket guard (tests/conftest.py) and keeps the variable and the descriptor;
+    a pytest that a test starts keeps the variable only, and its descriptor of that number is another file."""
+    import _cpu_per_test
+
+    with (tmp_path / "table").open("w") as table, (tmp_path / "other").open("w") as other:
+        fd, st = table.fileno(), os.fstat(table.fileno())
+        monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{fd}:{st.st_dev}.{st.st_ino}")
+        assert _cpu_per_test._table() == fd
+        monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{other.fileno()}:{st.st_dev}.{st.st_ino}")
+        assert _cpu_per_test._table() is None
+    monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{fd}:{st.st_dev}.{st.st_ino}")  # (closed now)
+    assert _cpu_per_test._table() is None
