@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from run_parallel import CPU_TABLE_ENV, CPU_TOP_ENV, CpuMeter
+from run_parallel import CPU_TOP_ENV, CpuMeter, cpu_table_descriptor
 
 
 class CpuPerTest:
@@ -57,15 +57,4 @@ def register(config: pytest.Config) -> None:
     except (OSError, ValueError, KeyError):
         return
     if not config.pluginmanager.has_plugin("fray-cpu-per-test"):
-        config.pluginmanager.register(CpuPerTest(meter, int(top), _table()), "fray-cpu-per-test")
-
-
-def _table() -> int | None:
-    """The descriptor run_parallel opened for this part's table; None where it is not that file (a pytest that a
-    test starts inherits the variables, not the descriptor, whose number may then be another file's)."""
-    fd, _, ident = os.environ.get(CPU_TABLE_ENV, "").partition(":")
-    try:
-        st = os.fstat(int(fd))
-    except (ValueError, OSError):
-        return None
-    return int(fd) if ident == f"{st.st_dev}.{st.st_ino}" else None
+        config.pluginmanager.register(CpuPerTest(meter, int(top), cpu_table_descriptor()), "fray-cpu-per-test")

@@ -200,11 +200,11 @@ def inside(args: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _end_namespace)
     _private_dirs()
-    table = os.environ.get(CPU_TABLE_ENV, "").partition(":")[0]
+    table = cpu_table_descriptor()
     child = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=REPO,
-        pass_fds=(int(table),) if table.isdigit() else (),
+        pass_fds=() if table is None else (table,),
     )
     while True:
         pid, status = os.waitpid(-1, 0)
@@ -213,6 +213,18 @@ def inside(args: list[str]) -> int:
 
 
 # ------------------------------------------------------------------ CPU time per part
+def cpu_table_descriptor() -> int | None:
+    """The descriptor run_parallel opened for this part's table of every test's CPU; None where this process does
+    not hold that file (a process that a test starts inherits the variable, not the descriptor, whose number may
+    then be another file's or none)."""
+    fd, _, ident = os.environ.get(CPU_TABLE_ENV, "").partition(":")
+    try:
+        st = os.fstat(int(fd))
+    except (ValueError, OSError):
+        return None
+    return int(fd) if ident == f"{st.st_dev}.{st.st_ino}" else None
+
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 

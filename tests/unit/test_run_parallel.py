@@ -269,13 +269,11 @@ def test_a_cpu_table_descriptor_is_used_only_where_it_is_the_file_run_parallel_o
 ) -> None:
     """pytest starts again under the socket guard (tests/conftest.py) and keeps the variable and the descriptor;
     a pytest that a test starts keeps the variable only, and its descriptor of that number is another file."""
-    import _cpu_per_test
-
     with (tmp_path / "table").open("w") as table, (tmp_path / "other").open("w") as other:
         fd, st = table.fileno(), os.fstat(table.fileno())
         monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{fd}:{st.st_dev}.{st.st_ino}")
-        assert _cpu_per_test._table() == fd
+        assert run_parallel.cpu_table_descriptor() == fd
         monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{other.fileno()}:{st.st_dev}.{st.st_ino}")
-        assert _cpu_per_test._table() is None
+        assert run_parallel.cpu_table_descriptor() is None
     monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{fd}:{st.st_dev}.{st.st_ino}")  # (closed now)
-    assert _cpu_per_test._table() is None
+    assert run_parallel.cpu_table_descriptor() is None
