@@ -56,5 +56,4 @@ def register(config: pytest.Config) -> None:
         meter.seconds()
     except (OSError, ValueError, KeyError):
         return
-    if not config.pluginmanager.has_plugin("fray-cpu-per-test"):
-        config.pluginmanager.register(CpuPerTest(meter, int(top), cpu_table_descriptor()), "fray-cpu-per-test")
+    config.pluginmanager.register(CpuPerTest(meter, int(top), cpu_table_descriptor()), "fray-cpu-per-test")

@@ -213,16 +213,22 @@ def inside(args: list[str]) -> int:
 
 
 # ------------------------------------------------------------------ CPU time per part
+def cpu_table_variable(fd: int) -> str:
+    """CPU_TABLE_ENV's value for the table open as `fd`: its number, and the file it is (read back below)."""
+    st = os.fstat(fd)
+    return f"{fd}:{st.st_dev}.{st.st_ino}"
+
+
 def cpu_table_descriptor() -> int | None:
     """The descriptor run_parallel opened for this part's table of every test's CPU; None where this process does
     not hold that file (a process that a test starts inherits the variable, not the descriptor, whose number may
     then be another file's or none)."""
-    fd, _, ident = os.environ.get(CPU_TABLE_ENV, "").partition(":")
+    value = os.environ.get(CPU_TABLE_ENV, "")
     try:
-        st = os.fstat(int(fd))
+        fd = int(value.partition(":")[0])
+        return fd if cpu_table_variable(fd) == value else None
     except (ValueError, OSError):
         return None
-    return int(fd) if ident == f"{st.st_dev}.{st.st_ino}" else None
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -315,8 +321,7 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
     with part.log.open("wb") as out, part.log.with_suffix(".cpu.tsv").open("w") as table:
         if meter is not None:  # (its pytest lists the tests that used the most CPU: tests/_cpu_per_test.py)
             env[CPU_TOP_ENV] = str(SLOWEST)
-            st = os.fstat(table.fileno())
-            env[CPU_TABLE_ENV] = f"{table.fileno()}:{st.st_dev}.{st.st_ino}"
+            env[CPU_TABLE_ENV] = cpu_table_variable(table.fileno())
         proc = subprocess.Popen(
             command,
             cwd=REPO,

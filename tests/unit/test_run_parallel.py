@@ -271,6 +271,7 @@ def test_a_cpu_table_descriptor_is_used_only_where_it_is_the_file_run_parallel_o
     a pytest that a test starts keeps the variable only, and its descriptor of that number is another file."""
     with (tmp_path / "table").open("w") as table, (tmp_path / "other").open("w") as other:
         fd, st = table.fileno(), os.fstat(table.fileno())
+        assert run_parallel.cpu_table_variable(fd) == f"{fd}:{st.st_dev}.{st.st_ino}"
         monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{fd}:{st.st_dev}.{st.st_ino}")
         assert run_parallel.cpu_table_descriptor() == fd
         monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{other.fileno()}:{st.st_dev}.{st.st_ino}")
