@@ -40,6 +40,8 @@ class ActorRec:
     group: Any = None  # the GroupRec of a group member (group_rec.py)
     slot: tuple[int, int] | None = None  # (block, flat index) in its group's mesh; None once on a process of its own
     inflight: set[str] = field(default_factory=set)  # its calls sent by group broadcast, not answered yet
+    calls: dict[str, Any] = field(default_factory=dict)  # id -> Entry: its calls sent to it alone, not answered yet
+    streams: dict[str, tuple[Any, int]] = field(default_factory=dict)  # open streams: id -> (StreamRec, restarts)
 
     @property
     def can_restart(self) -> bool:

@@ -38,11 +38,15 @@ from fray_monarch.driver.actor_holds import ActorHolds
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.driver.ids import Ids
+from fray_monarch.driver.orphaned_calls import fail_after_grace, stream_failure
 from fray_monarch.driver.proc_rec import Proc, local_part
 from fray_monarch.driver.processes import ProcessPool, ignore
 from fray_monarch.driver.streaming import StreamRec, StreamRegistry
 
 FrayActorHost = actor_host()  # fray_monarch.workers.hosts.FrayActorHost, by name (core/actor_classes.py)
+# Seconds get reads a reply straight from its Monarch future before it waits on the call's entry, which the death of
+# the actor's process can complete too (orphaned_calls.py); longer calls cost one more hop through fray's loop.
+FIRST_READ = 0.05
 
 
 class ActorRegistry:
@@ -75,15 +79,19 @@ class ActorRegistry:
     # ------------------------------------------------------------ replies
     def reply(self, entry: Entry, reply: Any, exc: BaseException | None) -> None:
         """An actor's answer to a call (or the failure of the call: its process died) completes its entry."""
+        rec = entry.actor
         if exc is None and type(reply) is tuple:  # a plain ok reply (most of them): nothing to check in it
             with self.lock:
+                if rec is not None:
+                    rec.calls.pop(entry.id, None)
                 self.directory.complete(entry, Inline(reply[0]), None)
             return
         reply = expand(reply)  # (compacted, or None: the process died)
         with self.lock:
+            if rec is not None:
+                rec.calls.pop(entry.id, None)
             if entry.outcome.done():
                 return
-            rec = entry.actor
             if exc is not None or reply is None:
                 # The process died during the call. Restarting (or restarted already: the death may have been
                 # handled first, counting the restart) -> unavailable; no restart left -> dead.
@@ -140,14 +148,14 @@ class ActorRegistry:
 
     def resolve(self, entry: Entry, timeout: float | None) -> bool:
         """Wait for entry (not under the lock); False if `timeout` passed first. A reply not read yet is read
-        directly from its Monarch future (the fast path of an actor round trip)."""
+        directly from its Monarch future for up to FIRST_READ (the fast path of an actor round trip)."""
         fut = entry.future
         if fut is not None and not entry.outcome.done():
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                reply = fut.get(timeout=timeout)
-            except TimeoutError:
-                return False
+                reply = fut.get(timeout=FIRST_READ if timeout is None else min(timeout, FIRST_READ))
+            except TimeoutError:  # from now on its reply, or fray's sight of its process's death, completes it
+                self.directory.awaited([entry])
             except Exception as exc:
                 self.reply(entry, None, exc)
             else:
@@ -271,6 +279,7 @@ class ActorRegistry:
             rec = self.by_id[aid]
             if rec.state == ActorState.DEAD:
                 continue  # (its SPMD group died with another member, just now)
+            fail_after_grace(rec, reason, self.directory.awaited, self.reply, self._stream_reply)
             if rec.group is not None and rec.group.distributed and self.gang_died is not None:
                 self.gang_died(rec, f"its process crashed: {reason}", True)  # the whole group fails with it
             elif rec.can_restart:
@@ -359,6 +368,7 @@ class ActorRegistry:
             entry.actor_restarts = rec.restarts
             entry.future = rec.mesh.call.call_one((entry.id, method, data))  # (a PlainCall: see workers/hosts.py)
             entry.watch = self._watch
+            rec.calls[entry.id] = entry
             return payload
 
     def send_one(self, rec: ActorRec, entry: Entry, method: str, args: WireValue, deps: list[str]) -> None:
@@ -370,6 +380,7 @@ class ActorRegistry:
         if group is None or not group.distributed:
             entry.future = fut
             entry.watch = self._watch
+            rec.calls[entry.id] = entry
             return
         group.calls[entry.id] = entry
 
@@ -391,6 +402,7 @@ class ActorRegistry:
                 return sid
             rec.keep = keep
             fut = actor.mesh.call_stream.call_one(sid, method, args, deps)
+            actor.streams[sid] = (rec, actor.restarts)
         runtime.on_done(fut, partial(self._stream_reply, rec, actor, actor.restarts))
         return sid
 
@@ -399,19 +411,11 @@ class ActorRegistry:
     ) -> None:
         """The actor's answer to the stream call: only its failure matters (items and the end come through the
         report FIFO); a process that died mid-stream ends the stream with the actor's error."""
-        if exc is None:
-            return
         with self.lock:
-            if rec.ended:
+            actor.streams.pop(rec.id, None)
+            if exc is None or rec.ended:
                 return
-            restarted = actor.restarts > restarts  # (restarts: how many it had made when the call was sent)
-            if not restarted and (actor.state == ActorState.DEAD or not actor.can_restart):
-                error: Exception = ActorDiedError(f"actor {actor.label} died: {actor.reason or 'its process crashed'}")
-            else:
-                error = ActorUnavailableError(
-                    f"actor {actor.label}: its process crashed during this stream; it is restarting"
-                )
-            self.streams.end(rec, error)
+            self.streams.end(rec, stream_failure(actor, restarts))  # (restarts: the actor's when it began)
 
     def info(self, name: str) -> ActorDesc:
         with self.lock:
