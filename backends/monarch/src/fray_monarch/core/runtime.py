@@ -20,7 +20,10 @@ from fray_monarch.net import tls  # imports no Monarch
 
 # Defaults only: a user who sets these keeps their value.
 os.environ.setdefault("MONARCH_FILE_LOG", "error")  # the internal log file otherwise grows forever
-os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "200ms")  # crash detection in ~0.2 s, not 10 s
+# Monarch's supervision poll (its default 10 s) is a backstop: fray sees a worker process end through a pidfd here
+# and its lifeline from another host, and fails what was pending on it then (driver/orphaned_calls.py). Every poll
+# asks every process about every actor, so its frequency is what an idle context costs in CPU.
+os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "1s")
 os.environ.setdefault("RUST_LOG", "error")
 # HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE keeps Monarch's default (30 s): a process whose agent is silent that long
 # is reported crashed, and a shorter bound took live processes for dead (paused, or slow on a loaded machine).
