@@ -101,3 +101,14 @@ def test_executors_bench_runs_quick() -> None:
     out = run_bench(str(BENCH / "bench_executors.py"), "--quick")
     assert "executor.map" in out and "ctx.map" in out
     assert "ThreadPoolExecutor" in out and "driver RSS growth" in out
+
+
+def test_idle_bench_runs_quick() -> None:
+    """fray-monarch beside raw Monarch (and in_memory), each in a process of its own; Ray's pair is left to `make
+    bench` (two more Ray starts for a smoke run)."""
+    if "monarch" not in fray.available_backends():
+        pytest.skip("monarch is not installed")
+    out = run_bench(str(BENCH / "bench_idle.py"), "--quick", "--systems", "fray-in_memory,fray-monarch,monarch")
+    assert "Idle context, 2 live actors" in out
+    rows = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert {"fray-in_memory", "fray-monarch", "monarch"} <= rows, out
