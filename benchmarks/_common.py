@@ -6,6 +6,8 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 
 def percentile(samples: list[float], pct: float) -> float:
@@ -65,6 +67,20 @@ def report(title: str, rows: list[tuple[str, str, float, float]]) -> None:
     for name, unit, fray_value, raw_value in rows:
         ratio = fray_value / raw_value if raw_value else float("nan")
         print(f"{name:44} {fray_value:>12.1f}{unit:>2} {raw_value:>12.1f}{unit:>2} {ratio:>9.2f}")
+
+
+def run_child(argv: list[str], env: dict[str, str] | None = None) -> Any:
+    """Run `argv` (this benchmark in a fresh process of its own) with `--json PATH` added, PATH in a private
+    temporary directory, and return the JSON it wrote there; None if it failed (its output says why)."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fray-bench-") as scratch:  # (0700: no other user's file is read)
+        out = Path(scratch) / "result.json"
+        if subprocess.run([*argv, "--json", str(out)], env=env, check=False).returncode != 0 or not out.exists():
+            return None
+        return json.loads(out.read_text())
 
 
 def under_socket_guard() -> None:

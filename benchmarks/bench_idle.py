@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import percentile, under_socket_guard
+from _common import percentile, run_child, under_socket_guard
 
 SYSTEMS = ("fray-in_memory", "fray-ray", "ray", "fray-monarch", "monarch")
 SETTLE = 3.0  # seconds between the actors' first answers and the first window (--quick: 1)
@@ -88,8 +87,7 @@ def monarch_actors(count: int) -> Callable[[], None]:
             return os.getpid()
 
     procs = this_host().spawn_procs(per_host={"procs": 2})
-    waiters = procs.spawn("waiters", RawWaiter)  # one actor on each process
-    meshes = [waiters] + [procs.spawn(f"waiters{i}", RawWaiter) for i in range(1, max(1, count // 2))]
+    meshes = [procs.spawn(f"waiters{i}", RawWaiter) for i in range(max(1, count // 2))]  # one actor a process each
     for mesh in meshes:
         mesh.ping.call().get()
     return lambda: procs.stop().get()
@@ -115,32 +113,19 @@ def measure(system: str, actors: int, window: float, repeats: int, settle: float
         stop()
 
 
-def installed(system: str) -> bool:
-    engine = system.removeprefix("fray-")
-    if engine == "in_memory":
-        return True
-    try:
-        __import__(engine)
-        __import__(f"fray_{engine}")
-    except ImportError:
-        return False
-    return True
-
-
 def run_each(opts: argparse.Namespace, systems: list[str]) -> dict[str, list[float]]:
     """Every system in a fresh process of its own: its samples, by name."""
     results: dict[str, list[float]] = {}
     for system in systems:
-        out = Path(f"/tmp/bench_idle.{os.getpid()}.{system}.json")
         env = dict(os.environ)
         if system == "monarch":
             env["HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"] = MONARCH_DEFAULT_POLL
-        argv = [sys.executable, __file__, "--system", system, "--json", str(out)]
+        argv = [sys.executable, __file__, "--system", system]
         argv += ["--actors", str(opts.actors), "--window", str(opts.window), "--repeats", str(opts.repeats)]
         argv += ["--quick"] if opts.quick else []
-        if subprocess.run(argv, env=env, check=False).returncode == 0 and out.exists():
-            results[system] = json.loads(out.read_text())
-            out.unlink()
+        samples = run_child(argv, env)
+        if samples is not None:
+            results[system] = samples
         else:
             print(f"{system}: failed (see above)", file=sys.stderr)
     return results
@@ -180,7 +165,9 @@ def main() -> None:
     unknown = sorted(set(chosen) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown system(s) {unknown}: choose from {', '.join(SYSTEMS)}")
-    systems = [s for s in chosen if installed(s)]
+    import fray
+
+    systems = [s for s in chosen if s.removeprefix("fray-") in fray.available_backends()]
     results = run_each(opts, systems)
     report(opts, results)
     if len(results) < len(systems):

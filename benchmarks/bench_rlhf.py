@@ -33,7 +33,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import memcpy_seconds, percentile, under_socket_guard
+from _common import memcpy_seconds, percentile, run_child, under_socket_guard
 
 MiB = 1 << 20
 TIMEOUT = 600.0
@@ -334,11 +333,9 @@ def main() -> None:
 
     runs = []
     for backend in [b for b in SPECS if b in fray.available_backends()]:
-        out = Path(f"/tmp/bench_rlhf.{os.getpid()}.{backend}.json")
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--backend", backend, "--json", str(out)]
-        if subprocess.run(cmd, check=False).returncode == 0 and out.exists():
-            runs.append(json.loads(out.read_text()))
-            out.unlink()
+        run = run_child([sys.executable, __file__, *sys.argv[1:], "--backend", backend])
+        if run is not None:
+            runs.append(run)
         else:
             print(f"{backend}: failed (see above)", file=sys.stderr)
     report(opts, runs)
