@@ -22,6 +22,10 @@ from fray_ray._head import job_client
 
 
 def _head(monkeypatch: pytest.MonkeyPatch, mode: str | None) -> Iterator[str]:
+    # A user token exists, as on any machine where fray started a Ray: the heads below each have their own, so
+    # whether another test of the run made the user's first is a matter of timing.
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    _auth.own_cluster_mode()
     if mode is None:
         monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     else:
