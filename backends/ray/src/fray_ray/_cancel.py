@@ -3,12 +3,16 @@
 Two Ray 2.60 bugs abort the DRIVER process:
 - cancelling a task while it waits for its ObjectRef arguments, when those arguments arrive afterwards
   (reference_counter.cc "Check failed: submitted_task_ref_count > 0");
-- cancelling a task whose result is there but whose completion Ray has not processed yet (task_manager.cc
-  "Tried to complete task that was not pending").
-So a task that has finished is never cancelled (its result stays), and a task whose arguments may not be ready
-is marked cancelled in fray at once (get raises TaskCancelledError, wait counts it done) and Ray is told only
-once its arguments are ready, by one thread per context (`CancelTracker`), never one per cancelled ref. A
-stream's producer is cancelled the same way when the stream is closed (fray_ray._streams).
+- cancelling a task whose worker has replied but whose completion Ray's io thread has not processed yet
+  (task_manager.cc "Tried to complete task that was not pending"). No check from Python closes that window (the
+  result is not visible until the completion is processed), and it is hit whenever a cancel meets tasks that
+  finish together: take the first of eight like tasks and cancel the rest, or a map that ends at a failed item.
+So a task that has finished is never cancelled (its result stays), and any other cancelled task is marked
+cancelled in fray at once (get raises TaskCancelledError, wait counts it done) while Ray is told later, by one
+thread per context (`CancelTracker`), never one per cancelled ref: once the task's arguments are ready (plus a
+moment for Ray's resolver), and never sooner than _COMPLETION_GRACE after the cancel, and only if the task has
+not finished by then (a completion under way when fray's cancel came is processed by then). A stream's producer
+is cancelled the same way when the stream is closed (fray_ray._streams).
 
 Holding a ray.ObjectRef pins its object in the store, so the arguments kept are only those that may be pending
 (not refs made by put here, which are ready at once) and only while they might matter: an entry goes when the
@@ -35,6 +39,7 @@ __all__ = ["CancelTracker", "cancel_unless_finished", "finished"]
 
 _PRUNE_MIN = 16  # pending-argument entries kept before the first prune (then twice what survived one)
 _RESOLVER_GRACE = 0.2  # seconds Ray's dependency resolver gets with a task once its arguments are ready
+_COMPLETION_GRACE = 0.2  # seconds a cancelled task is left to finish before Ray is told (a completion under way)
 _POLL = 1.0  # seconds one wait of the deferred-cancel thread takes before it looks for new entries
 
 
@@ -65,6 +70,7 @@ class _Deferred:
     target: Any
     done: Any
     pending: list[Any]
+    not_before: float
     due: float | None = None
 
 
@@ -126,32 +132,33 @@ class CancelTracker:
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, ref: ObjectRef) -> None:
-        """Cancel the task (or actor call) behind ref: now, or once its arguments are ready (marked cancelled in
-        fray meanwhile)."""
+        """Cancel the task (or actor call) behind ref unless it has finished: marked cancelled in fray now, Ray told
+        by the deferred-cancel thread."""
         payload = ref.payload
         with self._lock:
             deps = self.deps.pop(ref, None)
-        pending = _not_ready(deps) if deps else None
-        if pending:
-            self.cancelled.add(payload.binary())
-            self._defer(payload, payload, pending)
+        if finished(payload):
             return
-        cancel_unless_finished(payload, payload)
+        self.cancelled.add(payload.binary())
+        self._defer(payload, payload, _not_ready(deps) if deps else [])
 
     def cancel_stream(self, generator: Any, deps: list[Any]) -> None:
         """Cancel a generator task (a closed stream's producer) unless it has finished, or once the task's Ray
         ref arguments `deps` are ready. Nothing once the context is shut down."""
         if self._stopped():
             return
-        pending = _not_ready(deps) if deps else None
-        if pending:
-            self._defer(generator, generator.completed(), pending)
+        done = generator.completed()
+        if finished(done):
             return
-        cancel_unless_finished(generator, generator.completed())
+        self._defer(generator, done, _not_ready(deps) if deps else [])
 
     def _defer(self, target: Any, done: Any, pending: list[Any]) -> None:
+        """Cancel `target` once `pending` (its arguments) are ready, at the earliest _COMPLETION_GRACE from now."""
+        entry = _Deferred(target, done, pending, not_before=time.monotonic() + _COMPLETION_GRACE)
+        if not pending:
+            entry.due = entry.not_before
         with self._lock:
-            self._deferred.append(_Deferred(target, done, pending))
+            self._deferred.append(entry)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fray-ray-cancel", daemon=True)
                 self._thread.start()
@@ -192,7 +199,7 @@ class CancelTracker:
                         if entry.pending:
                             entry.pending = [dep for dep in entry.pending if dep not in ready]
                             if not entry.pending:
-                                entry.due = now + _RESOLVER_GRACE
+                                entry.due = max(now + _RESOLVER_GRACE, entry.not_before)
         except Exception:  # Ray went away meanwhile (the context shut down): nothing left to cancel
             with self._lock:
                 self._deferred = []
