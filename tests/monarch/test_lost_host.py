@@ -26,7 +26,7 @@ HERE = Path(__file__).parent
 DRIVER = HERE.parent / "_lost_host_driver.py"
 JOB_DRIVER = HERE.parent / "_lost_rank_job_driver.py"
 PLAIN_DRIVER = HERE.parent / "_lost_host_plain_driver.py"
-SHUTDOWN_WITHIN = 20.0  # seconds a driver's cluster.shutdown() may take after one of its hosts was lost
+SHUTDOWN_WITHIN = 15.0  # seconds a driver's shutdown may take after one of its hosts was lost (~1 s unloaded)
 PY = sys.executable
 
 
@@ -120,7 +120,10 @@ def _run(
         driver.stdin.write("go\n")
         driver.stdin.flush()
         after = _line(driver.stdout, "AFTER", log)
+        ended = time.monotonic()
         driver.wait(timeout=120)
+        # its shutdown does not wait on processes of the lost hosts (a stop there is never answered: it waited 20 s)
+        assert time.monotonic() - ended < SHUTDOWN_WITHIN, f"the driver took {time.monotonic() - ended:.1f} s"
     return before, after, left
 
 

@@ -372,12 +372,14 @@ class ProcessPool:
 
     # ------------------------------------------------------------ the end
     def close(self) -> list[Proc]:
-        """Under the lock: spawn nothing, report no death from now on; the processes to stop."""
+        """Under the lock: spawn nothing, report no death from now on; the processes to stop. Those on a host
+        known lost are left out: nothing there answers a stop, which would then take all of STOP_TIMEOUT (a
+        process being spawned there when its host went is still listed)."""
         self.closed = True
         procs = list(self.procs)
         for proc in procs:
             proc.alive = False
-        return procs
+        return [p for p in procs if p.host not in self.lost_hosts]
 
     @staticmethod
     def stop(procs: list[Proc], timeout: float | None = None) -> None:
