@@ -49,7 +49,6 @@ def test_a_bad_parallel_count_is_refused_naming_the_fix(monkeypatch: pytest.Monk
         run_parallel.parallel_count()
 
 
-
 def test_by_default_one_more_part_runs_than_there_are_cores_at_most_three(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FRAY_TEST_PARALLEL", raising=False)
     for cores, parallel in ((1, 2), (2, 3), (16, 3)):
@@ -57,6 +56,7 @@ def test_by_default_one_more_part_runs_than_there_are_cores_at_most_three(monkey
         assert run_parallel.parallel_count() == parallel
     monkeypatch.setenv("FRAY_TEST_PARALLEL", "1")
     assert run_parallel.parallel_count() == 1
+
 
 LEAVES_THINGS = textwrap.dedent(
     """
