@@ -137,6 +137,16 @@ def test_cancelling_tasks_that_finish_together_does_not_crash_the_driver(tmp_pat
     )
 
 
+def test_a_cancelled_refs_mark_goes_with_the_ref(ctx: RayJobContext) -> None:
+    ref = ctx.create_task(sleep_then, args=(1.0, 7))
+    key = ref.payload.binary()
+    ctx.cancel(ref)
+    assert key in ctx._cancels.cancelled  # (get raises TaskCancelledError before Ray is told)
+    del ref
+    gc.collect()
+    assert key not in ctx._cancels.cancelled  # a driver that cancels often does not grow
+
+
 def test_deferred_cancels_share_one_thread(ctx: RayJobContext) -> None:
     blocker = ctx.create_task(sleep_then, args=(2.0, 7))
     waiting = [ctx.create_task(identity, args=(blocker,)) for _ in range(20)]

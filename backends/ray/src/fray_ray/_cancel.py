@@ -86,7 +86,7 @@ class CancelTracker:
         # outlives the task's ref. puts: refs made by put here (always ready, never kept).
         self.deps: weakref.WeakKeyDictionary[ObjectRef, list[Any]] = weakref.WeakKeyDictionary()
         self.puts: weakref.WeakSet[ObjectRef] = weakref.WeakSet()
-        self.cancelled: set[bytes] = set()  # Ray ids of refs cancelled by fray, Ray not told yet (or just told)
+        self.cancelled: set[bytes] = set()  # Ray ids of the refs cancelled by fray (an entry goes with its ref)
         self._prune_at = _PRUNE_MIN
         self._lock = threading.Lock()
         self._deferred: list[_Deferred] = []
@@ -139,7 +139,9 @@ class CancelTracker:
             deps = self.deps.pop(ref, None)
         if finished(payload):
             return
-        self.cancelled.add(payload.binary())
+        key = payload.binary()
+        self.cancelled.add(key)
+        weakref.finalize(ref, self.cancelled.discard, key)
         self._defer(payload, payload, _not_ready(deps) if deps else [])
 
     def cancel_stream(self, generator: Any, deps: list[Any]) -> None:
