@@ -2,10 +2,10 @@
 after another).
 
 The tests are cut into parts: each directory of tests/, each test file at its top, and the conformance suite once
-per installed backend. PARALLEL parts run at a time (FRAY_TEST_PARALLEL, default: one more than the machine's
-cores, at most 3: a part spends about a sixth of its time waiting on engines, timeouts and subprocesses, and the
-extra part keeps the cores busy meanwhile), the longest first (WEIGHTS: seconds measured on a 2-core machine; a
-part not listed counts as DEFAULT_WEIGHT).
+per installed backend. PARALLEL parts run at a time (FRAY_TEST_PARALLEL, default: the machine's cores, at most 3;
+one part more than the cores is faster, but its load failed a Ray cluster's start in a timing case: see
+.agents/test-speed.md), the longest first (WEIGHTS: seconds measured on a 2-core machine; a part not listed counts
+as DEFAULT_WEIGHT).
 
 Many tests look at what the whole machine holds (every process of the user, /dev/shm, /tmp, the user's fray
 state directory) to prove that nothing was left behind. Two parts running at once would see each other's work
@@ -124,7 +124,7 @@ def parallel_count() -> int:
         if count < 1:
             raise SystemExit(f"run_parallel: FRAY_TEST_PARALLEL={raw!r}: give 1 or more")
         return count
-    return max(1, min(MAX_PARALLEL, (os.cpu_count() or 1) + 1))
+    return max(1, min(MAX_PARALLEL, os.cpu_count() or 1))
 
 
 def isolation_available() -> str:

@@ -49,13 +49,13 @@ def test_a_bad_parallel_count_is_refused_naming_the_fix(monkeypatch: pytest.Monk
         run_parallel.parallel_count()
 
 
-def test_by_default_one_more_part_runs_than_there_are_cores_at_most_three(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_by_default_as_many_parts_run_as_there_are_cores_at_most_three(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FRAY_TEST_PARALLEL", raising=False)
-    for cores, parallel in ((1, 2), (2, 3), (16, 3)):
+    for cores, parallel in ((1, 1), (2, 2), (16, 3)):
         monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
         assert run_parallel.parallel_count() == parallel
-    monkeypatch.setenv("FRAY_TEST_PARALLEL", "1")
-    assert run_parallel.parallel_count() == 1
+    monkeypatch.setenv("FRAY_TEST_PARALLEL", "3")
+    assert run_parallel.parallel_count() == 3
 
 
 LEAVES_THINGS = textwrap.dedent(
