@@ -145,8 +145,8 @@ class CancelTracker:
         self._defer(payload, payload, _not_ready(deps) if deps else [])
 
     def cancel_stream(self, generator: Any, deps: list[Any]) -> None:
-        """Cancel a generator task (a closed stream's producer) unless it has finished, or once the task's Ray
-        ref arguments `deps` are ready. Nothing once the context is shut down."""
+        """Cancel a generator task (a closed stream's producer) unless it has finished, as `cancel` does (its Ray
+        ref arguments `deps` ready first). Nothing once the context is shut down."""
         if self._stopped():
             return
         done = generator.completed()
