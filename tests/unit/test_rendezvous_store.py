@@ -38,6 +38,38 @@ RANK_WITHOUT_TORCH = textwrap.dedent(
 )
 
 
+# A store still being made in torch's C++ when the process ends (here: made, then waiting 1 s for a key no one
+# sets), while the interpreter is still finalizing (a slow __del__ of a module's object) when the making returns.
+EXIT_WHILE_MAKING = textwrap.dedent(
+    """
+    import socket, sys, time, types
+    from datetime import timedelta
+    from fray.runtime.rendezvous import LazyStore
+
+    class SlowToMake(LazyStore):
+        def _make_store(self):
+            store = super()._make_store()
+            try:
+                store.wait(["never set"], timedelta(seconds=1))  # (in torch's C++, the GIL let go)
+            except Exception:
+                pass
+            return store
+
+    class SlowToFinalize:
+        def __del__(self, sleep=time.sleep):
+            sleep(1.5)
+
+    sys.modules["slow_to_finalize"] = types.ModuleType("slow_to_finalize")
+    sys.modules["slow_to_finalize"].it = SlowToFinalize()  # (a module's dict is cleared as the process ends)
+    import torch.distributed
+    store = SlowToMake("127.0.0.1", 0, 1)
+    rank = socket.create_connection(("127.0.0.1", store.port))  # a rank connects: the store is being made
+    time.sleep(0.5)
+    print("EXITING", flush=True)
+    """
+)
+
+
 def test_rank_zero_serves_its_groups_store_without_loading_torch_until_a_rank_connects() -> None:
     env = {
         **os.environ,
@@ -51,6 +83,12 @@ def test_rank_zero_serves_its_groups_store_without_loading_torch_until_a_rank_co
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "LOADED_BEFORE False" in done.stdout, f"torch loaded before a rank connected: {done.stdout}"
     assert "READ value" in done.stdout  # the store, made once the rank (this same process) connected, serves
+
+
+def test_a_process_that_ends_while_its_store_is_being_made_ends_cleanly() -> None:
+    done = subprocess.run([sys.executable, "-c", EXIT_WHILE_MAKING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]  # (not SIGABRT from torch's C++)
+    assert "EXITING" in done.stdout
 
 
 def test_a_jobs_supervisor_does_not_load_torch_for_ranks_that_never_rendezvous() -> None:

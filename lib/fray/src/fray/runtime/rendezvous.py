@@ -18,11 +18,14 @@ Where torch is not installed nothing is served (nothing there can rendezvous). A
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import select
 import socket
 import threading
+import time
+import weakref
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -34,8 +37,10 @@ __all__ = ["AGENT_STORE_ENV", "LazyStore", "serve_job_store", "serve_store", "se
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 log = logging.getLogger("fray")
 STORE_TIMEOUT = timedelta(minutes=30)  # torch's default for a process group's store operations
+EXIT_WAIT = 20.0  # seconds the process's end waits for a store being made (torch's import included)
 
 _served: list[LazyStore] = []  # kept for the life of the process
+_live: weakref.WeakSet[LazyStore] = weakref.WeakSet()
 
 
 def serve_store(env: Mapping[str, str]) -> None:
@@ -66,7 +71,9 @@ class LazyStore:
         self.listener = socket.create_server((addr, port), family=family, backlog=max(128, size))
         self.size = size
         self._store: Any = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # (held while the store is made)
+        self._exiting = False
+        _live.add(self)
         threading.Thread(target=self._serve_when_called, name="fray-rendezvous-store", daemon=True).start()
 
     @property
@@ -77,20 +84,32 @@ class LazyStore:
         """torch's TCPStore serving this socket (made now if no rank has connected yet)."""
         with self._lock:
             if self._store is None:
-                from torch.distributed import TCPStore  # type: ignore[attr-defined]  # (re-exported from torch._C)
-
-                addr, port = self.listener.getsockname()[:2]
-                self._store = TCPStore(
-                    addr,
-                    port,
-                    self.size,
-                    True,
-                    timeout=STORE_TIMEOUT,
-                    wait_for_workers=False,
-                    multi_tenant=True,
-                    master_listen_fd=self.listener.fileno(),
-                )
+                if self._exiting:
+                    raise FrayError("this process is ending: it serves no rendezvous store any more")
+                self._store = self._make_store()
             return self._store
+
+    def finish_making(self, deadline: float) -> None:
+        """As the process ends: waits (until time.monotonic() `deadline`) for a store being made, and makes none
+        after. A daemon thread still in torch's C++ when the interpreter finalizes would abort the process."""
+        if self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._exiting = True
+            self._lock.release()
+
+    def _make_store(self) -> Any:
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # (re-exported from torch._C)
+
+        addr, port = self.listener.getsockname()[:2]
+        return TCPStore(
+            addr,
+            port,
+            self.size,
+            True,
+            timeout=STORE_TIMEOUT,
+            wait_for_workers=False,
+            multi_tenant=True,
+            master_listen_fd=self.listener.fileno(),
+        )
 
     def _serve_when_called(self) -> None:
         # Lives with the process, as the store it makes does: it waits for a connection without taking it (the
@@ -101,8 +120,17 @@ class LazyStore:
         try:
             self.store()
         except Exception:  # the ranks then fail by their own rendezvous timeout; this says why
+            if self._exiting:
+                return  # (the process is ending: no rank is served any more)
             addr, port = self.listener.getsockname()[:2]
             log.exception("fray could not serve the rendezvous store on %s port %s", addr, port)
+
+
+@atexit.register
+def _finish_making_stores() -> None:
+    deadline = time.monotonic() + EXIT_WAIT
+    for store in list(_live):
+        store.finish_making(deadline)
 
 
 def serve_job_store(addr: str, size: int) -> LazyStore | None:
