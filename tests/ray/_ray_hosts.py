@@ -36,6 +36,7 @@ OBJECT_STORE = 100_000_000
 # cluster that is going away whole, and it held `ray start` and its GCS past any reasonable grace.
 NO_DRAIN = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 STARTED = b"Ray runtime started."
+GAVE_UP = b"timed out during startup"  # `ray start`: its raylet did not register in Ray's fixed 30 s
 
 _PROBE = """
 import json, sys, time
@@ -84,13 +85,21 @@ def cluster_env(base: Path) -> dict[str, str]:
 
 
 def start_node(
-    host: Host, base: Path, env: dict[str, str], resources: dict[str, float], head: Host | None, dashboard: bool = False
+    host: Host,
+    base: Path,
+    env: dict[str, str],
+    resources: dict[str, float],
+    head: Host | None,
+    dashboard: bool = False,
+    attempt: int = 1,
 ) -> RayNode:
     """`ray start --block` in `host`: the head when `head` is None, else a worker node joining `head`'s GCS. A head
-    with `dashboard` serves Ray's job API (what fray's Ray cluster context submits jobs to) at DASHBOARD_PORT."""
-    temp_dir = base / f"h{host.index}"  # short: Ray's unix socket paths live under it (at most 107 bytes)
+    with `dashboard` serves Ray's job API (what fray's Ray cluster context submits jobs to) at DASHBOARD_PORT.
+    A later `attempt` on the same host gets a temp dir and an output file of its own."""
+    name = f"{host.index}" if attempt == 1 else f"{host.index}-{attempt}"
+    temp_dir = base / f"h{name}"  # short: Ray's unix socket paths live under it (at most 107 bytes)
     temp_dir.mkdir()
-    output = base / f"ray-start-{host.index}.out"
+    output = base / f"ray-start-{name}.out"
     args = [RAY, "start", "--block", f"--node-ip-address={host.address}", "--num-cpus=1"]
     args += [f"--resources={json.dumps(resources)}", f"--object-store-memory={OBJECT_STORE}"]
     args += ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
@@ -161,9 +170,31 @@ def running_cluster(
         wait_started(nodes, deadline)  # (a worker node best starts once its head has: it finds the GCS at once)
         for host in hosts[1:]:
             nodes.append(start_node(host, base, env, worker_resources, head=hosts[0]))
-        yield nodes, wait_for_nodes(nodes, env, deadline)
+        gave_up = _worker_starts_given_up(nodes, deadline)
+        for i in gave_up:  # once more, as fray does for a head of its own (fray_ray._head)
+            stop_nodes([nodes[i]])  # (what it left, a late raylet included, must not join as a node of its own)
+            nodes.append(nodes[i])  # (reaped with the others at the end)
+            nodes[i] = start_node(hosts[i], base, env, worker_resources, head=hosts[0], attempt=2)
+        live = [node for i, node in enumerate(nodes) if i < len(hosts)]
+        yield live, wait_for_nodes(live, env, deadline)
     finally:
         stop_nodes(nodes)
+
+
+def _worker_starts_given_up(nodes: list[RayNode], deadline: float) -> list[int]:
+    """The indexes of the worker nodes whose `ray start` gave up (as on a loaded machine) once every other node
+    has started; AssertionError as wait_started's for any other end."""
+    try:
+        wait_started(nodes, deadline)
+        return []
+    except AssertionError:
+        ended = [i for i, node in enumerate(nodes) if node.proc.poll() is not None]
+        gave_up = [i for i in ended if i > 0 and GAVE_UP in nodes[i].output.read_bytes()]
+        if gave_up != ended:
+            raise
+        others = [node for i, node in enumerate(nodes) if i not in gave_up]
+        wait_started(others, deadline)
+        return gave_up
 
 
 def stop_nodes(nodes: list[RayNode]) -> None:
