@@ -11,7 +11,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from run_parallel import CPU_TOP_ENV, CpuMeter, cpu_table_descriptor
+from _part_cpu import CpuMeter, cpu_table_descriptor
+from run_parallel import CPU_TOP_ENV
 
 
 class CpuPerTest:

@@ -2,10 +2,11 @@
 after another).
 
 The tests are cut into parts: each directory of tests/, each test file at its top, and the conformance suite once
-per installed backend. PARALLEL parts run at a time (FRAY_TEST_PARALLEL, default: the machine's cores, at most 3;
-one part more than the cores is faster, but its load failed a Ray cluster's start in a timing case: see
-.agents/test-speed.md), the longest first (WEIGHTS: seconds measured on a 2-core machine; a part not listed counts
-as DEFAULT_WEIGHT).
+per installed backend. PARALLEL parts run at a time (FRAY_TEST_PARALLEL, default: the machine's cores, at most 3),
+the longest first (WEIGHTS: seconds measured on a 2-core machine; a part not listed counts as DEFAULT_WEIGHT). By
+default one part more, the shortest left, starts whenever the cores have been idle enough lately (`schedule`): a
+part waits part of its time, and a fast machine's cores then idle; a machine the parts keep busy gets no more load
+(a part more on a busy 2-core machine once failed a Ray cluster's start: see .agents/test-speed.md).
 
 Many tests look at what the whole machine holds (every process of the user, /dev/shm, /tmp, the user's fray
 state directory) to prove that nothing was left behind. Two parts running at once would see each other's work
@@ -32,8 +33,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from _part_cpu import CPU_TABLE_ENV, CoresBusy, CpuMeter, cpu_table_descriptor, cpu_table_variable
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -44,9 +48,10 @@ PART_TIMEOUT = 3600.0  # seconds a part may run before it is killed (with everyt
 FAILED_TAIL = 400  # lines of a failed part's output printed at the end
 PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 _LIBC = ctypes.CDLL(None, use_errno=True)  # (loaded here: a forked child of a threaded process must not load)
+EXTRA_WINDOW = 30.0  # seconds of the machine's CPU looked at before one part more than PARALLEL starts ...
+EXTRA_BELOW = 0.8  # ... while the cores were less busy than this share of the time over that window
 SLOWEST = 30  # the slowest steps (setup, call, teardown) over every part, printed at the end
 CPU_TOP_ENV = "FRAY_TEST_CPU_TOP"  # (tests/_cpu_per_test.py: how many of a part's costliest tests it lists)
-CPU_TABLE_ENV = "FRAY_TEST_CPU_TABLE"  # (tests/_cpu_per_test.py: "fd:dev.inode" of the file for every test's CPU)
 # Seconds each part took in a full run on a 2-core machine (two parts at a time); only their order matters.
 WEIGHTS: dict[str, float] = {
     "tests/ray": 680.0,
@@ -79,6 +84,7 @@ class Part:
     seconds: float = 0.0
     summary: str = ""
     skipped_reason: str = ""
+    extra: bool = False  # started as the part more than PARALLEL, while the cores idled
     cpu: float | None = None  # CPU seconds of everything the part ran (None: no cgroup to count them in)
     tail: list[str] = field(default_factory=list)
     durations: list[tuple[float, str]] = field(default_factory=list)
@@ -125,6 +131,41 @@ def parallel_count() -> int:
             raise SystemExit(f"run_parallel: FRAY_TEST_PARALLEL={raw!r}: give 1 or more")
         return count
     return max(1, min(MAX_PARALLEL, os.cpu_count() or 1))
+
+
+def extra_part_allowed(count: int, why_not: str) -> bool:
+    """One part more than `count` while the cores idle: only by default (FRAY_TEST_PARALLEL unset) and where the
+    parts run in namespaces of their own, side by side."""
+    return count > 1 and not why_not and not os.environ.get("FRAY_TEST_PARALLEL")
+
+
+def schedule(
+    queue: list[Part],
+    count: int,
+    launch: Callable[[Part], threading.Thread],
+    cores: CoresBusy | None,
+    tick: float = 1.0,
+) -> None:
+    """Runs every part of `queue` (the longest first), `count` at a time, each by `launch` (its started thread).
+    With `cores`, one part more, the shortest left, whenever the machine's cores were less than EXTRA_BELOW busy over
+    the last EXTRA_WINDOW: a part spends part of its time waiting (engines starting, timeouts, subprocesses), which
+    leaves the cores idle on a fast machine; on a machine the `count` parts keep busy, none starts, and the load
+    stays theirs (one more part on a busy 2-core machine once failed a Ray cluster's start)."""
+    running: dict[threading.Thread, bool] = {}  # each running part's thread: is it the extra part?
+    while queue or running:
+        running = {thread: extra for thread, extra in running.items() if thread.is_alive()}
+        while queue and sum(not extra for extra in running.values()) < count:
+            running[launch(queue.pop(0))] = False
+        if cores is not None:
+            cores.sample()
+        if cores is not None and queue and True not in running.values():
+            busy = cores.busy()
+            if busy is not None and busy < EXTRA_BELOW:
+                part = queue.pop()
+                part.extra = True
+                running[launch(part)] = True
+                cores.restart()
+        time.sleep(tick)
 
 
 def isolation_available() -> str:
@@ -214,88 +255,6 @@ def inside(args: list[str]) -> int:
             return os.waitstatus_to_exitcode(status)
 
 
-# ------------------------------------------------------------------ CPU time per part
-def cpu_table_variable(fd: int) -> str:
-    """CPU_TABLE_ENV's value for the table open as `fd`: its number, and the file it is (read back below)."""
-    st = os.fstat(fd)
-    return f"{fd}:{st.st_dev}.{st.st_ino}"
-
-
-def cpu_table_descriptor() -> int | None:
-    """The descriptor run_parallel opened for this part's table of every test's CPU; None where this process does
-    not hold that file (a process that a test starts inherits the variable, not the descriptor, whose number may
-    then be another file's or none)."""
-    value = os.environ.get(CPU_TABLE_ENV, "")
-    try:
-        fd = int(value.partition(":")[0])
-        return fd if cpu_table_variable(fd) == value else None
-    except (ValueError, OSError):
-        return None
-
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-@dataclass(frozen=True)
-class CpuMeter:
-    """A cgroup of its own for one part: what its processes use (their children's too: a cgroup is inherited)."""
-
-    path: Path
-    usage_file: str  # cpuacct.usage (v1: nanoseconds) or cpu.stat (v2: usage_usec)
-
-    @staticmethod
-    def make(name: str) -> CpuMeter | None:
-        """A fresh cgroup for the part `name`, or None where none can be made here (not root, no cgroupfs...)."""
-        slug = "".join(c if c.isalnum() else "_" for c in name)
-        leaf = f"fray-test-part-{os.getpid()}-{slug}"
-        if (CGROUP_ROOT / "cpuacct" / "cpuacct.usage").exists():
-            where, usage = CGROUP_ROOT / "cpuacct" / leaf, "cpuacct.usage"
-        elif (CGROUP_ROOT / "cgroup.controllers").exists():
-            mine = Path("/proc/self/cgroup").read_text().splitlines()[0].partition("::")[2].lstrip("/")
-            where, usage = CGROUP_ROOT / mine / leaf, "cpu.stat"
-        else:
-            return None
-        try:
-            where.mkdir()
-        except OSError:
-            return None
-        return CpuMeter(where, usage)
-
-    @staticmethod
-    def current() -> CpuMeter | None:
-        """The cgroup this process runs in, to read (a part's own, inside run_parallel), or None."""
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "cpuacct" in controllers.split(","):
-                return CpuMeter(CGROUP_ROOT / "cpuacct" / path.lstrip("/"), "cpuacct.usage")
-            if controllers == "" and (CGROUP_ROOT / "cgroup.controllers").exists():
-                return CpuMeter(CGROUP_ROOT / path.lstrip("/"), "cpu.stat")
-        return None
-
-    def enter(self) -> None:
-        """Move the calling process into the cgroup (a part's first process, before it runs anything)."""
-        try:
-            (self.path / "cgroup.procs").write_text(str(os.getpid()))
-        except OSError:  # then the part's CPU is not counted, and reads as 0
-            pass
-
-    def seconds(self) -> float:
-        text = (self.path / self.usage_file).read_text()
-        if self.usage_file == "cpuacct.usage":
-            return int(text) / 1e9
-        fields = dict(line.split() for line in text.splitlines())
-        return int(fields["usage_usec"]) / 1e6
-
-    def remove(self) -> None:
-        """Once the part's processes are gone (the last ones may take a moment to leave)."""
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
-
-
 # ------------------------------------------------------------------ the runner
 def _die_with_parent() -> None:
     """In a part's first process, before it runs: SIGKILL when the runner's thread that started it ends."""
@@ -383,32 +342,30 @@ def main(argv: list[str]) -> int:
         count = 1
     todo = parts(installed_backends())
     compile_sources()
-    print(f"run_parallel: {len(todo)} parts, {count} at a time" + (f" (in series: {why_not})" if why_not else ""))
+    cores = CoresBusy(EXTRA_WINDOW) if extra_part_allowed(count, why_not) else None
+    more = ", one more while the cores idle" if cores is not None else ""
+    print(f"run_parallel: {len(todo)} parts, {count} at a time{more}" + (f" (in series: {why_not})" if why_not else ""))
     logs = Path(tempfile.mkdtemp(prefix="fray-test-logs-"))
     lock = threading.Lock()
-    queue = list(todo)
     began = time.monotonic()
 
-    def worker() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                part = queue.pop(0)
-            run_part(part, logs, isolated=not why_not)
-            with lock:
-                verdict = "ok" if part.code == 0 else f"FAILED (exit {part.code})"
-                at = time.monotonic() - began
-                cpu = "" if part.cpu is None else f" (CPU {part.cpu:.0f} s)"
-                print(f"[{at:6.0f} s] {part.name}: {verdict} in {part.seconds:.0f} s{cpu}  {part.summary}")
-                sys.stdout.flush()
+    def run_and_report(part: Part) -> None:
+        run_part(part, logs, isolated=not why_not)
+        with lock:
+            verdict = "ok" if part.code == 0 else f"FAILED (exit {part.code})"
+            at = time.monotonic() - began
+            cpu = "" if part.cpu is None else f" (CPU {part.cpu:.0f} s)"
+            extra = " [the extra part]" if part.extra else ""
+            print(f"[{at:6.0f} s] {part.name}: {verdict} in {part.seconds:.0f} s{cpu}{extra}  {part.summary}")
+            sys.stdout.flush()
 
-    # (daemon threads: a Ctrl-C ends the runner at once, and each part's PDEATHSIG ends the part with it)
-    threads = [threading.Thread(target=worker, name=f"fray-test-part-{i}", daemon=True) for i in range(count)]
-    for thread in threads:
+    def launch(part: Part) -> threading.Thread:
+        # (a daemon thread: a Ctrl-C ends the runner at once, and each part's PDEATHSIG ends the part with it)
+        thread = threading.Thread(target=run_and_report, args=(part,), name=f"fray-test-part-{part.name}", daemon=True)
         thread.start()
-    for thread in threads:
-        thread.join()
+        return thread
+
+    schedule(list(todo), count, launch, cores)
     failed = [p for p in todo if p.code != 0]
     steps = sorted((step for part in todo for step in part.durations), reverse=True)[:SLOWEST]
     print(f"\nrun_parallel: the slowest {len(steps)} steps of every part")

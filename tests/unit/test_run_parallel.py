@@ -18,6 +18,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TESTS))
 
+import _part_cpu  # noqa: E402
 import run_parallel  # noqa: E402
 
 
@@ -238,7 +239,7 @@ def test_burn():
 
 
 def test_a_parts_cpu_time_counts_every_process_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    probe = run_parallel.CpuMeter.make("probe")
+    probe = _part_cpu.CpuMeter.make("probe")
     if probe is None or os.geteuid() != 0 or run_parallel.isolation_available():
         pytest.skip("needs root, unshare and a cgroup to count a part's CPU in (cgroup v1 cpuacct or v2)")
     probe.remove()
@@ -257,7 +258,7 @@ def test_a_parts_cpu_time_counts_every_process_it_started(tmp_path: Path, monkey
     assert test == f"tests/unit/{part_file.name}::test_burn" and 1.5 <= seconds <= part.cpu
     [(cpu, wall, listed)] = [line.split("\t") for line in part.log.with_suffix(".cpu.tsv").read_text().splitlines()]
     assert (cpu, listed) == (f"{seconds:.2f}", test) and float(wall) >= 1.5  # every test's, to a file, with its wall
-    assert not list(run_parallel.CGROUP_ROOT.rglob(f"fray-test-part-{os.getpid()}-*"))  # each part's cgroup removed
+    assert not list(_part_cpu.CGROUP_ROOT.rglob(f"fray-test-part-{os.getpid()}-*"))  # each part's cgroup removed
 
 
 def test_the_checkouts_sources_are_compiled_even_where_python_writes_no_bytecode(tmp_path: Path) -> None:
@@ -281,10 +282,55 @@ def test_a_cpu_table_descriptor_is_used_only_where_it_is_the_file_run_parallel_o
     a pytest that a test starts keeps the variable only, and its descriptor of that number is another file."""
     with (tmp_path / "table").open("w") as table, (tmp_path / "other").open("w") as other:
         fd, st = table.fileno(), os.fstat(table.fileno())
-        assert run_parallel.cpu_table_variable(fd) == f"{fd}:{st.st_dev}.{st.st_ino}"
+        assert _part_cpu.cpu_table_variable(fd) == f"{fd}:{st.st_dev}.{st.st_ino}"
         monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{fd}:{st.st_dev}.{st.st_ino}")
-        assert run_parallel.cpu_table_descriptor() == fd
+        assert _part_cpu.cpu_table_descriptor() == fd
         monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{other.fileno()}:{st.st_dev}.{st.st_ino}")
-        assert run_parallel.cpu_table_descriptor() is None
+        assert _part_cpu.cpu_table_descriptor() is None
     monkeypatch.setenv(run_parallel.CPU_TABLE_ENV, f"{fd}:{st.st_dev}.{st.st_ino}")  # (closed now)
-    assert run_parallel.cpu_table_descriptor() is None
+    assert _part_cpu.cpu_table_descriptor() is None
+
+
+def _stat(busy: int, idle: int) -> str:
+    return f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0  {busy} 0 0 {idle} 0 0 0 0 0 0\n"
+
+
+def test_how_busy_the_cores_were_is_read_over_a_whole_window() -> None:
+    reads = iter([_stat(0, 0), _stat(0, 0), _stat(50, 50), _stat(80, 120), _stat(230, 120)])
+    cores = _part_cpu.CoresBusy(10.0, read=lambda: next(reads))
+    cores.restart(now=0.0)
+    cores.sample(now=5.0)
+    assert cores.busy() is None  # (not a whole window yet)
+    cores.sample(now=10.0)
+    assert cores.busy() == 80 / 200
+    cores.sample(now=25.0)
+    assert cores.busy() == 1.0  # (the last window only: 10 s to 25 s, every jiffy busy)
+
+
+@pytest.mark.parametrize("busy_share", [0.0, 1.0])
+def test_one_part_more_starts_only_while_the_cores_idle(busy_share: float) -> None:
+    """One part at a time: on idle cores the shortest part left starts beside the first as the extra one, and the
+    next one once that has ended; on busy cores none does, and the parts run one after another, the longest first."""
+    todo = [run_parallel.Part(name, [], weight) for name, weight in (("long", 3.0), ("middle", 2.0), ("short", 1.0))]
+    jiffies = iter(range(0, 10**9, 100))
+    cores = _part_cpu.CoresBusy(
+        0.05, read=lambda: _stat(int((j := next(jiffies)) * busy_share), int(j * (1 - busy_share)))
+    )
+    release = threading.Event()
+    started: list[str] = []
+
+    def launch(part: run_parallel.Part) -> threading.Thread:
+        started.append(part.name)
+        thread = threading.Thread(target=release.wait, args=(0.5 if part.name == "long" else 0.0,))
+        thread.start()
+        return thread
+
+    runner = threading.Thread(target=run_parallel.schedule, args=(list(todo), 1, launch, cores, 0.01))
+    runner.start()
+    runner.join(timeout=30)
+    release.set()
+    assert not runner.is_alive()
+    if busy_share == 0.0:
+        assert started == ["long", "short", "middle"] and [p.extra for p in todo] == [False, True, True]
+    else:
+        assert started == ["long", "middle", "short"] and not any(p.extra for p in todo)
