@@ -70,6 +70,38 @@ EXIT_WHILE_MAKING = textwrap.dedent(
 )
 
 
+# A rank connecting to a store that could not be made, with a 3 s rendezvous timeout: torch's client waits for the
+# server's first answer without its timeout, as long as the socket it reached stays open.
+RANK_OF_A_STORE_NOT_MADE = textwrap.dedent(
+    """
+    import os, threading
+    from datetime import timedelta
+    from torch.distributed import TCPStore
+    from fray.runtime.rendezvous import LazyStore
+
+    class CannotMake(LazyStore):
+        def _make_store(self):
+            raise RuntimeError("no store here")
+
+    store = CannotMake("127.0.0.1", 0, 2)
+    outcome = []
+
+    def rank():
+        try:
+            TCPStore("127.0.0.1", store.port, 2, False, timeout=timedelta(seconds=3))
+            outcome.append("connected")
+        except Exception as exc:
+            outcome.append(type(exc).__name__)
+
+    thread = threading.Thread(target=rank, daemon=True)
+    thread.start()
+    thread.join(20)
+    print("RANK", outcome[0] if outcome else "still waiting", flush=True)
+    os._exit(0)  # (not a normal end: a rank still waiting is in torch's C++)
+    """
+)
+
+
 def test_rank_zero_serves_its_groups_store_without_loading_torch_until_a_rank_connects() -> None:
     env = {
         **os.environ,
@@ -89,6 +121,13 @@ def test_a_process_that_ends_while_its_store_is_being_made_ends_cleanly() -> Non
     done = subprocess.run([sys.executable, "-c", EXIT_WHILE_MAKING], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]  # (not SIGABRT from torch's C++)
     assert "EXITING" in done.stdout
+
+
+def test_a_rank_of_a_store_that_could_not_be_made_fails_by_its_timeout() -> None:
+    done = subprocess.run([sys.executable, "-c", RANK_OF_A_STORE_NOT_MADE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "RANK Dist" in done.stdout, done.stdout + done.stderr[-2000:]  # (torch's DistNetworkError or DistStoreError)
+    assert "could not serve the rendezvous store" in done.stderr  # (and fray's log says why)
 
 
 def test_a_jobs_supervisor_does_not_load_torch_for_ranks_that_never_rendezvous() -> None:

@@ -119,11 +119,14 @@ class LazyStore:
         readable.poll()
         try:
             self.store()
-        except Exception:  # the ranks then fail by their own rendezvous timeout; this says why
+        except Exception:
             if self._exiting:
                 return  # (the process is ending: no rank is served any more)
             addr, port = self.listener.getsockname()[:2]
             log.exception("fray could not serve the rendezvous store on %s port %s", addr, port)
+            # A rank's torch client waits for the server's first answer without its timeout, for as long as the
+            # socket is open; closed, it refuses them, and each rank fails by its own rendezvous timeout.
+            self.listener.close()
 
 
 @atexit.register
