@@ -113,7 +113,8 @@ class LazyStore:
 
     def _serve_when_called(self) -> None:
         # Lives with the process, as the store it makes does: it waits for a connection without taking it (the
-        # store accepts it from the backlog), and the socket is never closed before the process ends.
+        # store accepts it from the backlog), and the socket stays open until the process ends, unless the store
+        # could not be made (below).
         readable = select.poll()
         readable.register(self.listener, select.POLLIN)
         readable.poll()
