@@ -101,9 +101,8 @@ PROC_STAT = Path("/proc/stat")
 def busy_jiffies(stat: str) -> tuple[int, int]:
     """(busy, total) time of all the machine's cores so far, in jiffies, from /proc/stat's text: idle and iowait
     are not busy (a part waiting on its disk leaves the cores to others)."""
-    fields = [
-        int(value) for value in stat.splitlines()[0].split()[1:9]
-    ]  # user nice system idle iowait irq softirq steal
+    # user nice system idle iowait irq softirq steal (guest time is counted within user)
+    fields = [int(value) for value in stat.splitlines()[0].split()[1:9]]
     total = sum(fields)
     return total - fields[3] - fields[4], total
 

@@ -151,19 +151,19 @@ def schedule(
     the last EXTRA_WINDOW: a part spends part of its time waiting (engines starting, timeouts, subprocesses), which
     leaves the cores idle on a fast machine; on a machine the `count` parts keep busy, none starts, and the load
     stays theirs (one more part on a busy 2-core machine once failed a Ray cluster's start)."""
-    running: dict[threading.Thread, bool] = {}  # each running part's thread: is it the extra part?
+    running: dict[threading.Thread, Part] = {}
     while queue or running:
-        running = {thread: extra for thread, extra in running.items() if thread.is_alive()}
-        while queue and sum(not extra for extra in running.values()) < count:
-            running[launch(queue.pop(0))] = False
+        running = {thread: part for thread, part in running.items() if thread.is_alive()}
+        while queue and sum(not part.extra for part in running.values()) < count:
+            part = queue.pop(0)
+            running[launch(part)] = part
         if cores is not None:
             cores.sample()
-        if cores is not None and queue and True not in running.values():
             busy = cores.busy()
-            if busy is not None and busy < EXTRA_BELOW:
+            if queue and not any(part.extra for part in running.values()) and busy is not None and busy < EXTRA_BELOW:
                 part = queue.pop()
                 part.extra = True
-                running[launch(part)] = True
+                running[launch(part)] = part
                 cores.restart()
         time.sleep(tick)
 

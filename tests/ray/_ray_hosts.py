@@ -175,7 +175,7 @@ def running_cluster(
             stop_nodes([nodes[i]])  # (what it left, a late raylet included, must not join as a node of its own)
             nodes.append(nodes[i])  # (reaped with the others at the end)
             nodes[i] = start_node(hosts[i], base, env, worker_resources, head=hosts[0], attempt=2)
-        live = [node for i, node in enumerate(nodes) if i < len(hosts)]
+        live = nodes[: len(hosts)]
         yield live, wait_for_nodes(live, env, deadline)
     finally:
         stop_nodes(nodes)
