@@ -181,6 +181,27 @@ def running_cluster(
         stop_nodes(nodes)
 
 
+def restart_lost_workers(
+    nodes: list[RayNode], base: Path, env: dict[str, str], worker_resources: dict[str, float], wait: float
+) -> list[RayNode]:
+    """Start a worker node again on each host whose node is gone (its `ray start` ended: the host was killed), in
+    place of that node in `nodes`, and wait (`wait` seconds) until the GCS lists every one of `nodes` alive (a
+    lost node's entry stays there, dead). The nodes started, for the caller to stop."""
+    deadline = time.monotonic() + wait
+    started = []
+    for i, node in enumerate(nodes[1:], start=1):
+        if node.proc.poll() is None:
+            continue
+        attempt = 2
+        while (base / f"h{node.host.index}-{attempt}").exists():
+            attempt += 1
+        nodes[i] = start_node(node.host, base, env, worker_resources, head=nodes[0].host, attempt=attempt)
+        started.append(nodes[i])
+    if started:
+        wait_for_nodes(nodes, env, deadline)
+    return started
+
+
 def _worker_starts_given_up(nodes: list[RayNode], deadline: float) -> list[int]:
     """The indexes of the worker nodes whose `ray start` gave up (as on a loaded machine) once every other node
     has started; AssertionError as wait_started's for any other end."""

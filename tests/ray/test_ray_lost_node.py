@@ -3,7 +3,8 @@ runs) and a worker node on each of hosts 1 and 2; a group of 2 spread over the t
 by a custom resource only they have), one restart. Every process of rank 0's host is SIGKILLed (the node is
 lost); Ray places rank 0's bundle again on the node left, and fray restarts the group there: both ranks on
 fresh processes on host 2, MASTER_ADDR moved to its loopback (every member is there), `restarts == 1`, the
-collective answering again."""
+collective answering again. The module's cases share one cluster: each starts again the worker node an earlier
+case lost."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,16 @@ pytest.importorskip("fray_ray")
 from _lost_host_driver import marked_line
 from _lost_rank_job_driver import assert_lost_then_succeeded
 from _netns import Host, namespaced_hosts, require_namespaced_hosts
-from _ray_hosts import DASHBOARD_PORT, PORT, RayNode, cluster_env, log_tails, running_cluster
+from _ray_hosts import (
+    DASHBOARD_PORT,
+    PORT,
+    RayNode,
+    cluster_env,
+    log_tails,
+    restart_lost_workers,
+    running_cluster,
+    stop_nodes,
+)
 
 DRIVER = Path(__file__).resolve().parent.parent / "_lost_host_driver.py"
 JOB_DRIVER = DRIVER.with_name("_lost_rank_job_driver.py")
@@ -32,8 +43,19 @@ CLUSTER_WAIT = 180.0
 # (Ray's defaults 5 and 3000: ~15 s of this test's wait). A check only fails when the raylet does not answer within
 # health_check_timeout_ms (10 s, unchanged), so a live node is never taken for dead; a killed one refuses at once.
 FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+WORKERS = {"member_slot": 2.0}  # each worker node's resources: room for the two ranks of every case
 pytestmark = pytest.mark.timeout(CLUSTER_WAIT + 420)
-Cluster = tuple[list[Host], list[RayNode], Path, dict[str, str]]  # the cluster fixture's: hosts, nodes, base, env
+Cluster = tuple[list[Host], list[RayNode], Path, dict[str, str]]  # the cluster fixture's: hosts, nodes, dir, env
+
+
+@dataclass
+class _SharedCluster:
+    hosts: list[Host]
+    nodes: list[RayNode]  # the head's first; a lost worker's is replaced by the one started again
+    base: Path
+    env: dict[str, str]
+    started_again: list[RayNode] = field(default_factory=list)
+    cases: int = 0
 
 
 def _line(stream: Any, marker: str, err: Path, nodes: list[RayNode]) -> dict[str, Any]:
@@ -42,19 +64,34 @@ def _line(stream: Any, marker: str, err: Path, nodes: list[RayNode]) -> dict[str
     return found
 
 
-@pytest.fixture
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """The nodes; with the indirect parameter True, the head serves Ray's job API (a job's test needs it)."""
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[_SharedCluster]:
+    """The module's nodes; the head serves Ray's job API (the job cases' drivers submit there)."""
     require_namespaced_hosts()
     base = Path(tempfile.mkdtemp(prefix="fray-ln-", dir="/tmp"))  # short: Ray's socket paths are under it
-    dashboard = bool(getattr(request, "param", False))
     try:
         with namespaced_hosts(3) as hosts:
             env = {**cluster_env(base), **FAST_NODE_DEATH}
-            with running_cluster(hosts, base, env, {"member_slot": 2}, CLUSTER_WAIT, dashboard) as (nodes, _):
-                yield hosts, nodes, base, env
+            with running_cluster(hosts, base, env, WORKERS, CLUSTER_WAIT, dashboard=True) as (nodes, _):
+                shared = _SharedCluster(hosts, nodes, base, env)
+                try:
+                    yield shared
+                finally:
+                    stop_nodes(shared.started_again)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(shared_cluster: _SharedCluster) -> Cluster:
+    """The shared cluster with a live node on every worker host, and a directory of this case's own."""
+    shared = shared_cluster
+    started = restart_lost_workers(shared.nodes, shared.base, shared.env, WORKERS, CLUSTER_WAIT)
+    shared.started_again += started
+    shared.cases += 1
+    case = shared.base / f"case-{shared.cases}"
+    case.mkdir()
+    return shared.hosts, shared.nodes, case, shared.env
 
 
 def test_a_group_on_a_lost_node_comes_back_on_the_node_left(cluster: Cluster) -> None:
@@ -141,7 +178,6 @@ def _job_losing_a_node(
     return before, after, left
 
 
-@pytest.mark.parametrize("cluster", [True], indirect=True, ids=["job-api"])
 def test_a_jobs_attempt_on_a_lost_node_is_lost_and_not_counted_against_max_retries(cluster: Cluster) -> None:
     """A job of 2 ranks spread over the two worker nodes (create_job(..., placement="spread", max_retries=0), its
     supervisor on the head's node) loses one rank's node: every process of that host SIGKILLed. The attempt is
@@ -153,7 +189,6 @@ def test_a_jobs_attempt_on_a_lost_node_is_lost_and_not_counted_against_max_retri
     assert_lost_then_succeeded(after, "lost: rank 1's node: ", left.name)
 
 
-@pytest.mark.parametrize("cluster", [True], indirect=True, ids=["job-api"])
 def test_a_job_without_placement_whose_node_is_lost_runs_again_on_the_node_left(cluster: Cluster) -> None:
     """A job of 2 ranks without placement (max_retries=0) whose resources only the worker nodes have: its first
     process (the supervisor, Ray's job entrypoint) holds nothing, so Ray keeps it on the head's node, and its ranks
