@@ -61,8 +61,7 @@ class ClusterContext(ABC):
     capabilities: frozenset[Capability] = frozenset()
     # Where jobs run when create_job is given no working_dir: None means the caller's current directory.
     default_working_dir: str | None = None
-    # Where other processes reach this cluster (Ray: its dashboard URL; monarch: its head's socket); None where
-    # its jobs live in this process only.
+    # Where other processes reach this cluster (Ray: its dashboard URL; monarch: its head's socket), if they can.
     address: str | None = None
     _shut_down: bool = False  # set by the first shutdown(); later ones do nothing
     _dashboard: Any = None  # its live page's server, once asked for (fray.dashboard)
@@ -192,9 +191,8 @@ class ClusterContext(ABC):
 
     def _submit_named(self, name: str, if_exists: str, submit: Callable[[str], str]) -> str:
         """Create a run of `name` unless one is live (see create_job). Each try lists the runs and creates the next
-        id; a backend refuses an id that exists, so a racing submitter's job is found on a later try. Tries back
-        off (10 ms doubling, at most 250 ms): a backend may take the id a moment before it lists the job (a detached
-        job's directory before its record), and 20 tries at once could all fall in that moment."""
+        id; a backend refuses an id that exists, so a racing submitter's job is found on a later try. Tries back off:
+        a backend may take the id a moment before it lists the job (a detached job's directory before its record)."""
         for attempt in range(_NAME_TRIES):
             if attempt:
                 time.sleep(min(0.01 * 2 ** (attempt - 1), 0.25))
@@ -321,8 +319,7 @@ class ClusterContext(ABC):
         return {"address": self.address} if self.address else {}
 
     def engine_links(self) -> dict[str, str]:
-        """The engine's own pages for this cluster (a name -> its URL: Ray's dashboard), for the cluster's live
-        page (`fray dashboard`). Default: none."""
+        """The engine's own pages for this cluster (name -> URL: Ray's dashboard), for `fray dashboard`."""
         return {}
 
     def dashboard(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -337,8 +334,7 @@ class ClusterContext(ABC):
                 from fray.dashboard.cluster import ClusterPage
 
                 self._dashboard = Dashboard(ClusterPage(self), host, port)
-            url: str = self._dashboard.url
-            return url
+            return str(self._dashboard.url)
 
     def persistent_jobs_unavailable(self) -> str:
         """Why this context keeps no job beyond its owner's life (the persistent_jobs refusal says it)."""
@@ -352,6 +348,10 @@ class ClusterContext(ABC):
     def untie_job(self, job_id: str) -> None:
         """Undo tie_job (the job has ended, or is left running on purpose)."""
         self._untie_job(job_id)
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self._shut_down  # (shutdown() has been called)
 
     def shutdown(self) -> None:
         """Release what this context started: its jobs that are not detached end; detached ones go on.

@@ -3,7 +3,8 @@
 Which backends run: `--fray-backend=a,b`, else FRAY_BACKEND, else every installed backend. A test module may pin
 its own with a module attribute `fray_backends = ["name"]` (a backend it registers itself: `register_backend`).
 Each backend gets one session-wide JobContext and ClusterContext built from its `test_spec` (`cluster_test_spec`)
-attribute.
+attribute, started by the first test that asks for it and shut down after the last one that does: an engine's
+context costs CPU while it waits, and the suite's job and cluster cases come last.
 
 It also records what the run showed of each backend's capabilities (`fray.testing.capability_table`): written as JSON
 with
@@ -14,7 +15,7 @@ with
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,10 @@ _LACKING = pytest.StashKey[Capability]()
 _RESULTS = pytest.StashKey[CapabilityResults]()
 _PROBLEMS = pytest.StashKey[list[str]]()
 _CTX_SINCE = pytest.StashKey[tuple[JobContext, int]]()  # a test's context, and when the test began using it
+SESSION_CONTEXTS = ("fray_session_ctx", "fray_session_cluster")
+_Use = tuple[str, str]  # a session context's fixture name and its backend
+_LAST_USES = pytest.StashKey[dict[str, list[_Use]]]()  # a test's nodeid -> the session contexts no later test uses
+_OPEN = pytest.StashKey[dict[_Use, Callable[[], None]]]()  # the session contexts started, and how each shuts down
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -71,6 +76,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line("markers", "fray_refusals: checks that each capability a backend lacks is refused")
     config.stash[_RESULTS] = CapabilityResults()
+    config.stash[_LAST_USES] = {}
+    config.stash[_OPEN] = {}
 
 
 def selected_backends(config: pytest.Config) -> list[str]:
@@ -101,19 +108,60 @@ def spec_options(name: str, attr: str) -> dict[str, str]:
     return parse_spec(spec)[1]
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Note the last test that uses each backend's session contexts. Not under xdist: a worker runs its own share
+    of the tests in its own order, so it keeps its contexts to the end of its session."""
+    last: dict[_Use, str] = {}
+    for item in session.items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("fray_backend_name") if callspec is not None else None
+        for name in SESSION_CONTEXTS:
+            if backend is not None and name in getattr(item, "fixturenames", ()):
+                last[(name, str(backend))] = item.nodeid
+    uses: dict[str, list[_Use]] = {}
+    for use, nodeid in last.items():
+        uses.setdefault(nodeid, []).append(use)
+    session.config.stash[_LAST_USES] = {} if hasattr(session.config, "workerinput") else uses
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test that uses a session context (its own fixtures are torn down by now), shut it down."""
+    opened = item.config.stash[_OPEN]
+    for use in item.config.stash[_LAST_USES].get(item.nodeid, ()):
+        shutdown = opened.pop(use, None)
+        if shutdown is not None:
+            shutdown()
+
+
+def _opened(config: pytest.Config, use: _Use, shutdown: Callable[[], None]) -> Callable[[], None]:
+    """Keep a session context's shutdown for the teardown of its last user; what the fixture calls at its own end
+    (a no-op where that already ran)."""
+    opened = config.stash[_OPEN]
+    opened[use] = shutdown
+
+    def at_fixture_end() -> None:
+        if opened.pop(use, None) is not None:
+            shutdown()
+
+    return at_fixture_end
+
+
 @pytest.fixture(scope="session")
-def fray_session_ctx(fray_backend_name: str) -> Iterator[JobContext]:
+def fray_session_ctx(request: pytest.FixtureRequest, fray_backend_name: str) -> Iterator[JobContext]:
     ctx = job_context_from(get_backend(fray_backend_name), spec_options(fray_backend_name, "test_spec"))
+    at_end = _opened(request.config, ("fray_session_ctx", fray_backend_name), ctx.shutdown)
     yield ctx
-    ctx.shutdown()
+    at_end()
 
 
 @pytest.fixture(scope="session")
-def fray_session_cluster(fray_backend_name: str) -> Iterator[ClusterContext]:
+def fray_session_cluster(request: pytest.FixtureRequest, fray_backend_name: str) -> Iterator[ClusterContext]:
     backend = get_backend(fray_backend_name)
     cluster = cluster_context_from(backend, spec_options(fray_backend_name, "cluster_test_spec"))
+    at_end = _opened(request.config, ("fray_session_cluster", fray_backend_name), cluster.shutdown)
     yield cluster
-    cluster.shutdown()
+    at_end()
 
 
 def _skip_missing(request: pytest.FixtureRequest, have: frozenset[Capability], backend: str) -> None:
