@@ -37,6 +37,29 @@ def test_last_uses_neither() -> None:
 """
 
 
+HELD_BY_A_MODULE_FIXTURE = """
+from collections.abc import Iterator
+
+import pytest
+
+import fray
+
+
+@pytest.fixture(scope="module")
+def held(fray_session_ctx: fray.JobContext) -> Iterator[fray.JobContext]:
+    yield fray_session_ctx
+    assert not fray_session_ctx.is_shut_down, "shut down before a fixture that uses it"
+
+
+def test_uses_it_through_a_module_fixture(held: fray.JobContext) -> None:
+    assert held.get(held.put(1), timeout=60) == 1
+
+
+def test_after_it() -> None:
+    pass
+"""
+
+
 def _pytest(directory: Path, *args: str) -> str:
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--fray-backend=in_memory", *args],
@@ -58,3 +81,9 @@ def test_a_deselected_last_user_does_not_keep_a_context_open(tmp_path: Path) -> 
     (tmp_path / "test_cases.py").write_text(CASES)
     out = _pytest(tmp_path, "test_cases.py", "-k", "not then_the_cluster_alone")
     assert "3 passed, 1 deselected" in out, out
+
+
+def test_a_context_a_wider_fixture_uses_is_kept_until_that_fixture_ends(tmp_path: Path) -> None:
+    (tmp_path / "test_held.py").write_text(HELD_BY_A_MODULE_FIXTURE)
+    out = _pytest(tmp_path, "test_held.py")
+    assert "2 passed" in out and "error" not in out, out

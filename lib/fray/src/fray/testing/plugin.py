@@ -118,10 +118,31 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         for name in SESSION_CONTEXTS:
             if backend is not None and name in getattr(item, "fixturenames", ()):
                 last[(name, str(backend))] = item.nodeid
+    by_id = {item.nodeid: item for item in session.items}
     uses: dict[str, list[_Use]] = {}
     for use, nodeid in last.items():
-        uses.setdefault(nodeid, []).append(use)
+        if not _held_by_a_wider_fixture(by_id[nodeid], use[0]):
+            uses.setdefault(nodeid, []).append(use)
     session.config.stash[_LAST_USES] = {} if hasattr(session.config, "workerinput") else uses
+
+
+def _held_by_a_wider_fixture(item: pytest.Item, name: str) -> bool:
+    """Does a fixture of this test with a scope wider than the function's (torn down after later tests, perhaps)
+    use session context `name`, directly or through another fixture? Where pytest does not say, assume so."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", None)
+    if not isinstance(defs, dict):
+        return True
+
+    def uses(fixture: str, seen: set[str]) -> bool:
+        if fixture == name:
+            return True
+        if fixture in seen or not defs.get(fixture):
+            return False
+        seen.add(fixture)
+        return any(uses(arg, seen) for arg in getattr(defs[fixture][-1], "argnames", ()))
+
+    wider = [f for f, d in defs.items() if f not in SESSION_CONTEXTS and d and d[-1].scope != "function"]
+    return any(uses(fixture, set()) for fixture in wider)
 
 
 @pytest.hookimpl(trylast=True)
