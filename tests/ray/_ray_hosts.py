@@ -67,6 +67,7 @@ class RayNode:
     proc: subprocess.Popen[bytes]
     temp_dir: Path
     output: Path  # `ray start`'s stdout and stderr
+    attempt: int = 1  # start_node's: 1 for the first node started on its host, 2 for the next, ...
 
 
 def cluster_env(base: Path) -> dict[str, str]:
@@ -116,7 +117,7 @@ def start_node(
     with open(output, "wb") as out:
         # A session of its own (Host.popen's default): its process group is exactly this node's to signal.
         proc = host.popen(args, cwd=str(base), env=node_env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-    return RayNode(host, proc, temp_dir, output)
+    return RayNode(host, proc, temp_dir, output, attempt)
 
 
 def wait_started(nodes: list[RayNode], deadline: float) -> None:
@@ -192,10 +193,7 @@ def restart_lost_workers(
     for i, node in enumerate(nodes[1:], start=1):
         if node.proc.poll() is None:
             continue
-        attempt = 2
-        while (base / f"h{node.host.index}-{attempt}").exists():
-            attempt += 1
-        nodes[i] = start_node(node.host, base, env, worker_resources, head=nodes[0].host, attempt=attempt)
+        nodes[i] = start_node(node.host, base, env, worker_resources, head=nodes[0].host, attempt=node.attempt + 1)
         started.append(nodes[i])
     if started:
         wait_for_nodes(nodes, env, deadline)

@@ -44,7 +44,7 @@ _CTX_SINCE = pytest.StashKey[tuple[JobContext, int]]()  # a test's context, and 
 SESSION_CONTEXTS = ("fray_session_ctx", "fray_session_cluster")
 _Use = tuple[str, str]  # a session context's fixture name and its backend
 _LAST_USES = pytest.StashKey[dict[str, list[_Use]]]()  # a test's nodeid -> the session contexts no later test uses
-_OPEN = pytest.StashKey[dict[_Use, Callable[[], None]]]()  # the session contexts started, and how each shuts down
+_OPEN = pytest.StashKey[dict[_Use, Callable[[], None]]]()  # each session context started: its (idempotent) shutdown
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -111,18 +111,17 @@ def spec_options(name: str, attr: str) -> dict[str, str]:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Note the last test that uses each backend's session contexts. Not under xdist: a worker runs its own share
     of the tests in its own order, so it keeps its contexts to the end of its session."""
-    last: dict[_Use, str] = {}
+    last: dict[_Use, pytest.Item] = {}
     for item in session.items:
         callspec = getattr(item, "callspec", None)
         backend = callspec.params.get("fray_backend_name") if callspec is not None else None
         for name in SESSION_CONTEXTS:
             if backend is not None and name in getattr(item, "fixturenames", ()):
-                last[(name, str(backend))] = item.nodeid
-    by_id = {item.nodeid: item for item in session.items}
+                last[(name, str(backend))] = item
     uses: dict[str, list[_Use]] = {}
-    for use, nodeid in last.items():
-        if not _held_by_a_wider_fixture(by_id[nodeid], use[0]):
-            uses.setdefault(nodeid, []).append(use)
+    for use, item in last.items():
+        if not _held_by_a_wider_fixture(item, use[0]):
+            uses.setdefault(item.nodeid, []).append(use)
     session.config.stash[_LAST_USES] = {} if hasattr(session.config, "workerinput") else uses
 
 
@@ -155,34 +154,21 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             shutdown()
 
 
-def _opened(config: pytest.Config, use: _Use, shutdown: Callable[[], None]) -> Callable[[], None]:
-    """Keep a session context's shutdown for the teardown of its last user; what the fixture calls at its own end
-    (a no-op where that already ran)."""
-    opened = config.stash[_OPEN]
-    opened[use] = shutdown
-
-    def at_fixture_end() -> None:
-        if opened.pop(use, None) is not None:
-            shutdown()
-
-    return at_fixture_end
-
-
 @pytest.fixture(scope="session")
 def fray_session_ctx(request: pytest.FixtureRequest, fray_backend_name: str) -> Iterator[JobContext]:
     ctx = job_context_from(get_backend(fray_backend_name), spec_options(fray_backend_name, "test_spec"))
-    at_end = _opened(request.config, ("fray_session_ctx", fray_backend_name), ctx.shutdown)
+    request.config.stash[_OPEN][("fray_session_ctx", fray_backend_name)] = ctx.shutdown
     yield ctx
-    at_end()
+    ctx.shutdown()  # (idempotent: a no-op where its last test's teardown shut it down)
 
 
 @pytest.fixture(scope="session")
 def fray_session_cluster(request: pytest.FixtureRequest, fray_backend_name: str) -> Iterator[ClusterContext]:
     backend = get_backend(fray_backend_name)
     cluster = cluster_context_from(backend, spec_options(fray_backend_name, "cluster_test_spec"))
-    at_end = _opened(request.config, ("fray_session_cluster", fray_backend_name), cluster.shutdown)
+    request.config.stash[_OPEN][("fray_session_cluster", fray_backend_name)] = cluster.shutdown
     yield cluster
-    at_end()
+    cluster.shutdown()  # (idempotent, as above)
 
 
 def _skip_missing(request: pytest.FixtureRequest, have: frozenset[Capability], backend: str) -> None:
