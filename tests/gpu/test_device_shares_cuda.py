@@ -82,12 +82,22 @@ def test_a_cuda_tensor_is_read_by_another_process_through_a_share_of_its_own() -
     assert torch.cuda.memory_allocated() <= before
 
 
-def test_a_reader_without_cuda_gets_it_staged_on_the_cpu() -> None:
+def test_a_reader_without_cuda_gets_it_staged_on_the_cpu_and_the_device_memory_comes_back() -> None:
     torch = _torch()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    server = share_server()
+    granted = server.granted()
     blob = dumps(torch.ones(1 << 20, device="cuda"), device_mode=SHARED)
     ok, device, total, paths = _read_elsewhere(blob.data, "no-cuda")
     assert ok, device
     assert device == "cpu" and total == float(1 << 20) and paths == ["cuda-ipc-staged"]
+    assert server.granted() == granted, "a reader without CUDA asked for a share"  # (torch would keep it counted)
+    _eventually(lambda: server.leases() == 0, "the staging lease released")
+    del blob
+    _eventually(lambda: server.held() == 0, "the snapshot freed with its value")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before
 
 
 def test_a_cuda_value_whose_producer_ended_is_object_lost() -> None:

@@ -48,7 +48,9 @@ from fray.runtime.device_shares import memfd_memory, rebuild_shared
 from fray.runtime.serialization import loads_data
 from fray.telemetry.transfers import device_stats
 kind, payload, refuse = pickle.loads(sys.stdin.buffer.read())
-memfd_memory.refuse_open = refuse
+memfd_memory.refuse_open = bool(refuse)
+if refuse == "after-grant":  # (a share this process finds it cannot open only once it has it)
+    memfd_memory.unopenable = lambda device, where: None
 try:
     value = rebuild_shared(payload) if kind == "ref" else loads_data(payload, [], "a value")["weights"]
     print(pickle.dumps((True, value.tobytes(), sorted(device_stats.snapshot()))).hex())
@@ -87,7 +89,7 @@ def _run(code: str, payload: object, timeout: float = 60) -> str:
     return done.stdout.decode().strip()
 
 
-def _read_elsewhere(kind: str, payload: object, refuse: bool = False) -> tuple[bool, object, list[str]]:
+def _read_elsewhere(kind: str, payload: object, refuse: bool | str = False) -> tuple[bool, object, list[str]]:
     ok, got, paths = pickle.loads(bytes.fromhex(_run(READER, (kind, payload, refuse))))
     return ok, got, paths
 
@@ -172,14 +174,35 @@ def test_a_freed_value_is_object_lost(value: MemfdBuffer) -> None:
     assert not ok and "ObjectLostError" in str(got) and "freed" in str(got)
 
 
-def test_a_reader_that_cannot_open_a_share_gets_the_value_staged(value: MemfdBuffer) -> None:
+def test_a_reader_that_cannot_open_a_share_gets_the_value_staged_without_asking_for_one(value: MemfdBuffer) -> None:
+    # A share asked for and never opened would be device memory its producer may not get back (torch counts
+    # each CUDA share until a reader opens and drops it): a reader that knows it cannot open one asks for none.
+    server = share_server()
     ref, token = publish(memfd_memory, value, None)
+    granted = server.granted()
     ok, got, paths = _read_elsewhere("ref", ref, refuse=True)
     assert ok, got
     assert got == value.tobytes()
     assert paths == ["memfd-ipc-staged"]
-    _eventually(lambda: share_server().leases() == 0, "the refused share's lease released")
+    assert server.granted() == granted, "the reader asked for a share it could not open"
+    _eventually(lambda: server.leases() == 0, "the staging lease released")
     del token
+
+
+def test_a_reader_that_cannot_open_the_share_it_was_given_gives_it_back_and_gets_the_value_staged(
+    value: MemfdBuffer,
+) -> None:
+    server = share_server()
+    ref, token = publish(memfd_memory, value, None)
+    granted = server.granted()
+    ok, got, paths = _read_elsewhere("ref", ref, refuse="after-grant")
+    assert ok, got
+    assert got == value.tobytes()
+    assert paths == ["memfd-ipc-staged"]
+    assert server.granted() == granted + 1
+    _eventually(lambda: server.leases() == 0, "the unopened share's lease released")
+    del token
+    _eventually(lambda: server.held() == 0, "the dropped value's snapshot freed")
 
 
 def test_a_serialized_value_in_shared_mode_carries_a_share_and_keeps_its_snapshot(value: MemfdBuffer) -> None:

@@ -87,27 +87,41 @@ class CudaMemory:
 
         return alias, reads_done
 
+    def unopenable(self, device: int | None, where: Any) -> str | None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "this process has no CUDA device"
+        ordinal = None if device is None else discover().ordinal(device)
+        if ordinal is None or ordinal >= torch.cuda.device_count():
+            return f"the host's device {device} is not visible in this process"
+        if where is not None and torch.device(where).type != "cuda":
+            return f"the value is read onto {where}"
+        return None
+
     def _open(self, share: Share, where: Any) -> tuple[Any, Any]:
         """The snapshot's storage opened here, readable on this thread's current stream of the target device
         (after the producer's copy, by its event), and that target device."""
         import torch
 
         host_id, handle, event_handle = share.handle
-        if not torch.cuda.is_available():
-            raise DeviceOpenError("this process has no CUDA device")
-        ordinal = discover().ordinal(host_id)  # (the producer's device as this process numbers it)
-        if ordinal is None or ordinal >= torch.cuda.device_count():
-            raise DeviceOpenError(f"the host's device {host_id} is not visible in this process")
-        handle = (ordinal, *handle[1:])
+        why_not = self.unopenable(host_id, where)
+        if why_not is not None:
+            _release_unopened(handle)
+            raise DeviceOpenError(why_not)
+        handle = (discover().ordinal(host_id), *handle[1:])  # (the producer's device as this process numbers it)
         target = where if where is not None else torch.device("cuda", torch.cuda.current_device())
-        if target.type != "cuda":
-            raise DeviceOpenError(f"the value is read onto {target}")
         try:
             with torch.cuda.device(target):
                 alias = torch.UntypedStorage._new_shared_cuda(*handle)  # type: ignore[attr-defined]
-                event = torch.cuda.Event.from_ipc_handle(alias.device, event_handle)  # type: ignore[no-untyped-call]
         except (RuntimeError, TypeError) as exc:  # (cudaErrorInvalidDevice, a handle from another container)
+            _release_unopened(handle)
             raise DeviceOpenError(f"the share of a value on device {host_id} cannot be opened here: {exc}") from None
+        try:
+            with torch.cuda.device(target):
+                event = torch.cuda.Event.from_ipc_handle(alias.device, event_handle)  # type: ignore[no-untyped-call]
+        except (RuntimeError, TypeError) as exc:  # (the alias, dropped here, gives its share back itself)
+            raise DeviceOpenError(f"the event of a value on device {host_id} cannot be opened here: {exc}") from None
         with torch.cuda.device(target):
             torch.cuda.current_stream(target).wait_event(event)
             if alias.device != target:  # (a copy from it runs on its own device's stream: that one waits too)
@@ -149,3 +163,15 @@ class CudaMemory:
 
 
 cuda_memory = CudaMemory()
+
+
+def _release_unopened(handle: tuple[Any, ...]) -> None:
+    """Give back the producer's count of a share that will not be opened here: torch frees a shared snapshot once
+    each of its shares is opened and dropped, or released this way (as torch.multiprocessing does for a share it
+    already holds)."""
+    import torch
+
+    try:
+        torch.UntypedStorage._release_ipc_counter_cuda(handle[4], handle[5])  # type: ignore[attr-defined]
+    except (RuntimeError, TypeError, AttributeError, IndexError):  # (a torch without CUDA: nothing was counted here)
+        pass

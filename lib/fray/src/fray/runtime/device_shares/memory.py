@@ -56,6 +56,12 @@ class DeviceMemory(Protocol):
         """A share of `snapshot` for one reader (producer)."""
         ...
 
+    def unopenable(self, device: int | None, where: Any) -> str | None:
+        """Why this process could not open a share of a snapshot on `device` (the host's id) onto `where`, known
+        before asking for one; None when it may. A share handed out and never opened may hold the producer's
+        memory (torch counts each CUDA share until a reader opens and drops it), so a reader asks for none then."""
+        ...
+
     def open_copy(self, share: Share, fds: list[int], where: Any) -> Any:
         """Open a share, copy it into this process's own memory on `where`, let go of the share; the copy
         (reader). Raises DeviceOpenError when this process cannot open it."""
@@ -184,6 +190,9 @@ class MemfdMemory:
 
     def share(self, snapshot: Any) -> Share:
         return Share((snapshot.nbytes,), (snapshot.fd,))
+
+    def unopenable(self, device: int | None, where: Any) -> str | None:
+        return "this process was set to refuse device shares (MemfdMemory.refuse_open)" if self.refuse_open else None
 
     def open_copy(self, share: Share, fds: list[int], where: Any) -> MemfdBuffer:
         alias = self._open(share, fds)

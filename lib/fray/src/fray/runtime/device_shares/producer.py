@@ -92,6 +92,7 @@ class ShareServer:
         self._table: dict[int, _Snapshot] = {}
         self._ids = itertools.count(1)
         self._leases = itertools.count(1)
+        self._granted = 0
         self._connections: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._stopped = False
@@ -128,6 +129,11 @@ class ShareServer:
     def leases(self) -> int:
         with self._lock:
             return sum(entry.leases for entry in self._table.values())
+
+    def granted(self) -> int:
+        """How many shares this process has handed out (each one a reader asked for)."""
+        with self._lock:
+            return self._granted
 
     def _lease(self, key: int) -> _Snapshot | None:
         with self._lock:
@@ -209,6 +215,8 @@ class ShareServer:
             self._release(key)
             send_message(sock, Lost(f"it could not be shared ({type(exc).__name__}: {exc})"))
             return
+        with self._lock:
+            self._granted += 1
         send_message(sock, Granted(lease, share.handle), share.fds)
 
     def _stage(self, sock: socket.socket, key: int) -> None:

@@ -141,6 +141,15 @@ def rebuild_shared(ref: ShareRef, where: Any = None) -> Any:
 
 
 def _fetch(conn: _Connection, ref: ShareRef, memory: DeviceMemory, where: Any) -> tuple[Any, str]:
+    if memory.unopenable(ref.device, where) is None:
+        shared = _fetch_shared(conn, ref, memory, where)
+        if shared is not None:
+            return shared
+    return _fetch_staged(conn, ref, memory, where)
+
+
+def _fetch_shared(conn: _Connection, ref: ShareRef, memory: DeviceMemory, where: Any) -> tuple[Any, str] | None:
+    """The value through a share of its own; None when this process cannot open the share after all."""
     send_message(conn.sock, OpenShare(ref.snapshot))
     reply, fds = read_message(conn.sock)
     if isinstance(reply, Lost):
@@ -160,10 +169,14 @@ def _fetch(conn: _Connection, ref: ShareRef, memory: DeviceMemory, where: Any) -
             return alias, f"{memory.name}-ipc-out"
         return memory.open_copy(Share(reply.handle), fds, where), f"{memory.name}-ipc"
     except DeviceOpenError:
-        pass
+        return None
     finally:
         if not lent:
             send_message(conn.sock, release)
+
+
+def _fetch_staged(conn: _Connection, ref: ShareRef, memory: DeviceMemory, where: Any) -> tuple[Any, str]:
+    """The value's bytes staged by its producer through host memory, uploaded here."""
     send_message(conn.sock, StageSnapshot(ref.snapshot))
     reply, fds = read_message(conn.sock)
     for fd in fds:
