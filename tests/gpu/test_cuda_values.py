@@ -28,9 +28,9 @@ def test_a_put_cuda_tensor_comes_back_on_a_gpu_as_a_snapshot(gpu_backend_ctx: Jo
     t.zero_()  # a value sent stays a snapshot
     got = gpu_backend_ctx.get(ref, timeout=120)
     assert got.device.type == "cuda" and got.device.index == t.device.index
-    assert float(got.sum().item()) == float(sum(range(1 << 20)))
+    assert float(got.double().sum().item()) == float(sum(range(1 << 20)))
     got.zero_()  # a reader's writes reach no other reader
-    assert float(gpu_backend_ctx.get(ref, timeout=120).sum().item()) == float(sum(range(1 << 20)))
+    assert float(gpu_backend_ctx.get(ref, timeout=120).double().sum().item()) == float(sum(range(1 << 20)))
     stats = gpu_backend_ctx.transfer_stats()
     assert CUDA_PATHS & set(stats), stats
 
@@ -58,7 +58,7 @@ def test_a_task_gets_a_cuda_argument_and_returns_a_cuda_result(gpu_backend_ctx: 
         1 << 18,
     )
     made = gpu_backend_ctx.get(gpu_backend_ctx.create_task(w.make_on_gpu, args=(1000, 2.0), options=ON_GPU), 120)
-    assert made.device.type == "cuda" and float(made.sum().item()) == 2000.0
+    assert made.device.type == "cuda" and float(made.double().sum().item()) == 2000.0
 
 
 def test_actor_to_actor_and_into_the_callers_own_buffers(gpu_backend_ctx: JobContext) -> None:
@@ -69,7 +69,7 @@ def test_actor_to_actor_and_into_the_callers_own_buffers(gpu_backend_ctx: JobCon
         assert gpu_backend_ctx.get(b.keep(a.make(4096)), timeout=120) == ("cuda", 4096.0)
         out = torch.zeros(4096, device="cuda")
         assert gpu_backend_ctx.get(a.make(4096), timeout=120, out=out) is out
-        assert float(out.sum().item()) == 4096.0
+        assert float(out.double().sum().item()) == 4096.0
     finally:
         gpu_backend_ctx.kill(a)
         gpu_backend_ctx.kill(b)
@@ -88,7 +88,8 @@ def test_a_get_into_the_callers_tensors_makes_no_copy_of_its_own_on_the_way(gpu_
     assert gpu_backend_ctx.get(ref, timeout=120, out=out) is out
     assert torch.equal(out["w"], value["w"]) and torch.equal(out["b"], value["b"])
     into = torch.zeros(1 << 20, device="cuda")
-    assert gpu_backend_ctx.get(made, timeout=120, out=into) is into and float(into.sum().item()) == 3.0 * (1 << 20)
+    assert gpu_backend_ctx.get(made, timeout=120, out=into) is into
+    assert float(into.double().sum().item()) == 3.0 * (1 << 20)
     paths = {p for p, n in gpu_backend_ctx.transfer_stats().items() if p not in before or n != before[p]}
     assert paths & {"cuda-device-copy-out", "cuda-staged-out", "cuda-ipc-out"}, paths
     assert not paths & CUDA_PATHS, f"a copy was made before the one into out: {paths}"

@@ -36,9 +36,9 @@ def test_a_value_written_on_a_side_stream_is_sent_once_that_stream_is_done(gpu_b
         t.fill_(7.0)
     ref = gpu_backend_ctx.put(t)  # the side stream still sleeps
     side.synchronize()
-    assert float(gpu_backend_ctx.get(ref, timeout=120).sum().item()) == 7.0 * (1 << 22)
+    assert float(gpu_backend_ctx.get(ref, timeout=120).double().sum().item()) == 7.0 * (1 << 22)
     made = gpu_backend_ctx.create_task(w.made_on_side_stream, args=(1 << 22, 3.0, SLEEP_CYCLES), options=ON_GPU)
-    assert float(gpu_backend_ctx.get(made, timeout=120).sum().item()) == 3.0 * (1 << 22)
+    assert float(gpu_backend_ctx.get(made, timeout=120).double().sum().item()) == 3.0 * (1 << 22)
 
 
 def _in_memory_only(ctx: JobContext) -> None:
@@ -57,7 +57,7 @@ def test_a_kept_copy_read_on_another_stream_waits_for_it(gpu_backend_ctx: JobCon
         with torch.cuda.stream(other):
             got = gpu_backend_ctx.get(ref, timeout=120)
         other.synchronize()
-        assert float(got.sum().item()) == 5.0 * N
+        assert float(got.double().sum().item()) == 5.0 * N
         del got, ref
     torch.cuda.empty_cache()
 
@@ -78,7 +78,7 @@ def test_a_kept_copy_freed_while_another_stream_reads_it_is_not_reused_first(gpu
     gc.collect()  # the value and its kept copy are freed now, the reader's copy still queued
     overwrite = torch.full((N,), 9.0, device="cuda")  # same size, on the writer's stream: its block if free
     other.synchronize()
-    assert float(got.sum().item()) == 5.0 * N
+    assert float(got.double().sum().item()) == 5.0 * N
     del overwrite, got
     torch.cuda.empty_cache()
 

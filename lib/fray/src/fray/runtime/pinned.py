@@ -48,15 +48,19 @@ class _NoPinning:
 
 
 NO_PINNING: HostPinning = _NoPinning()
+CUDA_HOST_REGISTER_PORTABLE = 1  # (cuda_runtime_api.h: cudaHostRegisterPortable)
 
 
 class CudaHostPinning:
-    """cudaHostRegister / cudaHostUnregister, through torch's binding of the CUDA runtime."""
+    """cudaHostRegister / cudaHostUnregister, through torch's binding of the CUDA runtime. Registered portable,
+    as torch's own pinning of existing memory is: pinned for every device of the process, not only the current."""
 
     def pin(self, address: int, nbytes: int) -> None:
         import torch
 
-        torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0))  # type: ignore[no-untyped-call]
+        torch.cuda.check_error(
+            torch.cuda.cudart().cudaHostRegister(address, nbytes, CUDA_HOST_REGISTER_PORTABLE)  # type: ignore[no-untyped-call]
+        )
 
     def unpin(self, address: int) -> None:
         import torch
