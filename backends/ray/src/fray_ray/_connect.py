@@ -35,6 +35,7 @@ from fray_ray._local import (
     is_loopback_address,
     short_tmp,
     stop_private,
+    with_worker_preload,
 )
 from fray_ray._tokens import cluster_token, new_token_file
 from fray_ray._tokens import remove as remove_token
@@ -149,7 +150,7 @@ def acquire(
                     include_dashboard=False,
                     _temp_dir=temp_dir,
                     _node_ip_address=LOOPBACK,
-                    **init_kwargs,
+                    **with_worker_preload(init_kwargs),
                     **common,
                 )
         except BaseException:

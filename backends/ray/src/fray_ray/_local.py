@@ -35,6 +35,7 @@ __all__ = [
     "is_loopback_address",
     "short_tmp",
     "stop_private",
+    "with_worker_preload",
 ]
 
 log = logging.getLogger("fray_ray")
@@ -166,6 +167,18 @@ def stop_private(leader: Identity | None, temp_dir: str) -> None:
         watchdog.forget_group(leader.pid)
     shutil.rmtree(temp_dir, ignore_errors=True)
     watchdog.forget_path(temp_dir)
+
+
+# Loaded by each worker of a private instance before its first task (see the module).
+WORKER_PRELOAD = "fray_ray._lazy_addons"
+
+
+def with_worker_preload(init_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """ray.init's arguments for a private instance: the user's, with fray's module in the workers' preload."""
+    system_config = dict(init_kwargs.get("_system_config") or {})
+    preload = list(system_config.get("preload_python_modules") or [])
+    system_config["preload_python_modules"] = [WORKER_PRELOAD, *(m for m in preload if m != WORKER_PRELOAD)]
+    return {**init_kwargs, "_system_config": system_config}
 
 
 def driver_path_vars() -> dict[str, str]:
