@@ -1,7 +1,7 @@
 """Loaded by each worker of a private Ray instance before its first task (Ray's `preload_python_modules`): the
 worker registers Ray's serialization add-ons for pydantic, starlette and pyarrow when it first imports each of
 those libraries, or at once where it already has, instead of importing all three as it makes its serialization
-context: most of what a worker's start costs beyond importing Ray, and wasted where no task of it uses them.
+context: a large part of a worker's start, wasted where no task of it uses them.
 
 Each add-on is the one Ray registers (`ray.util.serialization_addons.apply`), with the same serializers; only
 the moment differs, and it is always before the library's first object can be pickled. Loaded anywhere but a Ray
