@@ -130,6 +130,21 @@ def on_done(fut: Any, callback: Callable[[Any, BaseException | None], None]) -> 
     return asyncio.run_coroutine_threadsafe(watch(), loop())
 
 
+def stop_client_controller() -> None:
+    """Stop the actor Monarch 0.7 spawns in every client process when its context is first made (its controller
+    of controllers, a sync actor), which its own shutdown leaves running: the actor's thread waits in Monarch's
+    native code, and one that wakes while the interpreter finalizes aborts the process. For the exit hook, after
+    fray's own actors here have stopped; a Monarch without that internal is left as it is."""
+    try:
+        from monarch._src.actor import proc_mesh  # internal: see above
+
+        mesh = getattr(getattr(proc_mesh, "_controller_controller", None), "_val", None)
+        if mesh is not None:
+            mesh.stop().get(timeout=5)  # joins its thread
+    except Exception as exc:  # (the program is exiting: nothing is left to report it to)
+        log.debug("fray: Monarch's client controller did not stop at exit: %r", exc)
+
+
 RECEIVE_FAILURES = 10  # receive errors in a row after which a port counts as gone
 
 

@@ -211,9 +211,19 @@ class Controller:
             )
 
     def abandon(self) -> None:
-        """At interpreter exit without shutdown(): stop reacting to anything (the watchdog removes the files)."""
+        """At interpreter exit without shutdown(): stop reacting to anything (the watchdog removes the files), and
+        end this context's threads that wait in Monarch's native code (the coordinator's, the group answers'
+        reader) while Python can still run them: one that wakes during finalization is ended by unwinding through
+        those frames, which aborts the process instead of letting it exit with the program's status."""
         with self.lock:
+            if self.pool.closed:
+                return
             self.pool.closed = True
+        self.groups.close()
+        try:
+            self.coord.stop().get(timeout=5)  # joins the coordinator's thread
+        except Exception as exc:  # (the program is exiting: nothing is left to report it to)
+            runtime.log.debug("fray: the coordinator did not stop at exit: %r", exc)
 
     def shutdown(self) -> None:
         with self.lock:

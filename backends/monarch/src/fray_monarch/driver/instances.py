@@ -7,6 +7,7 @@ import atexit
 from typing import Any
 
 from fray.errors import FrayError
+from fray_monarch.core import runtime
 
 _controllers: dict[str, Any] = {}
 _exit_hook = False
@@ -19,14 +20,17 @@ def register(key: str, controller: Any) -> None:
     _controllers[key] = controller
     if not _exit_hook:
         _exit_hook = True
-        atexit.register(_abandon_all)
+        atexit.register(run_exit_hook)
 
 
-def _abandon_all() -> None:
+def run_exit_hook() -> None:
     """The interpreter is exiting without shutdown(): from now on the processes' deaths are Monarch's doing. A
-    controller that went on reacting would spawn replacements into a runtime that is stopping (a Rust panic)."""
+    controller that went on reacting would spawn replacements into a runtime that is stopping (a Rust panic), and
+    its coordinator's thread must end before the interpreter finalizes (Controller.abandon), as must the thread of
+    the actor Monarch keeps in every client process (runtime.stop_client_controller)."""
     for controller in list(_controllers.values()):
         controller.abandon()
+    runtime.stop_client_controller()
 
 
 def unregister(key: str) -> None:
