@@ -1,10 +1,11 @@
-"""A driver that ends without fray.shutdown() exits with its own status, however loaded the machine.
+"""A driver that ends without fray.shutdown() (or after it) exits with its own status, however loaded the machine.
 
-The context's coordinator is a Monarch actor in the driver's own process, served by a Python thread that waits in
-Monarch's native code. A thread like that still alive when the interpreter finalizes dies inside that code as it
-wakes (Python ends a thread that wants the interpreter back by unwinding it, which Monarch's native frames turn
-into an abort): the program then ends with SIGABRT, or a silent status 1, instead of its own. So fray's exit hook
-stops the coordinator, which joins that thread, while Python can still run it. Each case runs in a fresh process."""
+Two Monarch actors live in a driver's own process: the context's coordinator, and the one Monarch makes in every
+client (its shutdown leaves that one running). Each is served by a Python thread that waits in Monarch's native
+code. Such a thread still alive when the interpreter finalizes dies inside that code as it wakes (Python ends a
+thread that wants the interpreter back by unwinding it, which Monarch's native frames turn into an abort): the
+program then ends with SIGABRT instead of its own status. So fray's exit hook stops both, which joins their
+threads, while Python can still run them. Each case runs in a fresh process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import json
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 DRIVER = textwrap.dedent(
     """
@@ -30,15 +33,19 @@ DRIVER = textwrap.dedent(
     group = ctx.create_actor_group(collections.Counter, 1)
     assert ctx.get(group.total(), timeout=120) == [0]
     before = actor_threads()
-    instances.run_exit_hook()  # what atexit runs first at the end of a program that did not shut down
+    if sys.argv[2] == "shutdown":
+        fray.shutdown()
+    instances.run_exit_hook()  # what atexit runs first at the end of the program
     print("RESULT", json.dumps({"before": before, "after": actor_threads()}), flush=True)
     sys.exit(int(sys.argv[1]))
     """
 )
 
 
-def test_the_exit_hook_ends_the_thread_of_every_actor_in_the_driver() -> None:
-    out = subprocess.run([sys.executable, "-c", DRIVER, "0"], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("end", ["no shutdown", "shutdown"])
+def test_the_exit_hook_ends_the_thread_of_every_actor_in_the_driver(end: str) -> None:
+    """Without shutdown(), and after it: Monarch's own actor outlives a context's shutdown."""
+    out = subprocess.run([sys.executable, "-c", DRIVER, "0", end], capture_output=True, text=True, timeout=300)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, out.stderr[-3000:]
     assert json.loads(line[len("RESULT ") :]) == {
@@ -50,5 +57,7 @@ def test_the_exit_hook_ends_the_thread_of_every_actor_in_the_driver() -> None:
 
 
 def test_a_driver_ending_without_shutdown_exits_with_its_own_status() -> None:
-    out = subprocess.run([sys.executable, "-c", DRIVER, "3"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER, "3", "no shutdown"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 3, out.stderr[-3000:]
