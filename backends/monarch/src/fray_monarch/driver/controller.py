@@ -212,18 +212,22 @@ class Controller:
 
     def abandon(self) -> None:
         """At interpreter exit without shutdown(): stop reacting to anything (the watchdog removes the files), and
-        end this context's threads that wait in Monarch's native code (the coordinator's, the group answers'
-        reader) while Python can still run them: one that wakes during finalization is ended by unwinding through
-        those frames, which aborts the process instead of letting it exit with the program's status."""
+        end this context's threads in this process while Python can still run them (_end_driver_threads)."""
         with self.lock:
             if self.pool.closed:
                 return
             self.pool.closed = True
-        self.groups.close()
+        self._end_driver_threads()
+
+    def _end_driver_threads(self) -> None:
+        """Stop the coordinator (which joins its thread) and the reader of group members' answers: both wait in
+        Monarch's native code, and one that wakes while the interpreter finalizes is ended by unwinding through
+        those frames, which aborts the process instead of letting it exit with the program's status."""
         try:
-            self.coord.stop().get(timeout=5)  # joins the coordinator's thread
-        except Exception as exc:  # (the program is exiting: nothing is left to report it to)
-            runtime.log.debug("fray: the coordinator did not stop at exit: %r", exc)
+            self.coord.stop().get(timeout=5)
+        except Exception as exc:  # (at exit, or the context ending: nothing is left to report it to)
+            runtime.log.debug("fray: the coordinator did not stop: %r", exc)
+        self.groups.close()
 
     def shutdown(self) -> None:
         with self.lock:
@@ -232,11 +236,7 @@ class Controller:
             procs = self.pool.close()
         self.directory.close()
         self.pool.stop(procs)
-        try:
-            self.coord.stop().get(timeout=5)
-        except Exception:
-            pass
-        self.groups.close()
+        self._end_driver_threads()
         self.pool.release()  # after the stops: any process they missed ends now
         # A stop that failed or timed out (Monarch's, on a loaded machine) must not leave this context's
         # processes behind: those of this machine still running are SIGKILLed, proven ours first.
