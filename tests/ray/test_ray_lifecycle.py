@@ -166,6 +166,24 @@ def test_a_head_fray_started_is_told_not_to_drain_when_stopped(cluster: RayClust
     assert f"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S={wanted}".encode() in environ
 
 
+def test_a_head_fray_started_sets_up_its_runtime_env_workers_with_frays_script(cluster: RayClusterContext) -> None:
+    """A worker with a runtime env (a job's supervisor has one, always) starts through a set-up script: fray's,
+    which imports no Ray before the worker does (fray_ray._setup_worker). Its variables are set as Ray sets them:
+    `${X}` of the node's environment expanded, one it lacks dropped."""
+    head = cluster._head  # type: ignore[attr-defined]
+    commands = [" ".join(procfs.cmdline(p) or ()) for p in group_and_descendants(os.getpgid(head.proc.pid))]
+    raylets = [c for c in commands if "--python_worker_command=" in c]
+    assert raylets, f"no raylet among the head's processes: {[c[:100] for c in commands]}"
+    assert all("fray_ray/_setup_worker.py" in c and "workers/setup_worker.py" not in c for c in raylets), raylets
+    env = fray.RuntimeEnv(env={"FRAY_SET_UP": "<${HOME}|${FRAY_NEVER_SET_ANYWHERE}>"})
+    job = cluster.create_job('echo "$FRAY_SET_UP"', env=env)
+    cluster.wait_job(job, timeout=120)
+    try:
+        assert cluster.get_job_logs(job) == f"<{os.environ['HOME']}|>\n"
+    finally:
+        cluster.delete_job(job)
+
+
 # ---------------------------------------------------------------------------------------- temp dir base
 def test_temp_base_leaves_room_for_rays_socket_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_TMPDIR", raising=False)

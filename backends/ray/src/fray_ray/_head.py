@@ -83,7 +83,9 @@ class LocalHead:
         )
         self.port, self.dashboard_port, *other_ports = free_ports(2 + len(port_flags))
         cmd = [
-            os.path.join(os.path.dirname(sys.executable), "ray"),
+            sys.executable,
+            "-m",
+            "fray_ray._ray_start",  # (`ray start`, its workers with a runtime env set up without importing Ray)
             "start",
             "--head",
             "--block",
