@@ -166,6 +166,15 @@ def test_a_head_fray_started_is_told_not_to_drain_when_stopped(cluster: RayClust
     assert f"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S={wanted}".encode() in environ
 
 
+def test_a_private_head_starts_no_ray_client_server(cluster: RayClusterContext) -> None:
+    """fray's drivers join through the GCS: a head of fray's own context has no Ray Client server (no process, no
+    port), while `ray start` starts one by default."""
+    head = cluster._head  # type: ignore[attr-defined]
+    commands = [" ".join(procfs.cmdline(p) or ()) for p in group_and_descendants(os.getpgid(head.proc.pid))]
+    assert any("gcs_server" in c for c in commands), [c[:100] for c in commands]
+    assert not [c for c in commands if "ray.util.client.server" in c], [c[:100] for c in commands]
+
+
 def test_a_head_fray_started_sets_up_its_runtime_env_workers_with_frays_script(cluster: RayClusterContext) -> None:
     """A worker with a runtime env (a job's supervisor has one, always) starts through a set-up script: fray's,
     which imports no Ray before the worker does (fray_ray._setup_worker). Its variables are set as Ray sets them:

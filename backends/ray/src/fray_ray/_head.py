@@ -39,6 +39,7 @@ from fray_ray._auth import (
     user_auth_mode,
 )
 from fray_ray._local import LOCAL_ONLY_ENV, LOOPBACK, is_loopback_address, short_tmp
+from fray_ray._ray_start import WITHOUT_RAY_CLIENT
 from fray_ray._tokens import TOKEN_VARS, new_token_file, note_cluster_token
 from fray_ray._tokens import remove as remove_token
 
@@ -72,20 +73,24 @@ class LocalHead:
         # Every fixed default port (agent 52365, metrics, runtime env agent, ...) may be held by another Ray on
         # this machine (a private ray.init in the same process, say); then the job agent never comes up. The ports
         # are distinct: `ray start` refuses two components on one port.
-        port_flags = (
+        port_flags: tuple[str, ...] = (
             "dashboard-agent-listen-port",
             "dashboard-agent-grpc-port",
             "metrics-export-port",
             "runtime-env-agent-port",
             "node-manager-port",
             "object-manager-port",
-            "ray-client-server-port",
         )
+        # A head of fray's own context serves fray's drivers alone, which join through the GCS: no Ray Client
+        # server (a port more, and a process) there. The head of `fray cluster start` keeps Ray's default.
+        if not owned:
+            port_flags += ("ray-client-server-port",)
         self.port, self.dashboard_port, *other_ports = free_ports(2 + len(port_flags))
         cmd = [
             sys.executable,
             "-m",
             "fray_ray._ray_start",  # (`ray start`, its workers with a runtime env set up without importing Ray)
+            *([WITHOUT_RAY_CLIENT] if owned else []),
             "start",
             "--head",
             "--block",
