@@ -134,3 +134,20 @@ class CoresBusy:
         if end - start < self.window or total_now == total_before:
             return None
         return (busy_now - busy_before) / (total_now - total_before)
+
+
+class CoresTimeline:
+    """How busy the machine's cores were, interval by interval over a whole run: printed at its end, it shows
+    where the parts left the cores idle (what a better packing of the parts could still use)."""
+
+    def __init__(self, read: Callable[[], str] = PROC_STAT.read_text) -> None:
+        self._read = read
+        self._samples: list[tuple[int, int]] = [busy_jiffies(read())]
+
+    def sample(self) -> None:
+        self._samples.append(busy_jiffies(self._read()))
+
+    def shares(self) -> list[float]:
+        """The busy share of each interval between two samples (0 to 1)."""
+        pairs = zip(self._samples, self._samples[1:], strict=False)
+        return [(b1 - b0) / (t1 - t0) if t1 > t0 else 0.0 for (b0, t0), (b1, t1) in pairs]

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _part_cpu import CPU_TABLE_ENV, CoresBusy, CpuMeter, cpu_table_descriptor, cpu_table_variable
+from _part_cpu import CPU_TABLE_ENV, CoresBusy, CoresTimeline, CpuMeter, cpu_table_descriptor, cpu_table_variable
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -50,6 +50,7 @@ PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 _LIBC = ctypes.CDLL(None, use_errno=True)  # (loaded here: a forked child of a threaded process must not load)
 EXTRA_WINDOW = 30.0  # seconds of the machine's CPU looked at before one part more than PARALLEL starts ...
 EXTRA_BELOW = 0.8  # ... while the cores were less busy than this share of the time over that window
+TIMELINE_STEP = 60.0  # seconds of each figure in the cores' timeline printed at the end
 SLOWEST = 30  # the slowest steps (setup, call, teardown) over every part, printed at the end
 CPU_TOP_ENV = "FRAY_TEST_CPU_TOP"  # (tests/_cpu_per_test.py: how many of a part's costliest tests it lists)
 # Seconds each part took in a full run on a 2-core machine (two parts at a time); only their order matters.
@@ -365,6 +366,14 @@ def main(argv: list[str]) -> int:
         thread.start()
         return thread
 
+    timeline = CoresTimeline()
+
+    def sample_timeline() -> None:
+        while True:
+            time.sleep(TIMELINE_STEP)
+            timeline.sample()
+
+    threading.Thread(target=sample_timeline, name="fray-test-cores-timeline", daemon=True).start()
     schedule(list(todo), count, launch, cores)
     failed = [p for p in todo if p.code != 0]
     steps = sorted((step for part in todo for step in part.durations), reverse=True)[:SLOWEST]
@@ -382,6 +391,8 @@ def main(argv: list[str]) -> int:
     total = time.monotonic() - began
     print(f"\nrun_parallel: {len(todo) - len(failed)} of {len(todo)} parts passed in {total:.0f} s", end="")
     print(f"; failed: {', '.join(p.name for p in failed)}" if failed else "")
+    shares = " ".join(f"{share:.0%}" for share in timeline.shares())
+    print(f"run_parallel: the cores' busy share, minute by minute: {shares}")
     counted = [p.cpu for p in todo if p.cpu is not None]
     if counted:
         cores = os.cpu_count() or 1

@@ -307,6 +307,15 @@ def test_how_busy_the_cores_were_is_read_over_a_whole_window() -> None:
     assert cores.busy() == 1.0  # (the last window only: 10 s to 25 s, every jiffy busy)
 
 
+def test_the_cores_timeline_has_the_busy_share_of_each_interval() -> None:
+    reads = iter([_stat(0, 0), _stat(150, 50), _stat(150, 250), _stat(250, 250)])
+    timeline = _part_cpu.CoresTimeline(read=lambda: next(reads))
+    assert timeline.shares() == []
+    for _ in range(3):
+        timeline.sample()
+    assert timeline.shares() == [0.75, 0.0, 1.0]
+
+
 @pytest.mark.parametrize("busy_share", [0.0, 1.0])
 def test_one_part_more_starts_only_while_the_cores_idle(busy_share: float) -> None:
     """One part at a time: on idle cores the shortest part left starts beside the first as the extra one, and the
