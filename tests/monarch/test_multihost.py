@@ -353,12 +353,12 @@ def test_a_driver_without_the_hosts_authority_cannot_attach(
     """TLS workers accept only peers with a certificate from their authority: a driver with another authority,
     and one talking plain TCP, both fail to attach (and are told what to check), and nothing of theirs runs."""
     stranger = {**env, "FRAY_TLS_DIR": str(tmp_path / "another-authority")}
-    code = f"import fray\nfray.init({user_workers + '&attach_timeout=8'!r})"
+    code = f"import fray\nfray.init({user_workers + '&attach_timeout=3'!r})"
     out = _in_host(hosts[0], code, stranger)
     error = _fray_error(out.stderr)
     assert out.returncode != 0 and "did not finish attaching" in error, out.stderr[-3000:]
     assert "a certificate from another authority" in error and "~/.fray/tls" in error, error
-    plain = user_workers.replace("tls://", "tcp://") + "&insecure=true&attach_timeout=8"
+    plain = user_workers.replace("tls://", "tcp://") + "&insecure=true&attach_timeout=3"
     out = _in_host(hosts[0], f"import fray\nfray.init({plain!r})", env)
     error = _fray_error(out.stderr)
     assert out.returncode != 0 and "A worker serving TLS" in error, out.stderr[-3000:]
