@@ -26,6 +26,7 @@ import ray
 
 from fray.backend import Identity, watchdog
 from fray_ray._auth import auth_state, join_auth_mode, restore_auth, set_auth_mode, user_auth_mode
+from fray_ray._forwarded_output import settle, this_nodes_logs
 from fray_ray._local import (
     LOOPBACK,
     GroupedSpawn,
@@ -59,6 +60,7 @@ class _Connection:
     auth: tuple[str | None, str | None] | None = None  # RAY_AUTH_MODE before we connected (restored after)
     tokens: dict[str, str | None] | None = None  # where Ray's token came from before we connected (restored after)
     token_file: Path | None = None  # the private instance's own token (removed with it)
+    forwards_output: bool = False  # log_to_driver: the workers' lines are relayed to this process's console
 
 
 _conn: _Connection | None = None
@@ -130,7 +132,13 @@ def acquire(
                 restore_auth(saved)
                 raise
             _conn = _Connection(
-                started_here=False, connected_here=True, temp_dir=None, users=1, auth=saved, tokens=tokens
+                started_here=False,
+                connected_here=True,
+                temp_dir=None,
+                users=1,
+                auth=saved,
+                tokens=tokens,
+                forwards_output=log_to_driver,
             )
             return
         saved = auth_state()
@@ -170,6 +178,7 @@ def acquire(
             auth=saved,
             tokens=tokens,
             token_file=token,
+            forwards_output=log_to_driver,
         )
 
 
@@ -190,6 +199,8 @@ def release() -> None:
             return
         conn, _conn = _conn, None
         if conn.connected_here:
+            if conn.forwards_output:
+                settle(this_nodes_logs())
             ray.shutdown()
         if conn.started_here and conn.temp_dir:
             stop_private(conn.leader, conn.temp_dir)
