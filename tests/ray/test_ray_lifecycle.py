@@ -193,27 +193,6 @@ def test_a_head_fray_started_sets_up_its_runtime_env_workers_with_frays_script(c
         cluster.delete_job(job)
 
 
-def test_a_head_fray_started_has_its_workers_load_rays_serialization_add_ons_when_first_needed(
-    cluster: RayClusterContext,
-) -> None:
-    """As a private instance's (test_ray_worker_addons.py): a worker that never uses pydantic, starlette or
-    pyarrow never imports them (fray_ray._lazy_addons, preloaded through the head's system config)."""
-    probe = (
-        "import fray\n"
-        "class Probe:\n"
-        "    def libraries(self):\n"
-        "        import sys\n"
-        "        return sorted(n for n in ('pydantic', 'pyarrow', 'starlette') if n in sys.modules)\n"
-        "ctx = fray.init()\n"
-        "probe = ctx.create_actor(Probe)\n"
-        "ctx.get(probe.libraries(), timeout=120)  # (its first result made the worker's serialization context)\n"
-        "print('LIBRARIES', ctx.get(probe.libraries(), timeout=120))\n"
-        "fray.shutdown()\n"
-    )
-    logs = _logs(cluster, f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)}")
-    assert "LIBRARIES []" in logs, logs[-3000:]
-
-
 # ---------------------------------------------------------------------------------------- temp dir base
 def test_temp_base_leaves_room_for_rays_socket_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_TMPDIR", raising=False)

@@ -9,7 +9,6 @@ outlives its starter, fray_ray.persistent). It is ready once `ray start` says it
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -39,7 +38,7 @@ from fray_ray._auth import (
     token_path,
     user_auth_mode,
 )
-from fray_ray._local import LOCAL_ONLY_ENV, LOOPBACK, WORKER_PRELOAD, is_loopback_address, short_tmp
+from fray_ray._local import LOCAL_ONLY_ENV, LOOPBACK, is_loopback_address, short_tmp
 from fray_ray._ray_start import WITHOUT_RAY_CLIENT
 from fray_ray._tokens import TOKEN_VARS, new_token_file, note_cluster_token
 from fray_ray._tokens import remove as remove_token
@@ -110,11 +109,9 @@ class LocalHead:
         if object_store_memory is not None:
             cmd.append(f"--object-store-memory={object_store_memory}")
         if resources:
+            import json
+
             cmd.append(f"--resources={json.dumps(resources)}")
-        if owned:
-            # its workers load Ray's serialization add-ons when they first need them, as a private instance's do;
-            # a system config reaches every node that joins, and only fray's own nodes join this head
-            cmd.append(f"--system-config={json.dumps({'preload_python_modules': [WORKER_PRELOAD]})}")
         env = dict(os.environ)
         # token auth unless the user chose a mode; the clients send the token. On loopback, a token of its own
         # (fray_ray._tokens: a leaked one opens this cluster alone); beyond, the user's, which other nodes join with.
