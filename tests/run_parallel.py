@@ -392,7 +392,7 @@ def main(argv: list[str]) -> int:
     print(f"\nrun_parallel: {len(todo) - len(failed)} of {len(todo)} parts passed in {total:.0f} s", end="")
     print(f"; failed: {', '.join(p.name for p in failed)}" if failed else "")
     shares = " ".join(f"{share:.0%}" for share in timeline.shares())
-    print(f"run_parallel: the cores' busy share, minute by minute: {shares}")
+    print(f"run_parallel: the cores' busy share, every {TIMELINE_STEP:.0f} s: {shares}")
     counted = [p.cpu for p in todo if p.cpu is not None]
     if counted:
         cores = os.cpu_count() or 1
