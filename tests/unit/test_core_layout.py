@@ -219,6 +219,14 @@ def test_a_face_loads_each_name_from_the_module_type_checkers_are_told(face: str
         getattr(module, name)
 
 
+def test_the_suites_face_gives_the_plugins_marker_when_asked() -> None:
+    import fray.testing
+    from fray.testing import plugin
+
+    assert fray.testing.requires_capability is plugin.requires_capability
+    assert "requires_capability" in dir(fray.testing)
+
+
 @pytest.mark.parametrize(
     ("program", "not_loaded"),
     [
@@ -227,11 +235,14 @@ def test_a_face_loads_each_name_from_the_module_type_checkers_are_told(face: str
         ("fray.jobs.supervisor", ["fray.context", "fray.cluster_context", "fray.runtime.serialization"]),
         ("fray.jobs.run_call", ["fray.context", "fray.cluster_context", "fray.runtime.serialization"]),
         ("fray.backend", ["fray.context", "fray.cluster_context", "fray.jobs.local", "fray.runtime.serialization"]),
+        ("fray.testing.workloads", ["pytest", "fray.testing.plugin"]),
+        ("fray.testing.group_workloads", ["pytest", "fray.testing.plugin"]),
     ],
 )
 def test_a_process_running_one_room_does_not_load_the_others(program: str, not_loaded: list[str]) -> None:
     """The watchdog, a job's supervisor and a job rank's callable are processes of their own, started many times:
-    importing any module of fray runs `fray/__init__`, which must not import the API's modules behind it."""
+    importing any module of fray runs `fray/__init__`, which must not import the API's modules behind it. The
+    suite's workloads are imported by every engine process that runs one of their functions: not pytest."""
     code = f"import sys, {program}; print(' '.join(sorted(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     loaded = set(done.stdout.split())

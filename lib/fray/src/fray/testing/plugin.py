@@ -32,7 +32,7 @@ from fray.testing.capability_table import CapabilityResults, disagreements, docu
 from fray.testing.failure_events import events_during
 from fray.testing.wheels import probe_wheel
 
-requires_capability = pytest.mark.fray_capability
+requires_capability: pytest.MarkDecorator = pytest.mark.fray_capability
 # A case that checks every capability the backend lacks is refused; it names each one it saw refused in its
 # report's user_properties as ("fray_refused", value).
 refusal_check = pytest.mark.fray_refusals
