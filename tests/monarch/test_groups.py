@@ -5,6 +5,7 @@ test_multihost.py, on namespaced hosts.)"""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 import fray
 from fray import ActorOptions, ActorUnavailableError, TaskOptions
 from fray.registry import get_backend, job_context_from, parse_spec
-from fray_monarch.driver import group_rec
+from fray_monarch.driver import group_rec, processes
 
 
 class Caster:
@@ -97,6 +98,36 @@ def test_restarted_member_is_served_by_its_own_send(ctx: Any, broadcasts: list[i
         assert [w[0] for w in ctx.get(group.where(), timeout=60)] == [0, 1, 2]
     finally:
         ctx.kill(group)
+
+
+def test_an_spmd_call_made_after_a_members_call_failed_at_its_death_waits_for_the_restart(
+    ctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member's call can fail at its process's death (Monarch fails the call) before fray's news of that death
+    lands: the news comes from fray's watch of the process, or from its pid once the worker's first answer gave it,
+    and on a loaded machine that answer can come seconds late. A call to the group made in between is made after
+    the death: it waits for the restart, as the docs' table says, and is not failed as one in flight."""
+    delayed: list[threading.Timer] = []
+    died = processes.ProcessPool._died
+
+    def late_news(self: processes.ProcessPool, proc: Any, value: Any, exc: BaseException | None) -> None:
+        timer = threading.Timer(1.0, died, (self, proc, value, exc))
+        delayed.append(timer)
+        timer.start()
+
+    monkeypatch.setattr(processes.ProcessPool, "_watch_pid", lambda self, proc, reply, exc: None)  # pid unknown
+    monkeypatch.setattr(processes.ProcessPool, "_died", late_news)
+    group = ctx.create_actor_group(Caster, 2, options=ActorOptions(max_restarts=1), distributed=True)
+    try:
+        before = ctx.get(group.pid(), timeout=120)
+        with pytest.raises(ActorUnavailableError):
+            ctx.get(group[1].crash(), timeout=60)  # in flight at the death
+        after = ctx.get(group.pid(), timeout=120)  # made after it: waits for the restart
+        assert not set(after) & set(before)
+    finally:
+        ctx.kill(group)
+        for timer in delayed:
+            timer.join()
 
 
 def test_group_members_count_against_the_hosts_cpus() -> None:

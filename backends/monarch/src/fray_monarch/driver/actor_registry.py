@@ -96,6 +96,8 @@ class ActorRegistry:
                 # The process died during the call. Restarting (or restarted already: the death may have been
                 # handled first, counting the restart) -> unavailable; no restart left -> dead.
                 restarted = rec is not None and rec.restarts > entry.actor_restarts
+                if rec is not None and not restarted and rec.proc is not None:
+                    rec.proc.died_in_a_call = True  # (an SPMD call made before the death's news waits: GroupRec)
                 if rec is not None and not restarted and (rec.state == ActorState.DEAD or not rec.can_restart):
                     why = rec.reason or "its process crashed"
                     failure: Exception = ActorDiedError(f"actor {rec.label} died: {why}")

@@ -13,6 +13,7 @@ from fray.errors import FrayError
 from fray_monarch.core.protocol import WireValue
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.directory import Entry
+from fray_monarch.driver.proc_rec import Proc
 
 
 @dataclass
@@ -82,8 +83,9 @@ class GroupRec:
     waiting: list[tuple[ActorRec, Entry, str, WireValue, list[str]]] = field(default_factory=list)
 
     def member_exiting(self) -> bool:
-        """A member's process on this machine has begun to exit: the group's failure is coming."""
-        return any(m.proc is not None and m.proc.pid and exiting(m.proc.pid) for m in self.members)
+        """A member's process on this machine has begun to exit, or (its pid not known yet: the worker's first
+        answer can come late) a call to it failed as it died: the group's failure is coming."""
+        return any(m.proc is not None and _dying(m.proc) for m in self.members)
 
     def wait_for_restart(self, rec: ActorRec, entry: Entry, method: str, args: WireValue, deps: list[str]) -> bool:
         """Under the lock: a call to member `rec` made while the SPMD group restarts, or after a member's process
@@ -94,3 +96,7 @@ class GroupRec:
             return False
         self.waiting.append((rec, entry, method, args, deps))
         return True
+
+
+def _dying(proc: Proc) -> bool:
+    return exiting(proc.pid) if proc.pid else proc.died_in_a_call

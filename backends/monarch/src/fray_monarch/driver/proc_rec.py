@@ -24,6 +24,7 @@ class Proc:
     worker: Any
     capacity: dict[str, float]
     pid: int = 0  # known once it answered its first ping, for a process on this machine
+    died_in_a_call: bool = False  # a call to it failed as it died, before the pool's news of that death
     claims: dict[str, float] = field(default_factory=dict)  # what the actors placed on it take of its share
     outstanding: set[str] = field(default_factory=set)  # tasks sent to it, not reported yet
     blocked: int = 0  # of those, how many wait in get/wait (their resources are lent)
