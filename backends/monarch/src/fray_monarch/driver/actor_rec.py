@@ -4,13 +4,24 @@ share it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fray.backend import ActorInfo, ActorOptions, ActorState
 from fray_monarch.core.protocol import ActorDesc, WireValue
+from fray_monarch.driver.directory import Entry
 from fray_monarch.driver.proc_rec import Proc
 
-__all__ = ["ActorRec"]
+__all__ = ["ActorRec", "HeldCall"]
+
+
+class HeldCall(NamedTuple):
+    """A call to an actor kept back until its restart: sent then, or failed if the actor dies instead."""
+
+    actor: ActorRec
+    entry: Entry
+    method: str
+    args: WireValue
+    deps: list[str]
 
 
 @dataclass
@@ -42,10 +53,16 @@ class ActorRec:
     inflight: set[str] = field(default_factory=set)  # its calls sent by group broadcast, not answered yet
     calls: dict[str, Any] = field(default_factory=dict)  # id -> Entry: its calls sent to it alone, not answered yet
     streams: dict[str, tuple[Any, int]] = field(default_factory=dict)  # open streams: id -> (StreamRec, restarts)
+    waiting: list[HeldCall] = field(default_factory=list)  # calls made after its process died, before that news
 
     @property
     def can_restart(self) -> bool:
         return self.options.max_restarts == -1 or self.restarts < self.options.max_restarts
+
+    @property
+    def died_unseen(self) -> bool:
+        """A call to it failed as its process died, and fray's news of that death has not come yet."""
+        return self.proc is not None and self.proc.died_in_a_call
 
     @property
     def label(self) -> str:
@@ -58,3 +75,12 @@ class ActorRec:
     @property
     def desc(self) -> ActorDesc:
         return self.id, self.class_name, self.methods, self.name
+
+    def wait_for_restart(self, entry: Entry, method: str, args: WireValue, deps: list[str]) -> bool:
+        """Under the lock: a call made after one of its calls failed as its process died, before fray's news of
+        that death (the pool's watch of the process can come later): it waits for the restart that news brings,
+        or fails if the actor is dead by then. False when its process is not known to have died."""
+        if not self.died_unseen:
+            return False
+        self.waiting.append(HeldCall(self, entry, method, args, deps))
+        return True

@@ -38,10 +38,10 @@ from fray_monarch.driver.actor_holds import ActorHolds
 from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.directory import Entry, ObjectDirectory, check_owner
 from fray_monarch.driver.ids import Ids
-from fray_monarch.driver.orphaned_calls import fail_after_grace, stream_failure
+from fray_monarch.driver.orphaned_calls import fail_after_grace
 from fray_monarch.driver.proc_rec import Proc, local_part
 from fray_monarch.driver.processes import ProcessPool, ignore
-from fray_monarch.driver.streaming import StreamRec, StreamRegistry
+from fray_monarch.driver.streaming import StreamRegistry
 
 FrayActorHost = actor_host()  # fray_monarch.workers.hosts.FrayActorHost, by name (core/actor_classes.py)
 # Seconds get reads a reply straight from its Monarch future before it waits on the call's entry, which the death of
@@ -97,7 +97,7 @@ class ActorRegistry:
                 # handled first, counting the restart) -> unavailable; no restart left -> dead.
                 restarted = rec is not None and rec.restarts > entry.actor_restarts
                 if rec is not None and not restarted and rec.proc is not None:
-                    rec.proc.died_in_a_call = True  # (an SPMD call made before the death's news waits: GroupRec)
+                    rec.proc.died_in_a_call = True  # (a call made before the death's news waits: wait_for_restart)
                 if rec is not None and not restarted and (rec.state == ActorState.DEAD or not rec.can_restart):
                     why = rec.reason or "its process crashed"
                     failure: Exception = ActorDiedError(f"actor {rec.label} died: {why}")
@@ -273,6 +273,9 @@ class ActorRegistry:
         self.holds.unclaim(rec)
         rec.keep = []
         self.fail_inflight(rec, RuntimeError(reason))
+        for held in rec.waiting:
+            self.directory.complete(held.entry, None, ActorDiedError(f"actor {rec.label} died: {reason}"))
+        rec.waiting = []
         self.resources_freed()
 
     def proc_died(self, proc: Proc, reason: str) -> None:
@@ -281,7 +284,7 @@ class ActorRegistry:
             rec = self.by_id[aid]
             if rec.state == ActorState.DEAD:
                 continue  # (its SPMD group died with another member, just now)
-            fail_after_grace(rec, reason, self.directory.awaited, self.reply, self._stream_reply)
+            fail_after_grace(rec, reason, self.directory.awaited, self.reply, self.streams.actor_failed)
             if rec.group is not None and rec.group.distributed and self.gang_died is not None:
                 self.gang_died(rec, f"its process crashed: {reason}", True)  # the whole group fails with it
             elif rec.can_restart:
@@ -295,6 +298,11 @@ class ActorRegistry:
                     self.dead(rec, f"its process crashed ({reason}) and it could not restart: {refused}")
                     continue
                 self.fail_inflight(rec, RuntimeError(reason))  # -> ActorUnavailableError
+                waiting, rec.waiting = rec.waiting, []
+                for held in waiting:  # (calls made after the death, before this news: to its new life now)
+                    held.entry.actor_restarts = rec.restarts
+                    self.send_one(*held)
+                self.directory.awaited([held.entry for held in waiting])  # (their getters may wait already)
             else:
                 self.dead(rec, f"its process crashed: {reason}")
 
@@ -353,6 +361,8 @@ class ActorRegistry:
                 if group.error is not None:  # dead
                     self.directory.complete(entry, None, type(group.error)(str(group.error)))
                     return payload
+            elif rec.wait_for_restart(entry, method, args, deps):
+                return payload
             self.send_one(rec, entry, method, args, deps)
             return payload
 
@@ -363,7 +373,7 @@ class ActorRegistry:
         previous reply (with the caches cold). Any other call goes through call()."""
         with self.lock:
             rec = self.by_id.get(aid)
-            if rec is None or rec.state is ActorState.DEAD or rec.group is not None:
+            if rec is None or rec.state is ActorState.DEAD or rec.group is not None or rec.died_unseen:
                 return self.call(aid, method, WireValue(Inline(data)), [], [])
             entry, payload = self.directory.new(self.ids.object())
             entry.actor = rec
@@ -397,27 +407,7 @@ class ActorRegistry:
         """A generator method's call: its items come as a stream (streaming.py); returns the stream's id."""
         with self.lock:
             actor = self.get(aid)
-            sid = self.ids.object()
-            rec = self.streams.open(sid, lambda: actor.proc)
-            if actor.state == ActorState.DEAD:
-                self.streams.end(rec, ActorDiedError(f"actor {actor.label} is dead: {actor.reason}"))
-                return sid
-            rec.keep = keep
-            fut = actor.mesh.call_stream.call_one(sid, method, args, deps)
-            actor.streams[sid] = (rec, actor.restarts)
-        runtime.on_done(fut, partial(self._stream_reply, rec, actor, actor.restarts))
-        return sid
-
-    def _stream_reply(
-        self, rec: StreamRec, actor: ActorRec, restarts: int, _value: Any, exc: BaseException | None
-    ) -> None:
-        """The actor's answer to the stream call: only its failure matters (items and the end come through the
-        report FIFO); a process that died mid-stream ends the stream with the actor's error."""
-        with self.lock:
-            actor.streams.pop(rec.id, None)
-            if exc is None or rec.ended:
-                return
-            self.streams.end(rec, stream_failure(actor, restarts))  # (restarts: the actor's when it began)
+        return self.streams.call_actor(actor, method, args, deps, keep)
 
     def info(self, name: str) -> ActorDesc:
         with self.lock:

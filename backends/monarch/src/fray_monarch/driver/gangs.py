@@ -136,7 +136,7 @@ class GangKeeper:
         group.generation += 1
         why = str(died_error(group.label, rank, reason))
         group.error = ActorDiedError(why)
-        waiting = [entry for _, entry, *_ in group.waiting]  # (calls made while it restarted: they fail too)
+        waiting = [held.entry for held in group.waiting]  # (calls made while it restarted: they fail too)
         group.waiting = []
         meshes = self.groups.drop(group, why)
         group.blocks = []  # (stopped here once: a later kill of the group has no mesh left to stop)
@@ -238,6 +238,6 @@ class GangKeeper:
                 group.error = None
                 group.up_since = time.monotonic()
                 waiting, group.waiting = group.waiting, []
-                for rec, entry, method, args, deps in waiting:  # calls made during the restart run now
-                    if not entry.outcome.done():
-                        self.actors.send_one(rec, entry, method, args, deps)
+                for held in waiting:  # calls made during the restart run now
+                    if not held.entry.outcome.done():
+                        self.actors.send_one(*held)

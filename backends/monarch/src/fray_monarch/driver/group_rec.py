@@ -11,7 +11,7 @@ from typing import Any
 from fray.backend import exiting
 from fray.errors import FrayError
 from fray_monarch.core.protocol import WireValue
-from fray_monarch.driver.actor_rec import ActorRec
+from fray_monarch.driver.actor_rec import ActorRec, HeldCall
 from fray_monarch.driver.directory import Entry
 from fray_monarch.driver.proc_rec import Proc
 
@@ -80,7 +80,7 @@ class GroupRec:
     held: dict[str, Entry] = field(default_factory=dict)  # members' lost-peer errors waiting (ActorRegistry.hold)
     calls: dict[str, Entry] = field(default_factory=dict)  # SPMD members' pending calls sent alone (send_one)
     # calls made while it restarts, sent once every member is back (gangs.py); (member, entry, method, args, deps)
-    waiting: list[tuple[ActorRec, Entry, str, WireValue, list[str]]] = field(default_factory=list)
+    waiting: list[HeldCall] = field(default_factory=list)
 
     def member_exiting(self) -> bool:
         """A member's process on this machine has begun to exit, or (its pid not known yet: the worker's first
@@ -94,7 +94,7 @@ class GroupRec:
         wrong."""
         if self.dead or (self.error is None and not self.member_exiting()):
             return False
-        self.waiting.append((rec, entry, method, args, deps))
+        self.waiting.append(HeldCall(rec, entry, method, args, deps))
         return True
 
 

@@ -309,9 +309,9 @@ class GroupRegistry:
         group.dead = True  # (an SPMD group's restart under way stops here: gangs.py checks it)
         group.generation += 1
         waiting, group.waiting = group.waiting, []
-        for _, entry, *_ in waiting:  # (calls made while it restarted)
-            if not entry.outcome.done():
-                self.directory.complete(entry, None, ActorDiedError(f"{group.label} is dead: {reason}"))
+        for held in waiting:  # (calls made while it restarted)
+            if not held.entry.outcome.done():
+                self.directory.complete(held.entry, None, ActorDiedError(f"{group.label} is dead: {reason}"))
         for rec in group.members:
             if rec.state != ActorState.DEAD:
                 self.actors.dead(rec, reason)
@@ -363,6 +363,8 @@ class GroupRegistry:
                     if group.error is not None:
                         self.directory.complete(entry, None, type(group.error)(str(group.error)))
                         continue
+                elif rec.wait_for_restart(entry, method, args, deps):  # (a member restarting on its own)
+                    continue
                 if in_mesh:
                     assert rec.slot is not None
                     sends.setdefault((rec.group.id, rec.slot[0]), []).append(rec.slot[1])

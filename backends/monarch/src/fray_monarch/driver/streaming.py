@@ -14,15 +14,18 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from fray.backend import ObjectRef
-from fray.errors import FrayError, GetTimeoutError
+from fray.backend import ActorState, ObjectRef
+from fray.errors import ActorDiedError, FrayError, GetTimeoutError
 from fray_monarch.core import runtime
 from fray_monarch.core.objects import RefPayload
 from fray_monarch.core.protocol import BACKEND, Reply, StreamItem, send_reply
+from fray_monarch.driver.actor_rec import ActorRec
 from fray_monarch.driver.directory import ObjectDirectory
 from fray_monarch.driver.ids import Ids
+from fray_monarch.driver.orphaned_calls import stream_failure
 from fray_monarch.driver.proc_rec import Proc
 from fray_monarch.driver.processes import ProcessPool
 
@@ -102,6 +105,31 @@ class StreamRegistry:
 
     def get(self, sid: str) -> StreamRec:
         return self.by_id[sid]
+
+    def call_actor(self, actor: ActorRec, method: str, args: Any, deps: list[str], keep: list[Any]) -> str:
+        """A call of an actor's generator method: its items come as a stream; returns the stream's id."""
+        with self.lock:
+            sid = self.ids.object()
+            rec = self.open(sid, lambda: actor.proc)
+            if actor.state == ActorState.DEAD:
+                self.end(rec, ActorDiedError(f"actor {actor.label} is dead: {actor.reason}"))
+                return sid
+            rec.keep = keep
+            fut = actor.mesh.call_stream.call_one(sid, method, args, deps)
+            actor.streams[sid] = (rec, actor.restarts)
+        runtime.on_done(fut, partial(self.actor_failed, rec, actor, actor.restarts))
+        return sid
+
+    def actor_failed(
+        self, rec: StreamRec, actor: ActorRec, restarts: int, _value: Any, exc: BaseException | None
+    ) -> None:
+        """The actor's answer to the stream call: only its failure matters (items and the end come through the
+        report FIFO); a process that died mid-stream ends the stream with the actor's error."""
+        with self.lock:
+            actor.streams.pop(rec.id, None)
+            if exc is None or rec.ended:
+                return
+            self.end(rec, stream_failure(actor, restarts))  # (restarts: the actor's when it began)
 
     def item(self, proc_key: str, item: StreamItem) -> None:
         """Under the lock: the producer in proc_key reported one item (or the end)."""
