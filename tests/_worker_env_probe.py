@@ -12,6 +12,16 @@ def worker_env() -> dict[str, str | None]:
     return {name: os.environ.get(name) for name in NAMES}
 
 
+def blas_threads() -> list[int]:
+    """The thread count of each BLAS library loaded in this process (numpy's, loaded in every monarch worker)."""
+    from threadpoolctl import threadpool_info
+
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
 class Member:
     def env(self) -> dict[str, str | None]:
         return worker_env()
+
+    def blas_threads(self) -> list[int]:
+        return blas_threads()

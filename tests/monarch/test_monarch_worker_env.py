@@ -3,7 +3,10 @@ holds (1 for task processes), THP_MEM_ALLOC_ENABLE=1; a variable the user set wi
 
 from __future__ import annotations
 
-from _worker_env_probe import Member, worker_env
+import os
+
+import pytest
+from _worker_env_probe import Member, blas_threads, worker_env
 
 import fray
 from fray import ActorOptions, RuntimeEnv, TaskOptions
@@ -21,5 +24,18 @@ def test_worker_processes_get_the_defaults_and_a_users_values_win() -> None:
             "OMP_NUM_THREADS": "1",
             "THP_MEM_ALLOC_ENABLE": "0",
         }
+    finally:
+        fray.shutdown()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="on one core, BLAS starts one thread whatever the default")
+def test_numpys_blas_in_a_worker_process_starts_with_the_processs_thread_count() -> None:
+    """numpy is loaded as a worker process starts (its BLAS reads OMP_NUM_THREADS then, never again): the process
+    must have its default by then, or its BLAS runs a thread per core of the machine in every process."""
+    ctx = fray.init("monarch?procs=1&cpus=2")
+    try:
+        assert ctx.get(ctx.create_task(blas_threads), timeout=120) == [1]
+        group = ctx.create_actor_group(Member, 1, options=ActorOptions(resources={"CPU": 2}), distributed=True)
+        assert ctx.get(group.blas_threads(), timeout=120) == [[2]]
     finally:
         fray.shutdown()

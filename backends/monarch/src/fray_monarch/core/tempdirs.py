@@ -8,6 +8,7 @@ import shutil
 import stat
 import tempfile
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from fray.backend import watchdog
@@ -126,6 +127,6 @@ def context_dir() -> str:
     return tempfile.mkdtemp(prefix="c", dir=private_dir())
 
 
-def bootstrap_command(tmpdir: str) -> Any:
-    """Monarch's bootstrap command for a process on this host whose TMPDIR is `tmpdir`."""
-    return runtime.default_bootstrap_cmd().with_env({"TMPDIR": tmpdir})
+def bootstrap_command(tmpdir: str, env: Mapping[str, str] | None = None) -> Any:
+    """Monarch's bootstrap command for a process on this host whose TMPDIR is `tmpdir`, started with `env` too."""
+    return runtime.default_bootstrap_cmd().with_env({**(env or {}), "TMPDIR": tmpdir})

@@ -35,6 +35,7 @@ from fray.backend import (
     hang_timeout,
     member_name,
     spmd_env,
+    worker_env_defaults,
 )
 from fray.errors import ActorAlreadyExistsError, ActorDiedError, FrayError, InfeasibleResourcesError
 from fray_monarch.core import runtime
@@ -258,13 +259,14 @@ class GroupRegistry:
         size = len(hosts) * per_host
         pool = self.pool
         where = pool.host_mesh.slice(hosts=slice(hosts[0], hosts[-1] + 1)) if two_d else pool.hosts[hosts[0]]
+        resources = each.resource_dict()
+        boot = pool.boot(worker_env_defaults(resources.get("CPU")))
         procs = where.spawn_procs(
-            per_host={"procs": per_host}, name=f"fray_{self.ids.key}_{group.id}_{len(group.blocks)}", **pool.boot()
+            per_host={"procs": per_host}, name=f"fray_{self.ids.key}_{group.id}_{len(group.blocks)}", **boot
         )
         keys = [self.ids.proc() for _ in range(size)]
         host_of = [hosts[i // per_host] for i in range(size)]
         setups = [pool.setup(host_of[i], keys[i], {}) for i in range(size)]
-        resources = each.resource_dict()
         workers = procs.spawn("fray_worker", WorkerHost, setups, {}, resources.get("CPU"))
         actors = procs.spawn(f"fray_group_{group.id}", FrayActorHost, setups, options.max_concurrency, True)
         block = Block(procs, actors, workers, hosts, per_host, two_d, len(group.members), size)

@@ -26,6 +26,7 @@ from fray.backend import (
     host_gpus,
     process_env,
     subtract,
+    worker_env_defaults,
 )
 from fray.errors import FrayError
 from fray_monarch.core import runtime, tempdirs
@@ -111,11 +112,14 @@ class ProcessPool:
             proc.worker.ping.call_one().get(timeout=120)
 
     # ------------------------------------------------------------ spawning
-    def boot(self) -> dict[str, Any]:
+    def boot(self, env: dict[str, str]) -> dict[str, Any]:
         """spawn_procs' arguments for every process mesh of this context (its workers, its SPMD groups): on this
         host, TMPDIR is the context's directory, where each process's Monarch socket directory goes (only a clean
-        exit removes one: a killed process's would stay in the user's TMPDIR, 2 for each SPMD group)."""
-        return {"bootstrap_command": tempdirs.bootstrap_command(self.tmpdir)} if self.tmpdir else {}
+        exit removes one: a killed process's would stay in the user's TMPDIR, 2 for each SPMD group), and the
+        processes start with `env`: their worker defaults (OMP_NUM_THREADS) must be there before the process loads
+        numpy, whose BLAS reads them once, as it loads. (A process on another machine gets them as its WorkerHost
+        starts: its numpy is loaded by then, with a BLAS thread per core.)"""
+        return {"bootstrap_command": tempdirs.bootstrap_command(self.tmpdir, env)} if self.tmpdir else {}
 
     def spawn(
         self,
@@ -133,10 +137,11 @@ class ProcessPool:
         back, whose view of the GPUs comes with its own env at its __init__, as when its group was made: the
         process sets none of its own, which would race that env (both are published as the process starts)."""
         key = self.ids.proc()
-        mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **self.boot())
         capacity = {} if dedicated else sized_capacity(env_key) or dict(self.share)
         seen = gpus or gpus_of_key(env_key)
         env = {**({} if member else self.visible_env(seen)), **dict(env_key)}
+        boot = self.boot({**worker_env_defaults(cpus), **env})
+        mesh = self.hosts[host].spawn_procs(per_host={"procs": 1}, name=f"fray_{self.ids.key}_{key}", **boot)
         worker = mesh.spawn("fray_worker", WorkerHost, self.setup(host, key, capacity), env, cpus)
         proc = Proc(key, host, mesh, worker, capacity, env_key=env_key, dedicated=dedicated, gpus=seen)
         self.adopt(proc)

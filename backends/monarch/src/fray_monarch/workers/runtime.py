@@ -18,7 +18,8 @@ from typing import Any
 
 # Loaded before any task: a worker's threads race in the first import of a package their values need, and numpy's
 # cannot be retried once it failed halfway (its C module loads once per process), so a value of numpy's
-# would fail to load there for good.
+# would fail to load there for good. Its BLAS sizes its threads now, from OMP_NUM_THREADS: a process on this
+# machine starts with fray's default in its environment (ProcessPool.boot).
 import numpy  # noqa: F401
 
 from fray.backend import RECORDER, Blob, PathStats, capture_exception, device_stats, dumps, merge
