@@ -39,3 +39,11 @@ def pytest_configure(config: "pytest.Config") -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     socket_guard.restart_under_guard([sys.executable, *sys.orig_argv[1:]])
+
+
+def pytest_collection_finish(session: "pytest.Session") -> None:
+    """What the run has loaded by now (pytest, the test modules, the engines' Python) lives until its end: frozen,
+    so that the collector's full passes, which come as the driver's heap grows, walk only what the tests make."""
+    import gc
+
+    gc.freeze()

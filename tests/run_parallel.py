@@ -278,6 +278,9 @@ def run_part(part: Part, logs: Path, isolated: bool) -> None:
             meter.enter()
 
     env = dict(os.environ)
+    # Rust error values capture no backtrace where RUST_BACKTRACE is set (resolving one reads a library's debug
+    # info, in every Monarch process fray stops); a panic still prints its own (RUST_BACKTRACE decides that).
+    env.setdefault("RUST_LIB_BACKTRACE", "0")
     start = time.monotonic()
     # (the table goes by a descriptor: the part's /tmp, where the logs are, is not this one)
     with part.log.open("wb") as out, part.log.with_suffix(".cpu.tsv").open("w") as table:
