@@ -8,12 +8,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from fray.backend import exiting
 from fray.errors import FrayError
 from fray_monarch.core.protocol import WireValue
 from fray_monarch.driver.actor_rec import ActorRec, HeldCall
 from fray_monarch.driver.directory import Entry
-from fray_monarch.driver.proc_rec import Proc
 
 
 @dataclass
@@ -85,7 +83,7 @@ class GroupRec:
     def member_exiting(self) -> bool:
         """A member's process on this machine has begun to exit, or (its pid not known yet: the worker's first
         answer can come late) a call to it failed as it died: the group's failure is coming."""
-        return any(m.proc is not None and _dying(m.proc) for m in self.members)
+        return any(m.proc is not None and m.proc.dying() for m in self.members)
 
     def wait_for_restart(self, rec: ActorRec, entry: Entry, method: str, args: WireValue, deps: list[str]) -> bool:
         """Under the lock: a call to member `rec` made while the SPMD group restarts, or after a member's process
@@ -96,7 +94,3 @@ class GroupRec:
             return False
         self.waiting.append(HeldCall(rec, entry, method, args, deps))
         return True
-
-
-def _dying(proc: Proc) -> bool:
-    return exiting(proc.pid) if proc.pid else proc.died_in_a_call

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from fray.backend import EPS, fits, held_from_env, settings
+from fray.backend import EPS, exiting, fits, held_from_env, settings
 
 SIZED_ENV = settings.TASK_RESOURCES.name  # in the env key of a process sized for tasks bigger than a process's share
 
@@ -56,6 +56,11 @@ class Proc:
 
     def fits_at_all(self, res: dict[str, float]) -> bool:
         return fits(self.free_capacity, res)
+
+    def dying(self) -> bool:
+        """It has begun to exit (its pid, on this machine), or, its pid not known yet (the worker's first answer
+        can come late), a call to it failed as it died."""
+        return exiting(self.pid) if self.pid else self.died_in_a_call
 
 
 def local_part(resources: dict[str, float]) -> dict[str, float]:
